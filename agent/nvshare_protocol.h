@@ -1,0 +1,1 @@
+../shim/nvshare_protocol.h
