@@ -1,0 +1,81 @@
+"""The shim and the agent together on a real GPU with PyTorch and static cudart."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).parent
+
+
+def run_training(env=None, *args, timeout=300):
+    done = subprocess.run([sys.executable, str(HERE / "torch_train.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def test_training_under_shim_is_managed_and_matches_plain_run(start_agent, shim_env):
+    plain, _ = run_training(None, "--steps", "20")
+    agent = start_agent()
+    shared, stderr = run_training(shim_env(agent), "--steps", "20")
+    assert not plain["managed"]
+    assert shared["managed"], stderr[-2000:]
+    assert shared["losses"] == plain["losses"]
+    assert shared["checksum"] == plain["checksum"]
+    assert agent.events("grant"), agent.log()
+
+
+def test_static_cudart_program_is_gated_and_managed(start_agent, shim_env, tmp_path):
+    binary = tmp_path / "vector_add"
+    subprocess.run(["nvcc", "-O2", "-cudart=static", "-o", str(binary), str(HERE / "vector_add.cu")],
+                   check=True)
+    agent = start_agent()
+    program = subprocess.Popen([str(binary)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=shim_env(agent))
+    out, err = program.communicate(timeout=120)
+    assert program.returncode == 0, out + err
+    assert "wrong=0 managed=1" in out, out + err
+    assert str(program.pid) in {event["pid"] for event in agent.events("grant")}, agent.log()
+
+
+def _alternations(pids_in_grant_order):
+    return sum(1 for a, b in zip(pids_in_grant_order, pids_in_grant_order[1:]) if a != b)
+
+
+def _start_trainers(env, seconds):
+    return [subprocess.Popen([sys.executable, str(HERE / "torch_train.py"), "--seconds", str(seconds)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)]
+
+
+def _finish(trainers):
+    results = []
+    for trainer in trainers:
+        out, err = trainer.communicate(timeout=300)
+        assert trainer.returncode == 0, err[-4000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def test_two_trainers_alternate_under_anti_thrash(start_agent, shim_env):
+    agent = start_agent(time_quantum_s=2, anti_thrash=True)
+    trainers = _start_trainers(shim_env(agent), seconds=12)
+    results = _finish(trainers)
+    grants = [event["pid"] for event in agent.events("grant")]
+    assert set(grants) == {str(t.pid) for t in trainers}, agent.log()
+    assert _alternations(grants) >= 3, agent.log()
+    assert all(event.get("mode") == "exclusive" for event in agent.events("grant"))
+    assert all(result["steps"] > 0 for result in results)
+
+
+def test_two_trainers_run_together_with_anti_thrash_off(start_agent, shim_env):
+    agent = start_agent(time_quantum_s=2, anti_thrash=False)
+    results = _finish(_start_trainers(shim_env(agent), seconds=6))
+    first, second = (sorted(r["step_times"]) for r in results)
+    # Steps of both processes interleave in time: neither waited for the other.
+    overlap_start, overlap_end = max(first[0], second[0]), min(first[-1], second[-1])
+    assert overlap_end - overlap_start > 3.0
+    assert all(event.get("mode") == "shared" for event in agent.events("grant")), agent.log()
+    assert not agent.events("drop"), agent.log()

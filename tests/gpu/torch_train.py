@@ -1,0 +1,69 @@
+"""A small PyTorch training loop, run by the GPU tests with and without the shim.
+
+Prints one JSON line: the loss after each step, a checksum of the weights,
+whether the parameters live in managed memory (cuPointerGetAttribute), and the
+wall-clock time of every step (the tests read alternation from them).
+"""
+import argparse
+import ctypes
+import json
+import time
+
+import torch
+
+CU_POINTER_ATTRIBUTE_IS_MANAGED = 8
+
+
+def is_managed(pointer: int) -> bool:
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    flag = ctypes.c_uint(0)
+    result = libcuda.cuPointerGetAttribute(
+        ctypes.byref(flag), CU_POINTER_ATTRIBUTE_IS_MANAGED, ctypes.c_uint64(pointer))
+    if result != 0:
+        raise RuntimeError(f"cuPointerGetAttribute failed with CUresult {result}")
+    return bool(flag.value)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seconds", type=float, default=0.0,
+                        help="train for this long instead of --steps")
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=2048)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    layers = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    inputs = torch.randn(args.batch, args.width, device=device)
+    targets = torch.randn(args.batch, args.width, device=device)
+
+    losses, step_times = [], []
+    started = time.time()
+    step = 0
+    while (step < args.steps) if args.seconds <= 0 else (time.time() - started < args.seconds):
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())  # one sync per step, as real loops log the loss
+        step_times.append(time.time())
+        step += 1
+
+    checksum = sum(float(p.double().sum()) for p in model.parameters())
+    print(json.dumps({
+        "losses": losses,
+        "checksum": checksum,
+        "managed": is_managed(next(model.parameters()).data_ptr()),
+        "step_times": step_times,
+        "steps": step,
+    }))
+
+
+if __name__ == "__main__":
+    main()
