@@ -1,0 +1,45 @@
+"""The D-Bus names of nvshare's control API: the one definition that the agent
+(which exports them) and nvsharectl (which calls them) both import.
+
+Freedesktop style: reverse-DNS, and the bus name, object path and interface all
+end in the API version `1` (as org.freedesktop.login1), so an incompatible API
+can later be published as `...Scheduler2` beside this one.  The policy file
+systemd/io.github.nvshare.Scheduler1.conf and the activation file
+systemd/io.github.nvshare.Scheduler1.service spell the same names; a test
+checks that they agree with this module.
+"""
+
+BUS_NAME = "io.github.nvshare.Scheduler1"
+OBJECT_PATH = "/io/github/nvshare/Scheduler1"
+INTERFACE = "io.github.nvshare.Scheduler1"
+
+# Members, so that no caller spells them twice.
+PROP_TIME_QUANTUM = "TimeQuantum"  # u, seconds, read-write
+PROP_ANTI_THRASH = "AntiThrash"  # b, read-write
+PROP_GPUS = "Gpus"  # GPUS_SIGNATURE, read-only
+PROP_CLIENTS = "Clients"  # CLIENTS_SIGNATURE, read-only
+METHOD_GET_GPU = "GetGpu"  # (s uuid) -> GPU_SIGNATURE
+
+# One GPU: (uuid, name, memory_total_bytes, holder_pids, queue_pids in FCFS order).
+GPU_SIGNATURE = "(sstauau)"
+GPUS_SIGNATURE = "a" + GPU_SIGNATURE
+# One client: (pid, uid, gid, command, per-GPU entries of
+# (uuid, state, allocated_bytes, holding_seconds)); state is one of
+# idle / waiting / holding / draining.
+CLIENT_GPU_SIGNATURE = "(sstd)"
+CLIENT_SIGNATURE = "(uuus" + "a" + CLIENT_GPU_SIGNATURE + ")"
+CLIENTS_SIGNATURE = "a" + CLIENT_SIGNATURE
+
+# Named errors; every one carries a one-line human sentence.
+ERROR_PREFIX = INTERFACE + ".Error."
+ERROR_INVALID_ARGUMENT = ERROR_PREFIX + "InvalidArgument"
+ERROR_ACCESS_DENIED = ERROR_PREFIX + "AccessDenied"
+ERROR_UNKNOWN_GPU = ERROR_PREFIX + "UnknownGpu"
+ERROR_FAILED = ERROR_PREFIX + "Failed"
+
+# Who may change settings, besides root.  The policy file grants the same
+# group; the agent checks it again for each call (defence in depth).
+ADMIN_GROUP = "nvshare-admin"
+
+# What a caller should run when the agent is not on the bus.
+START_HINT = "is nvshare.socket enabled? try: systemctl enable --now nvshare.socket"
