@@ -20,14 +20,23 @@ PROP_GPUS = "Gpus"  # GPUS_SIGNATURE, read-only
 PROP_CLIENTS = "Clients"  # CLIENTS_SIGNATURE, read-only
 METHOD_GET_GPU = "GetGpu"  # (s uuid) -> GPU_SIGNATURE
 
-# One GPU: (uuid, name, memory_total_bytes, holder_pids, queue_pids in FCFS order).
-GPU_SIGNATURE = "(sstauau)"
+# The structs, field by field: D-Bus type and the name that the agent's
+# snapshot attributes and nvsharectl's --json keys both use.
+GPU_FIELDS = (("uuid", "s"), ("name", "s"), ("memory_total_bytes", "t"),
+              ("holder_pids", "au"), ("queue_pids", "au"))  # queue in FCFS order
+CLIENT_GPU_FIELDS = (("uuid", "s"), ("state", "s"),  # idle / waiting / holding / draining
+                     ("allocated_bytes", "t"), ("holding_seconds", "d"))
+CLIENT_FIELDS = (("pid", "u"), ("uid", "u"), ("gid", "u"), ("command", "s"),
+                 ("gpus", "a(" + "".join(t for _, t in CLIENT_GPU_FIELDS) + ")"))
+
+
+def _struct(fields) -> str:
+    return "(" + "".join(dbus_type for _, dbus_type in fields) + ")"
+
+
+GPU_SIGNATURE = _struct(GPU_FIELDS)  # (sstauau)
 GPUS_SIGNATURE = "a" + GPU_SIGNATURE
-# One client: (pid, uid, gid, command, per-GPU entries of
-# (uuid, state, allocated_bytes, holding_seconds)); state is one of
-# idle / waiting / holding / draining.
-CLIENT_GPU_SIGNATURE = "(sstd)"
-CLIENT_SIGNATURE = "(uuus" + "a" + CLIENT_GPU_SIGNATURE + ")"
+CLIENT_SIGNATURE = _struct(CLIENT_FIELDS)  # (uuusa(sstd))
 CLIENTS_SIGNATURE = "a" + CLIENT_SIGNATURE
 
 # Named errors; every one carries a one-line human sentence.

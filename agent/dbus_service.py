@@ -47,15 +47,26 @@ def gpus_to_dbus(snapshot) -> list:
 
 
 def gpu_to_dbus(gpu) -> list:
-    return [gpu.uuid, gpu.name, gpu.memory_total_bytes, list(gpu.holder_pids), list(gpu.queue_pids)]
+    return _struct_of(gpu, names.GPU_FIELDS)
 
 
 def clients_to_dbus(snapshot) -> list:
-    return [
-        [client.pid, client.uid, client.gid, client.command,
-         [[g.uuid, g.state, g.allocated_bytes, float(g.holding_seconds)] for g in client.gpus]]
-        for client in snapshot.clients
-    ]
+    return [_struct_of(client, names.CLIENT_FIELDS) for client in snapshot.clients]
+
+
+def _struct_of(record, fields) -> list:
+    """A snapshot dataclass as a D-Bus struct, in dbus_names' field order."""
+    struct = []
+    for field_name, dbus_type in fields:
+        value = getattr(record, field_name)
+        if field_name == "gpus":
+            value = [_struct_of(entry, names.CLIENT_GPU_FIELDS) for entry in value]
+        elif dbus_type.startswith("a"):
+            value = list(value)
+        elif dbus_type == "d":
+            value = float(value)
+        struct.append(value)
+    return struct
 
 
 def _without_holding_time(clients: list) -> list:

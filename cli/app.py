@@ -1,0 +1,183 @@
+"""nvsharectl: watch and change the nvshare agent over D-Bus.
+
+A thin client: parse, call, print.  Exit codes: 0 ok, 1 failed (agent not
+running, permission denied, ...), 2 bad usage (including a value the agent
+rejects).  The original nvsharectl's `-T SECONDS` and `-S on|off` still work.
+"""
+
+import asyncio
+import enum
+import json
+from typing import Optional
+
+import typer
+
+from . import render
+from .client import EXIT_FAILED, EXIT_USAGE, CliError, connect
+
+app = typer.Typer(
+    help="Watch and change the nvshare GPU-sharing agent (over D-Bus).",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=False,
+)
+preload_app = typer.Typer(help="Turn the system-wide preload of libnvshare.so on or off.")
+app.add_typer(preload_app, name="preload")
+
+
+class Switch(str, enum.Enum):
+    on = "on"
+    off = "off"
+
+
+# Accepted both before and after the command (`nvsharectl --json status`,
+# `nvsharectl status --json`); the command's own value wins when given.
+JSON_OPTION = typer.Option(None, "--json", help="Print JSON for scripts.", show_default=False)
+BUS_OPTION = typer.Option(None, "--bus", metavar="ADDRESS", show_default=False,
+                          help='D-Bus address of the agent\'s bus (default: the system bus).')
+
+
+class Options:
+    def __init__(self, json_output: bool, bus: str):
+        self.json_output = json_output
+        self.bus = bus
+
+
+def _options(ctx: typer.Context, json_output: Optional[bool], bus: Optional[str]) -> Options:
+    parent: Options = ctx.find_object(Options) or Options(False, "system")
+    return Options(parent.json_output if json_output is None else json_output,
+                   bus or parent.bus)
+
+
+def _run(coroutine):
+    try:
+        return asyncio.run(coroutine)
+    except CliError as error:
+        typer.echo(f"nvsharectl: {error}", err=True)
+        raise typer.Exit(error.exit_code) from None
+
+
+def _print_json(value) -> None:
+    typer.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+async def _status(options: Options, print_status: bool = True) -> dict:
+    async with connect(options.bus) as client:
+        status = render.status_as_dict(await client.properties())
+    if print_status:
+        if options.json_output:
+            _print_json(status)
+        else:
+            typer.echo(render.status_text(status))
+    return status
+
+
+async def _change(options: Options, time_quantum_s=None, anti_thrash=None) -> None:
+    async with connect(options.bus) as client:
+        if time_quantum_s is not None:
+            await client.set_time_quantum(time_quantum_s)
+        if anti_thrash is not None:
+            await client.set_anti_thrash(anti_thrash)
+        status = render.status_as_dict(await client.properties())
+    settings = {key: status[key] for key in ("time_quantum_s", "anti_thrash")}
+    typer.echo(json.dumps(settings, sort_keys=True) if options.json_output
+               else render.settings_text(status))
+
+
+@app.callback(invoke_without_command=True)
+def main_options(
+    ctx: typer.Context,
+    time_quantum: Optional[int] = typer.Option(
+        None, "-T", "--time-quantum", metavar="SECONDS", show_default=False,
+        help="Set the time quantum (as the original nvsharectl -T)."),
+    anti_thrash: Optional[Switch] = typer.Option(
+        None, "-S", "--anti-thrash", show_default=False,
+        help="Turn anti-thrash on or off (as the original nvsharectl -S)."),
+    json_output: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    bus: str = typer.Option("system", "--bus", metavar="ADDRESS",
+                            help="D-Bus address of the agent's bus, or 'system'."),
+):
+    """Without a command: apply -T/-S if given, else show the status."""
+    ctx.obj = Options(json_output, bus)
+    if ctx.invoked_subcommand is not None:
+        if time_quantum is not None or anti_thrash is not None:
+            typer.echo("nvsharectl: -T/-S cannot be combined with a command", err=True)
+            raise typer.Exit(EXIT_USAGE)
+        return
+    if time_quantum is None and anti_thrash is None:
+        _run(_status(ctx.obj))
+    else:
+        _run(_change(ctx.obj, time_quantum_s=time_quantum,
+                     anti_thrash=None if anti_thrash is None else anti_thrash is Switch.on))
+
+
+@app.command()
+def status(ctx: typer.Context, json_output: Optional[bool] = JSON_OPTION,
+           bus: Optional[str] = BUS_OPTION):
+    """Settings, GPUs (holder, queue) and clients."""
+    _run(_status(_options(ctx, json_output, bus)))
+
+
+@app.command()
+def clients(ctx: typer.Context, json_output: Optional[bool] = JSON_OPTION,
+            bus: Optional[str] = BUS_OPTION):
+    """The processes connected to the agent, one row per GPU they use."""
+    options = _options(ctx, json_output, bus)
+    status_now = _run(_status(options, print_status=False))
+    if options.json_output:
+        _print_json(status_now["clients"])
+    else:
+        typer.echo(render.clients_text(status_now["clients"], status_now["gpus"]))
+
+
+@app.command("set-tq")
+def set_tq(ctx: typer.Context,
+           seconds: int = typer.Argument(..., metavar="SECONDS", help="1..86400"),
+           json_output: Optional[bool] = JSON_OPTION, bus: Optional[str] = BUS_OPTION):
+    """Set the time quantum: how long a holder keeps a GPU while others wait."""
+    _run(_change(_options(ctx, json_output, bus), time_quantum_s=seconds))
+
+
+@app.command("anti-thrash")
+def anti_thrash_command(ctx: typer.Context,
+                        switch: Switch = typer.Argument(..., metavar="on|off"),
+                        json_output: Optional[bool] = JSON_OPTION,
+                        bus: Optional[str] = BUS_OPTION):
+    """Turn anti-thrash on (one process per GPU at a time) or off (all at once)."""
+    _run(_change(_options(ctx, json_output, bus), anti_thrash=switch is Switch.on))
+
+
+def _preload(action: str) -> None:
+    try:
+        from . import preload
+    except ImportError:
+        typer.echo("nvsharectl: preload management is not in this build (nvshare_cli.preload "
+                   "is missing); edit /etc/ld.so.preload by hand", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    try:
+        result = getattr(preload, action)()
+    except PermissionError as error:
+        typer.echo(f"nvsharectl: permission denied: {error} (try sudo)", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except (OSError, ValueError, RuntimeError) as error:
+        typer.echo(f"nvsharectl: {error}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    if result is not None:
+        typer.echo(result if isinstance(result, str) else json.dumps(result))
+
+
+@preload_app.command("enable")
+def preload_enable():
+    """Add libnvshare.so to /etc/ld.so.preload (new processes only)."""
+    _preload("enable")
+
+
+@preload_app.command("disable")
+def preload_disable():
+    """Remove libnvshare.so from /etc/ld.so.preload (new processes only)."""
+    _preload("disable")
+
+
+@preload_app.command("status")
+def preload_status():
+    """Whether libnvshare.so is preloaded system-wide."""
+    _preload("status")

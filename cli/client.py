@@ -1,0 +1,113 @@
+"""The D-Bus side of nvsharectl: call the agent, turn bus errors into one-line
+`CliError`s that say what to do next.  No scheduling logic lives here."""
+
+import asyncio
+import contextlib
+
+from dbus_next import BusType, Message, MessageType, Variant
+from dbus_next.aio import MessageBus
+
+from nvshare_agent import dbus_names as names
+
+CALL_TIMEOUT_S = 25.0  # the bus may be starting nvshare.service for us
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+_PROPERTIES = "org.freedesktop.DBus.Properties"
+_AGENT_MISSING = {
+    "org.freedesktop.DBus.Error.ServiceUnknown",
+    "org.freedesktop.DBus.Error.NameHasNoOwner",
+    "org.freedesktop.DBus.Error.Spawn.ChildExited",
+    "org.freedesktop.DBus.Error.Spawn.Failed",
+    "org.freedesktop.systemd1.NoSuchUnit",
+    "org.freedesktop.systemd1.UnitMasked",
+}
+_DENIED = {"org.freedesktop.DBus.Error.AccessDenied", names.ERROR_ACCESS_DENIED}
+_BAD_VALUE = {names.ERROR_INVALID_ARGUMENT, names.ERROR_UNKNOWN_GPU}
+
+
+class CliError(Exception):
+    """One line for the user, and the exit code that goes with it."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _error_from_reply(reply: Message) -> CliError:
+    text = reply.body[0] if reply.body and isinstance(reply.body[0], str) else reply.error_name
+    if reply.error_name in _AGENT_MISSING:
+        return CliError(f"the nvshare agent is not running ({text}): {names.START_HINT}")
+    if reply.error_name in _DENIED:
+        return CliError(f"permission denied: changing nvshare settings needs root or group "
+                        f"{names.ADMIN_GROUP} (try sudo)")
+    if reply.error_name in _BAD_VALUE:
+        return CliError(f"invalid value: {text}", EXIT_USAGE)
+    if reply.error_name == "org.freedesktop.DBus.Error.NoReply":
+        return CliError("the nvshare agent did not answer in time: "
+                        "see journalctl -u nvshare.service")
+    return CliError(f"the agent refused: {text} ({reply.error_name})")
+
+
+class AgentClient:
+    def __init__(self, bus: MessageBus):
+        self._bus = bus
+
+    async def _call(self, message: Message) -> Message:
+        try:
+            reply = await asyncio.wait_for(self._bus.call(message), CALL_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise CliError("the nvshare agent did not answer in time: "
+                           "see journalctl -u nvshare.service") from None
+        if reply.message_type == MessageType.ERROR:
+            raise _error_from_reply(reply)
+        return reply
+
+    def _message(self, interface, member, signature="", body=()):
+        return Message(destination=names.BUS_NAME, path=names.OBJECT_PATH,
+                       interface=interface, member=member, signature=signature, body=list(body))
+
+    async def properties(self) -> dict:
+        """All properties of the interface, plain Python values by name."""
+        reply = await self._call(self._message(_PROPERTIES, "GetAll", "s", [names.INTERFACE]))
+        return {name: variant.value for name, variant in reply.body[0].items()}
+
+    async def set_time_quantum(self, seconds: int) -> None:
+        # 'u' is the property's type; a value outside u32 goes as int64 so
+        # that the agent, not the marshaller, answers with its range sentence.
+        signature = "u" if 0 <= seconds <= 0xFFFFFFFF else "x"
+        if signature == "x" and not -(2 ** 63) <= seconds < 2 ** 63:
+            raise CliError(f"invalid value: time quantum {seconds} seconds is out of range", EXIT_USAGE)
+        await self._set(names.PROP_TIME_QUANTUM, Variant(signature, seconds))
+
+    async def set_anti_thrash(self, enabled: bool) -> None:
+        await self._set(names.PROP_ANTI_THRASH, Variant("b", enabled))
+
+    async def _set(self, prop_name: str, value: Variant) -> None:
+        await self._call(self._message(_PROPERTIES, "Set", "ssv", [names.INTERFACE, prop_name, value]))
+
+    async def gpu(self, uuid: str) -> list:
+        reply = await self._call(self._message(names.INTERFACE, names.METHOD_GET_GPU, "s", [uuid]))
+        return reply.body[0]
+
+
+@contextlib.asynccontextmanager
+async def connect(address: str):
+    """`address` is "system" or a D-Bus address such as unix:path=/run/x."""
+    where = "the system bus" if address == "system" else f"the bus at {address}"
+    try:
+        if address == "system":
+            bus = MessageBus(bus_type=BusType.SYSTEM)
+        else:
+            bus = MessageBus(bus_address=address)
+        await asyncio.wait_for(bus.connect(), CALL_TIMEOUT_S)
+    except (OSError, asyncio.TimeoutError, ValueError) as error:
+        detail = str(error) or type(error).__name__
+        raise CliError(f"cannot connect to {where} ({detail}): is dbus running?") from None
+    except Exception as error:  # dbus-next raises bare Exceptions for bad addresses, auth
+        raise CliError(f"cannot connect to {where}: {error}") from None
+    try:
+        yield AgentClient(bus)
+    finally:
+        bus.disconnect()

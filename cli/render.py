@@ -1,0 +1,93 @@
+"""nvsharectl's output: the agent's D-Bus values as JSON-ready dicts (keys
+from nvshare_agent.dbus_names) and as human text that fits 80 columns."""
+
+from nvshare_agent import dbus_names as names
+
+WIDTH = 80
+
+
+def _record(struct, fields) -> dict:
+    record = dict(zip((name for name, _ in fields), struct))
+    if "gpus" in record:
+        record["gpus"] = [_record(entry, names.CLIENT_GPU_FIELDS) for entry in record["gpus"]]
+    return record
+
+
+def gpus_as_dicts(gpus) -> list:
+    return [_record(gpu, names.GPU_FIELDS) for gpu in gpus]
+
+
+def clients_as_dicts(clients) -> list:
+    return [_record(client, names.CLIENT_FIELDS) for client in clients]
+
+
+def status_as_dict(properties: dict) -> dict:
+    return {
+        "time_quantum_s": properties[names.PROP_TIME_QUANTUM],
+        "anti_thrash": properties[names.PROP_ANTI_THRASH],
+        "gpus": gpus_as_dicts(properties[names.PROP_GPUS]),
+        "clients": clients_as_dicts(properties[names.PROP_CLIENTS]),
+    }
+
+
+def on_off(value: bool) -> str:
+    return "on" if value else "off"
+
+
+def size(num_bytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if num_bytes < 1024 or unit == "GiB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def _fit(line: str) -> str:
+    return line if len(line) <= WIDTH else line[:WIDTH - 1] + "…"
+
+
+def settings_text(status: dict) -> str:
+    return (f"time quantum: {status['time_quantum_s']} s    "
+            f"anti-thrash: {on_off(status['anti_thrash'])}")
+
+
+def status_text(status: dict) -> str:
+    commands = {client["pid"]: client["command"] for client in status["clients"]}
+
+    def who(pids) -> str:
+        return ", ".join(f"{pid} ({commands[pid]})" if commands.get(pid) else str(pid)
+                         for pid in pids) or "-"
+
+    lines = [settings_text(status)]
+    if not status["gpus"]:
+        lines.append("no GPUs")
+    for index, gpu in enumerate(status["gpus"]):
+        memory = size(gpu["memory_total_bytes"]) if gpu["memory_total_bytes"] else "memory unknown"
+        lines += ["", f"GPU {index}  {gpu['uuid']}  {memory}",
+                  f"  name:    {gpu['name'] or 'unknown'}",
+                  f"  holding: {who(gpu['holder_pids'])}",
+                  f"  waiting: {who(gpu['queue_pids'])}"]
+    lines += ["", *clients_text(status["clients"], status["gpus"]).split("\n")]
+    return "\n".join(_fit(line) for line in lines)
+
+
+def clients_text(clients: list, gpus: list) -> str:
+    if not clients:
+        return "no clients"
+    index_of = {gpu["uuid"]: str(i) for i, gpu in enumerate(gpus)}
+    rows = [("PID", "UID", "GPU", "STATE", "MEMORY", "HELD", "COMMAND")]
+    for client in clients:
+        entries = client["gpus"] or [{"uuid": "", "state": "-", "allocated_bytes": 0,
+                                      "holding_seconds": 0.0}]
+        for entry in entries:
+            rows.append((str(client["pid"]), str(client["uid"]),
+                         index_of.get(entry["uuid"], entry["uuid"][:12] or "-"),
+                         entry["state"], size(entry["allocated_bytes"]),
+                         f"{entry['holding_seconds']:.1f}s", client["command"]))
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+    lines = []
+    for row in rows:
+        cells = [row[i].rjust(widths[i]) if i in (0, 1, 4, 5) else row[i].ljust(widths[i])
+                 for i in range(6)]
+        lines.append(_fit("  ".join(cells + [row[6]])))
+    return "\n".join(lines)
