@@ -1,0 +1,95 @@
+"""nvshare-agent: the node agent. `python -m nvshare_agent --help`.
+
+Exit codes: 0 stopped cleanly, 1 cannot serve (socket), 2 bad usage or bad config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import resource
+import signal
+import sys
+from pathlib import Path
+
+from . import daemon, settings, systemd
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="nvshare-agent",
+                                     description="Schedule GPU locks for processes running under libnvshare.")
+    parser.add_argument("--socket", type=Path, default=None,
+                        help="bind this path instead of taking systemd's socket or binding "
+                             f"{systemd.DEFAULT_SOCKET_PATH}")
+    parser.add_argument("--bus", default="system",
+                        help="where to publish the D-Bus API: system (default), none, or a D-Bus address")
+    parser.add_argument("--config", type=Path, default=settings.DEFAULT_CONFIG_PATH,
+                        help=f"config file (default {settings.DEFAULT_CONFIG_PATH})")
+    parser.add_argument("--state-dir", type=Path,
+                        default=Path(os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+                                     or settings.DEFAULT_STATE_DIR),
+                        help="where run-time setting changes persist (default $STATE_DIRECTORY or "
+                             f"{settings.DEFAULT_STATE_DIR})")
+    parser.add_argument("--debug", action="store_true", help="log every request and ignored frame")
+    return parser.parse_args(argv)
+
+
+def setup_logging(debug: bool) -> None:
+    # Under systemd, journald adds the time and takes the level from a <N> prefix.
+    if os.environ.get("JOURNAL_STREAM"):
+        fmt = "%(levelname)s %(message)s"
+    else:
+        fmt = "%(asctime)s.%(msecs)03d %(levelname)s %(message)s"
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(fmt, datefmt="%Y-%m-%d %H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+    logging.getLogger("nvshare_agent").setLevel(logging.DEBUG if debug else logging.INFO)
+
+
+def raise_fd_limit() -> None:
+    """One fd per client: allow as many as the hard limit lets us."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    setup_logging(args.debug)
+    log = logging.getLogger("nvshare_agent")
+    store = settings.SettingsStore(args.state_dir)
+    try:
+        current, overrides, warning = settings.load_settings(args.config, store)
+    except settings.SettingsError as e:
+        print(f"nvshare-agent: error: {e}", file=sys.stderr)
+        return 2
+    if warning:
+        log.warning("%s", warning)
+    if args.bus != "none" and not args.bus:
+        print("nvshare-agent: error: --bus needs system, none or a D-Bus address", file=sys.stderr)
+        return 2
+
+    # Python already ignores SIGPIPE, but say so: a client that exits while we
+    # write to it must cost us an EPIPE on that connection, never the process.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    raise_fd_limit()
+    try:
+        listening, bound_path = daemon.open_listening_socket(args.socket)
+    except systemd.SocketSetupError as e:
+        print(f"nvshare-agent: error: {e}", file=sys.stderr)
+        return 1
+    options = daemon.Options(socket_path=args.socket, bus=args.bus, state_dir=args.state_dir,
+                             settings=current, overrides=overrides, store=store)
+    asyncio.run(daemon.run(options, listening, bound_path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""The wire format, read from the one C header that the shim also compiles.
+
+shim/nvshare_protocol.h (shipped beside this module as package data) holds the
+layout between its BEGIN/END markers; we hand that text to cffi's ffi.cdef, so
+there is no second copy of any layout here.  Everything in Python that speaks
+frames (the agent's socket adapter, the tests, the benches) uses this module.
+
+Frames are a fixed header followed by exactly header.payload_bytes of payload,
+whose size is fixed by header.type.  Integers are in native byte order: both
+peers are on one host.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.resources
+from dataclasses import dataclass
+
+import cffi
+
+BEGIN_MARKER = "/* BEGIN NVSHARE WIRE FORMAT */"
+END_MARKER = "/* END NVSHARE WIRE FORMAT */"
+
+
+def _read_wire_format() -> str:
+    text = importlib.resources.files(__package__).joinpath("nvshare_protocol.h").read_text()
+    start = text.index(BEGIN_MARKER) + len(BEGIN_MARKER)
+    return text[start:text.index(END_MARKER)]
+
+
+ffi = cffi.FFI()
+ffi.cdef(_read_wire_format())
+_lib = ffi.dlopen(None)  # only to read the #define constants; no symbols are used
+
+MAGIC: int = _lib.NVSHARE_MAGIC
+VERSION: int = _lib.NVSHARE_PROTOCOL_VERSION
+MAX_GPUS: int = _lib.NVSHARE_MAX_GPUS
+UUID_BYTES: int = _lib.NVSHARE_UUID_BYTES
+COMMAND_BYTES: int = _lib.NVSHARE_COMMAND_BYTES
+ERROR_TEXT_BYTES: int = _lib.NVSHARE_ERROR_TEXT_BYTES
+MAX_PAYLOAD_BYTES: int = _lib.NVSHARE_MAX_PAYLOAD_BYTES
+HEADER_BYTES: int = ffi.sizeof("struct nvshare_header")
+
+
+def _enum_from_c(name: str, c_enum: str, prefix: str) -> type[enum.IntEnum]:
+    members = {k[len(prefix):]: v for k, v in ffi.typeof(c_enum).relements.items()}
+    return enum.IntEnum(name, sorted(members.items(), key=lambda kv: kv[1]))
+
+
+MessageType = _enum_from_c("MessageType", "enum nvshare_message_type", "NVSHARE_MSG_")
+GrantFlags = _enum_from_c("GrantFlags", "enum nvshare_grant_flags", "NVSHARE_GRANT_")
+ErrorCode = _enum_from_c("ErrorCode", "enum nvshare_error_code", "NVSHARE_ERR_")
+
+_LOCK_TYPES = (MessageType.LOCK_REQUEST, MessageType.LOCK_GRANT, MessageType.DROP_REQUEST,
+               MessageType.RELEASED, MessageType.REVOKED)
+
+#: The C struct that each message type carries.
+PAYLOAD_STRUCT: dict[int, str] = {
+    MessageType.HELLO: "struct nvshare_hello",
+    MessageType.SETTINGS: "struct nvshare_settings",
+    MessageType.MEMORY_REPORT: "struct nvshare_memory_report",
+    MessageType.ERROR: "struct nvshare_error",
+    **{t: "struct nvshare_lock_message" for t in _LOCK_TYPES},
+}
+#: Payload size in bytes for each message type; any other size is a bad frame.
+PAYLOAD_BYTES: dict[int, int] = {t: ffi.sizeof(s) for t, s in PAYLOAD_STRUCT.items()}
+_LOCK_GPU_OFFSET = ffi.offsetof("struct nvshare_lock_message", "gpu")
+_REPORT_GPU_OFFSET = ffi.offsetof("struct nvshare_memory_report", "gpu")
+
+
+class ProtocolError(Exception):
+    """A frame the peer must not send; str() is the one-line reason for the log."""
+
+    def __init__(self, code: int, reason: str):
+        super().__init__(reason)
+        self.code = ErrorCode(code)
+        # The good frames that came before the bad one in the same read: the
+        # caller should act on them (a RELEASED must not be lost) before closing.
+        self.messages: list = []
+
+
+# ---------------------------------------------------------------- GPU UUIDs
+
+def format_uuid(raw: bytes) -> str:
+    """16 raw bytes -> "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as NVML prints it."""
+    h = raw.hex()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def parse_uuid(text: str) -> bytes:
+    """The inverse of format_uuid; also accepts the bare hex form. Raises ValueError."""
+    hex_digits = text.removeprefix("GPU-").replace("-", "")
+    raw = bytes.fromhex(hex_digits)
+    if len(raw) != UUID_BYTES:
+        raise ValueError(f"a GPU UUID has {UUID_BYTES} bytes, {text!r} has {len(raw)}")
+    return raw
+
+
+# ---------------------------------------------------------------- messages
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    gpus: tuple[bytes, ...]
+    command: str
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    anti_thrash: bool
+    time_quantum_ms: int
+    idle_release_ms: int
+    drop_grace_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockMessage:
+    """LOCK_REQUEST, LOCK_GRANT, DROP_REQUEST, RELEASED or REVOKED."""
+    type: int
+    gpu: bytes
+    lease: int
+    flags: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReport:
+    gpu: bytes
+    managed_bytes: int
+    unmanaged_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    code: int
+    text: str
+
+
+# ---------------------------------------------------------------- encoding
+
+def encode_header(msg_type: int, payload_bytes: int, *, magic: int = MAGIC,
+                  version: int = VERSION, reserved: int = 0) -> bytes:
+    """A raw header; the keyword arguments exist so tests can forge bad ones."""
+    h = ffi.new("struct nvshare_header *")
+    h.magic, h.version, h.type = magic, version, msg_type
+    h.payload_bytes, h.reserved = payload_bytes, reserved
+    return ffi.buffer(h)[:]
+
+
+# Every type's header is a constant: build each once.
+_HEADER: dict[int, bytes] = {t: encode_header(t, n) for t, n in PAYLOAD_BYTES.items()}
+
+
+def _frame(msg_type: int, payload) -> bytes:
+    return _HEADER[msg_type] + ffi.buffer(payload)[:]
+
+
+def encode_hello(gpus, command: str) -> bytes:
+    gpus = list(gpus)
+    if len(gpus) > MAX_GPUS:
+        raise ValueError(f"at most {MAX_GPUS} GPUs fit in a hello, got {len(gpus)}")
+    p = ffi.new("struct nvshare_hello *")
+    p.gpu_count = len(gpus)
+    for i, raw in enumerate(gpus):
+        p.gpus[i].bytes = raw
+    p.command = command.encode()[:COMMAND_BYTES]
+    return _frame(MessageType.HELLO, p)
+
+
+def encode_settings(*, anti_thrash: bool, time_quantum_ms: int, idle_release_ms: int,
+                    drop_grace_ms: int) -> bytes:
+    p = ffi.new("struct nvshare_settings *")
+    p.anti_thrash = 1 if anti_thrash else 0
+    p.time_quantum_ms, p.idle_release_ms, p.drop_grace_ms = time_quantum_ms, idle_release_ms, drop_grace_ms
+    return _frame(MessageType.SETTINGS, p)
+
+
+def encode_lock(msg_type: int, gpu: bytes, lease: int = 0, flags: int = 0) -> bytes:
+    p = ffi.new("struct nvshare_lock_message *")
+    p.gpu.bytes = gpu
+    p.lease, p.flags = lease, flags
+    return _frame(msg_type, p)
+
+
+def encode_memory_report(gpu: bytes, managed_bytes: int, unmanaged_bytes: int = 0) -> bytes:
+    p = ffi.new("struct nvshare_memory_report *")
+    p.gpu.bytes = gpu
+    p.managed_bytes, p.unmanaged_bytes = managed_bytes, unmanaged_bytes
+    return _frame(MessageType.MEMORY_REPORT, p)
+
+
+def encode_error(code: int, text: str) -> bytes:
+    p = ffi.new("struct nvshare_error *")
+    p.code = code
+    # Keep room for the terminating NUL the header promises.
+    p.text = text.encode(errors="replace")[:ERROR_TEXT_BYTES - 1]
+    return _frame(MessageType.ERROR, p)
+
+
+# ---------------------------------------------------------------- decoding
+
+def _c_string(char_array) -> str:
+    return ffi.string(char_array).decode(errors="replace")
+
+
+def decode_payload(msg_type: int, payload: bytes, offset: int = 0):
+    """Turn a checked payload (see FrameReader) into one of the message classes."""
+    start = ffi.from_buffer(payload) + offset
+    if msg_type in _LOCK_TYPES:
+        m = ffi.cast("struct nvshare_lock_message *", start)
+        gpu_at = offset + _LOCK_GPU_OFFSET
+        return LockMessage(msg_type, payload[gpu_at:gpu_at + UUID_BYTES], m.lease, m.flags)
+    if msg_type == MessageType.HELLO:
+        m = ffi.cast("struct nvshare_hello *", start)
+        if m.gpu_count > MAX_GPUS:
+            raise ProtocolError(ErrorCode.BAD_FRAME,
+                                f"hello lists {m.gpu_count} GPUs, at most {MAX_GPUS} allowed")
+        gpus = tuple(ffi.buffer(m.gpus[i].bytes)[:] for i in range(m.gpu_count))
+        return Hello(gpus, _c_string(m.command))
+    if msg_type == MessageType.SETTINGS:
+        m = ffi.cast("struct nvshare_settings *", start)
+        return Settings(bool(m.anti_thrash), m.time_quantum_ms, m.idle_release_ms, m.drop_grace_ms)
+    if msg_type == MessageType.MEMORY_REPORT:
+        m = ffi.cast("struct nvshare_memory_report *", start)
+        gpu_at = offset + _REPORT_GPU_OFFSET
+        return MemoryReport(payload[gpu_at:gpu_at + UUID_BYTES], m.managed_bytes, m.unmanaged_bytes)
+    if msg_type == MessageType.ERROR:
+        m = ffi.cast("struct nvshare_error *", start)
+        return Error(m.code, _c_string(m.text))
+    raise ProtocolError(ErrorCode.BAD_FRAME, f"unknown message type {msg_type}")
+
+
+class FrameReader:
+    """Splits a byte stream into checked (type, payload) frames.
+
+    feed() returns the complete frames found so far as decoded messages and
+    keeps any partial frame for the next call.  Any frame that breaks the
+    rules raises ProtocolError (carrying the good frames before it in
+    .messages); the stream cannot be resynchronised after that, so the caller
+    closes the connection.
+    """
+
+    __slots__ = ("_pending",)
+
+    def __init__(self):
+        self._pending = b""
+
+    def feed(self, data: bytes) -> list:
+        if self._pending:
+            data = self._pending + data
+        messages = []
+        size = len(data)
+        offset = 0
+        base = ffi.from_buffer(data)
+        try:
+            while size - offset >= HEADER_BYTES:
+                h = ffi.cast("struct nvshare_header *", base + offset)
+                msg_type, payload_bytes = h.type, h.payload_bytes
+                expected = check_header(h.magic, h.version, msg_type, payload_bytes)
+                end = offset + HEADER_BYTES + expected
+                if end > size:
+                    break
+                messages.append(decode_payload(msg_type, data, offset + HEADER_BYTES))
+                offset = end
+        except ProtocolError as e:
+            self._pending = b""
+            e.messages = messages
+            raise
+        self._pending = data[offset:]
+        return messages
+
+
+def check_header(magic: int, version: int, msg_type: int, payload_bytes: int) -> int:
+    """Validate one header; returns the payload size or raises ProtocolError."""
+    if magic != MAGIC:
+        raise ProtocolError(ErrorCode.BAD_MAGIC, f"bad magic 0x{magic:08x}, not an nvshare peer")
+    if version != VERSION:
+        raise ProtocolError(ErrorCode.VERSION_MISMATCH,
+                            f"protocol version {version}, this agent speaks {VERSION}")
+    expected = PAYLOAD_BYTES.get(msg_type)
+    if expected is None:
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"unknown message type {msg_type}")
+    if payload_bytes != expected:
+        if payload_bytes > MAX_PAYLOAD_BYTES:
+            reason = f"payload of {payload_bytes} bytes, the limit is {MAX_PAYLOAD_BYTES}"
+        else:
+            reason = (f"{MessageType(msg_type).name} payload of {payload_bytes} bytes,"
+                      f" expected {expected}")
+        raise ProtocolError(ErrorCode.BAD_FRAME, reason)
+    return expected

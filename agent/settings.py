@@ -1,0 +1,169 @@
+"""Scheduler settings: the value type, the config file, and run-time persistence.
+
+Precedence at start: built-in defaults < the config file (INI, section
+[scheduler]) < changes made at run time through the control plane, which are
+persisted as JSON under the state directory and so survive a restart.  Only
+the settings that were changed at run time are persisted, so an admin's later
+edit of the config file still applies to everything else.
+"""
+
+from __future__ import annotations
+
+import configparser
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_CONFIG_PATH = Path("/etc/nvshare/nvshare.conf")
+DEFAULT_STATE_DIR = Path("/var/lib/nvshare")
+STATE_FILE_NAME = "settings.json"
+
+TIME_QUANTUM_RANGE_S = (1, 86400)
+# u32 milliseconds on the wire; a day is plenty and keeps the numbers sane.
+MILLIS_RANGE = (0, 86_400_000)
+
+
+class SettingsError(ValueError):
+    """A setting out of range or a config file we cannot read; str() is one human sentence."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    time_quantum_s: int = 30
+    anti_thrash: bool = True
+    idle_release_ms: int = 1000
+    drop_grace_ms: int = 5000
+
+    def validated(self) -> "Settings":
+        lo, hi = TIME_QUANTUM_RANGE_S
+        if type(self.time_quantum_s) is not int or not lo <= self.time_quantum_s <= hi:
+            raise SettingsError(f"time quantum must be {lo}..{hi} seconds, got {self.time_quantum_s!r}")
+        if type(self.anti_thrash) is not bool:
+            raise SettingsError(f"anti-thrash must be on or off, got {self.anti_thrash!r}")
+        for name in ("idle_release_ms", "drop_grace_ms"):
+            value = getattr(self, name)
+            lo, hi = MILLIS_RANGE
+            if type(value) is not int or not lo <= value <= hi:
+                raise SettingsError(f"{name} must be {lo}..{hi} milliseconds, got {value!r}")
+        return self
+
+    def replaced(self, **changes) -> "Settings":
+        return dataclasses.replace(self, **changes).validated()
+
+
+# ---------------------------------------------------------------- config file
+
+_CONFIG_KEYS = {
+    "time_quantum": "time_quantum_s",
+    "anti_thrash": "anti_thrash",
+    "idle_release_ms": "idle_release_ms",
+    "drop_grace_ms": "drop_grace_ms",
+}
+_BOOLEAN_WORDS = {"on": True, "off": False, "true": True, "false": False,
+                  "yes": True, "no": False, "1": True, "0": False}
+
+
+def load_config(path: Path) -> Settings:
+    """Read the INI config; a missing file means defaults. Raises SettingsError."""
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        with open(path, encoding="utf-8") as f:
+            parser.read_file(f)
+    except FileNotFoundError:
+        return Settings()
+    except (OSError, UnicodeDecodeError, configparser.Error) as e:
+        raise SettingsError(f"cannot read config {path}: {_one_line(e)}") from None
+    unknown_sections = [s for s in parser.sections() if s != "scheduler"]
+    if unknown_sections:
+        raise SettingsError(f"config {path}: unknown section [{unknown_sections[0]}] (only [scheduler])")
+    changes = {}
+    if parser.has_section("scheduler"):
+        for key, text in parser.items("scheduler"):
+            field = _CONFIG_KEYS.get(key)
+            if field is None:
+                raise SettingsError(f"config {path}: unknown key {key!r} in [scheduler]"
+                                    f" (known: {', '.join(_CONFIG_KEYS)})")
+            changes[field] = _parse_value(path, key, field, text.strip())
+    try:
+        return Settings().replaced(**changes)
+    except SettingsError as e:
+        raise SettingsError(f"config {path}: {e}") from None
+
+
+def _parse_value(path: Path, key: str, field: str, text: str):
+    if field == "anti_thrash":
+        value = _BOOLEAN_WORDS.get(text.lower())
+        if value is None:
+            raise SettingsError(f"config {path}: {key} must be on or off, got {text!r}")
+        return value
+    try:
+        return int(text)
+    except ValueError:
+        raise SettingsError(f"config {path}: {key} must be a whole number, got {text!r}") from None
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())
+
+
+# ---------------------------------------------------------------- run-time changes
+
+class SettingsStore:
+    """The run-time overrides, one JSON object in <state_dir>/settings.json."""
+
+    PERSISTED_FIELDS = ("time_quantum_s", "anti_thrash")
+
+    def __init__(self, state_dir: Path):
+        self.path = Path(state_dir) / STATE_FILE_NAME
+
+    def load_overrides(self) -> tuple[dict, str | None]:
+        """Returns (overrides, warning). A broken file is a warning, not a failure:
+        the daemon must come up, and the config file still gives sane values."""
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}, None
+        except (OSError, ValueError) as e:
+            return {}, f"ignoring saved settings {self.path}: {_one_line(e)}"
+        if not isinstance(data, dict):
+            return {}, f"ignoring saved settings {self.path}: not a JSON object"
+        overrides = {k: data[k] for k in self.PERSISTED_FIELDS if k in data}
+        try:
+            Settings().replaced(**overrides)
+        except SettingsError as e:
+            return {}, f"ignoring saved settings {self.path}: {e}"
+        return overrides, None
+
+    def save_overrides(self, overrides: dict) -> None:
+        """Write atomically (temp file, fsync, rename, fsync dir): a crash leaves old or new."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".settings.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(overrides, f, sort_keys=True)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def load_settings(config_path: Path, store: SettingsStore) -> tuple[Settings, dict, str | None]:
+    """Defaults < config < persisted overrides. Returns (settings, overrides, warning)."""
+    base = load_config(config_path)
+    overrides, warning = store.load_overrides()
+    return base.replaced(**overrides), overrides, warning
