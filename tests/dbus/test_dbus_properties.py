@@ -1,0 +1,147 @@
+"""Settings and live state through the real bus, with busctl, dbus-send and dbus-next."""
+
+import asyncio
+
+import pytest
+from dbus_next import Message, MessageType, Variant
+from dbus_next.aio import MessageBus
+
+from nvshare_agent import dbus_names as names
+
+from dbus_harness import busctl, busctl_on_agent, dbus_send, get_property, set_property
+
+
+def test_introspection_shows_typed_settings_state_and_methods(agent, bus):
+    text = busctl(bus.address, "introspect", names.BUS_NAME, names.OBJECT_PATH).stdout
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith(".")}
+    assert rows[".TimeQuantum"][1:3] == ["property", "u"] and "writable" in rows[".TimeQuantum"]
+    assert rows[".AntiThrash"][1:3] == ["property", "b"] and "writable" in rows[".AntiThrash"]
+    assert rows[".Gpus"][1:3] == ["property", "a(sstauau)"] and "writable" not in rows[".Gpus"]
+    assert rows[".Clients"][1:3] == ["property", "a(uuusa(sstd))"]
+    assert "writable" not in rows[".Clients"]
+    assert rows[".GetGpu"][1:4] == ["method", "s", "(sstauau)"]
+    for name in (".TimeQuantum", ".AntiThrash", ".Gpus", ".Clients"):
+        assert "emits-change" in rows[name]
+
+
+def test_busctl_reads_and_changes_time_quantum(agent, bus):
+    assert get_property(bus.address, "TimeQuantum") == "u 30"
+    busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "12")
+    assert get_property(bus.address, "TimeQuantum") == "u 12"
+
+
+def test_busctl_reads_and_changes_anti_thrash(agent, bus):
+    assert get_property(bus.address, "AntiThrash") == "b true"
+    busctl_on_agent(bus.address, "set-property", "AntiThrash", "b", "false")
+    assert get_property(bus.address, "AntiThrash") == "b false"
+    busctl_on_agent(bus.address, "set-property", "AntiThrash", "b", "true")
+    assert get_property(bus.address, "AntiThrash") == "b true"
+
+
+def test_busctl_reads_live_state(agent, bus):
+    assert get_property(bus.address, "Gpus").startswith("a(sstauau) ")
+    assert get_property(bus.address, "Clients") == "a(uuusa(sstd)) 0"
+
+
+async def _call(connection, member, signature, body, interface="org.freedesktop.DBus.Properties"):
+    return await asyncio.wait_for(connection.call(Message(
+        destination=names.BUS_NAME, path=names.OBJECT_PATH, interface=interface,
+        member=member, signature=signature, body=body)), 30)
+
+
+async def test_library_client_reads_and_changes_both_settings(agent, bus):
+    connection = await MessageBus(bus_address=bus.address).connect()
+    try:
+        await _call(connection, "Set", "ssv", [names.INTERFACE, "TimeQuantum", Variant("u", 45)])
+        await _call(connection, "Set", "ssv", [names.INTERFACE, "AntiThrash", Variant("b", False)])
+        reply = await _call(connection, "GetAll", "s", [names.INTERFACE])
+        values = {key: variant.value for key, variant in reply.body[0].items()}
+        assert values["TimeQuantum"] == 45 and values["AntiThrash"] is False
+        assert values["Gpus"] == [] or all(len(gpu) == 5 for gpu in values["Gpus"])
+        assert values["Clients"] == []
+    finally:
+        connection.disconnect()
+
+
+async def test_subscriber_sees_properties_changed_for_each_setting(agent, bus):
+    connection = await MessageBus(bus_address=bus.address).connect()
+    changes = asyncio.Queue()
+
+    def on_message(message):
+        if message.message_type == MessageType.SIGNAL and message.member == "PropertiesChanged":
+            changes.put_nowait((message.path, message.body[0], message.body[1]))
+
+    connection.add_message_handler(on_message)
+    await connection.call(Message(
+        destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
+        interface="org.freedesktop.DBus", member="AddMatch", signature="s",
+        body=[f"type='signal',interface='org.freedesktop.DBus.Properties',"
+              f"member='PropertiesChanged',path='{names.OBJECT_PATH}'"]))
+    try:
+        await asyncio.to_thread(busctl_on_agent, bus.address, "set-property", "TimeQuantum", "u", "7")
+        path, interface, changed = await asyncio.wait_for(changes.get(), 30)
+        assert (path, interface) == (names.OBJECT_PATH, names.INTERFACE)
+        assert changed["TimeQuantum"].value == 7 and "AntiThrash" not in changed
+
+        await asyncio.to_thread(busctl_on_agent, bus.address, "set-property", "AntiThrash", "b", "false")
+        _, _, changed = await asyncio.wait_for(changes.get(), 30)
+        assert changed["AntiThrash"].value is False and "TimeQuantum" not in changed
+    finally:
+        connection.disconnect()
+
+
+BAD_VALUES = [
+    # (property, dbus-send value, words the sentence must contain)
+    ("TimeQuantum", "uint32:0", "1..86400 seconds, got 0"),
+    ("TimeQuantum", "int32:-5", "1..86400 seconds, got -5"),
+    ("TimeQuantum", "uint32:86401", "1..86400 seconds, got 86401"),
+    ("TimeQuantum", "uint32:4294967295", "got 4294967295"),
+    ("TimeQuantum", "int64:-9223372036854775808", "got -9223372036854775808"),
+    ("TimeQuantum", "string:ten", "whole number of seconds"),
+    ("TimeQuantum", "double:2.5", "whole number of seconds"),
+    ("AntiThrash", "string:maybe", "on or off"),
+    ("AntiThrash", "uint32:1", "on or off"),
+]
+
+
+@pytest.mark.parametrize("prop_name, value, sentence", BAD_VALUES)
+def test_bad_value_gets_invalid_argument_and_agent_keeps_serving(agent, bus, prop_name, value, sentence):
+    before = get_property(bus.address, prop_name)
+    result = set_property(bus.address, prop_name, value)
+    assert result.returncode != 0
+    assert f"Error {names.ERROR_INVALID_ARGUMENT}: " in result.stderr
+    assert sentence in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert get_property(bus.address, prop_name) == before
+
+
+def test_busctl_shows_the_sentence_for_a_negative_time_quantum(agent, bus):
+    result = busctl(bus.address, "set-property", "--", names.BUS_NAME, names.OBJECT_PATH,
+                    names.INTERFACE, "TimeQuantum", "i", "-5", check=False)
+    assert result.returncode != 0
+    assert "time quantum must be 1..86400 seconds, got -5" in result.stderr
+
+
+def test_unknown_gpu_gets_named_error(agent, bus):
+    result = dbus_send(bus.address, "GetGpu", "string:GPU-00000000-0000-0000-0000-000000000000",
+                       interface=names.INTERFACE)
+    assert result.returncode != 0
+    assert f"Error {names.ERROR_UNKNOWN_GPU}: no GPU with UUID" in result.stderr
+    assert get_property(bus.address, "TimeQuantum") == "u 30"
+
+
+def test_live_state_cannot_be_set(agent, bus):
+    result = busctl_on_agent(bus.address, "set-property", "Clients", "a(uuusa(sstd))", "0", check=False)
+    assert result.returncode != 0 and "read-only" in result.stderr
+    result = set_property(bus.address, "NoSuchThing", "uint32:1")
+    assert "Error org.freedesktop.DBus.Error.UnknownProperty" in result.stderr
+
+
+def test_flood_of_bad_calls_leaves_agent_serving(agent, bus):
+    for value in ["uint32:0", "string:x", "double:1e300", "boolean:true", "int64:99999999999"]:
+        assert set_property(bus.address, "TimeQuantum", value).returncode != 0
+    assert dbus_send(bus.address, "Set", "string:", "string:TimeQuantum",
+                     "variant:uint32:5").returncode != 0
+    assert dbus_send(bus.address, "GetGpu", "uint32:7", interface=names.INTERFACE).returncode != 0
+    busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "9")
+    assert get_property(bus.address, "TimeQuantum") == "u 9"
