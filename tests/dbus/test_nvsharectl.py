@@ -1,0 +1,93 @@
+"""nvsharectl end to end: the real CLI against the real agent on a private bus."""
+
+import json
+
+from dbus_harness import get_property, nvsharectl
+
+
+def test_status_shows_settings_and_fits_80_columns(agent, bus):
+    result = nvsharectl(bus.address, "status")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("time quantum: 30 s    anti-thrash: on")
+    assert all(len(line) <= 80 for line in result.stdout.splitlines())
+    assert "no clients" in result.stdout
+
+
+def test_no_command_shows_status(agent, bus):
+    result = nvsharectl(bus.address)
+    assert result.returncode == 0 and result.stdout.startswith("time quantum: 30 s")
+
+
+def test_status_json_for_scripts(agent, bus):
+    for args in (["--json", "status"], ["status", "--json"], ["--json"]):
+        result = nvsharectl(bus.address, *args)
+        assert result.returncode == 0, result.stderr
+        status = json.loads(result.stdout)
+        assert status["time_quantum_s"] == 30 and status["anti_thrash"] is True
+        assert isinstance(status["gpus"], list) and status["clients"] == []
+
+
+def test_clients_lists_none_when_idle(agent, bus):
+    assert nvsharectl(bus.address, "clients").stdout.strip() == "no clients"
+    assert json.loads(nvsharectl(bus.address, "clients", "--json").stdout) == []
+
+
+def test_set_tq_and_anti_thrash_commands(agent, bus):
+    result = nvsharectl(bus.address, "set-tq", "15")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "time quantum: 15 s    anti-thrash: on"
+    result = nvsharectl(bus.address, "anti-thrash", "off")
+    assert result.returncode == 0 and "anti-thrash: off" in result.stdout
+    assert get_property(bus.address, "TimeQuantum") == "u 15"
+    assert get_property(bus.address, "AntiThrash") == "b false"
+    result = nvsharectl(bus.address, "--json", "anti-thrash", "on")
+    assert json.loads(result.stdout) == {"anti_thrash": True, "time_quantum_s": 15}
+
+
+def test_original_flags_T_and_S_still_work(agent, bus):
+    result = nvsharectl(bus.address, "-T", "10")
+    assert result.returncode == 0, result.stderr
+    assert get_property(bus.address, "TimeQuantum") == "u 10"
+    result = nvsharectl(bus.address, "-S", "off")
+    assert result.returncode == 0 and get_property(bus.address, "AntiThrash") == "b false"
+    result = nvsharectl(bus.address, "-T", "20", "-S", "on", "--json")
+    assert json.loads(result.stdout) == {"anti_thrash": True, "time_quantum_s": 20}
+
+
+def test_values_the_agent_rejects_exit_2_with_its_sentence(agent, bus):
+    for args, sentence in ((["set-tq", "0"], "time quantum must be 1..86400 seconds, got 0"),
+                           (["-T", "-3"], "time quantum must be 1..86400 seconds, got -3"),
+                           (["-T", "100000"], "time quantum must be 1..86400 seconds, got 100000"),
+                           (["set-tq", "99999999999"],
+                            "time quantum must be 1..86400 seconds, got 99999999999")):
+        result = nvsharectl(bus.address, *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr == f"nvsharectl: invalid value: {sentence}\n"
+    assert get_property(bus.address, "TimeQuantum") == "u 30"
+
+
+def test_bad_usage_exits_2(agent, bus):
+    for args in (["-S", "maybe"], ["anti-thrash", "sometimes"], ["set-tq", "ten"],
+                 ["set-tq"], ["no-such-command"], ["-T", "5", "status"]):
+        result = nvsharectl(bus.address, *args)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+    assert get_property(bus.address, "AntiThrash") == "b true"
+
+
+def test_agent_not_running_says_what_to_check(bus):
+    result = nvsharectl(bus.address, "status")
+    assert result.returncode == 1
+    line = result.stderr.strip()
+    assert line.startswith("nvsharectl: the nvshare agent is not running")
+    assert "is nvshare.socket enabled?" in line and "\n" not in line
+
+
+def test_unreachable_bus_exits_1(world_dir):
+    result = nvsharectl(f"unix:path={world_dir}/no-bus-here", "set-tq", "5")
+    assert result.returncode == 1
+    assert result.stderr.startswith("nvsharectl: cannot connect to the bus at unix:path=")
+
+
+def test_shell_completion_comes_from_typer(world_dir):
+    result = nvsharectl("system", "--show-completion", "bash")
+    assert result.returncode == 0 and "_NVSHARECTL_COMPLETE" in result.stdout
