@@ -74,8 +74,15 @@ def load_config(path: Path) -> Settings:
             parser.read_file(f)
     except FileNotFoundError:
         return Settings()
-    except (OSError, UnicodeDecodeError, configparser.Error) as e:
-        raise SettingsError(f"cannot read config {path}: {_one_line(e)}") from None
+    except configparser.MissingSectionHeaderError as e:
+        raise SettingsError(f"config {path}: line {e.lineno} comes before any [scheduler] header") from None
+    except configparser.ParsingError as e:
+        line = e.errors[0][0] if e.errors else "?"
+        raise SettingsError(f"config {path}: line {line} is not 'key = value'") from None
+    except configparser.Error as e:
+        raise SettingsError(f"config {path}: {_one_line(e.message)}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SettingsError(f"config {path}: cannot read it: {_one_line(e)}") from None
     unknown_sections = [s for s in parser.sections() if s != "scheduler"]
     if unknown_sections:
         raise SettingsError(f"config {path}: unknown section [{unknown_sections[0]}] (only [scheduler])")

@@ -1,0 +1,146 @@
+"""systemd integration (the real systemd-socket-activate, a real NOTIFY_SOCKET),
+the config file, and settings that survive a restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from agent_harness import FAST_CONFIG, GPU0, TIMEOUT_S, AgentProcess, ShimClient, wait_until
+from nvshare_agent.daemon import Agent
+from nvshare_agent.settings import Settings, SettingsStore
+
+
+def agent_args(tmp_path):
+    config = tmp_path / "nvshare.conf"
+    config.write_text(FAST_CONFIG)
+    return [sys.executable, "-m", "nvshare_agent", "--bus", "none", "--state-dir", str(tmp_path / "state"),
+            "--config", str(config)]
+
+
+@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="needs systemd-socket-activate")
+def test_socket_activation_through_systemd_socket_activate(tmp_path):
+    sock_path = tmp_path / "activated.sock"
+    log_path = tmp_path / "agent.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(["systemd-socket-activate", "-l", str(sock_path), *agent_args(tmp_path)],
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(sock_path.exists, what="systemd-socket-activate to listen")
+        # The first connection is what starts the agent (the activator execs it with fd 3).
+        with ShimClient(sock_path) as first:
+            assert first.settings.time_quantum_ms == 1000
+            first.request()
+            grant = first.wait_grant()
+            with ShimClient(sock_path) as second:
+                second.request()
+                first.release(grant)
+                second.wait_grant()
+        log_text = log_path.read_text()
+        assert "listening on the socket systemd passed (fd 3)" in log_text
+        assert f"grant gpu=GPU-" in log_text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(TIMEOUT_S) == 0
+    # The socket belongs to systemd: the agent must not have deleted it.
+    assert sock_path.exists()
+
+
+def test_sd_notify_ready_status_watchdog_and_stopping(tmp_path):
+    notify_path = tmp_path / "notify.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(notify_path))
+    listener.settimeout(TIMEOUT_S)
+    agent = AgentProcess(tmp_path / "a", env={"NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "200000"})
+    received: list[str] = []
+
+    def wait_for(prefix: str) -> str:
+        while True:
+            for message in received:
+                if message.startswith(prefix):
+                    received.remove(message)
+                    return message
+            received.append(listener.recv(4096).decode())
+
+    try:
+        agent.start()
+        assert wait_for("READY=1") == "READY=1"
+        status = wait_for("STATUS=")
+        assert "clients" in status and "\n" not in status
+        wait_for("WATCHDOG=1")
+        wait_for("WATCHDOG=1")  # repeated, at half of WATCHDOG_USEC
+        with ShimClient(agent.socket_path) as c:
+            c.request()
+            c.wait_grant()
+            wait_for("STATUS=1 clients; GPU-00000000 holder=")
+        assert agent.stop() == 0
+        wait_for("STOPPING=1")
+    finally:
+        agent.stop()
+        listener.close()
+
+
+def test_bad_config_is_one_line_and_exit_code_2(tmp_path):
+    config = tmp_path / "nvshare.conf"
+    for text, message in [("[scheduler]\ntime_quantum = 0\n", "time quantum must be 1..86400 seconds, got 0"),
+                          ("[scheduler]\nanti_thrash = maybe\n", "anti_thrash must be on or off, got 'maybe'"),
+                          ("[scheduler]\nspeed = 3\n", "unknown key 'speed'"),
+                          ("not an ini file\n", "line 1 comes before any [scheduler] header"),
+                          ("[scheduler]\ntime_quantum = 3\ntime_quantum = 4\n", "already exists"),
+                          ("[scheduler]\n= 3\n", "line 2 is not 'key = value'"),
+                          ("[other]\nx = 1\n", "unknown section [other]")]:
+        config.write_text(text)
+        result = subprocess.run([sys.executable, "-m", "nvshare_agent", "--bus", "none",
+                                 "--socket", str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "state"),
+                                 "--config", str(config)], capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("nvshare-agent: error: config "), result.stderr
+        assert message in lines[0]
+
+
+def test_socket_is_world_connectable_and_removed_on_stop(start_agent):
+    agent = start_agent()
+    assert oct(agent.socket_path.stat().st_mode & 0o777) == oct(0o666)
+    assert agent.stop() == 0
+    assert not agent.socket_path.exists()
+    assert "stopping" in agent.log()
+
+
+async def test_settings_changed_at_run_time_survive_a_restart(tmp_path):
+    state_dir = tmp_path / "state"
+    agent = Agent(Settings(), SettingsStore(state_dir))
+    agent.change_settings(time_quantum_s=42, anti_thrash=False)
+    assert json.loads((state_dir / "settings.json").read_text()) == {"anti_thrash": False, "time_quantum_s": 42}
+    assert not [p for p in os.listdir(state_dir) if p.endswith(".tmp")]
+    # A fresh agent process with the same state dir starts with them (over the config file's values).
+    restarted = AgentProcess(tmp_path / "restart", state_dir=state_dir).start()
+    try:
+        with ShimClient(restarted.socket_path) as c:
+            assert c.settings.time_quantum_ms == 42_000
+            assert c.settings.anti_thrash is False
+            assert c.settings.drop_grace_ms == 300  # not persisted: still from the config file
+            c.request(GPU0)
+            assert c.wait_grant().flags == 2  # shared
+    finally:
+        assert restarted.stop() == 0
+
+
+def test_broken_state_file_is_a_warning_not_a_failure(tmp_path):
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "settings.json").write_text("{not json")
+    agent = AgentProcess(tmp_path / "a", state_dir=state_dir).start()
+    try:
+        with ShimClient(agent.socket_path) as c:
+            assert c.settings.time_quantum_ms == 1000
+        assert "ignoring saved settings" in agent.log()
+    finally:
+        agent.stop()
