@@ -1,0 +1,76 @@
+"""A setting changed over D-Bus reaches the shim clients connected to the
+agent's socket, and their state shows in the live-state properties."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
+from agent_harness import GPU0, ShimClient  # noqa: E402
+from nvshare_agent import dbus_names as names  # noqa: E402
+from nvshare_agent import protocol  # noqa: E402
+from nvshare_agent.protocol import MessageType  # noqa: E402
+
+from dbus_harness import busctl, busctl_on_agent, wait_for  # noqa: E402
+
+
+def _live(address: str, prop_name: str):
+    result = busctl(address, "--json=short", "get-property", names.BUS_NAME, names.OBJECT_PATH,
+                    names.INTERFACE, prop_name)
+    return json.loads(result.stdout)["data"]
+
+
+def _frames_until(client: ShimClient, msg_type: int) -> list:
+    """Every frame up to and including the first of `msg_type`."""
+    frames = []
+    while True:
+        frame = client.recv()
+        assert frame is not None, f"agent closed the connection; got {frames}"
+        frames.append(frame)
+        if getattr(frame, "type", None) == msg_type:
+            return frames
+
+
+def _holder_and_waiter(agent, bus):
+    holder = ShimClient(agent.socket_path, command="holder")
+    waiter = ShimClient(agent.socket_path, command="waiter")
+    holder.request()
+    grant = holder.wait_grant()
+    waiter.request()
+    me = os.getpid()  # both fake shims live in this process
+    wait_for(lambda: any(gpu[4] == [me] for gpu in _live(bus.address, "Gpus")), "the waiter queued")
+    return holder, grant, waiter
+
+
+def test_anti_thrash_off_over_dbus_grants_a_queued_waiter_at_once(agent, bus):
+    holder, _, waiter = _holder_and_waiter(agent, bus)
+    states = sorted(entry[1] for client in _live(bus.address, "Clients") for entry in client[4])
+    assert states == ["holding", "waiting"]
+    assert holder.settings.anti_thrash and holder.settings.time_quantum_ms == 30_000
+
+    busctl_on_agent(bus.address, "set-property", "AntiThrash", "b", "false")
+    # The quantum is 30 s: a grant within the timeout is the setting, not expiry.
+    frames = _frames_until(waiter, MessageType.LOCK_GRANT)
+    assert frames[-1].gpu == GPU0
+    pushed = holder.expect(MessageType.SETTINGS)
+    assert pushed.anti_thrash is False
+    assert sorted(entry[1] for client in _live(bus.address, "Clients")
+                  for entry in client[4]) == ["holding", "holding"]
+    holder.close()
+    waiter.close()
+
+
+def test_time_quantum_over_dbus_reaches_clients_and_ends_the_holders_turn(agent, bus):
+    holder, grant, waiter = _holder_and_waiter(agent, bus)
+    busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "1")
+    frames = _frames_until(holder, MessageType.DROP_REQUEST)
+    pushed = [frame for frame in frames if isinstance(frame, protocol.Settings)]
+    assert pushed and pushed[0].time_quantum_ms == 1000
+    assert frames[-1].lease == grant.lease
+    holder.release(grant)
+    frames = _frames_until(waiter, MessageType.LOCK_GRANT)
+    assert frames[0].time_quantum_ms == 1000  # the push reached the waiter too
+    assert frames[-1].gpu == GPU0
+    holder.close()
+    waiter.close()
