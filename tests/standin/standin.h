@@ -1,0 +1,90 @@
+/*
+ * Internals shared by the stand-in driver's source files.  The stand-in is a
+ * test fixture: it fakes one or more GPUs with host memory and worker threads
+ * so that nvshare's shim can be tested on machines without a GPU.
+ */
+#ifndef STANDIN_H
+#define STANDIN_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "cuda_fixture.h"
+
+/* ---- logging (standin_core.c) ----
+ * One line per driver call appended to $STANDIN_LOG:
+ *   <pid> <tid> <function> t=<realtime seconds> key=value ...
+ * Lines whose function starts with '@' are not calls but things the fake GPU
+ * did (a kernel starting or finishing on a stream's worker thread). */
+void standin_log(const char *function, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- global state (standin_core.c) ---- */
+extern pthread_mutex_t standin_lock;        /* guards every table below */
+extern pthread_cond_t standin_progress;     /* broadcast whenever a stream completes work */
+int standin_initialised(void);
+int standin_device_count(void);
+size_t standin_total_mem(void);
+unsigned standin_kernel_us(void);
+
+struct CUctx_st {
+    uint32_t magic;
+    CUdevice device;
+    int primary;
+    int refcount;
+};
+#define STANDIN_CTX_MAGIC 0x43545854u
+
+/* The calling thread's current context, or NULL. */
+CUcontext standin_current_ctx(void);
+/* CUDA_SUCCESS when initialised and a context is current; else the error the
+ * real driver gives (NOT_INITIALIZED, INVALID_CONTEXT). */
+CUresult standin_require_ctx(void);
+
+/* ---- streams (standin_streams.c) ---- */
+enum standin_op_kind {
+    OP_KERNEL, OP_COPY, OP_MEMSET, OP_HOST_FN, OP_CALLBACK, OP_EVENT, OP_WAIT_EVENT, OP_FREE, OP_NOTHING
+};
+struct standin_op {
+    struct standin_op *next;
+    enum standin_op_kind kind;
+    uint64_t seq;
+    union {
+        struct { int kernel; CUdeviceptr ptr; int count; const char *via; } kernel;
+        struct { void *dst; const void *src; size_t bytes; void *staging; } copy;  /* staging: freed after */
+        struct { void *dst; unsigned value; unsigned width; size_t count; } memset;
+        struct { CUhostFn fn; void *data; } host;
+        struct { CUstreamCallback fn; void *data; CUstream stream; } callback;
+        struct { CUevent event; uint64_t generation; } event;
+        struct { CUevent event; uint64_t generation; } wait;
+        struct { CUdeviceptr ptr; } free;
+    } u;
+};
+
+/* Resolves NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD to the default
+ * stream; NULL result means an invalid handle. */
+struct CUstream_st *standin_stream(CUstream handle);
+/* Queues op (allocated with malloc; the worker frees it) and returns its
+ * sequence number on that stream. */
+uint64_t standin_enqueue(struct CUstream_st *stream, struct standin_op *op);
+/* Blocks until every op queued so far on the stream has run. */
+void standin_stream_wait(struct CUstream_st *stream, uint64_t seq);
+uint64_t standin_stream_submitted(struct CUstream_st *stream);
+void standin_wait_all_streams(void);
+void standin_streams_after_fork_child(void);
+
+/* ---- memory (standin_memory.c) ---- */
+enum standin_alloc_kind { KIND_DEVICE, KIND_MANAGED, KIND_ASYNC, KIND_IPC, KIND_VMM_RESERVE, KIND_VMM_MAPPING };
+/* Table of fake allocations; each takes standin_lock itself. */
+int standin_track(CUdeviceptr ptr, size_t bytes, enum standin_alloc_kind kind, CUdevice dev);
+/* Removes the entry of that kind starting at ptr; its size in *bytes. 0 when found. */
+int standin_untrack(CUdeviceptr ptr, enum standin_alloc_kind kind, size_t *bytes);
+/* Counts physical device memory (VMM handles): 0, or -1 past STANDIN_TOTAL_MEM. */
+int standin_charge_device(CUdevice dev, size_t bytes);
+void standin_refund_device(CUdevice dev, size_t bytes);
+/* Host address of [ptr, ptr+bytes) if it lies inside one fake allocation
+ * (device, managed, VMM mapping or IPC mapping), else NULL. */
+void *standin_device_range(CUdeviceptr ptr, size_t bytes);
+void standin_free_now(CUdeviceptr ptr);
+
+#endif /* STANDIN_H */

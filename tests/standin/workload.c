@@ -1,0 +1,315 @@
+/*
+ * The test clients' common workload: allocate, check whether the allocation is
+ * managed, copy in, launch add_one N times (rotating over every launch
+ * flavour), copy back, verify, free; in bursts, with optional sleeps between
+ * them (idle release), a fork, VMM and IPC (passthrough paths), and
+ * cuMemGetInfo.  Prints exactly one result line on stdout.
+ */
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "workload.h"
+
+struct options {
+    int loops, launches, ints, sleep_ms, duration_ms;
+    const char *alloc, *launch;
+    int use_stream, do_fork, vmm, ipc, meminfo, per_thread;
+    unsigned long long big_bytes;
+};
+
+static const struct driver *cu;
+static const char *client;
+static char extra[512];                     /* key=value pairs for the result line */
+
+static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void note(const char *fmt, ...)
+{
+    size_t used = strlen(extra);
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(extra + used, sizeof extra - used, fmt, args);
+    va_end(args);
+}
+
+static const char *error_name(CUresult r)
+{
+    const char *name = NULL;
+    if (cu->cuGetErrorName(r, &name) != CUDA_SUCCESS || name == NULL)
+        return "UNKNOWN_ERROR";
+    return name;
+}
+
+/* Any failing call ends the client with one line naming the call. */
+#define CHECK(call)                                                                                   \
+    do {                                                                                              \
+        CUresult check_result_ = (call);                                                              \
+        if (check_result_ != CUDA_SUCCESS) {                                                          \
+            printf("client=%s pid=%d result=error call=%s error=%s\n", client, (int)getpid(),         \
+                   #call, error_name(check_result_));                                                 \
+            fflush(stdout);                                                                           \
+            _exit(1);                                                                                 \
+        }                                                                                             \
+    } while (0)
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+struct gpu { CUfunction add_one, spin; CUstream stream; };
+
+static CUdeviceptr allocate(const struct options *o, const struct gpu *g, size_t bytes)
+{
+    CUdeviceptr p = 0;
+    if (strcmp(o->alloc, "pitch") == 0) {
+        size_t pitch = 0;
+        CHECK(cu->cuMemAllocPitch(&p, &pitch, bytes, 1, 4));
+    } else if (strcmp(o->alloc, "async") == 0) {
+        CHECK(cu->cuMemAllocAsync(&p, bytes, g->stream));
+    } else if (strcmp(o->alloc, "managed") == 0) {
+        CHECK(cu->cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL));
+    } else {
+        CHECK(cu->cuMemAlloc(&p, bytes));
+    }
+    return p;
+}
+
+static void release(const struct options *o, const struct gpu *g, CUdeviceptr p)
+{
+    if (strcmp(o->alloc, "async") == 0) {
+        CHECK(cu->cuMemFreeAsync(p, g->stream));
+        CHECK(cu->cuStreamSynchronize(g->stream));
+    } else {
+        CHECK(cu->cuMemFree(p));
+    }
+}
+
+static void launch(const struct options *o, const struct gpu *g, int index, CUdeviceptr *p, int *n)
+{
+    void *params[] = {p, n};
+    static const char *const flavours[] = {"kernel", "ex", "coop"};
+    const char *flavour = strcmp(o->launch, "all") == 0 ? flavours[index % 3] : o->launch;
+    if (strcmp(flavour, "ex") == 0) {
+        CUlaunchConfig config = {1, 1, 1, 256, 1, 1, 0, g->stream, NULL, 0};
+        CHECK(cu->cuLaunchKernelEx(&config, g->add_one, params, NULL));
+    } else if (strcmp(flavour, "coop") == 0) {
+        CHECK(cu->cuLaunchCooperativeKernel(g->add_one, 1, 1, 1, 256, 1, 1, 0, g->stream, params));
+    } else {
+        CHECK(cu->cuLaunchKernel(g->add_one, 1, 1, 1, 256, 1, 1, 0, g->stream, params, NULL));
+    }
+}
+
+/* One burst: fill, launch add_one `launches` times (+ a graph), read back, verify. */
+static int burst(const struct options *o, const struct gpu *g, CUdeviceptr p, int round)
+{
+    int n = o->ints;
+    int *host = malloc((size_t)n * sizeof *host);
+    if (host == NULL)
+        return 0;
+    for (int i = 0; i < n; i++)
+        host[i] = round * 1000 + i;
+    CHECK(cu->cuMemsetD32(p, 0, (size_t)n));
+    if (o->use_stream)
+        CHECK(cu->cuMemcpyHtoDAsync(p, host, (size_t)n * sizeof *host, g->stream));
+    else
+        CHECK(cu->cuMemcpyHtoD(p, host, (size_t)n * sizeof *host));
+    CUevent start, stop;
+    CHECK(cu->cuEventCreate(&start, 0));
+    CHECK(cu->cuEventCreate(&stop, 0));
+    CHECK(cu->cuEventRecord(start, g->stream));
+    for (int k = 0; k < o->launches; k++)
+        launch(o, g, k, &p, &n);
+    if (strcmp(o->launch, "all") == 0 || strcmp(o->launch, "graph") == 0) {
+        CUgraph graph;
+        CUgraphExec exec;
+        CHECK(cu->cuGraphCreate(&graph, 0));
+        CHECK(cu->cuGraphInstantiateWithFlags(&exec, graph, 0));
+        CHECK(cu->cuGraphLaunch(exec, g->stream));
+        CHECK(cu->cuGraphExecDestroy(exec));
+        CHECK(cu->cuGraphDestroy(graph));
+    }
+    CHECK(cu->cuEventRecord(stop, g->stream));
+    CHECK(cu->cuEventSynchronize(stop));
+    float ms = 0;
+    CHECK(cu->cuEventElapsedTime(&ms, start, stop));
+    CHECK(cu->cuEventDestroy(start));
+    CHECK(cu->cuEventDestroy(stop));
+    CHECK(cu->cuStreamSynchronize(g->stream));
+    memset(host, 0xff, (size_t)n * sizeof *host);
+    CHECK(cu->cuMemcpyDtoH(host, p, (size_t)n * sizeof *host));
+    int good = 1;
+    for (int i = 0; i < n; i++)
+        good &= host[i] == round * 1000 + i + o->launches;
+    free(host);
+    return good;
+}
+
+static void vmm_roundtrip(void)
+{
+    CUmemAllocationProp prop = {0};
+    prop.type = 1;                          /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    size_t granularity = 0;
+    CHECK(cu->cuMemGetAllocationGranularity(&granularity, &prop, 0));
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle handle = 0;
+    CHECK(cu->cuMemAddressReserve(&va, granularity, 0, 0, 0));
+    CHECK(cu->cuMemCreate(&handle, granularity, &prop, 0));
+    CHECK(cu->cuMemMap(va, granularity, 0, handle, 0));
+    CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, 3};
+    CHECK(cu->cuMemSetAccess(va, granularity, &access, 1));
+    int in[4] = {1, 2, 3, 4}, out[4] = {0};
+    CHECK(cu->cuMemcpyHtoD(va, in, sizeof in));
+    CHECK(cu->cuMemcpyDtoH(out, va, sizeof out));
+    CHECK(cu->cuMemUnmap(va, granularity));
+    CHECK(cu->cuMemRelease(handle));
+    CHECK(cu->cuMemAddressFree(va, granularity));
+    note(" vmm=%s", memcmp(in, out, sizeof in) == 0 ? "ok" : "wrong");
+}
+
+static void ipc_roundtrip(CUdeviceptr p)
+{
+    CUipcMemHandle handle;
+    CUdeviceptr opened = 0;
+    CHECK(cu->cuIpcGetMemHandle(&handle, p));
+    CHECK(cu->cuIpcOpenMemHandle(&opened, handle, 1));
+    CHECK(cu->cuIpcCloseMemHandle(opened));
+    note(" ipc=ok");
+}
+
+static int parse(int argc, char **argv, struct options *o)
+{
+    static const struct option longs[] = {
+        {"loops", required_argument, NULL, 'l'},      {"launches", required_argument, NULL, 'n'},
+        {"ints", required_argument, NULL, 'i'},       {"sleep-ms", required_argument, NULL, 's'},
+        {"duration-ms", required_argument, NULL, 'd'}, {"alloc", required_argument, NULL, 'a'},
+        {"launch", required_argument, NULL, 'k'},     {"stream", no_argument, NULL, 'S'},
+        {"fork", no_argument, NULL, 'f'},             {"vmm", no_argument, NULL, 'v'},
+        {"ipc", no_argument, NULL, 'p'},              {"meminfo", no_argument, NULL, 'm'},
+        {"big-alloc", required_argument, NULL, 'b'},  {"per-thread", no_argument, NULL, 't'},
+        {NULL, 0, NULL, 0}};
+    *o = (struct options){.loops = 3, .launches = 4, .ints = 1024, .alloc = "plain", .launch = "all"};
+    int c;
+    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+        switch (c) {
+        case 'l': o->loops = atoi(optarg); break;
+        case 'n': o->launches = atoi(optarg); break;
+        case 'i': o->ints = atoi(optarg); break;
+        case 's': o->sleep_ms = atoi(optarg); break;
+        case 'd': o->duration_ms = atoi(optarg); break;
+        case 'a': o->alloc = optarg; break;
+        case 'k': o->launch = optarg; break;
+        case 'S': o->use_stream = 1; break;
+        case 'f': o->do_fork = 1; break;
+        case 'v': o->vmm = 1; break;
+        case 'p': o->ipc = 1; break;
+        case 'm': o->meminfo = 1; break;
+        case 'b': o->big_bytes = strtoull(optarg, NULL, 0); break;
+        case 't': o->per_thread = 1; break;
+        default: return -1;
+        }
+    }
+    if (optind != argc || o->loops < 0 || o->launches < 0 || o->ints <= 0)
+        return -1;
+    return 0;
+}
+
+int client_main(const char *client_name, driver_loader load, int argc, char **argv)
+{
+    client = client_name;
+    struct options o;
+    if (parse(argc, argv, &o) != 0) {
+        fprintf(stderr, "usage: %s [--loops N] [--launches N] [--ints N] [--sleep-ms MS] [--duration-ms MS]\n"
+                        "  [--alloc plain|pitch|async|managed] [--launch all|kernel|ex|coop|graph] [--stream]\n"
+                        "  [--fork] [--vmm] [--ipc] [--meminfo] [--big-alloc BYTES] [--per-thread]\n", argv[0]);
+        return 2;
+    }
+    static struct driver loaded;
+    if (load(&loaded, o.per_thread) != 0)
+        return 1;
+    cu = &loaded;
+    double began = now_ms();
+
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule module;
+    struct gpu g = {0};
+    CHECK(cu->cuInit(0));
+    CHECK(cu->cuDeviceGet(&dev, 0));
+    CHECK(cu->cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cu->cuCtxSetCurrent(ctx));
+    CHECK(cu->cuModuleLoadData(&module, "standin fake image"));
+    CHECK(cu->cuModuleGetFunction(&g.add_one, module, "add_one"));
+    CHECK(cu->cuModuleGetFunction(&g.spin, module, "spin"));
+    if (o.use_stream)
+        CHECK(cu->cuStreamCreate(&g.stream, 0));
+
+    if (o.meminfo) {
+        size_t free_bytes = 0, total_bytes = 0;
+        CHECK(cu->cuMemGetInfo(&free_bytes, &total_bytes));
+        note(" mem_free=%zu mem_total=%zu", free_bytes, total_bytes);
+    }
+    if (o.big_bytes > 0) {
+        CUdeviceptr big = 0;
+        CUresult r = cu->cuMemAlloc(&big, o.big_bytes);
+        note(" big_alloc=%s", r == CUDA_SUCCESS ? "ok" : error_name(r));
+        if (r == CUDA_SUCCESS)
+            CHECK(cu->cuMemFree(big));
+    }
+
+    size_t bytes = (size_t)o.ints * sizeof(int);
+    CUdeviceptr p = allocate(&o, &g, bytes);
+    unsigned managed = 0;
+    CHECK(cu->cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p));
+
+    int good = 1, rounds = 0;
+    pid_t child = -1;
+    for (;;) {
+        int more = o.duration_ms > 0 ? now_ms() - began < o.duration_ms : rounds < o.loops;
+        if (!more)
+            break;
+        if (rounds > 0 && o.sleep_ms > 0)
+            usleep((useconds_t)o.sleep_ms * 1000);
+        good &= burst(&o, &g, p, rounds);
+        rounds++;
+        if (o.do_fork && child < 0) {
+            fflush(stdout);
+            child = fork();
+            if (child == 0) {              /* the child: its own allocation and bursts */
+                CUdeviceptr mine = allocate(&o, &g, bytes);
+                int ok = burst(&o, &g, mine, 7) && burst(&o, &g, mine, 8);
+                release(&o, &g, mine);
+                _exit(ok ? 0 : 3);
+            }
+        }
+    }
+    if (o.vmm)
+        vmm_roundtrip();
+    if (o.ipc)
+        ipc_roundtrip(p);
+    if (child > 0) {
+        int status = 0;
+        waitpid(child, &status, 0);
+        int child_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        note(" fork_child=%s child_pid=%d", child_ok ? "ok" : "failed", (int)child);
+        good &= child_ok;
+    }
+    release(&o, &g, p);
+    if (g.stream != NULL)
+        CHECK(cu->cuStreamDestroy(g.stream));
+    CHECK(cu->cuDevicePrimaryCtxRelease(dev));
+    printf("client=%s pid=%d result=%s managed=%u loops=%d launches=%d elapsed_ms=%.0f%s\n", client, (int)getpid(),
+           good ? "ok" : "wrong", managed, rounds, rounds * o.launches, now_ms() - began, extra);
+    fflush(stdout);
+    return good ? 0 : 1;
+}
