@@ -1,0 +1,36 @@
+/* An open-addressing hash map from an address (or VMM handle) to what the
+ * shim knows of that allocation: O(1) insert, find and remove.  Not
+ * thread-safe: memory.c guards it with its mutex. */
+#ifndef NVSHARE_ALLOCATION_MAP_H
+#define NVSHARE_ALLOCATION_MAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum allocation_kind {
+    ALLOCATION_CONVERTED = 1,       /* a device allocation the shim made managed */
+    ALLOCATION_APP_MANAGED,         /* the application's own cuMemAllocManaged */
+    ALLOCATION_VMM,                 /* cuMemCreate: passed through, stays on the GPU */
+    ALLOCATION_IPC                  /* cuIpcOpenMemHandle: passed through */
+};
+
+struct allocation {
+    uint64_t key;                   /* 0 marks an empty slot */
+    uint64_t bytes;
+    int gpu;
+    enum allocation_kind kind;
+};
+
+struct allocation_map {
+    struct allocation *slots;
+    size_t capacity;                /* a power of two, or 0 */
+    size_t used;
+};
+
+/* 0 on success, -1 when memory for growing is lacking. */
+int allocation_map_put(struct allocation_map *map, const struct allocation *entry);
+struct allocation *allocation_map_find(struct allocation_map *map, uint64_t key);
+/* Removes key; returns 1 and copies the entry out when it was there. */
+int allocation_map_take(struct allocation_map *map, uint64_t key, struct allocation *out);
+
+#endif

@@ -1,0 +1,73 @@
+#define _GNU_SOURCE
+#include "config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+#define DEFAULT_SOCKET "/run/nvshare/scheduler.sock"
+#define DEFAULT_MAX_QUEUED_MS 50
+
+static struct nvshare_config config;
+static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+
+/* A flag variable: unset or "0"/"1".  Anything else warns and keeps the default. */
+static int read_flag(const char *name, int fallback)
+{
+    const char *text = secure_getenv(name);
+    if (text == NULL || *text == '\0')
+        return fallback;
+    if (strcmp(text, "0") == 0)
+        return 0;
+    if (strcmp(text, "1") == 0)
+        return 1;
+    nvshare_warn("%s=%.40s is not 0 or 1; using %d", name, text, fallback);
+    return fallback;
+}
+
+static unsigned read_count(const char *name, unsigned fallback, unsigned largest)
+{
+    const char *text = secure_getenv(name);
+    if (text == NULL || *text == '\0')
+        return fallback;
+    char *end;
+    errno = 0;
+    unsigned long value = strtoul(text, &end, 10);
+    if (errno != 0 || *end != '\0' || text[0] == '-' || value > largest) {
+        nvshare_warn("%s=%.40s is not a whole number 0..%u; using %u", name, text, largest,
+                     fallback);
+        return fallback;
+    }
+    return (unsigned)value;
+}
+
+static void load(void)
+{
+    int saved_errno = errno;
+    /* debug first, so that later warnings already know it. */
+    config.debug = 0;
+    config.debug = read_flag("NVSHARE_DEBUG", 0);
+    const char *socket_path = secure_getenv("NVSHARE_SOCKET");
+    if (socket_path == NULL || *socket_path == '\0')
+        socket_path = DEFAULT_SOCKET;
+    if (strlen(socket_path) >= sizeof config.socket_path) {
+        nvshare_warn("NVSHARE_SOCKET is longer than %zu bytes; using %s",
+                     sizeof config.socket_path - 1, DEFAULT_SOCKET);
+        socket_path = DEFAULT_SOCKET;
+    }
+    strcpy(config.socket_path, socket_path);
+    config.prefetch = read_flag("NVSHARE_PREFETCH", 1);
+    config.single_oversub = read_flag("NVSHARE_ENABLE_SINGLE_OVERSUB", 0);
+    config.max_queued_ms = read_count("NVSHARE_MAX_QUEUED_MS", DEFAULT_MAX_QUEUED_MS, 3600000);
+    errno = saved_errno;
+}
+
+const struct nvshare_config *nvshare_config(void)
+{
+    pthread_once(&config_once, load);
+    return &config;
+}

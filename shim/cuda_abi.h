@@ -1,0 +1,157 @@
+/*
+ * The few CUDA driver API declarations the shim needs, written from the
+ * driver API reference (https://docs.nvidia.com/cuda/cuda-driver-api/) so that
+ * libnvshare.so builds with gcc alone, without the CUDA toolkit.
+ *
+ * Only what crosses the ABI matters here: scalar widths, the layout of the
+ * structs the shim reads (CUlaunchConfig, CUmemAllocationProp) or passes by
+ * value (CUmemLocation, CUipcMemHandle), and the function signatures.  Structs
+ * that are only forwarded by pointer stay incomplete on purpose.
+ */
+#ifndef NVSHARE_CUDA_ABI_H
+#define NVSHARE_CUDA_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_UNKNOWN = 999
+};
+
+typedef uint32_t cuuint32_t;
+typedef uint64_t cuuint64_t;
+typedef unsigned long long CUdeviceptr;          /* CUdeviceptr_v2: 64 bits on every 64-bit host */
+typedef int CUdevice;
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUarray_st *CUarray;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+
+/* Only ever forwarded by pointer. */
+typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
+typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;
+typedef struct CUDA_MEMCPY3D_PEER_st CUDA_MEMCPY3D_PEER;
+typedef struct CUDA_LAUNCH_PARAMS_st CUDA_LAUNCH_PARAMS;
+typedef struct CUDA_MEMCPY3D_BATCH_OP_st CUDA_MEMCPY3D_BATCH_OP;
+typedef struct CUmemcpyAttributes_st CUmemcpyAttributes;
+typedef struct CUmemDecompressParams_st CUmemDecompressParams;
+typedef union CUstreamBatchMemOpParams_union CUstreamBatchMemOpParams;
+typedef struct CUlaunchAttribute_st CUlaunchAttribute;
+typedef void (*CUhostFn)(void *userData);
+
+/* Special stream handles (cuda.h: CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
+#define NVSHARE_CU_STREAM_PER_THREAD ((CUstream)0x2)
+
+typedef struct CUuuid_st {
+    char bytes[16];
+} CUuuid;
+
+/* Passed by value to cuIpcOpenMemHandle: the whole 64 bytes go on the stack. */
+typedef struct CUipcMemHandle_st {
+    char reserved[64];
+} CUipcMemHandle;
+
+enum {
+    CU_MEM_LOCATION_TYPE_INVALID = 0,
+    CU_MEM_LOCATION_TYPE_DEVICE = 1
+};
+/* Passed by value to cuMemPrefetchAsync_v2 (8 bytes: one register). */
+typedef struct CUmemLocation_st {
+    int type;                       /* CUmemLocationType */
+    int id;
+} CUmemLocation;
+
+/* cuMemCreate's description of a VMM allocation; the shim reads location. */
+typedef struct CUmemAllocationProp_st {
+    int type;                       /* CUmemAllocationType */
+    int requestedHandleTypes;       /* CUmemAllocationHandleType */
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+
+/* cuLaunchKernelEx's configuration; the shim reads hStream. */
+typedef struct CUlaunchConfig_st {
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+
+enum { CU_MEM_ATTACH_GLOBAL = 0x1 };
+enum { CU_STREAM_NON_BLOCKING = 0x1 };
+enum { CU_EVENT_DEFAULT = 0x0 };
+
+typedef int CUdriverProcAddressQueryResult;     /* 0 success, 1 symbol not found, 2 version not sufficient */
+
+/* Signatures of the driver functions the shim itself calls (beyond the gated
+ * ones, whose signatures live with their hooks in hooks.c). */
+typedef CUresult (*cuInit_fn)(unsigned int flags);
+typedef CUresult (*cuGetProcAddress_fn)(const char *symbol, void **pfn, int cudaVersion,
+                                        cuuint64_t flags);
+typedef CUresult (*cuGetProcAddress_v2_fn)(const char *symbol, void **pfn, int cudaVersion,
+                                           cuuint64_t flags,
+                                           CUdriverProcAddressQueryResult *symbolStatus);
+typedef CUresult (*cuDeviceGetCount_fn)(int *count);
+typedef CUresult (*cuDeviceGetUuid_fn)(CUuuid *uuid, CUdevice dev);
+typedef CUresult (*cuDeviceTotalMem_v2_fn)(size_t *bytes, CUdevice dev);
+typedef CUresult (*cuCtxGetCurrent_fn)(CUcontext *pctx);
+typedef CUresult (*cuCtxGetDevice_fn)(CUdevice *device);
+typedef CUresult (*cuCtxSynchronize_fn)(void);
+typedef CUresult (*cuCtxPushCurrent_v2_fn)(CUcontext ctx);
+typedef CUresult (*cuCtxPopCurrent_v2_fn)(CUcontext *pctx);
+typedef CUresult (*cuStreamCreate_fn)(CUstream *phStream, unsigned int flags);
+typedef CUresult (*cuStreamSynchronize_fn)(CUstream hStream);
+typedef CUresult (*cuStreamIsCapturing_fn)(CUstream hStream, int *captureStatus);
+typedef CUresult (*cuEventCreate_fn)(CUevent *phEvent, unsigned int flags);
+typedef CUresult (*cuEventRecord_fn)(CUevent hEvent, CUstream hStream);
+typedef CUresult (*cuEventQuery_fn)(CUevent hEvent);
+typedef CUresult (*cuEventSynchronize_fn)(CUevent hEvent);
+typedef CUresult (*cuEventElapsedTime_fn)(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+typedef CUresult (*cuMemGetAddressRange_v2_fn)(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
+typedef CUresult (*cuMemPrefetchAsync_v1_fn)(CUdeviceptr devPtr, size_t count, CUdevice dstDevice,
+                                             CUstream hStream);
+typedef CUresult (*cuMemPrefetchAsync_v2_fn)(CUdeviceptr devPtr, size_t count,
+                                             CUmemLocation location, unsigned int flags,
+                                             CUstream hStream);
+
+/* Allocation family (hooked in memory.c). */
+typedef CUresult (*cuMemAlloc_v2_fn)(CUdeviceptr *dptr, size_t bytesize);
+typedef CUresult (*cuMemAllocPitch_v2_fn)(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+                                          size_t Height, unsigned int ElementSizeBytes);
+typedef CUresult (*cuMemAllocManaged_fn)(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
+typedef CUresult (*cuMemAllocAsync_fn)(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+typedef CUresult (*cuMemAllocFromPoolAsync_fn)(CUdeviceptr *dptr, size_t bytesize,
+                                               CUmemoryPool pool, CUstream hStream);
+typedef CUresult (*cuMemFree_v2_fn)(CUdeviceptr dptr);
+typedef CUresult (*cuMemFreeAsync_fn)(CUdeviceptr dptr, CUstream hStream);
+typedef CUresult (*cuMemGetInfo_v2_fn)(size_t *free, size_t *total);
+typedef CUresult (*cuMemCreate_fn)(CUmemGenericAllocationHandle *handle, size_t size,
+                                   const CUmemAllocationProp *prop, unsigned long long flags);
+typedef CUresult (*cuMemRelease_fn)(CUmemGenericAllocationHandle handle);
+typedef CUresult (*cuIpcOpenMemHandle_fn)(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                          unsigned int Flags);
+typedef CUresult (*cuIpcCloseMemHandle_fn)(CUdeviceptr dptr);
+
+#endif /* NVSHARE_CUDA_ABI_H */

@@ -1,0 +1,79 @@
+/*
+ * The per-GPU gate every GATED hook passes (the fast path of the lock).
+ *
+ * While this process holds a GPU (or runs unscheduled), passing costs two
+ * atomic read-modify-writes and a load: no syscall, no mutex.  Otherwise the
+ * caller asks the client thread for the lock and waits (lock_client.c).
+ *
+ * Why inflight is raised *before* open is read: the client thread closes the
+ * gate and then waits for inflight to reach zero.  With both sides using
+ * sequentially consistent operations, either the submitter sees the gate
+ * closed (and backs out) or the client thread sees it inside; a submission
+ * can never slip past a release.
+ */
+#ifndef NVSHARE_GATE_H
+#define NVSHARE_GATE_H
+
+#include <stdatomic.h>
+
+#include "cuda_abi.h"
+#include "nvshare_protocol.h"
+
+struct nvshare_gate {
+    atomic_int open;                /* 1: held, shared, or unscheduled (no agent) */
+    atomic_int inflight;            /* submissions between gate and driver right now */
+    atomic_uint activity;           /* bumped per passage; idle = unchanged */
+    _Atomic(CUcontext) context;     /* last context seen submitting here: synced on release */
+} __attribute__((aligned(64)));
+
+extern struct nvshare_gate nvshare_gates[NVSHARE_MAX_GPUS];
+
+/* 1 once the client thread runs. */
+extern atomic_int nvshare_client_running;
+
+/* Starts the client at the first CUDA call; harmless to call again. */
+void nvshare_client_start(void);
+
+/* The GPU (device ordinal) of the calling thread's current context, or -1
+ * when there is none; *context receives the context. */
+int nvshare_current_gpu(CUcontext *context);
+
+/* Slow path: ask for the lock of gpu and wait until its gate opens. */
+void nvshare_wait_for_gate(int gpu, CUcontext context);
+
+static inline struct nvshare_gate *nvshare_gate_enter(void)
+{
+    if (!atomic_load_explicit(&nvshare_client_running, memory_order_acquire)) {
+        nvshare_client_start();
+        if (!atomic_load_explicit(&nvshare_client_running, memory_order_acquire))
+            return 0;       /* no usable driver yet: the call fails in the driver as it would */
+    }
+    CUcontext context;
+    int gpu = nvshare_current_gpu(&context);
+    if (gpu < 0)
+        return 0;           /* no context: the driver reports the error itself */
+    struct nvshare_gate *gate = &nvshare_gates[gpu];
+    for (;;) {
+        atomic_fetch_add(&gate->inflight, 1);
+        if (atomic_load(&gate->open))
+            break;
+        atomic_fetch_sub(&gate->inflight, 1);
+        nvshare_wait_for_gate(gpu, context);
+    }
+    /* Approximate on purpose (no lock prefix): the client thread only asks
+     * "did it change?". */
+    atomic_store_explicit(&gate->activity,
+                          atomic_load_explicit(&gate->activity, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    if (atomic_load_explicit(&gate->context, memory_order_relaxed) != context)
+        atomic_store_explicit(&gate->context, context, memory_order_relaxed);
+    return gate;
+}
+
+static inline void nvshare_gate_leave(struct nvshare_gate *gate)
+{
+    if (gate)
+        atomic_fetch_sub_explicit(&gate->inflight, 1, memory_order_release);
+}
+
+#endif

@@ -1,0 +1,239 @@
+/*
+ * Interposition: how every path to the driver ends at a hook.
+ *
+ * Programs linked to libcuda bind to the shim's exported functions (the
+ * shim is preloaded, so it comes first in the lookup scope).  PyTorch instead
+ * calls dlsym(handle, "cu...") and cudart calls cuGetProcAddress(_v2), also
+ * for "cuGetProcAddress" itself.  Both hand out the driver's own addresses,
+ * so both are hooked here and swap each address for its row's hook, using a
+ * map built from the driver's address of every exported name in the table.
+ * That covers every cudaVersion and per-thread-stream variant without
+ * encoding the driver's versioning rules: on the H100 (driver 580) every
+ * pointer cuGetProcAddress_v2 returned was the address of an exported name.
+ */
+#define _GNU_SOURCE
+#include "interpose.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "hooks.h"
+#include "log.h"
+
+struct nvshare_driver nvshare_driver;
+
+typedef void *(*dlsym_fn)(void *handle, const char *name);
+static _Atomic(dlsym_fn) real_dlsym_slot;
+
+struct pointer_to_hook {
+    uintptr_t real;
+    void *hook;
+};
+static struct pointer_to_hook hook_map[NVSHARE_HOOK_COUNT];
+static size_t hook_map_size;
+
+static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
+static atomic_int driver_state;     /* 0 unresolved, 1 resolved, -1 libcuda missing */
+
+/* glibc 2.34 moved dlsym into libc as dlsym@@GLIBC_2.34 and kept
+ * dlsym@GLIBC_2.2.5 for binaries linked before; find whichever exists. */
+static dlsym_fn real_dlsym(void)
+{
+    dlsym_fn found = atomic_load_explicit(&real_dlsym_slot, memory_order_acquire);
+    if (found == NULL) {
+        found = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+        if (found == NULL)
+            found = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+        atomic_store_explicit(&real_dlsym_slot, found, memory_order_release);
+    }
+    return found;
+}
+
+static int by_real_address(const void *a, const void *b)
+{
+    uintptr_t left = ((const struct pointer_to_hook *)a)->real;
+    uintptr_t right = ((const struct pointer_to_hook *)b)->real;
+    return (left > right) - (left < right);
+}
+
+#define LOOKUP(handle, field, name) \
+    nvshare_driver.field = (__typeof__(nvshare_driver.field))lookup((handle), (name))
+
+static void resolve(void)
+{
+    int saved_errno = errno;
+    dlsym_fn lookup = real_dlsym();
+    void *handle = dlopen("libcuda.so.1", RTLD_LAZY);
+    if (lookup == NULL || handle == NULL) {
+        atomic_store(&driver_state, -1);
+        errno = saved_errno;
+        return;
+    }
+    for (size_t row = 0; row < NVSHARE_HOOK_COUNT; row++) {
+        void *real = lookup(handle, nvshare_hooks[row].name);
+        nvshare_real[row] = real;
+        if (real == NULL)
+            continue;
+        hook_map[hook_map_size].real = (uintptr_t)real;
+        hook_map[hook_map_size].hook = nvshare_hooks[row].hook;
+        hook_map_size++;
+    }
+    qsort(hook_map, hook_map_size, sizeof hook_map[0], by_real_address);
+
+    LOOKUP(handle, device_get_count, "cuDeviceGetCount");
+    LOOKUP(handle, device_get_uuid, "cuDeviceGetUuid_v2");
+    if (nvshare_driver.device_get_uuid == NULL)
+        LOOKUP(handle, device_get_uuid, "cuDeviceGetUuid");
+    LOOKUP(handle, device_total_mem, "cuDeviceTotalMem_v2");
+    LOOKUP(handle, ctx_get_current, "cuCtxGetCurrent");
+    LOOKUP(handle, ctx_get_device, "cuCtxGetDevice");
+    LOOKUP(handle, ctx_synchronize, "cuCtxSynchronize");
+    LOOKUP(handle, ctx_push_current, "cuCtxPushCurrent_v2");
+    LOOKUP(handle, ctx_pop_current, "cuCtxPopCurrent_v2");
+    LOOKUP(handle, stream_create, "cuStreamCreate");
+    LOOKUP(handle, stream_synchronize, "cuStreamSynchronize");
+    LOOKUP(handle, stream_is_capturing, "cuStreamIsCapturing");
+    LOOKUP(handle, event_create, "cuEventCreate");
+    LOOKUP(handle, event_record, "cuEventRecord");
+    LOOKUP(handle, event_query, "cuEventQuery");
+    LOOKUP(handle, event_synchronize, "cuEventSynchronize");
+    LOOKUP(handle, event_elapsed_time, "cuEventElapsedTime_v2");
+    if (nvshare_driver.event_elapsed_time == NULL)
+        LOOKUP(handle, event_elapsed_time, "cuEventElapsedTime");
+    LOOKUP(handle, mem_get_address_range, "cuMemGetAddressRange_v2");
+    /* The handle stays open for the life of the process: hooks point into it. */
+    atomic_store_explicit(&driver_state, 1, memory_order_release);
+    errno = saved_errno;
+}
+
+int nvshare_resolve_driver(void)
+{
+    if (atomic_load_explicit(&driver_state, memory_order_acquire) == 0)
+        pthread_once(&resolve_once, resolve);
+    return atomic_load_explicit(&driver_state, memory_order_acquire) == 1 ? 0 : -1;
+}
+
+/* "cuMemcpyHtoDAsync_v2_ptsz" and "cuMemcpyHtoDAsync" share the base
+ * "cuMemcpyHtoDAsync": the family a lookup belongs to. */
+static size_t base_length(const char *name)
+{
+    static const char *const suffixes[] = {"_ptsz", "_ptds", "_v2", "_v3", "_v4"};
+    size_t length = strlen(name);
+    for (int stripped = 1; stripped;) {
+        stripped = 0;
+        for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+            size_t suffix = strlen(suffixes[i]);
+            if (length > suffix && strncmp(name + length - suffix, suffixes[i], suffix) == 0) {
+                length -= suffix;
+                stripped = 1;
+            }
+        }
+    }
+    return length;
+}
+
+static int family_is_hooked(const char *name)
+{
+    size_t length = base_length(name);
+    for (size_t row = 0; row < NVSHARE_HOOK_COUNT; row++) {
+        const char *hooked = nvshare_hooks[row].name;
+        if (base_length(hooked) == length && strncmp(hooked, name, length) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+void *nvshare_hook_for(void *real, const char *name, int cuda_version, unsigned long long flags)
+{
+    if (real == NULL || nvshare_resolve_driver() != 0)
+        return real;
+    size_t low = 0, high = hook_map_size;
+    while (low < high) {
+        size_t middle = (low + high) / 2;
+        if (hook_map[middle].real < (uintptr_t)real)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    if (low < hook_map_size && hook_map[low].real == (uintptr_t)real)
+        return hook_map[low].hook;
+    if (name != NULL && nvshare_config()->debug && family_is_hooked(name))
+        nvshare_debug("%s (cudaVersion %d, flags %llu) resolved to a function the hook table "
+                      "does not know; it runs ungated", name, cuda_version, flags);
+    return real;
+}
+
+/* The interposed dlsym.  RTLD_NEXT is relative to the caller, which glibc
+ * finds from the return address: that case is a tail call, so glibc sees the
+ * application's return address, not the shim's. */
+static void *interposed_dlsym(void *handle, const char *name)
+{
+    dlsym_fn lookup = real_dlsym();
+    if (handle == RTLD_NEXT || lookup == NULL || name == NULL || name[0] != 'c' ||
+        name[1] != 'u')
+        return lookup ? lookup(handle, name) : NULL;
+    void *found = lookup(handle, name);
+    if (found == NULL)
+        return NULL;
+    if (atomic_load_explicit(&driver_state, memory_order_acquire) == 0) {
+        /* Never load libcuda for a non-CUDA "cu..." name (cuserid): resolve
+         * only when the driver is already in the process. */
+        int saved_errno = errno;
+        void *loaded = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (loaded != NULL)
+            dlclose(loaded);
+        errno = saved_errno;
+        if (loaded == NULL)
+            return found;
+    }
+    return nvshare_hook_for(found, name, 0, 0);
+}
+
+/* One body, two symbol versions. */
+NVSHARE_EXPORT void *nvshare_dlsym_glibc_2_34(void *handle, const char *name)
+    __attribute__((alias("interposed_dlsym")));
+NVSHARE_EXPORT void *nvshare_dlsym_glibc_2_2_5(void *handle, const char *name)
+    __attribute__((alias("interposed_dlsym")));
+__asm__(".symver nvshare_dlsym_glibc_2_34, dlsym@@GLIBC_2.34");
+__asm__(".symver nvshare_dlsym_glibc_2_2_5, dlsym@GLIBC_2.2.5");
+
+NVSHARE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                            cuuint64_t flags,
+                                            CUdriverProcAddressQueryResult *symbolStatus)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    cuGetProcAddress_v2_fn real = NVSHARE_REAL(cuGetProcAddress_v2, cuGetProcAddress_v2_fn);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult result = real(symbol, pfn, cudaVersion, flags, symbolStatus);
+    if (result == CUDA_SUCCESS && pfn != NULL && *pfn != NULL) {
+        int saved_errno = errno;
+        *pfn = nvshare_hook_for(*pfn, symbol, cudaVersion, flags);
+        errno = saved_errno;
+    }
+    return result;
+}
+
+NVSHARE_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                         cuuint64_t flags)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    cuGetProcAddress_fn real = NVSHARE_REAL(cuGetProcAddress, cuGetProcAddress_fn);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult result = real(symbol, pfn, cudaVersion, flags);
+    if (result == CUDA_SUCCESS && pfn != NULL && *pfn != NULL) {
+        int saved_errno = errno;
+        *pfn = nvshare_hook_for(*pfn, symbol, cudaVersion, flags);
+        errno = saved_errno;
+    }
+    return result;
+}

@@ -1,0 +1,665 @@
+/*
+ * The lock client: one thread per process, started by the first CUDA call,
+ * that talks to the agent (shim/nvshare_protocol.h) and opens and closes the
+ * per-GPU gates of gate.h.
+ *
+ * Only this thread touches the socket.  Application threads that find a gate
+ * closed mark the GPU "wanted", wake this thread through an eventfd and wait
+ * on a condition variable; they never hold anything the application needs.
+ *
+ * Fail-open: with no agent (never there, or gone) every gate stays open and
+ * the process runs unscheduled; the thread retries the connection every
+ * second and, once back, closes the gates so the next GPU call asks again.
+ */
+#define _GNU_SOURCE
+#include "lock_client.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "gate.h"
+#include "hooks.h"
+#include "interpose.h"
+#include "log.h"
+#include "memory.h"
+#include "nvshare_protocol.h"
+#include "queue_bound.h"
+
+#define RECONNECT_INTERVAL_MS 1000.0
+#define SEND_TIMEOUT_S 2
+
+struct nvshare_gate nvshare_gates[NVSHARE_MAX_GPUS];
+atomic_int nvshare_client_running;
+
+enum lock_state {
+    LOCK_IDLE = 0,      /* not held, nobody waiting */
+    LOCK_WANTED,        /* a thread waits; the request is not sent yet */
+    LOCK_REQUESTED,     /* LOCK_REQUEST sent, no grant yet */
+    LOCK_HELD           /* granted (gate open), or being released (gate closed) */
+};
+
+struct gpu_lock {
+    enum lock_state state;
+    uint64_t lease;
+    int shared;                     /* granted with anti-thrash off */
+    int want_again;                 /* a thread arrived while the lock was being released */
+    double requested_at_ms;
+    double granted_at_ms;
+    unsigned seen_activity;         /* idle detection: gate activity at the last look */
+    double activity_changed_at_ms;
+};
+
+static struct {
+    pthread_mutex_t mutex;          /* guards everything below but the fds' users */
+    pthread_cond_t changed;         /* a gate opened or a lock changed state */
+    int socket_fd;                  /* -1 while unscheduled */
+    int wake_fd;
+    int gpu_count;
+    struct nvshare_gpu_uuid uuids[NVSHARE_MAX_GPUS];
+    struct nvshare_settings settings;
+    int have_settings;
+    struct gpu_lock locks[NVSHARE_MAX_GPUS];
+    double retry_at_ms;
+    size_t inbox_used;
+    unsigned char inbox[sizeof(struct nvshare_header) + NVSHARE_MAX_PAYLOAD_BYTES];
+} client = {
+    .mutex = PTHREAD_MUTEX_INITIALIZER,
+    .changed = PTHREAD_COND_INITIALIZER,
+    .socket_fd = -1,
+    .wake_fd = -1,
+};
+
+static pthread_mutex_t start_mutex = PTHREAD_MUTEX_INITIALIZER;
+static atomic_uint context_generation = 1;     /* bumped when cached contexts go stale */
+
+/* ---- which GPU a call runs on ---------------------------------------------------------- */
+
+static __thread CUcontext cached_context;
+static __thread int cached_gpu;
+static __thread unsigned cached_generation;
+
+int nvshare_current_gpu(CUcontext *context)
+{
+    CUcontext current = NULL;
+    if (nvshare_driver.ctx_get_current == NULL ||
+        nvshare_driver.ctx_get_current(&current) != CUDA_SUCCESS || current == NULL)
+        return -1;
+    *context = current;
+    unsigned generation = atomic_load_explicit(&context_generation, memory_order_relaxed);
+    if (current != cached_context || cached_generation != generation) {
+        CUdevice device;
+        if (nvshare_driver.ctx_get_device(&device) != CUDA_SUCCESS)
+            return -1;
+        cached_gpu = device >= 0 && device < client.gpu_count ? device : -1;
+        cached_context = current;
+        cached_generation = generation;
+    }
+    return cached_gpu;
+}
+
+/* ---- frames ------------------------------------------------------------------------------ */
+
+static int send_frame(uint16_t type, const void *payload, uint32_t bytes)
+{
+    int fd = client.socket_fd;
+    if (fd < 0)
+        return -1;
+    unsigned char frame[sizeof(struct nvshare_header) + NVSHARE_MAX_PAYLOAD_BYTES];
+    struct nvshare_header header = {
+        .magic = NVSHARE_MAGIC,
+        .version = NVSHARE_PROTOCOL_VERSION,
+        .type = type,
+        .payload_bytes = bytes,
+    };
+    memcpy(frame, &header, sizeof header);
+    memcpy(frame + sizeof header, payload, bytes);
+    size_t total = sizeof header + bytes, sent = 0;
+    while (sent < total) {
+        ssize_t wrote = send(fd, frame + sent, total - sent, MSG_NOSIGNAL);
+        if (wrote < 0 && errno == EINTR)
+            continue;
+        if (wrote <= 0)
+            return -1;
+        sent += (size_t)wrote;
+    }
+    return 0;
+}
+
+static int send_lock_message(uint16_t type, int gpu, uint64_t lease)
+{
+    struct nvshare_lock_message message = {.gpu = client.uuids[gpu], .lease = lease};
+    return send_frame(type, &message, sizeof message);
+}
+
+static int gpu_of_uuid(const struct nvshare_gpu_uuid *uuid)
+{
+    for (int gpu = 0; gpu < client.gpu_count; gpu++)
+        if (memcmp(client.uuids[gpu].bytes, uuid->bytes, NVSHARE_UUID_BYTES) == 0)
+            return gpu;
+    return -1;
+}
+
+/* ---- connection -------------------------------------------------------------------------- */
+
+static void set_all_gates(int open)
+{
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
+        atomic_store(&nvshare_gates[gpu].open, open);
+}
+
+static void run_unscheduled(const char *why)
+{
+    if (client.socket_fd >= 0)
+        close(client.socket_fd);
+    pthread_mutex_lock(&client.mutex);
+    client.socket_fd = -1;
+    client.inbox_used = 0;
+    client.have_settings = 0;
+    memset(client.locks, 0, sizeof client.locks);
+    set_all_gates(1);
+    pthread_cond_broadcast(&client.changed);
+    pthread_mutex_unlock(&client.mutex);
+    client.retry_at_ms = nvshare_now_ms() + RECONNECT_INTERVAL_MS;
+    nvshare_debug("running unscheduled: %s", why);
+}
+
+static void lose_agent(const char *why)
+{
+    NVSHARE_WARN_ONCE("lost the nvshare agent (%s): running unscheduled, reconnecting in "
+                      "the background", why);
+    run_unscheduled(why);
+}
+
+static void connect_to_agent(int first_attempt)
+{
+    const char *path = nvshare_config()->socket_path;
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    strcpy(address.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&address, sizeof address) != 0) {
+        int why = errno;
+        if (fd >= 0)
+            close(fd);
+        if (first_attempt) {
+            NVSHARE_WARN_ONCE("cannot reach the nvshare agent at %s (%s): running unscheduled, "
+                              "retrying in the background", path, strerror(why));
+            run_unscheduled("no agent");
+        }
+        client.retry_at_ms = nvshare_now_ms() + RECONNECT_INTERVAL_MS;
+        return;
+    }
+    struct timeval send_timeout = {.tv_sec = SEND_TIMEOUT_S};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
+
+    struct nvshare_hello hello = {.gpu_count = (uint32_t)client.gpu_count};
+    memcpy(hello.gpus, client.uuids, sizeof hello.gpus);
+    char command[17] = "";
+    prctl(PR_GET_NAME, command, 0, 0, 0);
+    strncpy(hello.command, command, sizeof hello.command - 1);
+
+    pthread_mutex_lock(&client.mutex);
+    client.socket_fd = fd;
+    client.inbox_used = 0;
+    /* Scheduled from now on: the next GPU call of each GPU asks for its lock.
+     * Threads already waiting (before the first connection) keep their place. */
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
+        if (client.locks[gpu].state != LOCK_WANTED)
+            memset(&client.locks[gpu], 0, sizeof client.locks[gpu]);
+    }
+    set_all_gates(0);
+    pthread_cond_broadcast(&client.changed);
+    pthread_mutex_unlock(&client.mutex);
+
+    if (send_frame(NVSHARE_MSG_HELLO, &hello, sizeof hello) != 0) {
+        lose_agent("hello not sent");
+        return;
+    }
+    nvshare_memory_mark_all_changed();
+    nvshare_debug("connected to the agent at %s (%d GPUs)", path, client.gpu_count);
+}
+
+/* ---- lock transitions (client thread) -------------------------------------------------- */
+
+enum release_reason { RELEASE_IDLE, RELEASE_DROP };
+
+/* Close the gate, let submissions in progress leave it, wait for the GPU to
+ * finish what was submitted, then tell the agent.  Never called on an
+ * application thread, so no application launch ever synchronises. */
+static void release(int gpu, enum release_reason reason)
+{
+    struct nvshare_gate *gate = &nvshare_gates[gpu];
+    struct gpu_lock *lock = &client.locks[gpu];
+    double started = nvshare_now_ms();
+
+    pthread_mutex_lock(&client.mutex);
+    unsigned idle_activity = lock->seen_activity;
+    atomic_store(&gate->open, 0);
+    pthread_mutex_unlock(&client.mutex);
+
+    for (unsigned spins = 0; atomic_load(&gate->inflight) != 0; spins++) {
+        struct timespec pause = {.tv_nsec = spins < 100 ? 20000 : 1000000};
+        nanosleep(&pause, NULL);
+    }
+    if (reason == RELEASE_IDLE && atomic_load(&gate->activity) != idle_activity) {
+        /* A launch got in just before the gate closed: not idle after all. */
+        pthread_mutex_lock(&client.mutex);
+        if (lock->state == LOCK_HELD)
+            atomic_store(&gate->open, 1);
+        pthread_cond_broadcast(&client.changed);
+        pthread_mutex_unlock(&client.mutex);
+        return;
+    }
+    CUcontext context = atomic_load(&gate->context);
+    if (context != NULL && nvshare_driver.ctx_push_current(context) == CUDA_SUCCESS) {
+        nvshare_driver.ctx_synchronize();
+        CUcontext popped;
+        nvshare_driver.ctx_pop_current(&popped);
+    }
+    double drained = nvshare_now_ms();
+
+    pthread_mutex_lock(&client.mutex);
+    uint64_t lease = lock->lease;
+    double held_ms = drained - lock->granted_at_ms;
+    int again = lock->want_again;
+    memset(lock, 0, sizeof *lock);
+    if (again)
+        lock->state = LOCK_WANTED;
+    pthread_mutex_unlock(&client.mutex);
+
+    nvshare_debug("release gpu=%d lease=%llu reason=%s held_ms=%.1f drain_ms=%.2f", gpu,
+                  (unsigned long long)lease, reason == RELEASE_IDLE ? "idle" : "drop", held_ms,
+                  drained - started);
+    if (send_lock_message(NVSHARE_MSG_RELEASED, gpu, lease) != 0)
+        lose_agent("release not sent");
+}
+
+static void on_grant(int gpu, uint64_t lease, uint32_t flags)
+{
+    struct gpu_lock *lock = &client.locks[gpu];
+    struct nvshare_gate *gate = &nvshare_gates[gpu];
+    pthread_mutex_lock(&client.mutex);
+    if (lock->state != LOCK_REQUESTED) {
+        int duplicate = lock->state == LOCK_HELD && lock->lease == lease;
+        pthread_mutex_unlock(&client.mutex);
+        nvshare_debug("grant gpu=%d lease=%llu not asked for: %s", gpu,
+                      (unsigned long long)lease, duplicate ? "ignored" : "released");
+        if (!duplicate && send_lock_message(NVSHARE_MSG_RELEASED, gpu, lease) != 0)
+            lose_agent("release not sent");
+        return;
+    }
+    double now = nvshare_now_ms();
+    lock->state = LOCK_HELD;
+    lock->lease = lease;
+    lock->shared = (flags & NVSHARE_GRANT_SHARED) != 0;
+    lock->granted_at_ms = now;
+    lock->seen_activity = atomic_load(&gate->activity);
+    lock->activity_changed_at_ms = now;
+    double waited_ms = now - lock->requested_at_ms;
+    pthread_mutex_unlock(&client.mutex);
+
+    CUcontext context = atomic_load(&gate->context);
+    if (nvshare_config()->prefetch && context != NULL)
+        nvshare_memory_prefetch(gpu, context);
+
+    pthread_mutex_lock(&client.mutex);
+    if (lock->state == LOCK_HELD && lock->lease == lease)
+        atomic_store(&gate->open, 1);
+    pthread_cond_broadcast(&client.changed);
+    pthread_mutex_unlock(&client.mutex);
+    nvshare_debug("grant gpu=%d lease=%llu mode=%s waited_ms=%.2f", gpu,
+                  (unsigned long long)lease, lock->shared ? "shared" : "exclusive", waited_ms);
+}
+
+static void on_drop_request(int gpu, uint64_t lease)
+{
+    pthread_mutex_lock(&client.mutex);
+    int ours = client.locks[gpu].state == LOCK_HELD && client.locks[gpu].lease == lease;
+    pthread_mutex_unlock(&client.mutex);
+    nvshare_debug("drop gpu=%d lease=%llu%s", gpu, (unsigned long long)lease,
+                  ours ? "" : " (stale, ignored)");
+    if (ours)
+        release(gpu, RELEASE_DROP);
+}
+
+static void on_revoked(int gpu, uint64_t lease)
+{
+    struct gpu_lock *lock = &client.locks[gpu];
+    pthread_mutex_lock(&client.mutex);
+    if (lock->state == LOCK_HELD && lock->lease == lease) {
+        atomic_store(&nvshare_gates[gpu].open, 0);
+        int again = lock->want_again;
+        memset(lock, 0, sizeof *lock);
+        if (again)
+            lock->state = LOCK_WANTED;
+        pthread_cond_broadcast(&client.changed);
+    }
+    pthread_mutex_unlock(&client.mutex);
+    nvshare_warn("the nvshare agent revoked this process's lock of GPU %d (a drop request "
+                 "was not honoured in time)", gpu);
+}
+
+static void on_frame(const struct nvshare_header *header, const unsigned char *payload)
+{
+    switch (header->type) {
+    case NVSHARE_MSG_SETTINGS:
+        if (header->payload_bytes != sizeof(struct nvshare_settings))
+            break;
+        pthread_mutex_lock(&client.mutex);
+        memcpy(&client.settings, payload, sizeof client.settings);
+        client.have_settings = 1;
+        pthread_mutex_unlock(&client.mutex);
+        nvshare_debug("settings anti_thrash=%u time_quantum_ms=%u idle_release_ms=%u",
+                      client.settings.anti_thrash, client.settings.time_quantum_ms,
+                      client.settings.idle_release_ms);
+        return;
+    case NVSHARE_MSG_LOCK_GRANT:
+    case NVSHARE_MSG_DROP_REQUEST:
+    case NVSHARE_MSG_REVOKED: {
+        struct nvshare_lock_message message;
+        if (header->payload_bytes != sizeof message)
+            break;
+        memcpy(&message, payload, sizeof message);
+        int gpu = gpu_of_uuid(&message.gpu);
+        if (gpu < 0)
+            return;
+        if (header->type == NVSHARE_MSG_LOCK_GRANT)
+            on_grant(gpu, message.lease, message.flags);
+        else if (header->type == NVSHARE_MSG_DROP_REQUEST)
+            on_drop_request(gpu, message.lease);
+        else
+            on_revoked(gpu, message.lease);
+        return;
+    }
+    case NVSHARE_MSG_ERROR: {
+        struct nvshare_error error;
+        if (header->payload_bytes != sizeof error)
+            break;
+        memcpy(&error, payload, sizeof error);
+        error.text[sizeof error.text - 1] = '\0';
+        nvshare_warn("the nvshare agent refused this process: %s", error.text);
+        lose_agent("agent sent an error");
+        return;
+    }
+    default:
+        break;
+    }
+    nvshare_debug("ignored a frame of type %u with %u payload bytes", header->type,
+                  header->payload_bytes);
+}
+
+static void read_frames(void)
+{
+    ssize_t got = recv(client.socket_fd, client.inbox + client.inbox_used,
+                       sizeof client.inbox - client.inbox_used, MSG_DONTWAIT);
+    if (got == 0) {
+        lose_agent("connection closed");
+        return;
+    }
+    if (got < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            lose_agent(strerror(errno));
+        return;
+    }
+    client.inbox_used += (size_t)got;
+    while (client.socket_fd >= 0 && client.inbox_used >= sizeof(struct nvshare_header)) {
+        struct nvshare_header header;
+        memcpy(&header, client.inbox, sizeof header);
+        if (header.magic != NVSHARE_MAGIC || header.version != NVSHARE_PROTOCOL_VERSION ||
+            header.payload_bytes > NVSHARE_MAX_PAYLOAD_BYTES) {
+            nvshare_warn("the nvshare agent speaks another protocol (magic 0x%x, version %u)",
+                         header.magic, header.version);
+            lose_agent("protocol mismatch");
+            return;
+        }
+        size_t frame = sizeof header + header.payload_bytes;
+        if (client.inbox_used < frame)
+            return;
+        unsigned char payload[NVSHARE_MAX_PAYLOAD_BYTES];
+        memcpy(payload, client.inbox + sizeof header, header.payload_bytes);
+        client.inbox_used -= frame;
+        memmove(client.inbox, client.inbox + frame, client.inbox_used);
+        on_frame(&header, payload);
+    }
+}
+
+/* ---- the thread -------------------------------------------------------------------------- */
+
+static void send_wanted_requests(void)
+{
+    int wanted[NVSHARE_MAX_GPUS], count = 0;
+    pthread_mutex_lock(&client.mutex);
+    for (int gpu = 0; gpu < client.gpu_count; gpu++) {
+        if (client.locks[gpu].state == LOCK_WANTED) {
+            client.locks[gpu].state = LOCK_REQUESTED;
+            client.locks[gpu].requested_at_ms = nvshare_now_ms();
+            wanted[count++] = gpu;
+        }
+    }
+    pthread_mutex_unlock(&client.mutex);
+    for (int i = 0; i < count; i++) {
+        nvshare_debug("request gpu=%d", wanted[i]);
+        if (send_lock_message(NVSHARE_MSG_LOCK_REQUEST, wanted[i], 0) != 0) {
+            lose_agent("request not sent");
+            return;
+        }
+    }
+}
+
+static void send_memory_reports(void)
+{
+    for (int gpu = 0; gpu < client.gpu_count && client.socket_fd >= 0; gpu++) {
+        struct nvshare_memory_report report = {.gpu = client.uuids[gpu]};
+        if (!nvshare_memory_take_report(gpu, &report.managed_bytes, &report.unmanaged_bytes))
+            continue;
+        if (send_frame(NVSHARE_MSG_MEMORY_REPORT, &report, sizeof report) != 0)
+            lose_agent("memory report not sent");
+    }
+}
+
+/* Early release: a held, exclusive GPU whose gate saw no passage for
+ * idle_release_ms.  Returns the poll timeout until the next look. */
+static int release_idle_gpus(void)
+{
+    pthread_mutex_lock(&client.mutex);
+    unsigned idle_ms = client.have_settings ? client.settings.idle_release_ms : 0;
+    int exclusive_holds = 0, idle[NVSHARE_MAX_GPUS], idle_count = 0;
+    double now = nvshare_now_ms();
+    for (int gpu = 0; gpu < client.gpu_count && idle_ms > 0; gpu++) {
+        struct gpu_lock *lock = &client.locks[gpu];
+        if (lock->state != LOCK_HELD || lock->shared || !atomic_load(&nvshare_gates[gpu].open))
+            continue;
+        exclusive_holds++;
+        unsigned activity = atomic_load(&nvshare_gates[gpu].activity);
+        if (activity != lock->seen_activity) {
+            lock->seen_activity = activity;
+            lock->activity_changed_at_ms = now;
+        } else if (now - lock->activity_changed_at_ms >= idle_ms) {
+            idle[idle_count++] = gpu;
+        }
+    }
+    pthread_mutex_unlock(&client.mutex);
+    for (int i = 0; i < idle_count; i++)
+        release(idle[i], RELEASE_IDLE);
+    if (exclusive_holds == 0)
+        return -1;
+    int step = (int)(idle_ms / 4);
+    return step < 1 ? 1 : step > 250 ? 250 : step;
+}
+
+static void *client_main(void *unused)
+{
+    (void)unused;
+    prctl(PR_SET_NAME, "nvshare-client", 0, 0, 0);
+    connect_to_agent(1);
+    for (;;) {
+        int timeout = -1;
+        if (client.socket_fd >= 0) {
+            send_wanted_requests();
+            send_memory_reports();
+        }
+        if (client.socket_fd >= 0)
+            timeout = release_idle_gpus();
+        if (client.socket_fd < 0) {
+            double wait = client.retry_at_ms - nvshare_now_ms();
+            timeout = wait < 0 ? 0 : (int)wait + 1;
+        }
+        struct pollfd watched[2] = {
+            {.fd = client.wake_fd, .events = POLLIN},
+            {.fd = client.socket_fd, .events = POLLIN},
+        };
+        int ready = poll(watched, client.socket_fd >= 0 ? 2 : 1, timeout);
+        if (ready < 0 && errno != EINTR) {
+            struct timespec pause = {.tv_nsec = 10000000};
+            nanosleep(&pause, NULL);
+        }
+        if (ready > 0 && (watched[0].revents & POLLIN)) {
+            uint64_t count;
+            ssize_t ignored = read(client.wake_fd, &count, sizeof count);
+            (void)ignored;
+        }
+        if (client.socket_fd >= 0 && ready > 0 && watched[1].revents)
+            read_frames();
+        if (client.socket_fd < 0 && nvshare_now_ms() >= client.retry_at_ms)
+            connect_to_agent(0);
+    }
+    return NULL;
+}
+
+void nvshare_client_wake(void)
+{
+    int saved_errno = errno;
+    uint64_t one = 1;
+    if (client.wake_fd >= 0) {
+        ssize_t ignored = write(client.wake_fd, &one, sizeof one);
+        (void)ignored;
+    }
+    errno = saved_errno;
+}
+
+void nvshare_wait_for_gate(int gpu, CUcontext context)
+{
+    int saved_errno = errno;
+    struct nvshare_gate *gate = &nvshare_gates[gpu];
+    struct gpu_lock *lock = &client.locks[gpu];
+    atomic_store_explicit(&gate->context, context, memory_order_relaxed);
+    pthread_mutex_lock(&client.mutex);
+    while (!atomic_load(&gate->open) && atomic_load(&nvshare_client_running)) {
+        if (lock->state == LOCK_IDLE) {
+            lock->state = LOCK_WANTED;
+            nvshare_client_wake();
+        } else if (lock->state == LOCK_HELD) {
+            lock->want_again = 1;       /* being released: ask again right after */
+        }
+        /* The timeout only guards against a lost wake-up; waking is by broadcast. */
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        pthread_cond_timedwait(&client.changed, &client.mutex, &until);
+    }
+    pthread_mutex_unlock(&client.mutex);
+    errno = saved_errno;
+}
+
+/* ---- start and fork -------------------------------------------------------------------- */
+
+/* In the child of fork: only the forking thread exists, the client thread
+ * does not, and mutexes may have been copied locked.  Reset to "never
+ * started" with plain stores (no allocation, no locking); the child's first
+ * GPU call starts its own client and connection. */
+static void forget_after_fork(void)
+{
+    atomic_store(&nvshare_client_running, 0);
+    if (client.socket_fd >= 0)
+        close(client.socket_fd);
+    if (client.wake_fd >= 0)
+        close(client.wake_fd);
+    client.socket_fd = -1;
+    client.wake_fd = -1;
+    client.mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    client.changed = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
+    start_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    client.have_settings = 0;
+    client.inbox_used = 0;
+    memset(client.locks, 0, sizeof client.locks);
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
+        atomic_store(&nvshare_gates[gpu].open, 0);
+        atomic_store(&nvshare_gates[gpu].inflight, 0);
+        atomic_store(&nvshare_gates[gpu].context, NULL);
+    }
+    atomic_fetch_add(&context_generation, 1);
+    nvshare_memory_forget_after_fork();
+    nvshare_queue_forget_after_fork();
+}
+
+void nvshare_client_start(void)
+{
+    if (atomic_load(&nvshare_client_running) || nvshare_resolve_driver() != 0)
+        return;
+    int saved_errno = errno;
+    static int fork_handler_installed;
+    pthread_mutex_lock(&start_mutex);
+    int count = 0;
+    if (atomic_load(&nvshare_client_running) || nvshare_driver.device_get_count == NULL ||
+        nvshare_driver.device_get_count(&count) != CUDA_SUCCESS)
+        goto out;           /* before cuInit: try again at the next call */
+    if (count > NVSHARE_MAX_GPUS)
+        count = NVSHARE_MAX_GPUS;
+    for (int gpu = 0; gpu < count; gpu++) {
+        CUuuid uuid = {{0}};
+        if (nvshare_driver.device_get_uuid != NULL)
+            nvshare_driver.device_get_uuid(&uuid, gpu);
+        memcpy(client.uuids[gpu].bytes, uuid.bytes, NVSHARE_UUID_BYTES);
+    }
+    client.gpu_count = count;
+    nvshare_config();
+    if (!fork_handler_installed) {
+        pthread_atfork(NULL, NULL, forget_after_fork);
+        fork_handler_installed = 1;
+    }
+    atomic_fetch_add(&context_generation, 1);
+
+    client.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    sigset_t all, previous;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &previous);     /* the thread takes no signals */
+    pthread_attr_t attributes;
+    pthread_attr_init(&attributes);
+    pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+    pthread_t thread;
+    int failed = client.wake_fd < 0 || pthread_create(&thread, &attributes, client_main, NULL);
+    pthread_attr_destroy(&attributes);
+    pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    if (failed) {
+        nvshare_warn("cannot start the nvshare client thread: running unscheduled");
+        set_all_gates(1);
+    }
+    atomic_store(&nvshare_client_running, 1);
+out:
+    pthread_mutex_unlock(&start_mutex);
+    errno = saved_errno;
+}
+
+NVSHARE_EXPORT CUresult cuInit(unsigned int flags)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    cuInit_fn real = NVSHARE_REAL(cuInit, cuInit_fn);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult result = real(flags);
+    if (result == CUDA_SUCCESS)
+        nvshare_client_start();
+    return result;
+}

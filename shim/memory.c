@@ -1,0 +1,497 @@
+/*
+ * Device memory becomes managed memory, so that processes sharing a GPU can
+ * together use more than it has: the driver pages a waiting process's memory
+ * out while another one holds the GPU.
+ *
+ *  - cuMemAlloc_v2, cuMemAllocPitch_v2: cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL).
+ *    The pitch is the width rounded up to 512 bytes, the alignment the driver
+ *    uses for pitched allocations.
+ *  - cuMemAllocAsync, cuMemAllocFromPoolAsync (+_ptsz): also managed, and
+ *    usable at once, which satisfies stream order trivially; pool attributes
+ *    (e.g. IPC export of the pool) do not apply to such memory.
+ *  - cuMemFree_v2 frees ours; cuMemFreeAsync of ours first synchronises its
+ *    stream (work queued on it may still use the memory), then frees.
+ *  - What cannot be managed is passed through, counted as unmanaged and
+ *    warned about once: VMM (cuMemCreate, e.g. PyTorch's expandable_segments)
+ *    and IPC imports (cuIpcOpenMemHandle).
+ *  - One process may hold at most the GPU's total memory (managed +
+ *    unmanaged); beyond, CUDA_ERROR_OUT_OF_MEMORY, unless
+ *    NVSHARE_ENABLE_SINGLE_OVERSUB=1.
+ *  - cuMemGetInfo_v2 reports the whole GPU minus this process's allocations,
+ *    so frameworks size their caches for the GPU, not for what others hold.
+ *
+ * The mutex guards the maps and totals only; no driver call runs under it.
+ */
+#define _GNU_SOURCE
+#include "memory.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "allocation_map.h"
+#include "config.h"
+#include "gate.h"
+#include "hooks.h"
+#include "interpose.h"
+#include "lock_client.h"
+#include "log.h"
+#include "nvshare_protocol.h"
+
+#define PITCH_ALIGNMENT 512
+#define NOT_CONVERTED (-1)
+
+struct gpu_memory {
+    uint64_t managed_bytes;
+    uint64_t unmanaged_bytes;
+    uint64_t reserved_bytes;        /* allocations under way, counted against the limit */
+    uint64_t total_bytes;           /* the GPU's memory; 0 until known */
+    int changed;                    /* totals not yet reported */
+};
+
+static pthread_mutex_t memory_mutex = PTHREAD_MUTEX_INITIALIZER;
+static struct allocation_map pointers;     /* device address -> allocation */
+static struct allocation_map handles;      /* VMM handle -> allocation */
+static struct gpu_memory gpus[NVSHARE_MAX_GPUS];
+
+/* The prefetch stream of each GPU, created on the client thread. */
+static CUstream prefetch_streams[NVSHARE_MAX_GPUS];
+static CUcontext prefetch_stream_contexts[NVSHARE_MAX_GPUS];
+
+static void count(int gpu, enum allocation_kind kind, uint64_t bytes, int adding)
+{
+    uint64_t *total = kind == ALLOCATION_VMM || kind == ALLOCATION_IPC
+                          ? &gpus[gpu].unmanaged_bytes
+                          : &gpus[gpu].managed_bytes;
+    *total = adding ? *total + bytes : (*total >= bytes ? *total - bytes : 0);
+    gpus[gpu].changed = 1;
+}
+
+static void remember(uint64_t key, uint64_t bytes, int gpu, enum allocation_kind kind,
+                     struct allocation_map *map)
+{
+    struct allocation entry = {.key = key, .bytes = bytes, .gpu = gpu, .kind = kind};
+    pthread_mutex_lock(&memory_mutex);
+    if (allocation_map_put(map, &entry) == 0)
+        count(gpu, kind, bytes, 1);
+    pthread_mutex_unlock(&memory_mutex);
+    nvshare_client_wake();
+}
+
+static int is_managed(const struct allocation *entry)
+{
+    return entry->kind == ALLOCATION_CONVERTED || entry->kind == ALLOCATION_APP_MANAGED;
+}
+
+static uint64_t gpu_total_bytes(int gpu)
+{
+    if (gpus[gpu].total_bytes == 0 && nvshare_driver.device_total_mem != NULL) {
+        size_t bytes = 0;
+        if (nvshare_driver.device_total_mem(&bytes, gpu) == CUDA_SUCCESS)
+            gpus[gpu].total_bytes = bytes;
+    }
+    return gpus[gpu].total_bytes;
+}
+
+/* The conversion itself.  NOT_CONVERTED: no context or driver support, so
+ * the caller passes the call through and the driver answers as it would. */
+static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *what)
+{
+    nvshare_client_start();
+    cuMemAllocManaged_fn managed = NVSHARE_REAL(cuMemAllocManaged, cuMemAllocManaged_fn);
+    CUcontext context;
+    int gpu = nvshare_current_gpu(&context);
+    if (managed == NULL || gpu < 0 || dptr == NULL)
+        return NOT_CONVERTED;
+    uint64_t total = gpu_total_bytes(gpu);
+
+    pthread_mutex_lock(&memory_mutex);
+    struct gpu_memory *memory = &gpus[gpu];
+    uint64_t in_use = memory->managed_bytes + memory->unmanaged_bytes + memory->reserved_bytes;
+    if (!nvshare_config()->single_oversub && total != 0 && in_use + bytes > total) {
+        pthread_mutex_unlock(&memory_mutex);
+        nvshare_debug("refused %s of %zu bytes on GPU %d: this process would hold %llu of "
+                      "%llu bytes (NVSHARE_ENABLE_SINGLE_OVERSUB=1 allows it)", what, bytes, gpu,
+                      (unsigned long long)(in_use + bytes), (unsigned long long)total);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    memory->reserved_bytes += bytes;
+    pthread_mutex_unlock(&memory_mutex);
+
+    CUresult result = managed(dptr, bytes, CU_MEM_ATTACH_GLOBAL);
+
+    pthread_mutex_lock(&memory_mutex);
+    memory->reserved_bytes -= bytes;
+    pthread_mutex_unlock(&memory_mutex);
+    if (result != CUDA_SUCCESS)
+        return result;
+    remember(*dptr, bytes, gpu, ALLOCATION_CONVERTED, &pointers);
+    nvshare_debug("converted %s of %zu bytes on GPU %d to managed memory at 0x%llx", what, bytes,
+                  gpu, (unsigned long long)*dptr);
+    return CUDA_SUCCESS;
+}
+
+NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int saved_errno = errno;
+    CUresult result = allocate_managed(dptr, bytesize, "cuMemAlloc");
+    if (result == NOT_CONVERTED)
+        result = NVSHARE_REAL(cuMemAlloc_v2, cuMemAlloc_v2_fn)(dptr, bytesize);
+    errno = saved_errno;
+    return result;
+}
+
+NVSHARE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+                                           size_t Height, unsigned int ElementSizeBytes)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int saved_errno = errno;
+    CUresult result = NOT_CONVERTED;
+    int valid = dptr != NULL && pPitch != NULL && WidthInBytes > 0 && Height > 0 &&
+                (ElementSizeBytes == 4 || ElementSizeBytes == 8 || ElementSizeBytes == 16);
+    size_t pitch = (WidthInBytes + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
+    if (valid && pitch >= WidthInBytes && Height <= SIZE_MAX / pitch) {
+        result = allocate_managed(dptr, pitch * Height, "cuMemAllocPitch");
+        if (result == CUDA_SUCCESS)
+            *pPitch = pitch;
+    }
+    if (result == NOT_CONVERTED)    /* invalid arguments included: the driver names the error */
+        result = NVSHARE_REAL(cuMemAllocPitch_v2, cuMemAllocPitch_v2_fn)(
+            dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    errno = saved_errno;
+    return result;
+}
+
+#define DEFINE_ASYNC_ALLOC(name)                                                             \
+    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)       \
+    {                                                                                        \
+        if (nvshare_resolve_driver() != 0)                                                   \
+            return CUDA_ERROR_NOT_INITIALIZED;                                               \
+        int saved_errno = errno;                                                             \
+        CUresult result = allocate_managed(dptr, bytesize, #name);                           \
+        if (result == NOT_CONVERTED)                                                         \
+            result = NVSHARE_REAL(name, cuMemAllocAsync_fn)(dptr, bytesize, hStream);        \
+        errno = saved_errno;                                                                 \
+        return result;                                                                       \
+    }
+DEFINE_ASYNC_ALLOC(cuMemAllocAsync)
+DEFINE_ASYNC_ALLOC(cuMemAllocAsync_ptsz)
+
+#define DEFINE_POOL_ALLOC(name)                                                              \
+    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,      \
+                                 CUstream hStream)                                           \
+    {                                                                                        \
+        if (nvshare_resolve_driver() != 0)                                                   \
+            return CUDA_ERROR_NOT_INITIALIZED;                                               \
+        int saved_errno = errno;                                                             \
+        CUresult result = allocate_managed(dptr, bytesize, #name);                           \
+        if (result == NOT_CONVERTED)                                                         \
+            result = NVSHARE_REAL(name, cuMemAllocFromPoolAsync_fn)(dptr, bytesize, pool,    \
+                                                                    hStream);                \
+        errno = saved_errno;                                                                 \
+        return result;                                                                       \
+    }
+DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync)
+DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
+
+/* The application's own managed memory: not converted, but counted and
+ * prefetched like ours. */
+NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result = NVSHARE_REAL(cuMemAllocManaged, cuMemAllocManaged_fn)(dptr, bytesize, flags);
+    int saved_errno = errno;
+    CUcontext context;
+    nvshare_client_start();
+    int gpu = result == CUDA_SUCCESS ? nvshare_current_gpu(&context) : -1;
+    if (gpu >= 0)
+        remember(*dptr, bytesize, gpu, ALLOCATION_APP_MANAGED, &pointers);
+    errno = saved_errno;
+    return result;
+}
+
+/* Forget a managed allocation, free it, and remember it again if the driver
+ * refused (taking it out first keeps a racing allocation that reuses the
+ * address from being forgotten instead). */
+static CUresult free_managed(CUdeviceptr dptr, int *was_ours)
+{
+    struct allocation entry;
+    pthread_mutex_lock(&memory_mutex);
+    struct allocation *found = allocation_map_find(&pointers, dptr);
+    *was_ours = found != NULL && is_managed(found);
+    if (*was_ours) {
+        allocation_map_take(&pointers, dptr, &entry);
+        count(entry.gpu, entry.kind, entry.bytes, 0);
+    }
+    pthread_mutex_unlock(&memory_mutex);
+    if (!*was_ours)
+        return CUDA_SUCCESS;
+    CUresult result = NVSHARE_REAL(cuMemFree_v2, cuMemFree_v2_fn)(dptr);
+    if (result != CUDA_SUCCESS)
+        remember(entry.key, entry.bytes, entry.gpu, entry.kind, &pointers);
+    else
+        nvshare_client_wake();
+    return result;
+}
+
+NVSHARE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int saved_errno = errno, ours;
+    CUresult result = free_managed(dptr, &ours);
+    if (!ours)
+        result = NVSHARE_REAL(cuMemFree_v2, cuMemFree_v2_fn)(dptr);
+    errno = saved_errno;
+    return result;
+}
+
+static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
+                           cuMemFreeAsync_fn real)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int saved_errno = errno;
+    pthread_mutex_lock(&memory_mutex);
+    struct allocation *found = allocation_map_find(&pointers, dptr);
+    int ours = found != NULL && is_managed(found);
+    pthread_mutex_unlock(&memory_mutex);
+    CUresult result;
+    if (!ours) {
+        result = real(dptr, stream);
+    } else {
+        if (stream == NULL && per_thread)
+            stream = NVSHARE_CU_STREAM_PER_THREAD;
+        /* Stream order: work already queued on the stream may use the memory. */
+        result = nvshare_driver.stream_synchronize(stream);
+        if (result == CUDA_SUCCESS)
+            result = free_managed(dptr, &ours);
+    }
+    errno = saved_errno;
+    return result;
+}
+
+NVSHARE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    return free_async(dptr, hStream, 0, NVSHARE_REAL(cuMemFreeAsync, cuMemFreeAsync_fn));
+}
+
+NVSHARE_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    return free_async(dptr, hStream, 1, NVSHARE_REAL(cuMemFreeAsync_ptsz, cuMemFreeAsync_fn));
+}
+
+NVSHARE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result = NVSHARE_REAL(cuMemGetInfo_v2, cuMemGetInfo_v2_fn)(free_bytes, total_bytes);
+    if (result != CUDA_SUCCESS || free_bytes == NULL || total_bytes == NULL)
+        return result;
+    int saved_errno = errno;
+    CUcontext context;
+    nvshare_client_start();
+    int gpu = nvshare_current_gpu(&context);
+    if (gpu >= 0) {
+        pthread_mutex_lock(&memory_mutex);
+        uint64_t used = gpus[gpu].managed_bytes + gpus[gpu].unmanaged_bytes;
+        pthread_mutex_unlock(&memory_mutex);
+        *free_bytes = *total_bytes > used ? *total_bytes - used : 0;
+    }
+    errno = saved_errno;
+    return result;
+}
+
+NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                                    const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result = NVSHARE_REAL(cuMemCreate, cuMemCreate_fn)(handle, size, prop, flags);
+    if (result != CUDA_SUCCESS || handle == NULL)
+        return result;
+    int saved_errno = errno;
+    NVSHARE_WARN_ONCE("cuMemCreate (CUDA virtual memory, e.g. PyTorch's expandable_segments) "
+                      "cannot be made managed: that memory stays on the GPU while others run");
+    nvshare_client_start();
+    CUcontext context;
+    int gpu = prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                  ? prop->location.id
+                  : nvshare_current_gpu(&context);
+    if (gpu >= 0 && gpu < NVSHARE_MAX_GPUS && *handle != 0)
+        remember(*handle, size, gpu, ALLOCATION_VMM, &handles);
+    errno = saved_errno;
+    return result;
+}
+
+NVSHARE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result = NVSHARE_REAL(cuMemRelease, cuMemRelease_fn)(handle);
+    if (result != CUDA_SUCCESS)
+        return result;
+    struct allocation entry;
+    pthread_mutex_lock(&memory_mutex);
+    int known = allocation_map_take(&handles, handle, &entry);
+    if (known)
+        count(entry.gpu, entry.kind, entry.bytes, 0);
+    pthread_mutex_unlock(&memory_mutex);
+    if (known)
+        nvshare_client_wake();
+    return result;
+}
+
+static CUresult open_ipc(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags,
+                         cuIpcOpenMemHandle_fn real)
+{
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult result = real(pdptr, handle, flags);
+    if (result != CUDA_SUCCESS || pdptr == NULL)
+        return result;
+    int saved_errno = errno;
+    NVSHARE_WARN_ONCE("cuIpcOpenMemHandle: memory shared by another process cannot be made "
+                      "managed; it is counted but stays on the GPU");
+    nvshare_client_start();
+    CUcontext context;
+    int gpu = nvshare_current_gpu(&context);
+    CUdeviceptr base = 0;
+    size_t bytes = 0;
+    if (nvshare_driver.mem_get_address_range != NULL)
+        nvshare_driver.mem_get_address_range(&base, &bytes, *pdptr);
+    if (gpu >= 0)
+        remember(*pdptr, bytes, gpu, ALLOCATION_IPC, &pointers);
+    errno = saved_errno;
+    return result;
+}
+
+NVSHARE_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                           unsigned int Flags)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return open_ipc(pdptr, handle, Flags, NVSHARE_REAL(cuIpcOpenMemHandle, cuIpcOpenMemHandle_fn));
+}
+
+NVSHARE_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                              unsigned int Flags)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return open_ipc(pdptr, handle, Flags,
+                    NVSHARE_REAL(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle_fn));
+}
+
+NVSHARE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result = NVSHARE_REAL(cuIpcCloseMemHandle, cuIpcCloseMemHandle_fn)(dptr);
+    if (result != CUDA_SUCCESS)
+        return result;
+    struct allocation entry;
+    pthread_mutex_lock(&memory_mutex);
+    struct allocation *found = allocation_map_find(&pointers, dptr);
+    int known = found != NULL && found->kind == ALLOCATION_IPC &&
+                allocation_map_take(&pointers, dptr, &entry);
+    if (known)
+        count(entry.gpu, entry.kind, entry.bytes, 0);
+    pthread_mutex_unlock(&memory_mutex);
+    if (known)
+        nvshare_client_wake();
+    return result;
+}
+
+/* ---- for the client thread --------------------------------------------------------------- */
+
+int nvshare_memory_take_report(int gpu, uint64_t *managed_bytes, uint64_t *unmanaged_bytes)
+{
+    pthread_mutex_lock(&memory_mutex);
+    int changed = gpus[gpu].changed;
+    gpus[gpu].changed = 0;
+    *managed_bytes = gpus[gpu].managed_bytes;
+    *unmanaged_bytes = gpus[gpu].unmanaged_bytes;
+    pthread_mutex_unlock(&memory_mutex);
+    return changed;
+}
+
+void nvshare_memory_mark_all_changed(void)
+{
+    pthread_mutex_lock(&memory_mutex);
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
+        gpus[gpu].changed = 1;
+    pthread_mutex_unlock(&memory_mutex);
+}
+
+struct prefetch_range {
+    CUdeviceptr start;
+    uint64_t bytes;
+};
+
+void nvshare_memory_prefetch(int gpu, CUcontext context)
+{
+    cuMemPrefetchAsync_v2_fn prefetch_v2 =
+        NVSHARE_REAL(cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_fn);
+    cuMemPrefetchAsync_v1_fn prefetch_v1 =
+        NVSHARE_REAL(cuMemPrefetchAsync, cuMemPrefetchAsync_v1_fn);
+    if (prefetch_v2 == NULL && prefetch_v1 == NULL)
+        return;
+
+    pthread_mutex_lock(&memory_mutex);
+    size_t count = 0;
+    struct prefetch_range *ranges = malloc((pointers.used + 1) * sizeof *ranges);
+    for (size_t slot = 0; ranges != NULL && slot < pointers.capacity; slot++) {
+        const struct allocation *entry = &pointers.slots[slot];
+        if (entry->key != 0 && entry->gpu == gpu && is_managed(entry))
+            ranges[count++] = (struct prefetch_range){entry->key, entry->bytes};
+    }
+    pthread_mutex_unlock(&memory_mutex);
+    if (count == 0 || nvshare_driver.ctx_push_current(context) != CUDA_SUCCESS) {
+        free(ranges);
+        return;
+    }
+    double started = nvshare_now_ms();
+    if (prefetch_stream_contexts[gpu] != context) {
+        prefetch_streams[gpu] = NULL;
+        if (nvshare_driver.stream_create(&prefetch_streams[gpu], CU_STREAM_NON_BLOCKING) ==
+            CUDA_SUCCESS)
+            prefetch_stream_contexts[gpu] = context;
+    }
+    CUstream stream = prefetch_streams[gpu];
+    uint64_t bytes = 0;
+    for (size_t i = 0; stream != NULL && i < count; i++) {
+        CUmemLocation location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = gpu};
+        /* A range freed since the snapshot only makes this call fail. */
+        CUresult result = prefetch_v2 != NULL
+                              ? prefetch_v2(ranges[i].start, ranges[i].bytes, location, 0, stream)
+                              : prefetch_v1(ranges[i].start, ranges[i].bytes, gpu, stream);
+        if (result == CUDA_SUCCESS)
+            bytes += ranges[i].bytes;
+    }
+    if (stream != NULL)
+        nvshare_driver.stream_synchronize(stream);
+    CUcontext popped;
+    nvshare_driver.ctx_pop_current(&popped);
+    double elapsed_ms = nvshare_now_ms() - started;
+    nvshare_debug("prefetch gpu=%d allocations=%zu bytes=%llu ms=%.2f GB/s=%.1f", gpu, count,
+                  (unsigned long long)bytes, elapsed_ms,
+                  elapsed_ms > 0 ? (double)bytes / 1e6 / elapsed_ms : 0.0);
+    free(ranges);
+}
+
+void nvshare_memory_forget_after_fork(void)
+{
+    memory_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    /* The parent's maps are left allocated: freeing in a fork handler is unsafe. */
+    memset(&pointers, 0, sizeof pointers);
+    memset(&handles, 0, sizeof handles);
+    memset(gpus, 0, sizeof gpus);
+    memset(prefetch_streams, 0, sizeof prefetch_streams);
+    memset(prefetch_stream_contexts, 0, sizeof prefetch_stream_contexts);
+}

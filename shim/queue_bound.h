@@ -1,0 +1,16 @@
+/* Bounded queue-ahead: keeps the GPU work a process has queued but not yet
+ * run under NVSHARE_MAX_QUEUED_MS, so that a drop request is honoured fast
+ * (the release waits for queued work to finish). */
+#ifndef NVSHARE_QUEUE_BOUND_H
+#define NVSHARE_QUEUE_BOUND_H
+
+#include "cuda_abi.h"
+
+/* After a successful launch on gpu's stream; hook_id tells per-thread-stream
+ * variants apart. */
+void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id);
+
+/* In a forked child: forget the parent's events without touching them. */
+void nvshare_queue_forget_after_fork(void);
+
+#endif
