@@ -164,7 +164,10 @@ class SchedulerInterface(ServiceInterface):
                    if _comparable(name, value) != _comparable(name, self._last_published[name])}
         self._last_published = values
         if changed:
-            self.emit_properties_changed(changed)
+            try:
+                self.emit_properties_changed(changed)
+            except Exception as error:  # the bus went away after the change was queued
+                log.debug("dbus PropertiesChanged not sent: %s", error)
 
     def _current_values(self) -> dict:
         settings, snapshot = self._agent.settings, self._agent.snapshot()
@@ -279,7 +282,15 @@ async def export_on_bus(agent, address: str = "system", *,
         for subscriber in subscribers:
             subscriber()
 
-    agent.subscribe(forward_change)
+    unsubscribe = agent.subscribe(forward_change)
+    try:
+        await _stay_on_bus(agent, address, subscribers, first_retry_s, max_retry_s)
+    finally:
+        if callable(unsubscribe):
+            unsubscribe()
+
+
+async def _stay_on_bus(agent, address, subscribers, first_retry_s, max_retry_s) -> None:
     retry_s = first_retry_s
     failures = 0
     while True:

@@ -157,7 +157,8 @@ class AgentProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self):
+    def stop(self) -> int:
+        """SIGTERM, as systemd stops it; returns the exit status."""
         if self.process and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -165,6 +166,7 @@ class AgentProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        return self.process.returncode
 
 
 @pytest.fixture
@@ -205,7 +207,7 @@ def agent(world_dir, bus):
     process = _start_agent(world_dir, bus)
     yield process
     process.assert_alive()  # whatever the test sent, the agent is still serving
-    process.stop()
+    assert process.stop() == 0, process.log()  # and leaves the bus cleanly
 
 
 @pytest.fixture
