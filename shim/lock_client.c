@@ -15,12 +15,9 @@
 #include "lock_client.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -30,84 +27,17 @@
 
 #include "config.h"
 #include "gate.h"
-#include "hooks.h"
 #include "interpose.h"
+#include "lock_state.h"
 #include "log.h"
 #include "memory.h"
 #include "nvshare_protocol.h"
-#include "queue_bound.h"
 
 #define RECONNECT_INTERVAL_MS 1000.0
 #define SEND_TIMEOUT_S 2
 
-struct nvshare_gate nvshare_gates[NVSHARE_MAX_GPUS];
-atomic_int nvshare_client_running;
-
-enum lock_state {
-    LOCK_IDLE = 0,      /* not held, nobody waiting */
-    LOCK_WANTED,        /* a thread waits; the request is not sent yet */
-    LOCK_REQUESTED,     /* LOCK_REQUEST sent, no grant yet */
-    LOCK_HELD           /* granted (gate open), or being released (gate closed) */
-};
-
-struct gpu_lock {
-    enum lock_state state;
-    uint64_t lease;
-    int shared;                     /* granted with anti-thrash off */
-    int want_again;                 /* a thread arrived while the lock was being released */
-    double requested_at_ms;
-    double granted_at_ms;
-    unsigned seen_activity;         /* idle detection: gate activity at the last look */
-    double activity_changed_at_ms;
-};
-
-static struct {
-    pthread_mutex_t mutex;          /* guards everything below but the fds' users */
-    pthread_cond_t changed;         /* a gate opened or a lock changed state */
-    int socket_fd;                  /* -1 while unscheduled */
-    int wake_fd;
-    int gpu_count;
-    struct nvshare_gpu_uuid uuids[NVSHARE_MAX_GPUS];
-    struct nvshare_settings settings;
-    int have_settings;
-    struct gpu_lock locks[NVSHARE_MAX_GPUS];
-    double retry_at_ms;
-    size_t inbox_used;
-    unsigned char inbox[sizeof(struct nvshare_header) + NVSHARE_MAX_PAYLOAD_BYTES];
-} client = {
-    .mutex = PTHREAD_MUTEX_INITIALIZER,
-    .changed = PTHREAD_COND_INITIALIZER,
-    .socket_fd = -1,
-    .wake_fd = -1,
-};
-
-static pthread_mutex_t start_mutex = PTHREAD_MUTEX_INITIALIZER;
-static atomic_uint context_generation = 1;     /* bumped when cached contexts go stale */
-
-/* ---- which GPU a call runs on ---------------------------------------------------------- */
-
-static __thread CUcontext cached_context;
-static __thread int cached_gpu;
-static __thread unsigned cached_generation;
-
-int nvshare_current_gpu(CUcontext *context)
-{
-    CUcontext current = NULL;
-    if (nvshare_driver.ctx_get_current == NULL ||
-        nvshare_driver.ctx_get_current(&current) != CUDA_SUCCESS || current == NULL)
-        return -1;
-    *context = current;
-    unsigned generation = atomic_load_explicit(&context_generation, memory_order_relaxed);
-    if (current != cached_context || cached_generation != generation) {
-        CUdevice device;
-        if (nvshare_driver.ctx_get_device(&device) != CUDA_SUCCESS)
-            return -1;
-        cached_gpu = device >= 0 && device < client.gpu_count ? device : -1;
-        cached_context = current;
-        cached_generation = generation;
-    }
-    return cached_gpu;
-}
+/* The one instance, by a short name. */
+#define client nvshare_lock_client
 
 /* ---- frames ------------------------------------------------------------------------------ */
 
@@ -153,7 +83,7 @@ static int gpu_of_uuid(const struct nvshare_gpu_uuid *uuid)
 
 /* ---- connection -------------------------------------------------------------------------- */
 
-static void set_all_gates(int open)
+void nvshare_set_all_gates(int open)
 {
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
         atomic_store(&nvshare_gates[gpu].open, open);
@@ -168,7 +98,7 @@ static void run_unscheduled(const char *why)
     client.inbox_used = 0;
     client.have_settings = 0;
     memset(client.locks, 0, sizeof client.locks);
-    set_all_gates(1);
+    nvshare_set_all_gates(1);
     pthread_cond_broadcast(&client.changed);
     pthread_mutex_unlock(&client.mutex);
     client.retry_at_ms = nvshare_now_ms() + RECONNECT_INTERVAL_MS;
@@ -218,7 +148,7 @@ static void connect_to_agent(int first_attempt)
         if (client.locks[gpu].state != LOCK_WANTED)
             memset(&client.locks[gpu], 0, sizeof client.locks[gpu]);
     }
-    set_all_gates(0);
+    nvshare_set_all_gates(0);
     pthread_cond_broadcast(&client.changed);
     pthread_mutex_unlock(&client.mutex);
 
@@ -498,7 +428,7 @@ static int release_idle_gpus(void)
     return step < 1 ? 1 : step > 250 ? 250 : step;
 }
 
-static void *client_main(void *unused)
+void *nvshare_client_main(void *unused)
 {
     (void)unused;
     prctl(PR_SET_NAME, "nvshare-client", 0, 0, 0);
@@ -548,118 +478,3 @@ void nvshare_client_wake(void)
     errno = saved_errno;
 }
 
-void nvshare_wait_for_gate(int gpu, CUcontext context)
-{
-    int saved_errno = errno;
-    struct nvshare_gate *gate = &nvshare_gates[gpu];
-    struct gpu_lock *lock = &client.locks[gpu];
-    atomic_store_explicit(&gate->context, context, memory_order_relaxed);
-    pthread_mutex_lock(&client.mutex);
-    while (!atomic_load(&gate->open) && atomic_load(&nvshare_client_running)) {
-        if (lock->state == LOCK_IDLE) {
-            lock->state = LOCK_WANTED;
-            nvshare_client_wake();
-        } else if (lock->state == LOCK_HELD) {
-            lock->want_again = 1;       /* being released: ask again right after */
-        }
-        /* The timeout only guards against a lost wake-up; waking is by broadcast. */
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += 1;
-        pthread_cond_timedwait(&client.changed, &client.mutex, &until);
-    }
-    pthread_mutex_unlock(&client.mutex);
-    errno = saved_errno;
-}
-
-/* ---- start and fork -------------------------------------------------------------------- */
-
-/* In the child of fork: only the forking thread exists, the client thread
- * does not, and mutexes may have been copied locked.  Reset to "never
- * started" with plain stores (no allocation, no locking); the child's first
- * GPU call starts its own client and connection. */
-static void forget_after_fork(void)
-{
-    atomic_store(&nvshare_client_running, 0);
-    if (client.socket_fd >= 0)
-        close(client.socket_fd);
-    if (client.wake_fd >= 0)
-        close(client.wake_fd);
-    client.socket_fd = -1;
-    client.wake_fd = -1;
-    client.mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
-    client.changed = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
-    start_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
-    client.have_settings = 0;
-    client.inbox_used = 0;
-    memset(client.locks, 0, sizeof client.locks);
-    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
-        atomic_store(&nvshare_gates[gpu].open, 0);
-        atomic_store(&nvshare_gates[gpu].inflight, 0);
-        atomic_store(&nvshare_gates[gpu].context, NULL);
-    }
-    atomic_fetch_add(&context_generation, 1);
-    nvshare_memory_forget_after_fork();
-    nvshare_queue_forget_after_fork();
-}
-
-void nvshare_client_start(void)
-{
-    if (atomic_load(&nvshare_client_running) || nvshare_resolve_driver() != 0)
-        return;
-    int saved_errno = errno;
-    static int fork_handler_installed;
-    pthread_mutex_lock(&start_mutex);
-    int count = 0;
-    if (atomic_load(&nvshare_client_running) || nvshare_driver.device_get_count == NULL ||
-        nvshare_driver.device_get_count(&count) != CUDA_SUCCESS)
-        goto out;           /* before cuInit: try again at the next call */
-    if (count > NVSHARE_MAX_GPUS)
-        count = NVSHARE_MAX_GPUS;
-    for (int gpu = 0; gpu < count; gpu++) {
-        CUuuid uuid = {{0}};
-        if (nvshare_driver.device_get_uuid != NULL)
-            nvshare_driver.device_get_uuid(&uuid, gpu);
-        memcpy(client.uuids[gpu].bytes, uuid.bytes, NVSHARE_UUID_BYTES);
-    }
-    client.gpu_count = count;
-    nvshare_config();
-    if (!fork_handler_installed) {
-        pthread_atfork(NULL, NULL, forget_after_fork);
-        fork_handler_installed = 1;
-    }
-    atomic_fetch_add(&context_generation, 1);
-
-    client.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    sigset_t all, previous;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &previous);     /* the thread takes no signals */
-    pthread_attr_t attributes;
-    pthread_attr_init(&attributes);
-    pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
-    pthread_t thread;
-    int failed = client.wake_fd < 0 || pthread_create(&thread, &attributes, client_main, NULL);
-    pthread_attr_destroy(&attributes);
-    pthread_sigmask(SIG_SETMASK, &previous, NULL);
-    if (failed) {
-        nvshare_warn("cannot start the nvshare client thread: running unscheduled");
-        set_all_gates(1);
-    }
-    atomic_store(&nvshare_client_running, 1);
-out:
-    pthread_mutex_unlock(&start_mutex);
-    errno = saved_errno;
-}
-
-NVSHARE_EXPORT CUresult cuInit(unsigned int flags)
-{
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    cuInit_fn real = NVSHARE_REAL(cuInit, cuInit_fn);
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    CUresult result = real(flags);
-    if (result == CUDA_SUCCESS)
-        nvshare_client_start();
-    return result;
-}

@@ -1,0 +1,54 @@
+/* The lock client's state, shared by the application side (gate.c) and the
+ * client thread (lock_client.c).  Everything here is guarded by
+ * nvshare_lock_client.mutex unless a field says otherwise. */
+#ifndef NVSHARE_LOCK_STATE_H
+#define NVSHARE_LOCK_STATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nvshare_protocol.h"
+
+enum lock_state {
+    LOCK_IDLE = 0,      /* not held, nobody waiting */
+    LOCK_WANTED,        /* a thread waits; the request is not sent yet */
+    LOCK_REQUESTED,     /* LOCK_REQUEST sent, no grant yet */
+    LOCK_HELD           /* granted (gate open), or being released (gate closed) */
+};
+
+struct gpu_lock {
+    enum lock_state state;
+    uint64_t lease;
+    int shared;                     /* granted with anti-thrash off */
+    int want_again;                 /* a thread arrived while the lock was being released */
+    double requested_at_ms;
+    double granted_at_ms;
+    unsigned seen_activity;         /* idle detection: gate activity at the last look */
+    double activity_changed_at_ms;
+};
+
+struct lock_client {
+    pthread_mutex_t mutex;
+    pthread_cond_t changed;         /* a gate opened or a lock changed state */
+    int socket_fd;                  /* -1 while unscheduled; only the client thread uses it */
+    int wake_fd;
+    int gpu_count;                  /* fixed once the client runs */
+    struct nvshare_gpu_uuid uuids[NVSHARE_MAX_GPUS];
+    struct nvshare_settings settings;
+    int have_settings;
+    struct gpu_lock locks[NVSHARE_MAX_GPUS];
+    double retry_at_ms;             /* client thread only */
+    size_t inbox_used;              /* client thread only */
+    unsigned char inbox[sizeof(struct nvshare_header) + NVSHARE_MAX_PAYLOAD_BYTES];
+};
+
+extern struct lock_client nvshare_lock_client;
+
+/* The client thread's body (lock_client.c). */
+void *nvshare_client_main(void *unused);
+
+void nvshare_set_all_gates(int open);
+
+#endif
