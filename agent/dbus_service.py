@@ -115,6 +115,11 @@ class SchedulerInterface(ServiceInterface):
 
     @method(name=names.METHOD_GET_GPU)
     def get_gpu(self, uuid: "s") -> names.GPU_SIGNATURE:
+        # Declared for introspection; CallGate serves the calls (via find_gpu),
+        # since dbus-next's @method wrapper drops the return value when called.
+        return self.find_gpu(uuid)
+
+    def find_gpu(self, uuid: str) -> list:
         gpus = self._agent.snapshot().gpus
         for gpu in gpus:
             if gpu.uuid == uuid:
@@ -212,7 +217,7 @@ class CallGate:
         if msg.interface == names.INTERFACE and msg.member == names.METHOD_GET_GPU and msg.signature == "s":
             try:
                 return Message.new_method_return(msg, names.GPU_SIGNATURE,
-                                                 [self._interface.get_gpu(msg.body[0])])
+                                                 [self._interface.find_gpu(msg.body[0])])
             except DBusError as error:
                 return Message.new_error(msg, error.type, error.text)
         return None

@@ -115,11 +115,16 @@ def test_bad_value_gets_invalid_argument_and_agent_keeps_serving(agent, bus, pro
     assert get_property(bus.address, prop_name) == before
 
 
-def test_busctl_shows_the_sentence_for_a_negative_time_quantum(agent, bus):
+@pytest.mark.parametrize("prop_name, busctl_value, sentence", [
+    ("TimeQuantum", ["i", "-5"], "time quantum must be 1..86400 seconds, got -5"),
+    ("TimeQuantum", ["s", "ten"], "time quantum must be a whole number of seconds"),
+    ("AntiThrash", ["s", "maybe"], "anti-thrash must be on or off"),
+])
+def test_busctl_shows_the_sentence_for_a_bad_value(agent, bus, prop_name, busctl_value, sentence):
     result = busctl(bus.address, "set-property", "--", names.BUS_NAME, names.OBJECT_PATH,
-                    names.INTERFACE, "TimeQuantum", "i", "-5", check=False)
+                    names.INTERFACE, prop_name, *busctl_value, check=False)
     assert result.returncode != 0
-    assert "time quantum must be 1..86400 seconds, got -5" in result.stderr
+    assert sentence in result.stderr
 
 
 def test_unknown_gpu_gets_named_error(agent, bus):

@@ -52,6 +52,10 @@ def test_anti_thrash_off_over_dbus_grants_a_queued_waiter_at_once(agent, bus):
     holder, _, waiter = _holder_and_waiter(agent, bus)
     states = sorted(entry[1] for client in _live(bus.address, "Clients") for entry in client[4])
     assert states == ["holding", "waiting"]
+    gpu = busctl_on_agent(bus.address, "call", names.METHOD_GET_GPU, "s",
+                          protocol.format_uuid(GPU0)).stdout.split()
+    assert gpu[0] == "(sstauau)" and gpu[1] == f'"{protocol.format_uuid(GPU0)}"'
+    assert gpu[-4:] == ["1", str(os.getpid()), "1", str(os.getpid())]  # one holder, one waiting
     assert holder.settings.anti_thrash and holder.settings.time_quantum_ms == 30_000
 
     busctl_on_agent(bus.address, "set-property", "AntiThrash", "b", "false")
