@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import resource
 import signal
 import sys
 from pathlib import Path
 
-from . import daemon, settings, systemd
+from . import daemon, eventlog, settings, systemd
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,20 +35,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def setup_logging(debug: bool) -> None:
-    # Under systemd, journald adds the time and takes the level from a <N> prefix.
-    if os.environ.get("JOURNAL_STREAM"):
-        fmt = "%(levelname)s %(message)s"
-    else:
-        fmt = "%(asctime)s.%(msecs)03d %(levelname)s %(message)s"
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(fmt, datefmt="%Y-%m-%d %H:%M:%S"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if debug else logging.INFO)
-    logging.getLogger("nvshare_agent").setLevel(logging.DEBUG if debug else logging.INFO)
-
-
 def raise_fd_limit() -> None:
     """One fd per client: allow as many as the hard limit lets us."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -62,8 +47,8 @@ def raise_fd_limit() -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    setup_logging(args.debug)
-    log = logging.getLogger("nvshare_agent")
+    eventlog.setup(args.debug)
+    log = eventlog.events
     store = settings.SettingsStore(args.state_dir)
     try:
         current, overrides, warning = settings.load_settings(args.config, store)

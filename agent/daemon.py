@@ -9,7 +9,6 @@ client, persists, and tells subscribers.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import socket
@@ -21,7 +20,7 @@ from .scheduler import AgentSnapshot, Scheduler
 from .server import SocketServer, gpu_name
 from .settings import Settings, SettingsError, SettingsStore
 
-log = logging.getLogger("nvshare_agent")
+from .eventlog import events as log
 
 # Subscribers hear about changes at most this often: a busy node hands locks
 # over thousands of times a second, and D-Bus watchers need not see each one.
@@ -96,8 +95,8 @@ class Agent:
         for callback in list(self._subscribers):
             try:
                 callback()
-            except Exception:
-                log.exception("change subscriber failed")
+            except Exception as e:
+                log.error("change subscriber failed: %s: %s", type(e).__name__, e)
 
 
 def status_line(snapshot: AgentSnapshot) -> str:
@@ -171,6 +170,7 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
             os.unlink(bound_path)
         except FileNotFoundError:
             pass
+    log.flush()
 
 
 async def _inventory(agent: Agent) -> None:

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import socket
 import struct
 
 from . import protocol
 from .protocol import ErrorCode, FrameReader, LockMessage, MessageType, ProtocolError
 from . import scheduler as core
-
-log = logging.getLogger("nvshare_agent")
+from .eventlog import events as log
 
 # struct ucred from <sys/socket.h> (pid_t, uid_t, gid_t): the kernel's layout, not ours.
 _UCRED = struct.Struct("3i")
@@ -134,8 +132,6 @@ class SocketServer:
         self._last_client_id = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
-        self._debug = log.isEnabledFor(logging.DEBUG)
-        self._info = log.isEnabledFor(logging.INFO)
         self._execute = {
             core.Grant: self._grant, core.AskToDrop: self._ask_to_drop, core.Revoke: self._revoke,
             core.LockReleased: self._log_release, core.Queued: self._log_queued,
@@ -172,7 +168,7 @@ class SocketServer:
         cid = conn.client_id
         if type(message) is LockMessage:
             if message.type == MessageType.LOCK_REQUEST:
-                if self._debug:
+                if log.debug_enabled:
                     log.debug("request gpu=%s pid=%d", gpu_name(message.gpu), conn.pid)
                 actions = self.core.request(cid, message.gpu, now)
             elif message.type == MessageType.RELEASED:
@@ -234,7 +230,7 @@ class SocketServer:
 
     def _grant(self, a: core.Grant) -> None:
         self._send_lock(a.client, MessageType.LOCK_GRANT, a.gpu, a.lease, _GRANT_FLAGS[a.exclusive])
-        if self._info:
+        if log.info_enabled:
             log.info("grant gpu=%s pid=%d lease=%d mode=%s waited_ms=%.2f", gpu_name(a.gpu), a.pid, a.lease,
                      "exclusive" if a.exclusive else "shared", a.waited_s * 1e3)
 
@@ -248,7 +244,7 @@ class SocketServer:
                     gpu_name(a.gpu), a.pid, a.lease, a.held_s * 1e3, self.core.settings.drop_grace_ms)
 
     def _log_release(self, a: core.LockReleased) -> None:
-        if not self._info:
+        if not log.info_enabled:
             return
         extra = ""
         if a.drop_to_release_s is not None:
@@ -259,15 +255,15 @@ class SocketServer:
                  a.held_s * 1e3, extra)
 
     def _log_queued(self, a: core.Queued) -> None:
-        if self._debug:
+        if log.debug_enabled:
             log.debug("queued gpu=%s pid=%d position=%d", gpu_name(a.gpu), a.pid, a.position)
 
     def _log_withdrawn(self, a: core.Withdrawn) -> None:
-        if self._info:
+        if log.info_enabled:
             log.info("withdraw gpu=%s pid=%d", gpu_name(a.gpu), a.pid)
 
     def _log_ignored(self, a: core.Ignored) -> None:
-        if self._debug:
+        if log.debug_enabled:
             log.debug("ignored gpu=%s pid=%d reason=%s", gpu_name(a.gpu), a.pid, a.reason)
 
     def _send_settings(self, a: core.SendSettings) -> None:
@@ -298,5 +294,5 @@ class SocketServer:
     def _gone(self, a: core.Gone) -> None:
         if a.greeted:
             log.info("disconnect pid=%d", a.pid)
-        elif self._debug:
+        elif log.debug_enabled:
             log.debug("disconnect pid=%d before hello", a.pid)

@@ -9,7 +9,6 @@ sd_listen_fds(unset_environment=1) does, so child processes do not inherit them.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import socket
 import stat
@@ -17,7 +16,8 @@ from pathlib import Path
 
 import sdnotify
 
-log = logging.getLogger("nvshare.agent")
+
+from .eventlog import events as log
 
 SD_LISTEN_FDS_START = 3
 DEFAULT_SOCKET_PATH = Path("/run/nvshare/scheduler.sock")
