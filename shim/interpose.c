@@ -41,9 +41,13 @@ static size_t hook_map_size;
 static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
 static atomic_int driver_state;     /* 0 unresolved, 1 resolved, -1 libcuda missing */
 
+/* Sanitizer runtimes call dlsym while they initialise, before their shadow
+ * memory exists: the code on that path must not be instrumented. */
+#define NOT_SANITIZED __attribute__((no_sanitize_address, no_sanitize_thread))
+
 /* glibc 2.34 moved dlsym into libc as dlsym@@GLIBC_2.34 and kept
  * dlsym@GLIBC_2.2.5 for binaries linked before; find whichever exists. */
-static dlsym_fn real_dlsym(void)
+NOT_SANITIZED static dlsym_fn real_dlsym(void)
 {
     dlsym_fn found = atomic_load_explicit(&real_dlsym_slot, memory_order_acquire);
     if (found == NULL) {
@@ -172,7 +176,7 @@ void *nvshare_hook_for(void *real, const char *name, int cuda_version, unsigned 
 /* The interposed dlsym.  RTLD_NEXT is relative to the caller, which glibc
  * finds from the return address: that case is a tail call, so glibc sees the
  * application's return address, not the shim's. */
-static void *interposed_dlsym(void *handle, const char *name)
+NOT_SANITIZED static void *interposed_dlsym(void *handle, const char *name)
 {
     dlsym_fn lookup = real_dlsym();
     if (handle == RTLD_NEXT || lookup == NULL || name == NULL || name[0] != 'c' ||

@@ -135,9 +135,8 @@ static void connect_to_agent(int first_attempt)
 
     struct nvshare_hello hello = {.gpu_count = (uint32_t)client.gpu_count};
     memcpy(hello.gpus, client.uuids, sizeof hello.gpus);
-    char command[17] = "";
-    prctl(PR_GET_NAME, command, 0, 0, 0);
-    strncpy(hello.command, command, sizeof hello.command - 1);
+    /* The program's name (argv[0]'s base name), not this thread's. */
+    strncpy(hello.command, program_invocation_short_name, sizeof hello.command - 1);
 
     pthread_mutex_lock(&client.mutex);
     client.socket_fd = fd;
