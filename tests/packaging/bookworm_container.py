@@ -1,0 +1,182 @@
+"""A clean Debian bookworm root booted with real systemd as PID 1.
+
+debootstrap (minbase, plus what the package depends on, so `apt install
+./nvshare.deb` needs no network) runs once per machine; the finished root is
+kept as a tarball under /var/cache/nvshare-ci/, keyed by the package list, and
+each test run unpacks a fresh copy (seconds).  systemd-nspawn boots it;
+commands run inside through `nsenter -t <container PID 1> -a`.
+
+Measured on the CI machines: nspawn needs --register=no (no machined there)
+and --keep-unit (no systemd on the host to make a scope).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+CACHE_DIR = Path(os.environ.get("NVSHARE_CI_CACHE", "/var/cache/nvshare-ci"))
+MIRROR = os.environ.get("NVSHARE_CI_MIRROR", "http://deb.debian.org/debian")
+SUITE = "bookworm"
+# systemd and the bus to boot; the package's dependencies (python3-ply only
+# because debootstrap cannot pick a virtual package for python3-pycparser).
+INCLUDE = ("systemd", "systemd-sysv", "dbus", "passwd", "python3", "python3-cffi",
+           "python3-ply", "python3-dbus-next", "python3-sdnotify", "python3-typer")
+INSIDE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class ContainerError(RuntimeError):
+    pass
+
+
+def _root_tarball() -> Path:
+    key = hashlib.sha256(" ".join((SUITE, MIRROR) + INCLUDE).encode()).hexdigest()[:12]
+    return CACHE_DIR / f"{SUITE}-minbase-{key}.tar"
+
+
+def ensure_root_tarball(log) -> Path:
+    """The cached root, made with debootstrap when missing."""
+    tarball = _root_tarball()
+    if tarball.exists():
+        return tarball
+    (CACHE_DIR / "debs").mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="debootstrap-", dir=CACHE_DIR))
+    try:
+        root = work / "root"
+        result = subprocess.run(
+            ["debootstrap", "--variant=minbase", f"--cache-dir={CACHE_DIR / 'debs'}",
+             "--include=" + ",".join(INCLUDE), SUITE, str(root), MIRROR],
+            capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            log_tail = ""
+            log_file = root / "debootstrap" / "debootstrap.log"
+            if log_file.exists():
+                log_tail = log_file.read_text(errors="replace")[-2000:]
+            raise ContainerError(f"debootstrap failed: {result.stderr[-2000:]}\n{log_tail}")
+        # Boot quietly: no login prompt on the console the test never reads.
+        (root / "etc/systemd/system/console-getty.service").symlink_to("/dev/null")
+        partial = tarball.with_suffix(".partial")
+        subprocess.run(["tar", "-C", str(root), "-cf", str(partial), "."], check=True)
+        partial.rename(tarball)  # a tarball under its final name is complete
+        log(f"cached {tarball}")
+        return tarball
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class Container:
+    """One booted container; `run` executes a command inside it as root."""
+
+    def __init__(self, root: Path, console_log: Path):
+        self.root = root
+        self.console_log = console_log
+        self.nspawn: subprocess.Popen | None = None
+        self.leader_pid = 0
+
+    @classmethod
+    def unpack(cls, tarball: Path, workdir: Path) -> "Container":
+        root = workdir / "root"
+        root.mkdir()
+        subprocess.run(["tar", "-C", str(root), "-xf", str(tarball)], check=True)
+        return cls(root, workdir / "console.log")
+
+    def boot(self, timeout: float = 120) -> None:
+        with open(self.console_log, "wb") as console:
+            self.nspawn = subprocess.Popen(
+                ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet",
+                 "--console=passive", "-D", str(self.root), "-b"],
+                stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                env={"PATH": os.environ.get("PATH", INSIDE_PATH), "SYSTEMD_LOG_LEVEL": "info"})
+        deadline = time.monotonic() + timeout
+        children = Path(f"/proc/{self.nspawn.pid}/task/{self.nspawn.pid}/children")
+        while not self.leader_pid:
+            if self.nspawn.poll() is not None:
+                raise ContainerError("systemd-nspawn exited: " + self._console_tail())
+            if time.monotonic() > deadline:
+                raise ContainerError("no container PID 1 appeared: " + self._console_tail())
+            # nspawn's child first sets up the namespaces, then execs systemd.
+            for pid in (children.read_text().split() if children.exists() else []):
+                if _comm(pid) == "systemd":
+                    self.leader_pid = int(pid)
+            if not self.leader_pid:
+                time.sleep(0.1)
+        while True:
+            # Before systemd has its bus up, systemctl answers nothing; retry.
+            state = self.run(["systemctl", "is-system-running", "--wait"], check=False,
+                             timeout=max(1.0, deadline - time.monotonic()))
+            if state.stdout.strip() in ("running", "degraded"):
+                return
+            if time.monotonic() > deadline or state.stdout.strip() in ("maintenance", "stopping"):
+                raise ContainerError(f"boot ended {state.stdout.strip()!r} {state.stderr.strip()!r}: "
+                                     + self._console_tail())
+            time.sleep(0.2)
+
+    def run(self, argv: list[str], *, check: bool = True, timeout: float = 120,
+            env: dict[str, str] | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        """argv inside the container, as root, with a clean environment."""
+        inside_env = {"PATH": INSIDE_PATH, "LANG": "C.UTF-8", "HOME": "/root",
+                      "DEBIAN_FRONTEND": "noninteractive", "SYSTEMD_PAGER": "",
+                      "SYSTEMD_COLORS": "0"}
+        inside_env.update(env or {})
+        command = (["nsenter", "-t", str(self.leader_pid), "-a", "env", "-i"]
+                   + [f"{k}={v}" for k, v in inside_env.items()] + argv)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                                check=False, input=input)
+        if check and result.returncode != 0:
+            raise ContainerError(f"{' '.join(argv)} exited {result.returncode}: "
+                                 f"{result.stdout[-1500:]}{result.stderr[-1500:]}")
+        return result
+
+    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+        """argv inside the container, running beside the test (no environment)."""
+        return subprocess.Popen(["nsenter", "-t", str(self.leader_pid), "-a"] + argv, **kwargs)
+
+    def path(self, inside: str) -> Path:
+        """The host path of a path inside the container."""
+        return self.root / inside.lstrip("/")
+
+    def shutdown(self, timeout: float = 60) -> None:
+        if self.nspawn is None:
+            return
+        if self.nspawn.poll() is None and self.leader_pid:
+            # nspawn turns SIGTERM into an orderly poweroff of the container.
+            self.nspawn.send_signal(signal.SIGTERM)
+            try:
+                self.nspawn.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.nspawn.kill()
+                self.nspawn.wait()
+        self.nspawn = None
+
+    def _console_tail(self) -> str:
+        try:
+            return self.console_log.read_text(errors="replace")[-2000:]
+        except OSError:
+            return "(no console log)"
+
+
+def _comm(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
+    """Polls condition() until it returns something truthy; generous timeouts,
+    no sleeps standing in for assertions."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,222 @@
+"""The .deb installed with apt into a clean bookworm root booted with systemd.
+
+One container for the module; the tests run in file order, each one stage of
+an operator's life with the package: install, first client, settings over
+D-Bus, the preload, a notebook-style client, a restart under load, the
+operator's preload switch across an upgrade, purge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from bookworm_container import Container, ensure_root_tarball, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+SHIM = "/usr/lib/x86_64-linux-gnu/libnvshare.so"
+BUS = ["io.github.nvshare.Scheduler1", "/io/github/nvshare/Scheduler1",
+       "io.github.nvshare.Scheduler1"]
+ADMIN_UID, NOTEBOOK_UID = 1000, 1001
+CLIENT = "/usr/local/bin/standin-client"
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("debootstrap") or not shutil.which("systemd-nspawn"),
+    reason="needs root, debootstrap and systemd-container (packaging/deps.txt)")
+
+
+@pytest.fixture(scope="module")
+def deb(stage) -> Path:
+    with stage("build the .deb (make deb)"):
+        subprocess.run(["make", "-C", str(REPO), "deb"], check=True, capture_output=True)
+    debs = sorted((REPO / "build").glob("nvshare_*_amd64.deb"))
+    assert debs, "make deb produced no build/nvshare_*_amd64.deb"
+    return debs[-1]
+
+
+@pytest.fixture(scope="module")
+def container(stage, deb):
+    with stage("bookworm root (debootstrap, or the cached tarball)"):
+        tarball = ensure_root_tarball(print)
+    workdir = Path(tempfile.mkdtemp(prefix="nvshare-container-", dir="/var/tmp"))
+    box = None
+    try:
+        with stage("unpack the root"):
+            box = Container.unpack(tarball, workdir)
+        with stage("boot systemd in systemd-nspawn"):
+            box.boot()
+        # /root, not /tmp: systemd mounts a fresh tmpfs on the container's /tmp.
+        shutil.copy(deb, box.path("/root/nvshare.deb"))
+        standin = REPO / "tests/standin/build"
+        if not (standin / "libcuda.so.1").exists():
+            subprocess.run(["make", "-C", str(REPO), "standin"], check=True, capture_output=True)
+        # The stand-in plays the NVIDIA driver: installed system-wide as the
+        # real libcuda.so.1 is, so a client with a scrubbed environment finds it.
+        shutil.copy(standin / "libcuda.so.1", box.path("/usr/lib/x86_64-linux-gnu/libcuda.so.1"))
+        shutil.copy(standin / "client_linked", box.path(CLIENT))
+        box.run(["ldconfig"])
+        box.run(["useradd", "--uid", str(ADMIN_UID), "alice"])
+        box.run(["useradd", "--uid", str(NOTEBOOK_UID), "notebook"])
+        yield box
+    finally:
+        if box is not None:
+            with stage("power off the container"):
+                box.shutdown()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def as_user(uid: int, argv: list[str]) -> list[str]:
+    """argv as another user with nothing inherited: how a spawner starts a notebook."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "env", "-i"] + argv
+
+
+def unit_property(box: Container, unit: str, name: str) -> str:
+    return box.run(["systemctl", "show", "-P", name, unit]).stdout.strip()
+
+
+def nvshare_clients(box: Container) -> list[dict]:
+    result = box.run(["nvsharectl", "clients", "--json"], check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else []
+
+
+def test_apt_installs_the_package_and_enables_the_socket(container, stage):
+    with stage("apt install ./nvshare.deb"):
+        container.run(["apt-get", "install", "-y", "--no-install-recommends",
+                       "/root/nvshare.deb"], timeout=300)
+    assert unit_property(container, "nvshare.socket", "ActiveState") == "active"
+    assert unit_property(container, "nvshare.socket", "SubState") == "listening"
+    assert unit_property(container, "nvshare.socket", "UnitFileState") == "enabled"
+    # Nothing connected yet: the agent is not running.
+    assert unit_property(container, "nvshare.service", "ActiveState") == "inactive"
+    assert container.run(["getent", "group", "nvshare-admin"]).returncode == 0
+
+
+def test_installed_units_pass_systemd_analyze_verify(container):
+    result = container.run(["systemd-analyze", "verify", "/lib/systemd/system/nvshare.socket",
+                            "/lib/systemd/system/nvshare.service"], check=False)
+    assert result.returncode == 0 and result.stdout + result.stderr == "", result.stderr
+
+
+def test_first_client_starts_the_agent_which_reports_ready_and_status(container, stage):
+    with stage("first connection starts nvshare.service"):
+        container.run(["python3", "-c", "import socket; s = socket.socket(socket.AF_UNIX); "
+                       "s.connect('/run/nvshare/scheduler.sock')"])
+        # Type=notify: "active" only after the agent sent READY=1.
+        wait_for(lambda: unit_property(container, "nvshare.service", "ActiveState") == "active",
+                 60, "nvshare.service to become active")
+    assert wait_for(lambda: unit_property(container, "nvshare.service", "StatusText"), 30,
+                    "a STATUS= line from the agent")
+    assert unit_property(container, "nvshare.service", "NRestarts") == "0"
+
+
+def test_set_tq_over_dbus_is_read_back_by_busctl(container):
+    container.run(["nvsharectl", "set-tq", "10"])
+    result = container.run(["busctl", "get-property"] + BUS + ["TimeQuantum"])
+    assert result.stdout.split() == ["u", "10"]
+
+
+def test_unprivileged_user_is_refused(container):
+    container.run(["usermod", "-aG", "nvshare-admin", "alice"])
+    outsider = container.run(as_user(NOTEBOOK_UID, ["/usr/bin/nvsharectl", "set-tq", "20"]),
+                             check=False)
+    assert outsider.returncode == 1
+    assert "permission denied" in outsider.stderr.lower()
+    by_busctl = container.run(as_user(NOTEBOOK_UID, ["/usr/bin/busctl", "set-property"] + BUS
+                                      + ["TimeQuantum", "u", "20"]), check=False)
+    assert by_busctl.returncode != 0 and "denied" in by_busctl.stderr.lower()
+    # Reading is for everyone; the value did not change.
+    read = container.run(as_user(NOTEBOOK_UID, ["/usr/bin/busctl", "get-property"] + BUS
+                                 + ["TimeQuantum"]))
+    assert read.stdout.split() == ["u", "10"]
+    # A member of nvshare-admin may (setpriv --clear-groups, so name the group).
+    admin = container.run(["setpriv", f"--reuid={ADMIN_UID}", f"--regid={ADMIN_UID}",
+                           "--groups=nvshare-admin", "env", "-i", "/usr/bin/nvsharectl",
+                           "set-tq", "12"], check=False)
+    assert admin.returncode == 0, admin.stderr
+    container.run(["nvsharectl", "set-tq", "10"])
+
+
+def test_preload_holds_the_shim_and_ordinary_programs_still_work(container):
+    entries = container.path("/etc/ld.so.preload").read_text().split()
+    assert entries.count(SHIM) == 1
+    for argv in (["/bin/true"], ["python3", "-c", "print('hello')"], ["apt-get", "check"]):
+        result = container.run(argv, check=False)
+        assert result.returncode == 0, (argv, result.stderr)
+        assert "ld.so" not in result.stderr and "[nvshare]" not in result.stderr, result.stderr
+    # The shim really is in every new process.
+    maps = container.run(["cat", "/proc/self/maps"]).stdout
+    assert SHIM in maps
+
+
+def test_notebook_style_client_registers_and_survives_an_agent_restart(container, stage):
+    # Another uid, an empty environment: only /etc/ld.so.preload brings the shim.
+    client = container.popen(as_user(NOTEBOOK_UID, [CLIENT, "--duration-ms", "20000",
+                                                    "--sleep-ms", "20"]),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def registered():
+            return [c for c in nvshare_clients(container) if c.get("uid") == NOTEBOOK_UID]
+        with stage("stand-in client registers with the agent"):
+            wait_for(registered, 60, "the notebook client in `nvsharectl clients`")
+        status = container.run(["nvsharectl", "status"]).stdout
+        assert str(registered()[0]["pid"]) in status, status
+
+        with stage("systemctl restart nvshare with the client connected"):
+            old_pid = unit_property(container, "nvshare.service", "MainPID")
+            container.run(["systemctl", "restart", "nvshare.service"])
+            assert unit_property(container, "nvshare.service", "MainPID") != old_pid
+            # The socket never went away, so the shim reconnects and registers again.
+            assert unit_property(container, "nvshare.socket", "ActiveState") == "active"
+            wait_for(registered, 60, "the client to register with the restarted agent")
+        out, err = client.communicate(timeout=120)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    assert client.returncode == 0, f"client failed across the restart: {out[-500:]} {err[-1500:]}"
+    assert unit_property(container, "nvshare.service", "NRestarts") == "0"
+
+
+def test_operator_preload_switch_survives_an_upgrade(container, stage):
+    container.run(["nvsharectl", "preload", "disable"])
+    assert SHIM not in container.path("/etc/ld.so.preload").read_text() \
+        if container.path("/etc/ld.so.preload").exists() else True
+    with stage("apt reinstall (the upgrade path of the maintainer scripts)"):
+        container.run(["apt-get", "install", "-y", "--reinstall", "/root/nvshare.deb"], timeout=300)
+    preload = container.path("/etc/ld.so.preload")
+    assert not preload.exists() or SHIM not in preload.read_text().split()
+    assert "disabled" in container.run(["nvsharectl", "preload", "status"]).stdout
+    container.run(["nvsharectl", "preload", "enable"])
+    assert preload.read_text().split().count(SHIM) == 1
+    assert "enabled" in container.run(["nvsharectl", "preload", "status"]).stdout
+
+
+def test_purge_leaves_nothing_behind(container, stage):
+    # Another entry of the operator's must survive the purge untouched.
+    preload = container.path("/etc/ld.so.preload")
+    preload.write_text("# operator's comment\n/usr/lib/x86_64-linux-gnu/libc.so.6\n"
+                       + preload.read_text())
+    shipped = container.run(["dpkg-query", "-L", "nvshare"]).stdout.split()
+    with stage("apt purge nvshare"):
+        container.run(["apt-get", "purge", "-y", "nvshare"], timeout=300)
+    assert preload.read_text() == "# operator's comment\n/usr/lib/x86_64-linux-gnu/libc.so.6\n"
+    left = [p for p in shipped if container.path(p).exists() and not container.path(p).is_dir()]
+    assert left == []
+    for path in ("/etc/nvshare", "/var/lib/nvshare", "/run/nvshare", "/usr/lib/nvshare",
+                 "/etc/systemd/system/sockets.target.wants/nvshare.socket"):
+        assert not container.path(path).exists(), path
+    units = container.run(["systemctl", "list-unit-files", "--no-legend", "nvshare*"]).stdout
+    assert units.strip() == ""
+    assert container.run(["systemctl", "show", "-P", "LoadState", "nvshare.service"]
+                         ).stdout.strip() == "not-found"
+    assert container.run(["getent", "group", "nvshare-admin"], check=False).returncode == 2
+    # No agent left running (minbase has no pgrep).
+    agents = container.run(["sh", "-c", "grep -l nvshare-agent /proc/[0-9]*/cmdline || true"])
+    assert agents.stdout.strip() == ""
+    assert container.run(["dpkg-query", "-W", "nvshare"], check=False).returncode != 0
