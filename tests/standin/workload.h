@@ -18,6 +18,7 @@
     X(cuCtxSetCurrent, cuCtxSetCurrent)                                  \
     X(cuModuleLoadData, cuModuleLoadData)                                \
     X(cuModuleGetFunction, cuModuleGetFunction)                          \
+    X(cuModuleUnload, cuModuleUnload)                                    \
     X(cuMemAlloc, cuMemAlloc_v2)                                         \
     X(cuMemAllocPitch, cuMemAllocPitch_v2)                               \
     X(cuMemAllocManaged, cuMemAllocManaged)                              \

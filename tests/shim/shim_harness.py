@@ -1,0 +1,135 @@
+"""Running the stand-in driver's clients under libnvshare.so, and reading what happened.
+
+- Client: a client process (tests/standin/build/client_*) with the shim preloaded,
+  the stand-in found as libcuda.so.1 and its call log in STANDIN_LOG.
+- read_calls(path): the stand-in's call log as Call records, in the order the
+  calls happened (every line is one O_APPEND write, so file order is time order
+  across processes).
+- GATED: the driver functions that run on the GPU and must wait for the lock.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SHIM = REPO / "shim" / "build" / "libnvshare.so"
+SHIM_ASAN = REPO / "shim" / "build" / "address" / "libnvshare.so"
+STANDIN_BUILD = REPO / "tests" / "standin" / "build"
+CLIENTS = ("linked", "dlsym", "procaddr")
+
+# The stand-in's GPU 0, as NVML would print it ("Standin" + zeros + ordinal).
+STANDIN_GPU = "GPU-5374616e-6469-6e00-0000-000000000000"
+
+GATED = re.compile(r"^(cuLaunch(Kernel|KernelEx|CooperativeKernel)|cuGraphLaunch|cuMemcpy|cuMemset)")
+
+# The shim's own variables and the stand-in's: tests set what they need, nothing leaks in.
+_OWN_PREFIXES = ("NVSHARE_", "STANDIN_", "LD_PRELOAD", "LD_LIBRARY_PATH")
+
+# Generous: CI is a loaded 2-core machine.
+TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Call:
+    pid: int
+    tid: int
+    function: str
+    t: float
+    fields: dict = field(hash=False, compare=False)
+
+    @property
+    def gated(self) -> bool:
+        return bool(GATED.match(self.function))
+
+
+def read_calls(path: Path) -> list[Call]:
+    calls = []
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return calls
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        fields = dict(p.split("=", 1) for p in parts[3:] if "=" in p)
+        calls.append(Call(int(parts[0]), int(parts[1]), parts[2], float(fields.get("t", 0)), fields))
+    return calls
+
+
+def clean_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_OWN_PREFIXES)}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def client_env(socket_path, standin_log, *, preload: str | None = str(SHIM), kernel_us: int = 1000,
+               **extra) -> dict:
+    env = clean_env(LD_LIBRARY_PATH=str(STANDIN_BUILD), NVSHARE_SOCKET=str(socket_path),
+                    STANDIN_LOG=str(standin_log), STANDIN_KERNEL_US=str(kernel_us), **extra)
+    if preload:
+        env["LD_PRELOAD"] = preload
+    return env
+
+
+class Client:
+    """One client process; stdout/stderr go to files so nothing blocks on a pipe."""
+
+    def __init__(self, workdir: Path, name: str, args=(), *, env: dict, prefix=(), label: str | None = None):
+        self.workdir = Path(workdir)
+        label = label or f"{name}-{id(self):x}"
+        self.stdout_path = self.workdir / f"{label}.out"
+        self.stderr_path = self.workdir / f"{label}.err"
+        self.argv = [*prefix, str(STANDIN_BUILD / f"client_{name}"), *map(str, args)]
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.process = subprocess.Popen(self.argv, stdout=out, stderr=err, env=env)
+        self.pid = self.process.pid
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def wait(self, timeout: float = TIMEOUT_S) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"{self.argv} did not finish within {timeout:.0f} s\n{self.describe()}")
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def warnings(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith("[nvshare] warning:")]
+
+    def result(self) -> dict:
+        """The key=value pairs of the client's one result line."""
+        lines = [line for line in self.stdout.splitlines() if line.startswith("client=")]
+        assert len(lines) == 1, f"expected one result line\n{self.describe()}"
+        return dict(p.split("=", 1) for p in lines[0].split())
+
+    def describe(self) -> str:
+        return f"--- stdout ---\n{self.stdout}--- stderr ---\n{self.stderr}"
+
+    def finish_ok(self, timeout: float = TIMEOUT_S) -> dict:
+        """Waits, asserts exit 0 and result=ok, returns the result line."""
+        code = self.wait(timeout)
+        assert code == 0, f"client exited {code}\n{self.describe()}"
+        result = self.result()
+        assert result["result"] == "ok", self.describe()
+        return result
+
+    def kill(self) -> None:
+        if self.running():
+            self.process.kill()
+            self.process.wait()

@@ -1,0 +1,136 @@
+"""Every GPU call waits for the lock; idle clients release early; drop requests and
+revocations are handled.  Ordering is read from the stand-in's call log (one
+O_APPEND line per call, so file order is time order) and the agent's log."""
+
+import os
+import re
+import time
+
+import pytest
+
+from agent_harness import ShimClient
+from nvshare_agent import protocol
+from shim_harness import STANDIN_GPU
+
+GPU = protocol.parse_uuid(STANDIN_GPU)
+
+
+def agent_time(stamp: str) -> float:
+    """The agent's local-time stamp (ms, truncated) as epoch seconds."""
+    whole, millis = stamp.split(".")
+    return time.mktime(time.strptime(whole, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+
+
+def release_times(agent, pid: int) -> list[float]:
+    return [agent_time(m) for m in re.findall(rf"^(\S+ \S+) INFO release gpu={STANDIN_GPU} pid={pid}\b",
+                                              agent.log(), re.M)]
+
+
+def assert_kernels_never_overlap(calls) -> None:
+    """Exclusive: no process starts a kernel while another's is running."""
+    running: dict[int, int] = {}
+    for c in calls:
+        if c.function == "@kernel_start":
+            others = [pid for pid, n in running.items() if n > 0 and pid != c.pid]
+            assert not others, f"pid {c.pid} started a kernel while {others} had kernels running"
+            running[c.pid] = running.get(c.pid, 0) + 1
+        elif c.function == "@kernel_done":
+            running[c.pid] -= 1
+
+
+def grants(agent) -> list[int]:
+    """pids in the order the agent granted the stand-in GPU."""
+    return [int(m) for m in re.findall(rf"grant gpu={STANDIN_GPU} pid=(\d+)", agent.log())]
+
+
+@pytest.mark.parametrize("name,args", [("linked", ()), ("dlsym", ()), ("procaddr", ()),
+                                       ("procaddr", ("--per-thread",))],
+                         ids=["linked", "dlsym", "procaddr", "procaddr-per-thread"])
+def test_no_gpu_work_reaches_the_driver_before_the_grant(world, agent, name, args):
+    with ShimClient(world.socket_path, gpus=(GPU,), command="holder") as holder:
+        holder.request(GPU)
+        grant = holder.wait_grant(GPU)
+        client = world.client(name, "--loops", 2, "--stream", *args)
+        agent.wait_for_log(rf"request gpu={STANDIN_GPU} pid={client.pid}\b")
+        # Queued behind the holder: the client must not run anything on the GPU.
+        time.sleep(0.5)
+        assert client.running(), client.describe()
+        early = [c for c in world.calls(client.pid) if c.gated]
+        assert early == [], f"GPU work before the grant: {early[:3]}"
+        released_at = time.time()
+        holder.release(grant)
+        client.finish_ok()
+    gated = [c for c in world.calls(client.pid) if c.gated]
+    launches = [c for c in gated if c.function.startswith(("cuLaunch", "cuGraphLaunch"))]
+    assert len(launches) == 2 * (4 + 1), "every launch (kernel, Ex, cooperative, graph) reached the driver"
+    assert all(c.t >= released_at for c in gated), "a gated call ran before the holder released"
+    if "--per-thread" in args:
+        assert {c.function for c in launches} >= {"cuLaunchKernel_ptsz", "cuLaunchKernelEx_ptsz",
+                                                  "cuLaunchCooperativeKernel_ptsz", "cuGraphLaunch_ptsz"}
+    agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b")
+    assert grants(agent)[:2] == [os.getpid(), client.pid], "holder first, then the client"
+
+
+def test_second_client_waits_until_the_first_releases(world, agent):
+    # Kernels long enough that the first client holds the GPU for a while.
+    first = world.client("linked", "--loops", 1, "--launches", 6, kernel_us=100_000)
+    agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={first.pid}\b")
+    second = world.client("dlsym", "--loops", 1, "--launches", 2, kernel_us=1000)
+    first.finish_ok()
+    second.finish_ok()
+    assert grants(agent)[:2] == [first.pid, second.pid]
+    first_release = release_times(agent, first.pid)[0]
+    second_work = [c.t for c in world.calls(second.pid) if c.gated]
+    assert second_work and min(second_work) >= first_release, "the second client ran before the first released"
+    assert_kernels_never_overlap(world.calls())
+
+
+def test_idle_client_releases_early_and_asks_again(world, agent):
+    client = world.client("procaddr", "--loops", 3, "--sleep-ms", 700)
+    client.finish_ok()
+    log = agent.log()
+    early = re.findall(rf"release gpu={STANDIN_GPU} pid={client.pid} lease=\d+ held_ms=[\d.]+\s*$", log, re.M)
+    assert len(early) >= 2, f"expected an idle release after each burst:\n{log}"
+    assert grants(agent).count(client.pid) >= 3
+
+
+def test_idle_release_lets_another_process_in_between_bursts(world, agent):
+    client = world.client("linked", "--loops", 2, "--sleep-ms", 3000)
+    agent.wait_for_log(rf"release gpu={STANDIN_GPU} pid={client.pid}\b")
+    with ShimClient(world.socket_path, gpus=(GPU,), command="other") as other:
+        other.request(GPU)
+        grant = other.wait_grant(GPU, timeout=2.0)   # no need to wait for the client's exit
+        assert client.running()
+        other.release(grant)
+    client.finish_ok()
+
+
+def test_two_busy_clients_alternate_on_drop_requests(world, agent):
+    # TQ 1 s.  Short kernels keep each client's gate busy (the shim's queue bound
+    # spreads the launches over the burst), so neither goes idle: only drop
+    # requests can move the GPU between them.
+    busy = ("--duration-ms", 3500, "--launches", 96)
+    a = world.client("linked", *busy, kernel_us=2000)
+    b = world.client("procaddr", *busy, kernel_us=2000)
+    a.finish_ok()
+    b.finish_ok()
+    log = agent.log()
+    order = [pid for pid in grants(agent) if pid in (a.pid, b.pid)]
+    switches = sum(1 for x, y in zip(order, order[1:]) if x != y)
+    assert switches >= 2, f"grants did not alternate: {order}\n{log}"
+    drops = re.findall(rf"drop gpu={STANDIN_GPU} pid=(\d+)", log)
+    assert {int(p) for p in drops} == {a.pid, b.pid}, f"expected drop requests to both:\n{log}"
+    assert "revoke" not in log, "a busy but well-behaved client was revoked"
+    assert_kernels_never_overlap(world.calls())
+
+
+def test_revoked_client_keeps_running(world, agent):
+    # Each kernel takes 1.5 s: far past the 300 ms drop grace, so the lock is revoked.
+    client = world.client("dlsym", "--loops", 1, "--launches", 3, "--launch", "kernel", kernel_us=1_500_000)
+    agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b")
+    with ShimClient(world.socket_path, gpus=(GPU,), command="rival") as rival:
+        rival.request(GPU)
+        agent.wait_for_log(rf"revoke gpu={STANDIN_GPU} pid={client.pid}\b")
+        rival.release(rival.wait_grant(GPU))
+    client.finish_ok()
+    assert client.warnings() == [] or all("revok" in w for w in client.warnings()), client.stderr

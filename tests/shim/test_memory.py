@@ -1,0 +1,80 @@
+"""Device memory becomes managed memory; what cannot be managed is passed through."""
+
+import pytest
+
+from shim_harness import CLIENTS, STANDIN_GPU
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize("name", CLIENTS)
+def test_clients_work_against_the_standin_alone(world, name):
+    # The fixture itself: no shim, no agent, device memory stays device memory.
+    client = world.client(name, "--loops", 2, "--fork", "--vmm", "--ipc", env=world.env(preload=None))
+    result = client.finish_ok()
+    assert result["managed"] == "0"
+    assert result["fork_child"] == "ok" and result["vmm"] == "ok" and result["ipc"] == "ok"
+    assert client.stderr == ""
+    assert world.calls(client.pid, "cuMemAlloc_v2")
+
+
+@pytest.mark.parametrize("name,alloc", [(n, "plain") for n in CLIENTS] + [("linked", "pitch"), ("dlsym", "async"),
+                                                                        ("procaddr", "pitch")])
+def test_device_allocations_become_managed(world, agent, name, alloc):
+    client = world.client(name, "--alloc", alloc, "--loops", 2)
+    result = client.finish_ok()
+    assert result["managed"] == "1", "cuPointerGetAttribute(IS_MANAGED) says the buffer is not managed"
+    functions = [c.function for c in world.calls(client.pid)]
+    assert "cuMemAllocManaged" in functions
+    for device_alloc in ("cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz"):
+        assert device_alloc not in functions, f"{device_alloc} reached the driver"
+    assert client.warnings() == []
+
+
+def test_managed_allocation_reaches_the_driver_unchanged(world, agent):
+    client = world.client("linked", "--alloc", "managed", "--loops", 1)
+    assert client.finish_ok()["managed"] == "1"
+
+
+def test_mem_get_info_reports_the_whole_gpu(world, agent):
+    total = 8 * GIB
+    client = world.client("procaddr", "--meminfo", "--loops", 1, STANDIN_TOTAL_MEM=total)
+    result = client.finish_ok()
+    assert int(result["mem_total"]) == total
+    assert int(result["mem_free"]) == total       # nothing allocated yet in this process
+
+
+def test_one_process_may_not_allocate_past_the_gpu(world, agent):
+    client = world.client("linked", "--big-alloc", 2 * GIB, "--loops", 1, STANDIN_TOTAL_MEM=GIB)
+    result = client.finish_ok()
+    assert result["big_alloc"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert not [c for c in world.calls(client.pid, "cuMemAllocManaged") if int(c.fields["bytes"]) == 2 * GIB]
+
+
+def test_single_oversubscription_when_enabled(world, agent):
+    client = world.client("dlsym", "--big-alloc", 2 * GIB, "--loops", 1, STANDIN_TOTAL_MEM=GIB,
+                          NVSHARE_ENABLE_SINGLE_OVERSUB=1)
+    result = client.finish_ok()
+    assert result["big_alloc"] == "ok"
+    big = [c for c in world.calls(client.pid, "cuMemAllocManaged") if int(c.fields["bytes"]) == 2 * GIB]
+    assert big and big[0].fields["result"] == "0"
+
+
+def test_vmm_and_ipc_pass_through_with_one_warning_each(world, agent):
+    client = world.client("linked", "--vmm", "--ipc", "--loops", 3)
+    result = client.finish_ok()
+    assert result["vmm"] == "ok" and result["ipc"] == "ok"
+    assert len(world.calls(client.pid, "cuMemCreate")) == 3, "VMM allocations must reach the driver"
+    assert len(world.calls(client.pid, "cuIpcOpenMemHandle_v2")) == 1
+    warnings = client.warnings()
+    assert len(warnings) == len(set(warnings)), f"a warning repeated:\n{client.stderr}"
+    assert 1 <= len(warnings) <= 2, f"expected one passthrough warning (VMM, IPC):\n{client.stderr}"
+    text = " ".join(warnings).lower()
+    assert "vmm" in text or "cumemcreate" in text, client.stderr
+    assert "ipc" in text, client.stderr
+
+
+def test_agent_learns_the_gpu_from_the_client(world, agent):
+    client = world.client("linked", "--loops", 1)
+    client.finish_ok()
+    agent.wait_for_log(rf"connect pid={client.pid} .*gpus={STANDIN_GPU}")
