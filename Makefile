@@ -3,12 +3,16 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: all shim standin deps venv check deb install clean
+.PHONY: all shim shim-asan standin deps venv check deb install clean
 
 all: shim
 
 shim:
 	$(MAKE) -C shim
+
+# libnvshare.so built with AddressSanitizer (shim/build/address/), for tests/shim.
+shim-asan:
+	$(MAKE) -C shim SANITIZE=address
 
 # The stand-in libcuda.so.1 and the small C clients: test fixtures only.
 standin:
@@ -27,7 +31,7 @@ $(VENV)/.installed: pyproject.toml tests/requirements.txt
 venv: $(VENV)/.installed
 
 # The whole suite.  pytest exits 5 when it collects nothing, which fails here too.
-check: deps shim standin venv
+check: deps shim shim-asan standin venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 deb:
