@@ -65,6 +65,9 @@ PAYLOAD_STRUCT: dict[int, str] = {
 #: Payload size in bytes for each message type; any other size is a bad frame.
 PAYLOAD_BYTES: dict[int, int] = {t: ffi.sizeof(s) for t, s in PAYLOAD_STRUCT.items()}
 _LOCK_GPU_OFFSET = ffi.offsetof("struct nvshare_lock_message", "gpu")
+# Parsed C types, so the per-frame casts skip parsing the type names.
+_HEADER_PTR = ffi.typeof("struct nvshare_header *")
+_LOCK_PTR = ffi.typeof("struct nvshare_lock_message *")
 _REPORT_GPU_OFFSET = ffi.offsetof("struct nvshare_memory_report", "gpu")
 
 
@@ -205,7 +208,7 @@ def decode_payload(msg_type: int, payload: bytes, offset: int = 0):
     """Turn a checked payload (see FrameReader) into one of the message classes."""
     start = ffi.from_buffer(payload) + offset
     if msg_type in _LOCK_TYPES:
-        m = ffi.cast("struct nvshare_lock_message *", start)
+        m = ffi.cast(_LOCK_PTR, start)
         gpu_at = offset + _LOCK_GPU_OFFSET
         return LockMessage(msg_type, payload[gpu_at:gpu_at + UUID_BYTES], m.lease, m.flags)
     if msg_type == MessageType.HELLO:
@@ -252,7 +255,7 @@ class FrameReader:
         base = ffi.from_buffer(data)
         try:
             while size - offset >= HEADER_BYTES:
-                h = ffi.cast("struct nvshare_header *", base + offset)
+                h = ffi.cast(_HEADER_PTR, base + offset)
                 msg_type, payload_bytes = h.type, h.payload_bytes
                 expected = check_header(h.magic, h.version, msg_type, payload_bytes)
                 end = offset + HEADER_BYTES + expected
