@@ -1,0 +1,129 @@
+"""The stand-in driver itself (no shim): cuGetProcAddress resolves names as the
+real driver 580 does, and streams, events and synchronisation really wait.
+Each check runs in a fresh Python process that loads the stand-in with ctypes,
+so its environment (kernel time, log) never leaks into other tests."""
+
+import subprocess
+import sys
+import textwrap
+
+from shim_harness import STANDIN_BUILD, clean_env
+
+LIBCUDA = STANDIN_BUILD / "libcuda.so.1"
+
+PRELUDE = textwrap.dedent(f"""
+    import ctypes, time
+    cuda = ctypes.CDLL("{LIBCUDA}")
+    def check(result, what):
+        assert result == 0, f"{{what}} -> {{result}}"
+    def address(name):
+        return ctypes.cast(getattr(cuda, name), ctypes.c_void_p).value
+    def proc(name, version, flags):
+        fn, status = ctypes.c_void_p(), ctypes.c_int(-1)
+        result = cuda.cuGetProcAddress_v2(name.encode(), ctypes.byref(fn), version, ctypes.c_uint64(flags),
+                                          ctypes.byref(status))
+        return result, fn.value, status.value
+""")
+
+
+def run_python(body: str, **env) -> str:
+    done = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], capture_output=True, text=True,
+                          env=clean_env(**env), timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+# (name, cudaVersion, flags) -> exported symbol, or None for "newer than cudaVersion".
+# Taken from what driver 580 answered on the H100.
+EXPECTED = [
+    ("cuMemAlloc", 3020, 0, "cuMemAlloc_v2"), ("cuMemAlloc", 13000, 2, "cuMemAlloc_v2"),
+    ("cuMemFree", 12000, 0, "cuMemFree_v2"), ("cuMemGetInfo", 11000, 2, "cuMemGetInfo_v2"),
+    ("cuMemAllocPitch", 13000, 0, "cuMemAllocPitch_v2"),
+    ("cuLaunchKernel", 3020, 0, None), ("cuLaunchKernel", 13000, 0, "cuLaunchKernel"),
+    ("cuLaunchKernel", 13000, 1, "cuLaunchKernel"), ("cuLaunchKernel", 13000, 2, "cuLaunchKernel_ptsz"),
+    ("cuLaunchKernelEx", 11000, 0, None), ("cuLaunchKernelEx", 12000, 2, "cuLaunchKernelEx_ptsz"),
+    ("cuLaunchCooperativeKernel", 13000, 2, "cuLaunchCooperativeKernel_ptsz"),
+    ("cuGraphLaunch", 12000, 2, "cuGraphLaunch_ptsz"),
+    ("cuMemcpyHtoD", 3020, 0, "cuMemcpyHtoD_v2"), ("cuMemcpyHtoD", 13000, 2, "cuMemcpyHtoD_v2_ptds"),
+    ("cuMemcpyHtoDAsync", 13000, 2, "cuMemcpyHtoDAsync_v2_ptsz"), ("cuMemcpy", 3020, 0, None),
+    ("cuMemcpy", 12000, 2, "cuMemcpy_ptds"), ("cuMemsetD8", 11000, 2, "cuMemsetD8_v2_ptds"),
+    ("cuMemsetD32Async", 13000, 2, "cuMemsetD32Async_ptsz"),
+    ("cuMemAllocAsync", 11000, 0, None), ("cuMemAllocAsync", 12000, 2, "cuMemAllocAsync_ptsz"),
+    ("cuMemFreeAsync", 13000, 0, "cuMemFreeAsync"),
+    ("cuMemPrefetchAsync", 12000, 0, "cuMemPrefetchAsync"), ("cuMemPrefetchAsync", 13000, 0, "cuMemPrefetchAsync_v2"),
+    ("cuMemPrefetchAsync", 13000, 2, "cuMemPrefetchAsync_v2_ptsz"),
+    ("cuCtxSynchronize", 12000, 0, "cuCtxSynchronize"), ("cuCtxSynchronize", 13000, 0, "cuCtxSynchronize_v2"),
+    ("cuStreamSynchronize", 13000, 2, "cuStreamSynchronize_ptsz"),
+    ("cuGetProcAddress", 11000, 0, None), ("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"),
+    ("cuGetProcAddress", 13000, 2, "cuGetProcAddress_v2"),
+    ("cuModuleGetFunction", 13000, 0, "cuModuleGetFunction"),
+]
+
+
+def test_get_proc_address_resolves_like_driver_580():
+    body = f"""
+        for name, version, flags, symbol in {EXPECTED!r}:
+            result, fn, status = proc(name, version, flags)
+            if symbol is None:
+                assert (result, fn, status) == (0, None, 2), (name, version, flags, result, fn, status)
+            else:
+                assert (result, status) == (0, 0) and fn == address(symbol), (name, version, flags, symbol)
+        result, fn, status = proc("cuNoSuchFunction", 13000, 0)
+        assert (result, fn, status) == (500, None, 1)
+        print("ok")
+    """
+    assert run_python(body) == "ok\n"
+
+
+def test_streams_events_and_synchronize_really_wait(tmp_path):
+    body = """
+        u32, vp = ctypes.c_uint, ctypes.c_void_p
+        check(cuda.cuInit(0), "cuInit")
+        ctx, stream, module, spin = vp(), vp(), vp(), vp()
+        check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain")
+        check(cuda.cuCtxSetCurrent(ctx), "set current")
+        check(cuda.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+        check(cuda.cuModuleLoadData(ctypes.byref(module), b"x"), "module")
+        check(cuda.cuModuleGetFunction(ctypes.byref(spin), module, b"spin"), "function")
+        start, stop = vp(), vp()
+        check(cuda.cuEventCreate(ctypes.byref(start), 0), "event")
+        check(cuda.cuEventCreate(ctypes.byref(stop), 0), "event")
+        check(cuda.cuEventRecord(start, stream), "record")
+        began = time.monotonic()
+        for _ in range(2):
+            check(cuda.cuLaunchKernel(spin, u32(1), u32(1), u32(1), u32(1), u32(1), u32(1), u32(0), stream,
+                                      None, None), "launch")
+        check(cuda.cuEventRecord(stop, stream), "record")
+        assert cuda.cuStreamQuery(stream) == 600, "CUDA_ERROR_NOT_READY while kernels run"
+        assert cuda.cuEventQuery(stop) == 600
+        check(cuda.cuStreamSynchronize(stream), "synchronize")
+        assert time.monotonic() - began >= 1.0, "synchronize returned before two 500 ms kernels"
+        check(cuda.cuStreamQuery(stream), "query after synchronize")
+        ms = ctypes.c_float()
+        check(cuda.cuEventElapsedTime(ctypes.byref(ms), start, stop), "elapsed")
+        assert ms.value >= 999, ms.value
+        print("ok")
+    """
+    log = tmp_path / "standin.log"
+    assert run_python(body, STANDIN_KERNEL_US=500_000, STANDIN_LOG=log) == "ok\n"
+    functions = [line.split()[2] for line in log.read_text().splitlines()]
+    assert functions.count("@kernel_done") == 2 and "cuLaunchKernel" in functions
+
+
+def test_device_memory_is_limited_and_managed_memory_is_not():
+    body = """
+        vp = ctypes.c_void_p
+        check(cuda.cuInit(0), "cuInit")
+        ctx, p, q = vp(), ctypes.c_uint64(), ctypes.c_uint64()
+        check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain")
+        check(cuda.cuCtxSetCurrent(ctx), "set current")
+        gib = 1 << 30
+        assert cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(2 * gib)) == 2, "past the total: OOM"
+        check(cuda.cuMemAllocManaged(ctypes.byref(q), ctypes.c_size_t(4 * gib), 1), "managed may oversubscribe")
+        managed = ctypes.c_uint(7)
+        check(cuda.cuPointerGetAttribute(ctypes.byref(managed), 8, q), "IS_MANAGED")
+        assert managed.value == 1
+        check(cuda.cuMemFree_v2(q), "free")
+        print("ok")
+    """
+    assert run_python(body, STANDIN_TOTAL_MEM=1 << 30) == "ok\n"
