@@ -206,6 +206,8 @@ static void release(int gpu, enum release_reason reason)
     if (again)
         lock->state = LOCK_WANTED;
     pthread_mutex_unlock(&client.mutex);
+    if (again)
+        nvshare_client_wake();      /* the main loop sends the new request at once */
 
     nvshare_debug("release gpu=%d lease=%llu reason=%s held_ms=%.1f drain_ms=%.2f", gpu,
                   (unsigned long long)lease, reason == RELEASE_IDLE ? "idle" : "drop", held_ms,
@@ -270,13 +272,16 @@ static void on_revoked(int gpu, uint64_t lease)
         atomic_store(&nvshare_gates[gpu].open, 0);
         int again = lock->want_again;
         memset(lock, 0, sizeof *lock);
-        if (again)
+        if (again) {
             lock->state = LOCK_WANTED;
+            nvshare_client_wake();
+        }
         pthread_cond_broadcast(&client.changed);
     }
     pthread_mutex_unlock(&client.mutex);
-    nvshare_warn("the nvshare agent revoked this process's lock of GPU %d (a drop request "
-                 "was not honoured in time)", gpu);
+    NVSHARE_WARN_ONCE("the nvshare agent revoked this process's lock of a GPU (a drop request "
+                      "was not honoured in time)");
+    nvshare_debug("revoked gpu=%d lease=%llu", gpu, (unsigned long long)lease);
 }
 
 static void on_frame(const struct nvshare_header *header, const unsigned char *payload)

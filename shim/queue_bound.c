@@ -23,6 +23,8 @@
 #define RING_SLOTS 64
 /* The slot just completed stays intact for the next elapsed-time sample. */
 #define MAX_PENDING (RING_SLOTS - 2)
+/* Marks queued before the first measurement bounds the queue. */
+#define LEARNING_PENDING 2
 
 struct mark {
     CUevent event;
@@ -123,6 +125,10 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
     unsigned pending = queue->tail - queue->head;
     if (pending >= MAX_PENDING) {
         wait_for = queue->ring[queue->head % RING_SLOTS].event;
+    } else if (queue->ms_per_window <= 0 && pending >= LEARNING_PENDING) {
+        /* Nothing measured yet: let two marks complete, which gives the first
+         * sample, before queueing further ahead. */
+        wait_for = queue->ring[(queue->head + 1) % RING_SLOTS].event;
     } else if (queue->ms_per_window > 0 && pending * queue->ms_per_window > max_queued_ms) {
         /* Wait until at most max_queued_ms of windows are left behind it. */
         unsigned keep = (unsigned)(max_queued_ms / queue->ms_per_window);
