@@ -1,9 +1,12 @@
 """Without an agent the application runs unscheduled with one warning; it joins
 the agent when one appears, and survives the agent's restart."""
 
+import os
 import re
+import signal
 
-from agent_harness import wait_until
+from agent_harness import ShimClient, wait_until
+from nvshare_agent import protocol
 from shim_harness import STANDIN_GPU
 
 
@@ -38,3 +41,18 @@ def test_client_keeps_running_across_an_agent_restart(world):
     assert len([c for c in world.calls(client.pid) if c.gated]) > launches_before
     assert len(client.warnings()) <= 1, client.stderr
     assert re.search(rf"disconnect pid={client.pid}\b", second.log())
+
+
+def test_client_waiting_for_a_grant_goes_on_when_the_agent_dies(world):
+    agent = world.start_agent()
+    gpu = protocol.parse_uuid(STANDIN_GPU)
+    with ShimClient(world.socket_path, gpus=(gpu,), command="holder") as holder:
+        holder.request(gpu)
+        holder.wait_grant(gpu)
+        client = world.client("procaddr", "--loops", 2)
+        agent.wait_for_log(rf"request gpu={STANDIN_GPU} pid={client.pid}\b")
+        assert not [c for c in world.calls(client.pid) if c.gated]
+        os.kill(agent.process.pid, signal.SIGKILL)     # no goodbye: the socket just closes
+        agent.process.wait()
+        client.finish_ok(timeout=30)
+    assert len(client.warnings()) == 1, client.stderr

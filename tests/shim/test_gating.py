@@ -134,3 +134,23 @@ def test_revoked_client_keeps_running(world, agent):
         rival.release(rival.wait_grant(GPU))
     client.finish_ok()
     assert client.warnings() == [] or all("revok" in w for w in client.warnings()), client.stderr
+
+
+def test_anti_thrash_off_lets_clients_run_together(world):
+    agent = world.start_agent(config="[scheduler]\ntime_quantum = 1\nanti_thrash = off\nidle_release_ms = 100\n")
+    # Each burst: 6 kernels of 100 ms, so runs of the two clients certainly overlap.
+    a = world.client("linked", "--loops", 2, "--launches", 6, kernel_us=100_000)
+    b = world.client("dlsym", "--loops", 2, "--launches", 6, kernel_us=100_000)
+    a.finish_ok()
+    b.finish_ok()
+    for pid in (a.pid, b.pid):
+        agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={pid} lease=\d+ mode=shared")
+    assert "mode=exclusive" not in agent.log()
+    running, overlapped = {}, False
+    for c in world.calls():
+        if c.function == "@kernel_start":
+            overlapped |= any(n > 0 for pid, n in running.items() if pid != c.pid)
+            running[c.pid] = running.get(c.pid, 0) + 1
+        elif c.function == "@kernel_done":
+            running[c.pid] -= 1
+    assert overlapped, "with anti-thrash off the two clients' kernels should have run at the same time"
