@@ -12,7 +12,7 @@
  *  - cuMemFree_v2 frees ours; cuMemFreeAsync of ours first synchronises its
  *    stream (work queued on it may still use the memory), then frees.
  *  - What cannot be managed is passed through, counted as unmanaged and
- *    warned about once: VMM (cuMemCreate, e.g. PyTorch's expandable_segments)
+ *    warned about once (memory_passthrough.c): VMM (cuMemCreate, e.g. PyTorch's expandable_segments)
  *    and IPC imports (cuIpcOpenMemHandle).
  *  - One process may hold at most the GPU's total memory (managed +
  *    unmanaged); beyond, CUDA_ERROR_OUT_OF_MEMORY, unless
@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "allocation_map.h"
+#include "memory_internal.h"
 #include "config.h"
 #include "gate.h"
 #include "hooks.h"
@@ -50,9 +51,9 @@ struct gpu_memory {
     int changed;                    /* totals not yet reported */
 };
 
-static pthread_mutex_t memory_mutex = PTHREAD_MUTEX_INITIALIZER;
-static struct allocation_map pointers;     /* device address -> allocation */
-static struct allocation_map handles;      /* VMM handle -> allocation */
+pthread_mutex_t nvshare_memory_mutex = PTHREAD_MUTEX_INITIALIZER;
+struct allocation_map nvshare_pointer_map;
+struct allocation_map nvshare_handle_map;
 static struct gpu_memory gpus[NVSHARE_MAX_GPUS];
 
 /* The prefetch stream of each GPU, created on the client thread. */
@@ -68,15 +69,29 @@ static void count(int gpu, enum allocation_kind kind, uint64_t bytes, int adding
     gpus[gpu].changed = 1;
 }
 
-static void remember(uint64_t key, uint64_t bytes, int gpu, enum allocation_kind kind,
-                     struct allocation_map *map)
+void nvshare_memory_remember(struct allocation_map *map, uint64_t key, uint64_t bytes, int gpu,
+                             enum allocation_kind kind)
 {
     struct allocation entry = {.key = key, .bytes = bytes, .gpu = gpu, .kind = kind};
-    pthread_mutex_lock(&memory_mutex);
+    pthread_mutex_lock(&nvshare_memory_mutex);
     if (allocation_map_put(map, &entry) == 0)
         count(gpu, kind, bytes, 1);
-    pthread_mutex_unlock(&memory_mutex);
+    pthread_mutex_unlock(&nvshare_memory_mutex);
     nvshare_client_wake();
+}
+
+int nvshare_memory_forget(struct allocation_map *map, uint64_t key, enum allocation_kind kind)
+{
+    struct allocation entry;
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    struct allocation *found = allocation_map_find(map, key);
+    int known = found != NULL && found->kind == kind && allocation_map_take(map, key, &entry);
+    if (known)
+        count(entry.gpu, entry.kind, entry.bytes, 0);
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    if (known)
+        nvshare_client_wake();
+    return known;
 }
 
 static int is_managed(const struct allocation *entry)
@@ -106,27 +121,27 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
         return NOT_CONVERTED;
     uint64_t total = gpu_total_bytes(gpu);
 
-    pthread_mutex_lock(&memory_mutex);
+    pthread_mutex_lock(&nvshare_memory_mutex);
     struct gpu_memory *memory = &gpus[gpu];
     uint64_t in_use = memory->managed_bytes + memory->unmanaged_bytes + memory->reserved_bytes;
     if (!nvshare_config()->single_oversub && total != 0 && in_use + bytes > total) {
-        pthread_mutex_unlock(&memory_mutex);
+        pthread_mutex_unlock(&nvshare_memory_mutex);
         nvshare_debug("refused %s of %zu bytes on GPU %d: this process would hold %llu of "
                       "%llu bytes (NVSHARE_ENABLE_SINGLE_OVERSUB=1 allows it)", what, bytes, gpu,
                       (unsigned long long)(in_use + bytes), (unsigned long long)total);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     memory->reserved_bytes += bytes;
-    pthread_mutex_unlock(&memory_mutex);
+    pthread_mutex_unlock(&nvshare_memory_mutex);
 
     CUresult result = managed(dptr, bytes, CU_MEM_ATTACH_GLOBAL);
 
-    pthread_mutex_lock(&memory_mutex);
+    pthread_mutex_lock(&nvshare_memory_mutex);
     memory->reserved_bytes -= bytes;
-    pthread_mutex_unlock(&memory_mutex);
+    pthread_mutex_unlock(&nvshare_memory_mutex);
     if (result != CUDA_SUCCESS)
         return result;
-    remember(*dptr, bytes, gpu, ALLOCATION_CONVERTED, &pointers);
+    nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytes, gpu, ALLOCATION_CONVERTED);
     nvshare_debug("converted %s of %zu bytes on GPU %d to managed memory at 0x%llx", what, bytes,
                   gpu, (unsigned long long)*dptr);
     return CUDA_SUCCESS;
@@ -210,7 +225,7 @@ NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, un
     nvshare_client_start();
     int gpu = result == CUDA_SUCCESS ? nvshare_current_gpu(&context) : -1;
     if (gpu >= 0)
-        remember(*dptr, bytesize, gpu, ALLOCATION_APP_MANAGED, &pointers);
+        nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytesize, gpu, ALLOCATION_APP_MANAGED);
     errno = saved_errno;
     return result;
 }
@@ -221,19 +236,19 @@ NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, un
 static CUresult free_managed(CUdeviceptr dptr, int *was_ours)
 {
     struct allocation entry;
-    pthread_mutex_lock(&memory_mutex);
-    struct allocation *found = allocation_map_find(&pointers, dptr);
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    struct allocation *found = allocation_map_find(&nvshare_pointer_map, dptr);
     *was_ours = found != NULL && is_managed(found);
     if (*was_ours) {
-        allocation_map_take(&pointers, dptr, &entry);
+        allocation_map_take(&nvshare_pointer_map, dptr, &entry);
         count(entry.gpu, entry.kind, entry.bytes, 0);
     }
-    pthread_mutex_unlock(&memory_mutex);
+    pthread_mutex_unlock(&nvshare_memory_mutex);
     if (!*was_ours)
         return CUDA_SUCCESS;
     CUresult result = NVSHARE_REAL(cuMemFree_v2, cuMemFree_v2_fn)(dptr);
     if (result != CUDA_SUCCESS)
-        remember(entry.key, entry.bytes, entry.gpu, entry.kind, &pointers);
+        nvshare_memory_remember(&nvshare_pointer_map, entry.key, entry.bytes, entry.gpu, entry.kind);
     else
         nvshare_client_wake();
     return result;
@@ -257,10 +272,10 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
     if (nvshare_resolve_driver() != 0)
         return CUDA_ERROR_NOT_INITIALIZED;
     int saved_errno = errno;
-    pthread_mutex_lock(&memory_mutex);
-    struct allocation *found = allocation_map_find(&pointers, dptr);
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    struct allocation *found = allocation_map_find(&nvshare_pointer_map, dptr);
     int ours = found != NULL && is_managed(found);
-    pthread_mutex_unlock(&memory_mutex);
+    pthread_mutex_unlock(&nvshare_memory_mutex);
     CUresult result;
     if (!ours) {
         result = real(dptr, stream);
@@ -298,113 +313,12 @@ NVSHARE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     nvshare_client_start();
     int gpu = nvshare_current_gpu(&context);
     if (gpu >= 0) {
-        pthread_mutex_lock(&memory_mutex);
+        pthread_mutex_lock(&nvshare_memory_mutex);
         uint64_t used = gpus[gpu].managed_bytes + gpus[gpu].unmanaged_bytes;
-        pthread_mutex_unlock(&memory_mutex);
+        pthread_mutex_unlock(&nvshare_memory_mutex);
         *free_bytes = *total_bytes > used ? *total_bytes - used : 0;
     }
     errno = saved_errno;
-    return result;
-}
-
-NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                                    const CUmemAllocationProp *prop, unsigned long long flags)
-{
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult result = NVSHARE_REAL(cuMemCreate, cuMemCreate_fn)(handle, size, prop, flags);
-    if (result != CUDA_SUCCESS || handle == NULL)
-        return result;
-    int saved_errno = errno;
-    NVSHARE_WARN_ONCE("cuMemCreate (CUDA virtual memory, e.g. PyTorch's expandable_segments) "
-                      "cannot be made managed: that memory stays on the GPU while others run");
-    nvshare_client_start();
-    CUcontext context;
-    int gpu = prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
-                  ? prop->location.id
-                  : nvshare_current_gpu(&context);
-    if (gpu >= 0 && gpu < NVSHARE_MAX_GPUS && *handle != 0)
-        remember(*handle, size, gpu, ALLOCATION_VMM, &handles);
-    errno = saved_errno;
-    return result;
-}
-
-NVSHARE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult result = NVSHARE_REAL(cuMemRelease, cuMemRelease_fn)(handle);
-    if (result != CUDA_SUCCESS)
-        return result;
-    struct allocation entry;
-    pthread_mutex_lock(&memory_mutex);
-    int known = allocation_map_take(&handles, handle, &entry);
-    if (known)
-        count(entry.gpu, entry.kind, entry.bytes, 0);
-    pthread_mutex_unlock(&memory_mutex);
-    if (known)
-        nvshare_client_wake();
-    return result;
-}
-
-static CUresult open_ipc(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags,
-                         cuIpcOpenMemHandle_fn real)
-{
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    CUresult result = real(pdptr, handle, flags);
-    if (result != CUDA_SUCCESS || pdptr == NULL)
-        return result;
-    int saved_errno = errno;
-    NVSHARE_WARN_ONCE("cuIpcOpenMemHandle: memory shared by another process cannot be made "
-                      "managed; it is counted but stays on the GPU");
-    nvshare_client_start();
-    CUcontext context;
-    int gpu = nvshare_current_gpu(&context);
-    CUdeviceptr base = 0;
-    size_t bytes = 0;
-    if (nvshare_driver.mem_get_address_range != NULL)
-        nvshare_driver.mem_get_address_range(&base, &bytes, *pdptr);
-    if (gpu >= 0)
-        remember(*pdptr, bytes, gpu, ALLOCATION_IPC, &pointers);
-    errno = saved_errno;
-    return result;
-}
-
-NVSHARE_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
-                                           unsigned int Flags)
-{
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return open_ipc(pdptr, handle, Flags, NVSHARE_REAL(cuIpcOpenMemHandle, cuIpcOpenMemHandle_fn));
-}
-
-NVSHARE_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
-                                              unsigned int Flags)
-{
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return open_ipc(pdptr, handle, Flags,
-                    NVSHARE_REAL(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle_fn));
-}
-
-NVSHARE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
-{
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult result = NVSHARE_REAL(cuIpcCloseMemHandle, cuIpcCloseMemHandle_fn)(dptr);
-    if (result != CUDA_SUCCESS)
-        return result;
-    struct allocation entry;
-    pthread_mutex_lock(&memory_mutex);
-    struct allocation *found = allocation_map_find(&pointers, dptr);
-    int known = found != NULL && found->kind == ALLOCATION_IPC &&
-                allocation_map_take(&pointers, dptr, &entry);
-    if (known)
-        count(entry.gpu, entry.kind, entry.bytes, 0);
-    pthread_mutex_unlock(&memory_mutex);
-    if (known)
-        nvshare_client_wake();
     return result;
 }
 
@@ -412,21 +326,21 @@ NVSHARE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 
 int nvshare_memory_take_report(int gpu, uint64_t *managed_bytes, uint64_t *unmanaged_bytes)
 {
-    pthread_mutex_lock(&memory_mutex);
+    pthread_mutex_lock(&nvshare_memory_mutex);
     int changed = gpus[gpu].changed;
     gpus[gpu].changed = 0;
     *managed_bytes = gpus[gpu].managed_bytes;
     *unmanaged_bytes = gpus[gpu].unmanaged_bytes;
-    pthread_mutex_unlock(&memory_mutex);
+    pthread_mutex_unlock(&nvshare_memory_mutex);
     return changed;
 }
 
 void nvshare_memory_mark_all_changed(void)
 {
-    pthread_mutex_lock(&memory_mutex);
+    pthread_mutex_lock(&nvshare_memory_mutex);
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
         gpus[gpu].changed = 1;
-    pthread_mutex_unlock(&memory_mutex);
+    pthread_mutex_unlock(&nvshare_memory_mutex);
 }
 
 struct prefetch_range {
@@ -443,15 +357,15 @@ void nvshare_memory_prefetch(int gpu, CUcontext context)
     if (prefetch_v2 == NULL && prefetch_v1 == NULL)
         return;
 
-    pthread_mutex_lock(&memory_mutex);
+    pthread_mutex_lock(&nvshare_memory_mutex);
     size_t count = 0;
-    struct prefetch_range *ranges = malloc((pointers.used + 1) * sizeof *ranges);
-    for (size_t slot = 0; ranges != NULL && slot < pointers.capacity; slot++) {
-        const struct allocation *entry = &pointers.slots[slot];
+    struct prefetch_range *ranges = malloc((nvshare_pointer_map.used + 1) * sizeof *ranges);
+    for (size_t slot = 0; ranges != NULL && slot < nvshare_pointer_map.capacity; slot++) {
+        const struct allocation *entry = &nvshare_pointer_map.slots[slot];
         if (entry->key != 0 && entry->gpu == gpu && is_managed(entry))
             ranges[count++] = (struct prefetch_range){entry->key, entry->bytes};
     }
-    pthread_mutex_unlock(&memory_mutex);
+    pthread_mutex_unlock(&nvshare_memory_mutex);
     if (count == 0 || nvshare_driver.ctx_push_current(context) != CUDA_SUCCESS) {
         free(ranges);
         return;
@@ -487,10 +401,10 @@ void nvshare_memory_prefetch(int gpu, CUcontext context)
 
 void nvshare_memory_forget_after_fork(void)
 {
-    memory_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    nvshare_memory_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     /* The parent's maps are left allocated: freeing in a fork handler is unsafe. */
-    memset(&pointers, 0, sizeof pointers);
-    memset(&handles, 0, sizeof handles);
+    memset(&nvshare_pointer_map, 0, sizeof nvshare_pointer_map);
+    memset(&nvshare_handle_map, 0, sizeof nvshare_handle_map);
     memset(gpus, 0, sizeof gpus);
     memset(prefetch_streams, 0, sizeof prefetch_streams);
     memset(prefetch_stream_contexts, 0, sizeof prefetch_stream_contexts);

@@ -1,0 +1,21 @@
+/* What memory.c shares with memory_passthrough.c: the allocation maps and
+ * the per-GPU totals behind one mutex. */
+#ifndef NVSHARE_MEMORY_INTERNAL_H
+#define NVSHARE_MEMORY_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "allocation_map.h"
+
+extern pthread_mutex_t nvshare_memory_mutex;
+extern struct allocation_map nvshare_pointer_map;      /* device address -> allocation */
+extern struct allocation_map nvshare_handle_map;       /* VMM handle -> allocation */
+
+/* Record an allocation and add it to its GPU's totals (then the agent hears). */
+void nvshare_memory_remember(struct allocation_map *map, uint64_t key, uint64_t bytes, int gpu,
+                             enum allocation_kind kind);
+/* Drop key if it is an allocation of that kind; returns 1 when it was. */
+int nvshare_memory_forget(struct allocation_map *map, uint64_t key, enum allocation_kind kind);
+
+#endif

@@ -1,0 +1,105 @@
+/*
+ * Allocations the shim cannot make managed, passed through and counted as
+ * unmanaged (they stay on the GPU while other processes run), each warned
+ * about once:
+ *  - VMM: cuMemCreate / cuMemRelease (cuMemMap and friends only map what
+ *    cuMemCreate made, so counting happens here).  PyTorch uses it for
+ *    expandable_segments.
+ *  - IPC: cuIpcOpenMemHandle(_v2) / cuIpcCloseMemHandle; the size comes from
+ *    cuMemGetAddressRange.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+
+#include "allocation_map.h"
+#include "gate.h"
+#include "hooks.h"
+#include "interpose.h"
+#include "log.h"
+#include "memory_internal.h"
+#include "nvshare_protocol.h"
+
+NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                                    const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result = NVSHARE_REAL(cuMemCreate, cuMemCreate_fn)(handle, size, prop, flags);
+    if (result != CUDA_SUCCESS || handle == NULL)
+        return result;
+    int saved_errno = errno;
+    NVSHARE_WARN_ONCE("cuMemCreate (CUDA virtual memory, e.g. PyTorch's expandable_segments) "
+                      "cannot be made managed: that memory stays on the GPU while others run");
+    nvshare_client_start();
+    CUcontext context;
+    int gpu = prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                  ? prop->location.id
+                  : nvshare_current_gpu(&context);
+    if (gpu >= 0 && gpu < NVSHARE_MAX_GPUS && *handle != 0)
+        nvshare_memory_remember(&nvshare_handle_map, *handle, size, gpu, ALLOCATION_VMM);
+    errno = saved_errno;
+    return result;
+}
+
+NVSHARE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result = NVSHARE_REAL(cuMemRelease, cuMemRelease_fn)(handle);
+    if (result != CUDA_SUCCESS)
+        return result;
+    nvshare_memory_forget(&nvshare_handle_map, handle, ALLOCATION_VMM);
+    return result;
+}
+
+static CUresult open_ipc(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags,
+                         cuIpcOpenMemHandle_fn real)
+{
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult result = real(pdptr, handle, flags);
+    if (result != CUDA_SUCCESS || pdptr == NULL)
+        return result;
+    int saved_errno = errno;
+    NVSHARE_WARN_ONCE("cuIpcOpenMemHandle: memory shared by another process cannot be made "
+                      "managed; it is counted but stays on the GPU");
+    nvshare_client_start();
+    CUcontext context;
+    int gpu = nvshare_current_gpu(&context);
+    CUdeviceptr base = 0;
+    size_t bytes = 0;
+    if (nvshare_driver.mem_get_address_range != NULL)
+        nvshare_driver.mem_get_address_range(&base, &bytes, *pdptr);
+    if (gpu >= 0)
+        nvshare_memory_remember(&nvshare_pointer_map, *pdptr, bytes, gpu, ALLOCATION_IPC);
+    errno = saved_errno;
+    return result;
+}
+
+NVSHARE_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                           unsigned int Flags)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return open_ipc(pdptr, handle, Flags, NVSHARE_REAL(cuIpcOpenMemHandle, cuIpcOpenMemHandle_fn));
+}
+
+NVSHARE_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                              unsigned int Flags)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return open_ipc(pdptr, handle, Flags,
+                    NVSHARE_REAL(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle_fn));
+}
+
+NVSHARE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result = NVSHARE_REAL(cuIpcCloseMemHandle, cuIpcCloseMemHandle_fn)(dptr);
+    if (result != CUDA_SUCCESS)
+        return result;
+    nvshare_memory_forget(&nvshare_pointer_map, dptr, ALLOCATION_IPC);
+    return result;
+}
