@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agent_harness import ShimClient
+from agent_harness import ShimClient, wait_until
 from nvshare_agent import protocol
 from shim_harness import STANDIN_GPU
 
@@ -154,3 +154,23 @@ def test_anti_thrash_off_lets_clients_run_together(world):
         elif c.function == "@kernel_done":
             running[c.pid] -= 1
     assert overlapped, "with anti-thrash off the two clients' kernels should have run at the same time"
+
+
+def test_threads_wait_for_the_grant_without_blocking_other_driver_calls(world, agent):
+    with ShimClient(world.socket_path, gpus=(GPU,), command="holder") as holder:
+        holder.request(GPU)
+        grant = holder.wait_grant(GPU)
+        client = world.client("linked", "--threads", 3, "--side-thread", "--loops", 2, "--stream")
+        agent.wait_for_log(rf"request gpu={STANDIN_GPU} pid={client.pid}\b")
+        waiting_since = time.time()
+        # While four threads wait for the GPU, a fifth keeps allocating and freeing.
+        wait_until(lambda: len([c for c in world.calls(client.pid, "cuMemAllocManaged") if c.t > waiting_since]) >= 5,
+                   what="allocations on the side thread while the others wait for the GPU")
+        assert not [c for c in world.calls(client.pid) if c.gated], "GPU work before the grant"
+        released_at = time.time()
+        holder.release(grant)
+        result = client.finish_ok()
+    assert result["threads"] == "3" and int(result["side_allocations"]) >= 5
+    gated = [c for c in world.calls(client.pid) if c.gated]
+    assert len({c.tid for c in gated}) == 4, "every working thread ran GPU work"
+    assert min(c.t for c in gated) >= released_at

@@ -7,7 +7,7 @@ import subprocess
 
 from shim_harness import SHIM_ASAN, STANDIN_GPU
 
-WORKLOAD = ("--loops", 2, "--sleep-ms", 300, "--vmm", "--ipc")
+WORKLOAD = ("--loops", 2, "--sleep-ms", 300, "--vmm", "--ipc", "--threads", 2, "--side-thread")
 
 
 def test_shim_is_valgrind_clean(world, agent):

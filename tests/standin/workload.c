@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE
 #include <getopt.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +21,7 @@
 struct options {
     int loops, launches, ints, sleep_ms, duration_ms;
     const char *alloc, *launch;
-    int use_stream, do_fork, vmm, ipc, meminfo, per_thread;
+    int use_stream, do_fork, vmm, ipc, meminfo, per_thread, threads, side_thread;
     unsigned long long big_bytes;
 };
 
@@ -188,6 +189,42 @@ static void ipc_roundtrip(CUdeviceptr p)
     note(" ipc=ok");
 }
 
+/* --threads: more threads doing the same bursts at once, each on its own stream. */
+struct worker { const struct options *o; struct gpu g; CUcontext ctx; int index, good; pthread_t thread; };
+
+static void *work_in_thread(void *arg)
+{
+    struct worker *w = arg;
+    CHECK(cu->cuCtxSetCurrent(w->ctx));
+    CHECK(cu->cuStreamCreate(&w->g.stream, 0));
+    CUdeviceptr p = allocate(w->o, &w->g, (size_t)w->o->ints * sizeof(int));
+    w->good = 1;
+    for (int round = 0; round < w->o->loops; round++)
+        w->good &= burst(w->o, &w->g, p, 100 * (w->index + 1) + round);
+    release(w->o, &w->g, p);
+    CHECK(cu->cuStreamDestroy(w->g.stream));
+    return NULL;
+}
+
+/* --side-thread: a thread that only allocates, inspects and frees memory,
+ * which must never wait behind another thread's wait for the GPU. */
+struct side { const struct options *o; struct gpu g; CUcontext ctx; volatile int stop; int allocations; };
+
+static void *allocate_on_the_side(void *arg)
+{
+    struct side *s = arg;
+    CHECK(cu->cuCtxSetCurrent(s->ctx));
+    while (!s->stop) {
+        CUdeviceptr p = allocate(s->o, &s->g, 4096);
+        unsigned managed = 0;
+        CHECK(cu->cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p));
+        release(s->o, &s->g, p);
+        s->allocations++;
+        usleep(20000);
+    }
+    return NULL;
+}
+
 static int parse(int argc, char **argv, struct options *o)
 {
     static const struct option longs[] = {
@@ -198,6 +235,7 @@ static int parse(int argc, char **argv, struct options *o)
         {"fork", no_argument, NULL, 'f'},             {"vmm", no_argument, NULL, 'v'},
         {"ipc", no_argument, NULL, 'p'},              {"meminfo", no_argument, NULL, 'm'},
         {"big-alloc", required_argument, NULL, 'b'},  {"per-thread", no_argument, NULL, 't'},
+        {"threads", required_argument, NULL, 'T'},    {"side-thread", no_argument, NULL, 'A'},
         {NULL, 0, NULL, 0}};
     *o = (struct options){.loops = 3, .launches = 4, .ints = 1024, .alloc = "plain", .launch = "all"};
     int c;
@@ -217,10 +255,12 @@ static int parse(int argc, char **argv, struct options *o)
         case 'm': o->meminfo = 1; break;
         case 'b': o->big_bytes = strtoull(optarg, NULL, 0); break;
         case 't': o->per_thread = 1; break;
+        case 'T': o->threads = atoi(optarg); break;
+        case 'A': o->side_thread = 1; break;
         default: return -1;
         }
     }
-    if (optind != argc || o->loops < 0 || o->launches < 0 || o->ints <= 0)
+    if (optind != argc || o->threads < 0 || o->threads > 64 || o->loops < 0 || o->launches < 0 || o->ints <= 0)
         return -1;
     return 0;
 }
@@ -232,7 +272,8 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
     if (parse(argc, argv, &o) != 0) {
         fprintf(stderr, "usage: %s [--loops N] [--launches N] [--ints N] [--sleep-ms MS] [--duration-ms MS]\n"
                         "  [--alloc plain|pitch|async|managed] [--launch all|kernel|ex|coop|graph] [--stream]\n"
-                        "  [--fork] [--vmm] [--ipc] [--meminfo] [--big-alloc BYTES] [--per-thread]\n", argv[0]);
+                        "  [--fork] [--vmm] [--ipc] [--meminfo] [--big-alloc BYTES] [--per-thread]\n"
+                        "  [--threads N] [--side-thread]\n", argv[0]);
         return 2;
     }
     static struct driver loaded;
@@ -275,6 +316,16 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
 
     int good = 1, rounds = 0;
     pid_t child = -1;
+    struct side side = {.o = &o, .g = g, .ctx = ctx};
+    pthread_t side_thread;
+    if (o.side_thread && pthread_create(&side_thread, NULL, allocate_on_the_side, &side) != 0)
+        return 1;
+    struct worker workers[64];
+    for (int i = 0; i < o.threads; i++) {
+        workers[i] = (struct worker){.o = &o, .g = g, .ctx = ctx, .index = i};
+        if (pthread_create(&workers[i].thread, NULL, work_in_thread, &workers[i]) != 0)
+            return 1;
+    }
     for (;;) {
         int more = o.duration_ms > 0 ? now_ms() - began < o.duration_ms : rounds < o.loops;
         if (!more)
@@ -295,6 +346,17 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
                 _exit(ok ? 0 : 3);
             }
         }
+    }
+    for (int i = 0; i < o.threads; i++) {
+        pthread_join(workers[i].thread, NULL);
+        good &= workers[i].good;
+    }
+    if (o.threads > 0)
+        note(" threads=%d", o.threads);
+    if (o.side_thread) {
+        side.stop = 1;
+        pthread_join(side_thread, NULL);
+        note(" side_allocations=%d", side.allocations);
     }
     if (o.ipc)
         ipc_roundtrip(p);
