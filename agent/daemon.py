@@ -9,6 +9,7 @@ client, persists, and tells subscribers.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import socket
@@ -146,6 +147,11 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
     log.info("serving time_quantum_s=%d anti_thrash=%s idle_release_ms=%d drop_grace_ms=%d state_dir=%s",
              s.time_quantum_s, "on" if s.anti_thrash else "off", s.idle_release_ms, s.drop_grace_ms,
              options.state_dir)
+    # Everything allocated so far (modules, cffi types, the loop) lives as long
+    # as the process: take it out of the collector's scans, which otherwise
+    # walk it again and again while the hot path churns small objects.
+    gc.collect()
+    gc.freeze()
     notifier.ready()
     notifier.status(status_line(agent.snapshot()))
     tasks = [asyncio.create_task(_inventory(agent)),

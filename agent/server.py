@@ -29,7 +29,10 @@ FLOOD_FRAMES_PER_SECOND = 20_000
 # A peer that stops reading while we queue frames for it is dropped past this.
 MAX_UNSENT_BYTES = 1 << 20
 
-_GRANT_FLAGS = {True: protocol.GrantFlags.EXCLUSIVE, False: protocol.GrantFlags.SHARED}
+_GRANT_FLAGS = {True: int(protocol.GrantFlags.EXCLUSIVE), False: int(protocol.GrantFlags.SHARED)}
+# Plain ints: comparing with enum members costs an attribute lookup per frame.
+_LOCK_REQUEST = int(MessageType.LOCK_REQUEST)
+_RELEASED = int(MessageType.RELEASED)
 
 # asyncio's plain Protocol path calls sock.recv(256 KiB) per read: allocating
 # that much per call costs ~25 us (glibc hands it out with mmap), more than
@@ -180,11 +183,11 @@ class SocketServer:
         """One decoded frame from `conn`. Call flush() after a batch."""
         cid = conn.client_id
         if type(message) is LockMessage:
-            if message.type == MessageType.LOCK_REQUEST:
+            if message.type == _LOCK_REQUEST:
                 if log.debug_enabled:
                     log.debug("request gpu=%s pid=%d", gpu_name(message.gpu), conn.pid)
                 actions = self.core.request(cid, message.gpu, now)
-            elif message.type == MessageType.RELEASED:
+            elif message.type == _RELEASED:
                 actions = self.core.release(cid, message.gpu, message.lease, now)
             else:
                 conn.fail(ErrorCode.PROTOCOL, f"{MessageType(message.type).name} is sent by the agent only")

@@ -164,6 +164,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="measuring time per client count")
     parser.add_argument("--idle-clients", type=int, default=1000)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--baseline", action="store_true",
+                        help="run the clients against bench/minimal_relay.py instead of the agent: the floor "
+                             "this machine and these clients allow")
     parser.add_argument("--pin", action="store_true",
                         help="agent on the first CPU, clients on the others (less preemption noise)")
     args = parser.parse_args()
@@ -173,7 +176,8 @@ def main() -> int:
     (workdir / "nvshare.conf").write_text(CONFIG)
     LOG_PATH = str(workdir / "agent.log")
     with open(LOG_PATH, "wb") as log:
-        agent = subprocess.Popen([sys.executable, *os.environ.get("BENCH_AGENT_PREFIX", "").split(), "-m", "nvshare_agent", "--socket", str(sock_path), "--bus", "none",
+        server = ([str(Path(__file__).with_name("minimal_relay.py"))] if args.baseline else ["-m", "nvshare_agent"])
+        agent = subprocess.Popen([sys.executable, *server, "--socket", str(sock_path), "--bus", "none",
                                   "--state-dir", str(workdir / "state"), "--config", str(workdir / "nvshare.conf")],
                                  stdout=log, stderr=subprocess.STDOUT)
     cpus = sorted(os.sched_getaffinity(0))
@@ -186,7 +190,8 @@ def main() -> int:
             if agent.poll() is not None or time.monotonic() > deadline:
                 sys.exit(f"agent did not start; log in {LOG_PATH}")
             time.sleep(0.05)
-        results = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "cycles": []}
+        results = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "cycles": [],
+                   "server": "minimal_relay" if args.baseline else "nvshare-agent"}
         for n in args.clients:
             r = run_cycle(str(sock_path), n, args.seconds, agent.pid)
             results["cycles"].append(r)
