@@ -40,6 +40,8 @@ typedef struct CUfunc_st *CUfunction;
 typedef struct CUarray_st *CUarray;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
 
 /* Only ever forwarded by pointer. */
 typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
@@ -153,5 +155,15 @@ typedef CUresult (*cuMemRelease_fn)(CUmemGenericAllocationHandle handle);
 typedef CUresult (*cuIpcOpenMemHandle_fn)(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                           unsigned int Flags);
 typedef CUresult (*cuIpcCloseMemHandle_fn)(CUdeviceptr dptr);
+
+/* Stream capture (capture.c).  mode is CUstreamCaptureMode (an enum: int);
+ * dependencyData is const CUgraphEdgeData *, only forwarded. */
+typedef CUresult (*cuStreamBeginCapture_fn)(CUstream hStream);
+typedef CUresult (*cuStreamBeginCapture_v2_fn)(CUstream hStream, int mode);
+typedef CUresult (*cuStreamBeginCaptureToGraph_fn)(CUstream hStream, CUgraph hGraph,
+                                                   const CUgraphNode *dependencies,
+                                                   const void *dependencyData,
+                                                   size_t numDependencies, int mode);
+typedef CUresult (*cuStreamEndCapture_fn)(CUstream hStream, CUgraph *phGraph);
 
 #endif /* NVSHARE_CUDA_ABI_H */

@@ -116,6 +116,7 @@ static void forget_after_fork(void)
     atomic_fetch_add(&context_generation, 1);
     nvshare_memory_forget_after_fork();
     nvshare_queue_forget_after_fork();
+    nvshare_capture_forget_after_fork();
 }
 
 void nvshare_client_start(void)

@@ -16,6 +16,7 @@
 
 #include <stdatomic.h>
 
+#include "capture.h"
 #include "cuda_abi.h"
 #include "nvshare_protocol.h"
 
@@ -43,6 +44,8 @@ void nvshare_wait_for_gate(int gpu, CUcontext context);
 
 static inline struct nvshare_gate *nvshare_gate_enter(void)
 {
+    if (nvshare_thread_capture_depth > 0)
+        return 0;           /* capturing: calls record graph nodes, nothing runs */
     if (!atomic_load_explicit(&nvshare_client_running, memory_order_acquire)) {
         nvshare_client_start();
         if (!atomic_load_explicit(&nvshare_client_running, memory_order_acquire))

@@ -9,7 +9,8 @@
  *   ALLOC   allocates device memory: converted to managed memory or passed
  *           through and counted (memory.c).
  *   FREE    the matching frees (memory.c).
- *   INFO    answers differently or starts the client (cuInit, cuMemGetInfo).
+ *   INFO    answers differently, starts the client (cuInit, cuMemGetInfo) or
+ *           tracks stream capture (capture.c).
  *   LOOKUP  hands out function pointers: cuGetProcAddress (interpose.c).
  *
  * interpose.c maps the driver's real address of every row to the row's hook,
@@ -47,6 +48,14 @@
     OWN(cuMemFreeAsync_ptsz, FREE) \
     OWN(cuMemRelease, FREE) \
     OWN(cuIpcCloseMemHandle, FREE) \
+    OWN(cuStreamBeginCapture, INFO) \
+    OWN(cuStreamBeginCapture_ptsz, INFO) \
+    OWN(cuStreamBeginCapture_v2, INFO) \
+    OWN(cuStreamBeginCapture_v2_ptsz, INFO) \
+    OWN(cuStreamBeginCaptureToGraph, INFO) \
+    OWN(cuStreamBeginCaptureToGraph_ptsz, INFO) \
+    OWN(cuStreamEndCapture, INFO) \
+    OWN(cuStreamEndCapture_ptsz, INFO) \
     GATED(cuLaunch, SIG_LAUNCH) \
     GATED(cuLaunchGrid, SIG_LAUNCH_GRID) \
     GATED(cuLaunchGridAsync, SIG_LAUNCH_GRID_ASYNC) \

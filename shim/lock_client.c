@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "capture.h"
 #include "config.h"
 #include "gate.h"
 #include "interpose.h"
@@ -163,6 +164,28 @@ static void connect_to_agent(int first_attempt)
 
 enum release_reason { RELEASE_IDLE, RELEASE_DROP };
 
+static void reopen_after_aborted_release(int gpu)
+{
+    pthread_mutex_lock(&client.mutex);
+    if (client.locks[gpu].state == LOCK_HELD)
+        atomic_store(&nvshare_gates[gpu].open, 1);
+    pthread_cond_broadcast(&client.changed);
+    pthread_mutex_unlock(&client.mutex);
+}
+
+/* cuCtxSynchronize would invalidate an open global-mode capture (capture.c).
+ * Wait for it to end, but not past the agent's drop grace: by then the lock
+ * is revoked anyway. */
+static void wait_for_captures_to_end(void)
+{
+    double deadline = nvshare_now_ms() +
+                      (client.have_settings ? client.settings.drop_grace_ms : 5000);
+    while (atomic_load(&nvshare_active_captures) > 0 && nvshare_now_ms() < deadline) {
+        struct timespec pause = {.tv_nsec = 1000000};
+        nanosleep(&pause, NULL);
+    }
+}
+
 /* Close the gate, let submissions in progress leave it, wait for the GPU to
  * finish what was submitted, then tell the agent.  Never called on an
  * application thread, so no application launch ever synchronises. */
@@ -183,13 +206,14 @@ static void release(int gpu, enum release_reason reason)
     }
     if (reason == RELEASE_IDLE && atomic_load(&gate->activity) != idle_activity) {
         /* A launch got in just before the gate closed: not idle after all. */
-        pthread_mutex_lock(&client.mutex);
-        if (lock->state == LOCK_HELD)
-            atomic_store(&gate->open, 1);
-        pthread_cond_broadcast(&client.changed);
-        pthread_mutex_unlock(&client.mutex);
+        reopen_after_aborted_release(gpu);
         return;
     }
+    if (reason == RELEASE_IDLE && atomic_load(&nvshare_active_captures) > 0) {
+        reopen_after_aborted_release(gpu);
+        return;
+    }
+    wait_for_captures_to_end();
     CUcontext context = atomic_load(&gate->context);
     if (context != NULL && nvshare_driver.ctx_push_current(context) == CUDA_SUCCESS) {
         nvshare_driver.ctx_synchronize();
