@@ -58,6 +58,12 @@ class ShimWorld:
     def agent(self) -> AgentProcess:
         return self.agents[-1]
 
+    def settled(self, agent: AgentProcess, *clients: Client) -> str:
+        """The agent's log once it has seen every client go (its log trails the clients a little)."""
+        for client in clients:
+            agent.wait_for_log(rf"INFO disconnect pid={client.pid}\b")
+        return agent.log()
+
     def env(self, **extra) -> dict:
         return client_env(self.socket_path, self.standin_log, **extra)
 

@@ -78,6 +78,7 @@ def test_second_client_waits_until_the_first_releases(world, agent):
     second = world.client("dlsym", "--loops", 1, "--launches", 2, kernel_us=1000)
     first.finish_ok()
     second.finish_ok()
+    world.settled(agent, first, second)
     assert grants(agent)[:2] == [first.pid, second.pid]
     first_release = release_times(agent, first.pid)[0]
     second_work = [c.t for c in world.calls(second.pid) if c.gated]
@@ -88,7 +89,7 @@ def test_second_client_waits_until_the_first_releases(world, agent):
 def test_idle_client_releases_early_and_asks_again(world, agent):
     client = world.client("procaddr", "--loops", 3, "--sleep-ms", 700)
     client.finish_ok()
-    log = agent.log()
+    log = world.settled(agent, client)
     early = re.findall(rf"release gpu={STANDIN_GPU} pid={client.pid} lease=\d+ held_ms=[\d.]+\s*$", log, re.M)
     assert len(early) >= 2, f"expected an idle release after each burst:\n{log}"
     assert grants(agent).count(client.pid) >= 3
@@ -114,7 +115,7 @@ def test_two_busy_clients_alternate_on_drop_requests(world, agent):
     b = world.client("procaddr", *busy, kernel_us=2000)
     a.finish_ok()
     b.finish_ok()
-    log = agent.log()
+    log = world.settled(agent, a, b)
     order = [pid for pid in grants(agent) if pid in (a.pid, b.pid)]
     switches = sum(1 for x, y in zip(order, order[1:]) if x != y)
     assert switches >= 2, f"grants did not alternate: {order}\n{log}"
@@ -143,6 +144,7 @@ def test_anti_thrash_off_lets_clients_run_together(world):
     b = world.client("dlsym", "--loops", 2, "--launches", 6, kernel_us=100_000)
     a.finish_ok()
     b.finish_ok()
+    world.settled(agent, a, b)
     for pid in (a.pid, b.pid):
         agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={pid} lease=\d+ mode=shared")
     assert "mode=exclusive" not in agent.log()
