@@ -175,7 +175,11 @@ void *nvshare_hook_for(void *real, const char *name, int cuda_version, unsigned 
 
 /* The interposed dlsym.  RTLD_NEXT is relative to the caller, which glibc
  * finds from the return address: that case is a tail call, so glibc sees the
- * application's return address, not the shim's. */
+ * application's return address, not the shim's.  gcc emits tail calls only
+ * when optimising (tests/shim/test_dlsym_versions.py checks the behaviour). */
+#ifndef __OPTIMIZE__
+#error "interpose.c needs optimisation (-O1 or more): dlsym(RTLD_NEXT) relies on a tail call"
+#endif
 NOT_SANITIZED static void *interposed_dlsym(void *handle, const char *name)
 {
     dlsym_fn lookup = real_dlsym();
