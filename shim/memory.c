@@ -8,7 +8,8 @@
  *    uses for pitched allocations.
  *  - cuMemAllocAsync, cuMemAllocFromPoolAsync (+_ptsz): also managed, and
  *    usable at once, which satisfies stream order trivially; pool attributes
- *    (e.g. IPC export of the pool) do not apply to such memory.
+ *    (e.g. IPC export of the pool) do not apply to such memory.  Inside a
+ *    stream capture they stay the driver's (they become graph memory nodes).
  *  - cuMemFree_v2 frees ours; cuMemFreeAsync of ours first synchronises its
  *    stream (work queued on it may still use the memory), then frees.
  *  - What cannot be managed is passed through, counted as unmanaged and
@@ -187,7 +188,9 @@ NVSHARE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, si
         if (nvshare_resolve_driver() != 0)                                                   \
             return CUDA_ERROR_NOT_INITIALIZED;                                               \
         int saved_errno = errno;                                                             \
-        CUresult result = allocate_managed(dptr, bytesize, #name);                           \
+        CUresult result = nvshare_thread_capture_depth > 0                                   \
+                              ? NOT_CONVERTED /* a graph memory node: the graph owns it */   \
+                              : allocate_managed(dptr, bytesize, #name);                     \
         if (result == NOT_CONVERTED)                                                         \
             result = NVSHARE_REAL(name, cuMemAllocAsync_fn)(dptr, bytesize, hStream);        \
         errno = saved_errno;                                                                 \
@@ -203,7 +206,9 @@ DEFINE_ASYNC_ALLOC(cuMemAllocAsync_ptsz)
         if (nvshare_resolve_driver() != 0)                                                   \
             return CUDA_ERROR_NOT_INITIALIZED;                                               \
         int saved_errno = errno;                                                             \
-        CUresult result = allocate_managed(dptr, bytesize, #name);                           \
+        CUresult result = nvshare_thread_capture_depth > 0                                   \
+                              ? NOT_CONVERTED /* a graph memory node: the graph owns it */   \
+                              : allocate_managed(dptr, bytesize, #name);                     \
         if (result == NOT_CONVERTED)                                                         \
             result = NVSHARE_REAL(name, cuMemAllocFromPoolAsync_fn)(dptr, bytesize, pool,    \
                                                                     hStream);                \
