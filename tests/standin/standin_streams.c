@@ -131,8 +131,6 @@ static void *stream_worker(void *arg)
         pthread_cond_broadcast(&standin_progress);
     }
     pthread_mutex_unlock(&standin_lock);
-    pthread_cond_destroy(&stream->work);
-    free(stream);
     return NULL;
 }
 
@@ -190,12 +188,17 @@ void standin_stream_wait(struct CUstream_st *stream, uint64_t seq)
     pthread_mutex_unlock(&standin_lock);
 }
 
+/* Waits for the work queued so far on every stream.  Streams are never freed
+ * (see cuStreamDestroy_v2), so the walk stays valid while the lock is dropped
+ * inside the wait. */
 void standin_wait_all_streams(void)
 {
     pthread_mutex_lock(&standin_lock);
-    for (struct CUstream_st *s = all_streams; s != NULL; s = s->next_stream)
-        while (s->completed < s->submitted)
+    for (struct CUstream_st *s = all_streams; s != NULL; s = s->next_stream) {
+        uint64_t target = s->submitted;
+        while (s->completed < target)
             pthread_cond_wait(&standin_progress, &standin_lock);
+    }
     pthread_mutex_unlock(&standin_lock);
 }
 
@@ -233,30 +236,24 @@ STANDIN_EXPORT CUresult cuStreamCreate(CUstream *out, unsigned int flags)
     return result;
 }
 
+/* A destroyed stream is drained and retired but stays allocated and listed:
+ * other threads may be walking the list in standin_wait_all_streams with the
+ * lock dropped.  A fixture can afford the few bytes. */
 STANDIN_EXPORT CUresult cuStreamDestroy_v2(CUstream handle)
 {
     standin_log("cuStreamDestroy_v2", "stream=%p", (void *)handle);
-    struct CUstream_st *stream = standin_stream(handle);
-    if (stream == NULL || stream == &default_stream)
-        return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&standin_lock);
+    struct CUstream_st *stream = standin_stream(handle);
+    if (stream == NULL || stream == &default_stream) {
+        pthread_mutex_unlock(&standin_lock);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    stream->destroyed = 1;                 /* no new work from here on */
     while (stream->completed < stream->submitted)
         pthread_cond_wait(&standin_progress, &standin_lock);
-    for (struct CUstream_st **link = &all_streams; *link != NULL; link = &(*link)->next_stream) {
-        if (*link == stream) {
-            *link = stream->next_stream;
-            break;
-        }
-    }
-    stream->destroyed = 1;
     stream->magic = 0;
-    int has_worker = stream->worker_pid == getpid();
-    pthread_cond_signal(&stream->work);
+    pthread_cond_signal(&stream->work);    /* its worker exits */
     pthread_mutex_unlock(&standin_lock);
-    if (!has_worker) {                     /* else the worker frees it on its way out */
-        pthread_cond_destroy(&stream->work);
-        free(stream);
-    }
     return CUDA_SUCCESS;
 }
 

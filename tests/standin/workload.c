@@ -208,13 +208,13 @@ static void *work_in_thread(void *arg)
 
 /* --side-thread: a thread that only allocates, inspects and frees memory,
  * which must never wait behind another thread's wait for the GPU. */
-struct side { const struct options *o; struct gpu g; CUcontext ctx; volatile int stop; int allocations; };
+struct side { const struct options *o; struct gpu g; CUcontext ctx; int stop; int allocations; };
 
 static void *allocate_on_the_side(void *arg)
 {
     struct side *s = arg;
     CHECK(cu->cuCtxSetCurrent(s->ctx));
-    while (!s->stop) {
+    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
         CUdeviceptr p = allocate(s->o, &s->g, 4096);
         unsigned managed = 0;
         CHECK(cu->cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p));
@@ -354,7 +354,7 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
     if (o.threads > 0)
         note(" threads=%d", o.threads);
     if (o.side_thread) {
-        side.stop = 1;
+        __atomic_store_n(&side.stop, 1, __ATOMIC_RELEASE);
         pthread_join(side_thread, NULL);
         note(" side_allocations=%d", side.allocations);
     }
