@@ -106,7 +106,7 @@ static void forget_after_fork(void)
     client.changed = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
     start_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     client.have_settings = 0;
-    client.inbox_used = 0;
+    client.inbox.used = 0;
     memset(client.locks, 0, sizeof client.locks);
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
         atomic_store(&nvshare_gates[gpu].open, 0);

@@ -33,6 +33,7 @@
 #include "log.h"
 #include "memory.h"
 #include "nvshare_protocol.h"
+#include "wire.h"
 
 #define RECONNECT_INTERVAL_MS 1000.0
 #define SEND_TIMEOUT_S 2
@@ -44,28 +45,7 @@
 
 static int send_frame(uint16_t type, const void *payload, uint32_t bytes)
 {
-    int fd = client.socket_fd;
-    if (fd < 0)
-        return -1;
-    unsigned char frame[sizeof(struct nvshare_header) + NVSHARE_MAX_PAYLOAD_BYTES];
-    struct nvshare_header header = {
-        .magic = NVSHARE_MAGIC,
-        .version = NVSHARE_PROTOCOL_VERSION,
-        .type = type,
-        .payload_bytes = bytes,
-    };
-    memcpy(frame, &header, sizeof header);
-    memcpy(frame + sizeof header, payload, bytes);
-    size_t total = sizeof header + bytes, sent = 0;
-    while (sent < total) {
-        ssize_t wrote = send(fd, frame + sent, total - sent, MSG_NOSIGNAL);
-        if (wrote < 0 && errno == EINTR)
-            continue;
-        if (wrote <= 0)
-            return -1;
-        sent += (size_t)wrote;
-    }
-    return 0;
+    return nvshare_wire_send(client.socket_fd, type, payload, bytes);
 }
 
 static int send_lock_message(uint16_t type, int gpu, uint64_t lease)
@@ -96,7 +76,7 @@ static void run_unscheduled(const char *why)
         close(client.socket_fd);
     pthread_mutex_lock(&client.mutex);
     client.socket_fd = -1;
-    client.inbox_used = 0;
+    client.inbox.used = 0;
     client.have_settings = 0;
     memset(client.locks, 0, sizeof client.locks);
     nvshare_set_all_gates(1);
@@ -141,7 +121,7 @@ static void connect_to_agent(int first_attempt)
 
     pthread_mutex_lock(&client.mutex);
     client.socket_fd = fd;
-    client.inbox_used = 0;
+    client.inbox.used = 0;
     /* Scheduled from now on: the next GPU call of each GPU asks for its lock.
      * Threads already waiting (before the first connection) keep their place. */
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
@@ -359,35 +339,21 @@ static void on_frame(const struct nvshare_header *header, const unsigned char *p
 
 static void read_frames(void)
 {
-    ssize_t got = recv(client.socket_fd, client.inbox + client.inbox_used,
-                       sizeof client.inbox - client.inbox_used, MSG_DONTWAIT);
-    if (got == 0) {
-        lose_agent("connection closed");
+    int status = nvshare_wire_receive(client.socket_fd, &client.inbox);
+    if (status <= 0) {
+        lose_agent(status == 0 ? "connection closed" : strerror(errno));
         return;
     }
-    if (got < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-            lose_agent(strerror(errno));
-        return;
-    }
-    client.inbox_used += (size_t)got;
-    while (client.socket_fd >= 0 && client.inbox_used >= sizeof(struct nvshare_header)) {
-        struct nvshare_header header;
-        memcpy(&header, client.inbox, sizeof header);
-        if (header.magic != NVSHARE_MAGIC || header.version != NVSHARE_PROTOCOL_VERSION ||
-            header.payload_bytes > NVSHARE_MAX_PAYLOAD_BYTES) {
+    struct nvshare_header header;
+    unsigned char payload[NVSHARE_MAX_PAYLOAD_BYTES];
+    while (client.socket_fd >= 0 &&
+           (status = nvshare_wire_next_frame(&client.inbox, &header, payload)) != 0) {
+        if (status < 0) {
             nvshare_warn("the nvshare agent speaks another protocol (magic 0x%x, version %u)",
                          header.magic, header.version);
             lose_agent("protocol mismatch");
             return;
         }
-        size_t frame = sizeof header + header.payload_bytes;
-        if (client.inbox_used < frame)
-            return;
-        unsigned char payload[NVSHARE_MAX_PAYLOAD_BYTES];
-        memcpy(payload, client.inbox + sizeof header, header.payload_bytes);
-        client.inbox_used -= frame;
-        memmove(client.inbox, client.inbox + frame, client.inbox_used);
         on_frame(&header, payload);
     }
 }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "nvshare_protocol.h"
+#include "wire.h"
 
 enum lock_state {
     LOCK_IDLE = 0,      /* not held, nobody waiting */
@@ -40,8 +41,7 @@ struct lock_client {
     int have_settings;
     struct gpu_lock locks[NVSHARE_MAX_GPUS];
     double retry_at_ms;             /* client thread only */
-    size_t inbox_used;              /* client thread only */
-    unsigned char inbox[sizeof(struct nvshare_header) + NVSHARE_MAX_PAYLOAD_BYTES];
+    struct nvshare_inbox inbox;     /* client thread only */
 };
 
 extern struct lock_client nvshare_lock_client;
