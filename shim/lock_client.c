@@ -326,7 +326,7 @@ static void on_frame(const struct nvshare_header *header, const unsigned char *p
             break;
         memcpy(&error, payload, sizeof error);
         error.text[sizeof error.text - 1] = '\0';
-        nvshare_warn("the nvshare agent refused this process: %s", error.text);
+        NVSHARE_WARN_ONCE("the nvshare agent refused this process: %s", error.text);
         lose_agent("agent sent an error");
         return;
     }
@@ -349,8 +349,9 @@ static void read_frames(void)
     while (client.socket_fd >= 0 &&
            (status = nvshare_wire_next_frame(&client.inbox, &header, payload)) != 0) {
         if (status < 0) {
-            nvshare_warn("the nvshare agent speaks another protocol (magic 0x%x, version %u)",
-                         header.magic, header.version);
+            NVSHARE_WARN_ONCE("the nvshare agent speaks another protocol (magic 0x%x, "
+                              "version %u; this shim speaks %u)", header.magic, header.version,
+                              NVSHARE_PROTOCOL_VERSION);
             lose_agent("protocol mismatch");
             return;
         }
