@@ -87,12 +87,18 @@ def test_second_client_waits_until_the_first_releases(world, agent):
 
 
 def test_idle_client_releases_early_and_asks_again(world, agent):
-    client = world.client("procaddr", "--loops", 3, "--sleep-ms", 700)
+    client = world.client("procaddr", "--loops", 3, "--sleep-ms", 700, kernel_us=20_000)
     client.finish_ok()
     log = world.settled(agent, client)
     early = re.findall(rf"release gpu={STANDIN_GPU} pid={client.pid} lease=\d+ held_ms=[\d.]+\s*$", log, re.M)
     assert len(early) >= 2, f"expected an idle release after each burst:\n{log}"
     assert grants(agent).count(client.pid) >= 3
+    # Released only with nothing in flight: no kernel spans a release (agent stamps are ms, truncated).
+    starts = {c.fields["seq"]: c.t for c in world.calls(client.pid, "@kernel_start")}
+    kernels = [(starts[c.fields["seq"]], c.t) for c in world.calls(client.pid, "@kernel_done")]
+    for released in release_times(agent, client.pid):
+        spanning = [k for k in kernels if k[0] < released - 0.002 and k[1] > released + 0.002]
+        assert not spanning, f"released at {released:.3f} with a kernel running {spanning}"
 
 
 def test_idle_release_lets_another_process_in_between_bursts(world, agent):
