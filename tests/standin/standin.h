@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "cuda_fixture.h"
 
@@ -35,6 +36,8 @@ struct CUctx_st {
 };
 #define STANDIN_CTX_MAGIC 0x43545854u
 
+/* CUDA_SUCCESS for a valid ordinal after cuInit (standin_context.c). */
+CUresult standin_check_device(CUdevice dev);
 /* The calling thread's current context, or NULL. */
 CUcontext standin_current_ctx(void);
 /* CUDA_SUCCESS when initialised and a context is current; else the error the
@@ -60,6 +63,21 @@ struct standin_op {
         struct { CUdeviceptr ptr; } free;
     } u;
 };
+
+struct CUevent_st {
+    uint32_t magic;
+    uint64_t generation;                    /* number of records so far */
+    uint64_t done_generation;               /* the last record the fake GPU reached */
+    struct timespec when;
+};
+#define EVENT_MAGIC 0x45564e54u
+
+struct standin_op *standin_new_op(enum standin_op_kind kind);
+/* Queues op on the stream after the checks every stream call makes (context,
+ * valid handle) and logs "<function> <detail> stream=.. seq=.. result=..". */
+CUresult standin_submit(const char *function, CUstream handle, struct standin_op *op, const char *detail);
+/* Executes a kernel op (standin_launch.c), on the stream's worker. */
+void standin_run_kernel(struct standin_op *op);
 
 /* Resolves NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD to the default
  * stream; NULL result means an invalid handle. */

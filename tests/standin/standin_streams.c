@@ -1,5 +1,5 @@
 /*
- * Stand-in driver: streams, events, fake kernels, modules, launches and graphs.
+ * Stand-in driver: streams, and the host functions and callbacks queued on them.
  *
  * Every stream (the default one included) is a FIFO of operations executed in
  * order by a worker thread of its own, so work really is asynchronous: a
@@ -16,10 +16,6 @@
 #include "standin.h"
 
 #define STREAM_MAGIC 0x5354524du
-#define EVENT_MAGIC 0x45564e54u
-#define MODULE_MAGIC 0x4d4f4455u
-#define FUNCTION_MAGIC 0x46554e43u
-#define GRAPH_MAGIC 0x47524150u
 
 struct CUstream_st {
     uint32_t magic;
@@ -31,47 +27,13 @@ struct CUstream_st {
     pthread_cond_t work;
 };
 
-struct CUevent_st {
-    uint32_t magic;
-    uint64_t generation;                    /* number of records so far */
-    uint64_t done_generation;               /* the last record the fake GPU reached */
-    struct timespec when;
-};
-
-struct CUmod_st { uint32_t magic; };
-struct CUgraph_st { uint32_t magic; };
-struct CUgraphExec_st { uint32_t magic; };
-
-enum { KERNEL_ADD_ONE, KERNEL_SPIN };
-struct CUfunc_st { uint32_t magic; int kernel; const char *name; };
-static struct CUfunc_st kernels[] = {
-    {FUNCTION_MAGIC, KERNEL_ADD_ONE, "add_one"},  /* (int *p, int n): p[i] += 1 for i < n */
-    {FUNCTION_MAGIC, KERNEL_SPIN, "spin"},        /* (): just takes time */
-};
-
 static struct CUstream_st default_stream = {.magic = STREAM_MAGIC, .work = PTHREAD_COND_INITIALIZER};
 static struct CUstream_st *all_streams = &default_stream;
-
-/* ---- the fake GPU ---- */
-static void run_kernel(struct standin_op *op)
-{
-    const char *name = kernels[op->u.kernel.kernel].name;
-    standin_log("@kernel_start", "name=%s via=%s seq=%llu", name, op->u.kernel.via, (unsigned long long)op->seq);
-    unsigned us = standin_kernel_us();
-    if (us > 0)
-        usleep(us);
-    if (op->u.kernel.kernel == KERNEL_ADD_ONE) {
-        int *p = (int *)(uintptr_t)op->u.kernel.ptr;
-        for (int i = 0; i < op->u.kernel.count; i++)
-            p[i] += 1;
-    }
-    standin_log("@kernel_done", "name=%s via=%s seq=%llu", name, op->u.kernel.via, (unsigned long long)op->seq);
-}
 
 static void execute(struct standin_op *op)
 {
     switch (op->kind) {
-    case OP_KERNEL: run_kernel(op); break;
+    case OP_KERNEL: standin_run_kernel(op); break;
     case OP_COPY:
         memmove(op->u.copy.dst, op->u.copy.src, op->u.copy.bytes);
         free(op->u.copy.staging);
@@ -290,8 +252,7 @@ static CUresult stream_query(const char *function, CUstream handle)
 STANDIN_EXPORT CUresult cuStreamQuery(CUstream s) { return stream_query("cuStreamQuery", s); }
 STANDIN_EXPORT CUresult cuStreamQuery_ptsz(CUstream s) { return stream_query("cuStreamQuery_ptsz", s); }
 
-/* Queues a ready-made op on a stream after the usual checks; logs the call. */
-static CUresult submit(const char *function, CUstream handle, struct standin_op *op, const char *detail)
+CUresult standin_submit(const char *function, CUstream handle, struct standin_op *op, const char *detail)
 {
     CUresult result = standin_require_ctx();
     struct CUstream_st *stream = standin_stream(handle);
@@ -306,7 +267,7 @@ static CUresult submit(const char *function, CUstream handle, struct standin_op 
     return result;
 }
 
-static struct standin_op *new_op(enum standin_op_kind kind)
+struct standin_op *standin_new_op(enum standin_op_kind kind)
 {
     struct standin_op *op = calloc(1, sizeof *op);
     if (op != NULL)
@@ -318,12 +279,12 @@ static CUresult host_func(const char *function, CUstream s, CUhostFn fn, void *d
 {
     if (fn == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    struct standin_op *op = new_op(OP_HOST_FN);
+    struct standin_op *op = standin_new_op(OP_HOST_FN);
     if (op == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     op->u.host.fn = fn;
     op->u.host.data = data;
-    return submit(function, s, op, "fn=host");
+    return standin_submit(function, s, op, "fn=host");
 }
 
 STANDIN_EXPORT CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *d) { return host_func("cuLaunchHostFunc", s, fn, d); }
@@ -333,13 +294,13 @@ static CUresult add_callback(const char *function, CUstream s, CUstreamCallback 
 {
     if (fn == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    struct standin_op *op = new_op(OP_CALLBACK);
+    struct standin_op *op = standin_new_op(OP_CALLBACK);
     if (op == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     op->u.callback.fn = fn;
     op->u.callback.data = data;
     op->u.callback.stream = s;
-    return submit(function, s, op, "fn=callback");
+    return standin_submit(function, s, op, "fn=callback");
 }
 
 STANDIN_EXPORT CUresult cuStreamAddCallback(CUstream s, CUstreamCallback fn, void *d, unsigned int flags)
@@ -352,314 +313,3 @@ STANDIN_EXPORT CUresult cuStreamAddCallback_ptsz(CUstream s, CUstreamCallback fn
     (void)flags;
     return add_callback("cuStreamAddCallback_ptsz", s, fn, d);
 }
-
-/* ---- events ---- */
-static int valid_event(CUevent event) { return event != NULL && event->magic == EVENT_MAGIC; }
-
-STANDIN_EXPORT CUresult cuEventCreate(CUevent *out, unsigned int flags)
-{
-    CUresult result = standin_require_ctx();
-    if (result == CUDA_SUCCESS && out == NULL)
-        result = CUDA_ERROR_INVALID_VALUE;
-    CUevent event = NULL;
-    if (result == CUDA_SUCCESS && (event = calloc(1, sizeof *event)) == NULL)
-        result = CUDA_ERROR_OUT_OF_MEMORY;
-    if (result == CUDA_SUCCESS) {
-        event->magic = EVENT_MAGIC;
-        *out = event;
-    }
-    standin_log("cuEventCreate", "flags=%u event=%p result=%d", flags, (void *)event, result);
-    return result;
-}
-
-static CUresult event_record(const char *function, CUevent event, CUstream s)
-{
-    if (!valid_event(event))
-        return CUDA_ERROR_INVALID_HANDLE;
-    struct standin_op *op = new_op(OP_EVENT);
-    if (op == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&standin_lock);
-    op->u.event.event = event;
-    op->u.event.generation = ++event->generation;
-    pthread_mutex_unlock(&standin_lock);
-    char detail[64];
-    snprintf(detail, sizeof detail, "event=%p", (void *)event);
-    return submit(function, s, op, detail);
-}
-
-STANDIN_EXPORT CUresult cuEventRecord(CUevent e, CUstream s) { return event_record("cuEventRecord", e, s); }
-STANDIN_EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return event_record("cuEventRecord_ptsz", e, s); }
-
-STANDIN_EXPORT CUresult cuEventSynchronize(CUevent event)
-{
-    if (!valid_event(event))
-        return CUDA_ERROR_INVALID_HANDLE;
-    pthread_mutex_lock(&standin_lock);
-    while (event->done_generation < event->generation)
-        pthread_cond_wait(&standin_progress, &standin_lock);
-    pthread_mutex_unlock(&standin_lock);
-    standin_log("cuEventSynchronize", "event=%p", (void *)event);
-    return CUDA_SUCCESS;
-}
-
-STANDIN_EXPORT CUresult cuEventQuery(CUevent event)
-{
-    if (!valid_event(event))
-        return CUDA_ERROR_INVALID_HANDLE;
-    pthread_mutex_lock(&standin_lock);
-    CUresult result = event->done_generation < event->generation ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
-    pthread_mutex_unlock(&standin_lock);
-    standin_log("cuEventQuery", "event=%p result=%d", (void *)event, result);
-    return result;
-}
-
-static CUresult elapsed(const char *function, float *ms, CUevent start, CUevent end)
-{
-    standin_log(function, "start=%p end=%p", (void *)start, (void *)end);
-    if (ms == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_event(start) || !valid_event(end))
-        return CUDA_ERROR_INVALID_HANDLE;
-    CUresult result = CUDA_SUCCESS;
-    pthread_mutex_lock(&standin_lock);
-    if (start->generation == 0 || end->generation == 0)
-        result = CUDA_ERROR_INVALID_HANDLE;
-    else if (start->done_generation < start->generation || end->done_generation < end->generation)
-        result = CUDA_ERROR_NOT_READY;
-    else
-        *ms = (float)((double)(end->when.tv_sec - start->when.tv_sec) * 1e3 +
-                      (double)(end->when.tv_nsec - start->when.tv_nsec) / 1e6);
-    pthread_mutex_unlock(&standin_lock);
-    return result;
-}
-
-STANDIN_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) { return elapsed("cuEventElapsedTime", ms, a, b); }
-STANDIN_EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) { return elapsed("cuEventElapsedTime_v2", ms, a, b); }
-
-STANDIN_EXPORT CUresult cuEventDestroy_v2(CUevent event)
-{
-    standin_log("cuEventDestroy_v2", "event=%p", (void *)event);
-    if (!valid_event(event))
-        return CUDA_ERROR_INVALID_HANDLE;
-    /* A record still queued would touch the event: let it land first. */
-    pthread_mutex_lock(&standin_lock);
-    while (event->done_generation < event->generation)
-        pthread_cond_wait(&standin_progress, &standin_lock);
-    event->magic = 0;
-    pthread_mutex_unlock(&standin_lock);
-    free(event);
-    return CUDA_SUCCESS;
-}
-
-static CUresult wait_event(const char *function, CUstream s, CUevent event)
-{
-    if (!valid_event(event))
-        return CUDA_ERROR_INVALID_HANDLE;
-    struct standin_op *op = new_op(OP_WAIT_EVENT);
-    if (op == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&standin_lock);
-    op->u.wait.event = event;
-    op->u.wait.generation = event->generation;
-    pthread_mutex_unlock(&standin_lock);
-    return submit(function, s, op, "wait=event");
-}
-
-STANDIN_EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
-{
-    (void)flags;
-    return wait_event("cuStreamWaitEvent", s, e);
-}
-STANDIN_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned int flags)
-{
-    (void)flags;
-    return wait_event("cuStreamWaitEvent_ptsz", s, e);
-}
-
-/* ---- modules: any image loads; functions are the fake kernels above ---- */
-STANDIN_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
-{
-    CUresult result = standin_require_ctx();
-    if (result == CUDA_SUCCESS && (module == NULL || image == NULL))
-        result = CUDA_ERROR_INVALID_VALUE;
-    CUmodule loaded = NULL;
-    if (result == CUDA_SUCCESS && (loaded = calloc(1, sizeof *loaded)) == NULL)
-        result = CUDA_ERROR_OUT_OF_MEMORY;
-    if (result == CUDA_SUCCESS) {
-        loaded->magic = MODULE_MAGIC;
-        *module = loaded;
-    }
-    standin_log("cuModuleLoadData", "module=%p result=%d", (void *)loaded, result);
-    return result;
-}
-
-STANDIN_EXPORT CUresult cuModuleUnload(CUmodule module)
-{
-    standin_log("cuModuleUnload", "module=%p", (void *)module);
-    if (module == NULL || module->magic != MODULE_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    module->magic = 0;
-    free(module);
-    return CUDA_SUCCESS;
-}
-
-STANDIN_EXPORT CUresult cuModuleGetFunction(CUfunction *fn, CUmodule module, const char *name)
-{
-    CUresult result = standin_require_ctx();
-    if (result == CUDA_SUCCESS && (fn == NULL || name == NULL))
-        result = CUDA_ERROR_INVALID_VALUE;
-    if (result == CUDA_SUCCESS && (module == NULL || module->magic != MODULE_MAGIC))
-        result = CUDA_ERROR_INVALID_HANDLE;
-    if (result == CUDA_SUCCESS) {
-        result = CUDA_ERROR_NOT_FOUND;
-        for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) {
-            if (strcmp(kernels[i].name, name) == 0) {
-                *fn = &kernels[i];
-                result = CUDA_SUCCESS;
-            }
-        }
-    }
-    standin_log("cuModuleGetFunction", "name=%s result=%d", name != NULL ? name : "(null)", result);
-    return result;
-}
-
-/* ---- launches ---- */
-static CUresult launch(const char *via, CUfunction f, CUstream s, void **params, unsigned grid, unsigned block)
-{
-    if (f == NULL || f->magic != FUNCTION_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (grid == 0 || block == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct standin_op *op = new_op(OP_KERNEL);
-    if (op == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    op->u.kernel.kernel = f->kernel;
-    op->u.kernel.via = via;
-    char detail[96];
-    if (f->kernel == KERNEL_ADD_ONE) {
-        /* Parameters are read at launch time, as the real driver does. */
-        if (params == NULL || params[0] == NULL || params[1] == NULL) {
-            free(op);
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        op->u.kernel.ptr = *(CUdeviceptr *)params[0];
-        op->u.kernel.count = *(int *)params[1];
-        if (op->u.kernel.count < 0 ||
-            standin_device_range(op->u.kernel.ptr, (size_t)op->u.kernel.count * sizeof(int)) == NULL) {
-            standin_log(via, "func=add_one ptr=0x%llx n=%d result=%d", op->u.kernel.ptr, op->u.kernel.count,
-                        CUDA_ERROR_INVALID_VALUE);
-            free(op);
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        snprintf(detail, sizeof detail, "func=add_one ptr=0x%llx n=%d", op->u.kernel.ptr, op->u.kernel.count);
-    } else {
-        snprintf(detail, sizeof detail, "func=%s", f->name);
-    }
-    return submit(via, s, op, detail);
-}
-
-STANDIN_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                                       unsigned bz, unsigned shared, CUstream s, void **params, void **extra)
-{
-    (void)shared, (void)extra;
-    return launch("cuLaunchKernel", f, s, params, gx * gy * gz, bx * by * bz);
-}
-
-STANDIN_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                            unsigned by, unsigned bz, unsigned shared, CUstream s, void **params,
-                                            void **extra)
-{
-    (void)shared, (void)extra;
-    return launch("cuLaunchKernel_ptsz", f, s, params, gx * gy * gz, bx * by * bz);
-}
-
-static CUresult launch_ex(const char *via, const CUlaunchConfig *c, CUfunction f, void **params)
-{
-    if (c == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    return launch(via, f, c->hStream, params, c->gridDimX * c->gridDimY * c->gridDimZ,
-                  c->blockDimX * c->blockDimY * c->blockDimZ);
-}
-
-STANDIN_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
-{
-    (void)extra;
-    return launch_ex("cuLaunchKernelEx", c, f, params);
-}
-
-STANDIN_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
-{
-    (void)extra;
-    return launch_ex("cuLaunchKernelEx_ptsz", c, f, params);
-}
-
-STANDIN_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                                  unsigned by, unsigned bz, unsigned shared, CUstream s, void **params)
-{
-    (void)shared;
-    return launch("cuLaunchCooperativeKernel", f, s, params, gx * gy * gz, bx * by * bz);
-}
-
-STANDIN_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
-                                                       unsigned bx, unsigned by, unsigned bz, unsigned shared,
-                                                       CUstream s, void **params)
-{
-    (void)shared;
-    return launch("cuLaunchCooperativeKernel_ptsz", f, s, params, gx * gy * gz, bx * by * bz);
-}
-
-/* ---- graphs: an instantiated graph runs as one "spin" kernel ---- */
-STANDIN_EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned int flags)
-{
-    standin_log("cuGraphCreate", "flags=%u", flags);
-    if (graph == NULL || flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    if ((*graph = calloc(1, sizeof **graph)) == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    (*graph)->magic = GRAPH_MAGIC;
-    return CUDA_SUCCESS;
-}
-
-STANDIN_EXPORT CUresult cuGraphDestroy(CUgraph graph)
-{
-    standin_log("cuGraphDestroy", "graph=%p", (void *)graph);
-    if (graph == NULL || graph->magic != GRAPH_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    graph->magic = 0;
-    free(graph);
-    return CUDA_SUCCESS;
-}
-
-STANDIN_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags)
-{
-    standin_log("cuGraphInstantiateWithFlags", "graph=%p flags=%llu", (void *)graph, flags);
-    if (exec == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (graph == NULL || graph->magic != GRAPH_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if ((*exec = calloc(1, sizeof **exec)) == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    (*exec)->magic = GRAPH_MAGIC;
-    return CUDA_SUCCESS;
-}
-
-STANDIN_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
-{
-    standin_log("cuGraphExecDestroy", "exec=%p", (void *)exec);
-    if (exec == NULL || exec->magic != GRAPH_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    exec->magic = 0;
-    free(exec);
-    return CUDA_SUCCESS;
-}
-
-static CUresult graph_launch(const char *via, CUgraphExec exec, CUstream s)
-{
-    if (exec == NULL || exec->magic != GRAPH_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    return launch(via, &kernels[KERNEL_SPIN], s, NULL, 1, 1);
-}
-
-STANDIN_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) { return graph_launch("cuGraphLaunch", exec, s); }
-STANDIN_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) { return graph_launch("cuGraphLaunch_ptsz", exec, s); }
