@@ -19,7 +19,7 @@
 
 struct CUstream_st {
     uint32_t magic;
-    struct CUstream_st *next_stream;        /* all live streams, for context-wide waits */
+    struct CUstream_st *next_stream;        /* every stream created (retired ones stay), for context-wide waits */
     struct standin_op *head, *tail;
     uint64_t submitted, completed;
     pid_t worker_pid;                       /* process whose worker serves this stream; 0: none */
