@@ -6,6 +6,7 @@
  * cuMemGetInfo.  Prints exactly one result line on stdout.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -47,10 +48,18 @@ static const char *error_name(CUresult r)
     return name;
 }
 
+/* --errno: the driver (and an interposer) must leave errno alone on success. */
+static int check_errno;
+static const char *errno_clobbered;
+
 /* Any failing call ends the client with one line naming the call. */
 #define CHECK(call)                                                                                   \
     do {                                                                                              \
+        if (check_errno)                                                                              \
+            errno = 4242;                                                                             \
         CUresult check_result_ = (call);                                                              \
+        if (check_errno && errno != 4242 && errno_clobbered == NULL)                                  \
+            errno_clobbered = #call;                                                                  \
         if (check_result_ != CUDA_SUCCESS) {                                                          \
             printf("client=%s pid=%d result=error call=%s error=%s\n", client, (int)getpid(),         \
                    #call, error_name(check_result_));                                                 \
@@ -236,6 +245,7 @@ static int parse(int argc, char **argv, struct options *o)
         {"ipc", no_argument, NULL, 'p'},              {"meminfo", no_argument, NULL, 'm'},
         {"big-alloc", required_argument, NULL, 'b'},  {"per-thread", no_argument, NULL, 't'},
         {"threads", required_argument, NULL, 'T'},    {"side-thread", no_argument, NULL, 'A'},
+        {"errno", no_argument, NULL, 'E'},
         {NULL, 0, NULL, 0}};
     *o = (struct options){.loops = 3, .launches = 4, .ints = 1024, .alloc = "plain", .launch = "all"};
     int c;
@@ -257,6 +267,7 @@ static int parse(int argc, char **argv, struct options *o)
         case 't': o->per_thread = 1; break;
         case 'T': o->threads = atoi(optarg); break;
         case 'A': o->side_thread = 1; break;
+        case 'E': check_errno = 1; break;
         default: return -1;
         }
     }
@@ -273,7 +284,7 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
         fprintf(stderr, "usage: %s [--loops N] [--launches N] [--ints N] [--sleep-ms MS] [--duration-ms MS]\n"
                         "  [--alloc plain|pitch|async|managed] [--launch all|kernel|ex|coop|graph] [--stream]\n"
                         "  [--fork] [--vmm] [--ipc] [--meminfo] [--big-alloc BYTES] [--per-thread]\n"
-                        "  [--threads N] [--side-thread]\n", argv[0]);
+                        "  [--threads N] [--side-thread] [--errno]\n", argv[0]);
         return 2;
     }
     static struct driver loaded;
@@ -370,6 +381,8 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
     release(&o, &g, p);
     if (g.stream != NULL)
         CHECK(cu->cuStreamDestroy(g.stream));
+    if (check_errno)
+        note(" errno=%s", errno_clobbered ? errno_clobbered : "kept");
     CHECK(cu->cuModuleUnload(module));
     CHECK(cu->cuDevicePrimaryCtxRelease(dev));
     printf("client=%s pid=%d result=%s managed=%u loops=%d launches=%d elapsed_ms=%.0f%s\n", client, (int)getpid(),
