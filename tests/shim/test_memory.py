@@ -10,9 +10,9 @@ GIB = 1 << 30
 @pytest.mark.parametrize("name", CLIENTS)
 def test_clients_work_against_the_standin_alone(world, name):
     # The fixture itself: no shim, no agent, device memory stays device memory.
-    client = world.client(name, "--loops", 2, "--fork", "--vmm", "--ipc", env=world.env(preload=None))
+    client = world.client(name, "--loops", 2, "--fork", "--vmm", "--ipc", "--errno", env=world.env(preload=None))
     result = client.finish_ok()
-    assert result["managed"] == "0"
+    assert result["managed"] == "0" and result["errno"] == "kept"
     assert result["fork_child"] == "ok" and result["vmm"] == "ok" and result["ipc"] == "ok"
     assert client.stderr == ""
     assert world.calls(client.pid, "cuMemAlloc_v2")

@@ -40,8 +40,10 @@ static unsigned long long env_number(const char *name, unsigned long long fallba
     return value;
 }
 
+/* Runs inside the first driver call: must leave the caller's errno alone. */
 static void read_config(void)
 {
+    int saved_errno = errno;
     device_count = (int)env_number("STANDIN_DEVICE_COUNT", 1);
     if (device_count < 0 || device_count > 16)
         device_count = 1;
@@ -50,6 +52,7 @@ static void read_config(void)
     const char *path = getenv("STANDIN_LOG");
     if (path != NULL && *path != '\0')
         log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    errno = saved_errno;
 }
 
 static void configure(void) { pthread_once(&config_once, read_config); }
