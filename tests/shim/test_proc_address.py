@@ -10,7 +10,7 @@ import textwrap
 
 from shim_harness import SHIM, STANDIN_BUILD, clean_env
 
-PROBE = textwrap.dedent(f"""
+PROBE = textwrap.dedent("""
     import ctypes, json
     class DlInfo(ctypes.Structure):
         _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
@@ -22,12 +22,12 @@ PROBE = textwrap.dedent(f"""
         if not address or not libc.dladdr(ctypes.c_void_p(address), ctypes.byref(info)):
             return None
         return info.fname.decode().rsplit("/", 1)[-1]
-    answers = {{}}
+    answers = {}
     for name, version, flags in json.loads(input()):
         fn, status = ctypes.c_void_p(), ctypes.c_int(-1)
         result = cuda.cuGetProcAddress_v2(name.encode(), ctypes.byref(fn), version, ctypes.c_uint64(flags),
                                           ctypes.byref(status))
-        answers[f"{{name}}/{{version}}/{{flags}}"] = [result, owner(fn.value), status.value]
+        answers[f"{name}/{version}/{flags}"] = [result, owner(fn.value), status.value]
     fn = ctypes.c_void_p()
     result = cuda.cuGetProcAddress(b"cuMemAlloc", ctypes.byref(fn), 12000, ctypes.c_uint64(0))
     answers["v1:cuMemAlloc"] = [result, owner(fn.value), 0]
