@@ -1,5 +1,7 @@
 """Device memory becomes managed memory; what cannot be managed is passed through."""
 
+import re
+
 import pytest
 
 from shim_harness import CLIENTS, STANDIN_GPU
@@ -77,3 +79,23 @@ def test_agent_learns_the_gpu_from_the_client(world, agent):
     client = world.client("linked", "--loops", 1)
     client.finish_ok()
     agent.wait_for_log(rf"connect pid={client.pid} .*gpus={STANDIN_GPU}")
+
+
+def prefetches(world, pid):
+    return [c for c in world.calls(pid) if c.function.startswith("cuMemPrefetchAsync")]
+
+
+def test_each_grant_prefetches_the_managed_memory(world, agent):
+    client = world.client("linked", "--loops", 3, "--sleep-ms", 400, "--ints", 1 << 18)
+    client.finish_ok()
+    grants = len(re.findall(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b", world.settled(agent, client)))
+    buffer = world.calls(client.pid, "cuMemAllocManaged")[0].fields["ptr"]
+    mine = [c for c in prefetches(world, client.pid) if c.fields["ptr"] == buffer]
+    assert len(mine) >= grants >= 3, f"{len(mine)} prefetches of the buffer for {grants} grants"
+    assert all(c.fields["result"] == "0" and c.fields["bytes"] == str(1 << 20) for c in mine)
+
+
+def test_prefetch_can_be_turned_off(world, agent):
+    client = world.client("linked", "--loops", 2, "--sleep-ms", 400, NVSHARE_PREFETCH=0)
+    client.finish_ok()
+    assert prefetches(world, client.pid) == []
