@@ -1,4 +1,5 @@
-"""Device memory becomes managed memory; what cannot be managed is passed through."""
+"""Device memory becomes managed memory (and is prefetched on each grant); what cannot be managed is
+passed through; cuMemGetInfo and the per-process limit behave as on a GPU of one's own."""
 
 import re
 
@@ -38,12 +39,18 @@ def test_managed_allocation_reaches_the_driver_unchanged(world, agent):
     assert client.finish_ok()["managed"] == "1"
 
 
-def test_mem_get_info_reports_the_whole_gpu(world, agent):
-    total = 8 * GIB
-    client = world.client("procaddr", "--meminfo", "--loops", 1, STANDIN_TOTAL_MEM=total)
+@pytest.mark.parametrize("preload", [True, False], ids=["shim", "standin-alone"])
+def test_mem_get_info_reports_the_whole_gpu_less_own_allocations(world, agent, preload):
+    # Under the shim the buffer is managed (the driver's free memory does not
+    # move), yet the process must see what it would see on a GPU of its own.
+    total, buffer = 8 * GIB, 64 << 20
+    env = world.env(STANDIN_TOTAL_MEM=total) if preload else world.env(STANDIN_TOTAL_MEM=total, preload=None)
+    client = world.client("procaddr", "--meminfo", "--loops", 1, "--ints", buffer // 4, env=env)
     result = client.finish_ok()
+    assert result["managed"] == ("1" if preload else "0")
     assert int(result["mem_total"]) == total
-    assert int(result["mem_free"]) == total       # nothing allocated yet in this process
+    assert int(result["mem_free"]) == total
+    assert int(result["mem_free_after_alloc"]) == total - buffer
 
 
 def test_one_process_may_not_allocate_past_the_gpu(world, agent):

@@ -324,6 +324,11 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
     CUdeviceptr p = allocate(&o, &g, bytes);
     unsigned managed = 0;
     CHECK(cu->cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p));
+    if (o.meminfo) {
+        size_t free_bytes = 0, total_bytes = 0;
+        CHECK(cu->cuMemGetInfo(&free_bytes, &total_bytes));
+        note(" mem_free_after_alloc=%zu", free_bytes);
+    }
 
     int good = 1, rounds = 0;
     pid_t child = -1;
