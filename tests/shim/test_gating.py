@@ -182,3 +182,20 @@ def test_threads_wait_for_the_grant_without_blocking_other_driver_calls(world, a
     gated = [c for c in world.calls(client.pid) if c.gated]
     assert len({c.tid for c in gated}) == 4, "every working thread ran GPU work"
     assert min(c.t for c in gated) >= released_at
+
+
+def test_gpus_are_gated_independently(world, agent):
+    gpu0, gpu1 = STANDIN_GPU, STANDIN_GPU[:-2] + "01"
+    with ShimClient(world.socket_path, gpus=(GPU,), command="holder") as holder:
+        holder.request(GPU)
+        holder.wait_grant(GPU)
+        # GPU 0 stays held throughout: a client of GPU 1 must not wait for it.
+        on_gpu1 = world.client("linked", "--device", 1, "--loops", 2, STANDIN_DEVICE_COUNT=2)
+        on_gpu1.finish_ok()
+        on_gpu0 = world.client("dlsym", "--device", 0, "--loops", 1, STANDIN_DEVICE_COUNT=2)
+        agent.wait_for_log(rf"request gpu={gpu0} pid={on_gpu0.pid}\b")
+        assert on_gpu0.running() and not [c for c in world.calls(on_gpu0.pid) if c.gated]
+    on_gpu0.finish_ok()          # the holder's disconnect freed GPU 0
+    agent.wait_for_log(rf"grant gpu={gpu1} pid={on_gpu1.pid}\b")
+    assert not re.search(rf"grant gpu={gpu0} pid={on_gpu1.pid}\b", agent.log()), "GPU 1's client locked GPU 0"
+    agent.wait_for_log(rf"grant gpu={gpu0} pid={on_gpu0.pid}\b")

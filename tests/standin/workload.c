@@ -22,7 +22,7 @@
 struct options {
     int loops, launches, ints, sleep_ms, duration_ms;
     const char *alloc, *launch;
-    int use_stream, do_fork, vmm, ipc, meminfo, per_thread, threads, side_thread;
+    int use_stream, do_fork, vmm, ipc, meminfo, per_thread, threads, side_thread, device;
     unsigned long long big_bytes;
 };
 
@@ -163,12 +163,12 @@ static int burst(const struct options *o, const struct gpu *g, CUdeviceptr p, in
     return good;
 }
 
-static void vmm_roundtrip(int first)
+static void vmm_roundtrip(int first, int device)
 {
     CUmemAllocationProp prop = {0};
     prop.type = 1;                          /* CU_MEM_ALLOCATION_TYPE_PINNED */
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
+    prop.location.id = device;
     size_t granularity = 0;
     CHECK(cu->cuMemGetAllocationGranularity(&granularity, &prop, 0));
     CUdeviceptr va = 0;
@@ -176,7 +176,7 @@ static void vmm_roundtrip(int first)
     CHECK(cu->cuMemAddressReserve(&va, granularity, 0, 0, 0));
     CHECK(cu->cuMemCreate(&handle, granularity, &prop, 0));
     CHECK(cu->cuMemMap(va, granularity, 0, handle, 0));
-    CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, 3};
+    CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, device}, 3};
     CHECK(cu->cuMemSetAccess(va, granularity, &access, 1));
     int in[4] = {1, 2, 3, 4}, out[4] = {0};
     CHECK(cu->cuMemcpyHtoD(va, in, sizeof in));
@@ -245,7 +245,7 @@ static int parse(int argc, char **argv, struct options *o)
         {"ipc", no_argument, NULL, 'p'},              {"meminfo", no_argument, NULL, 'm'},
         {"big-alloc", required_argument, NULL, 'b'},  {"per-thread", no_argument, NULL, 't'},
         {"threads", required_argument, NULL, 'T'},    {"side-thread", no_argument, NULL, 'A'},
-        {"errno", no_argument, NULL, 'E'},
+        {"errno", no_argument, NULL, 'E'},             {"device", required_argument, NULL, 'D'},
         {NULL, 0, NULL, 0}};
     *o = (struct options){.loops = 3, .launches = 4, .ints = 1024, .alloc = "plain", .launch = "all"};
     int c;
@@ -268,6 +268,7 @@ static int parse(int argc, char **argv, struct options *o)
         case 'T': o->threads = atoi(optarg); break;
         case 'A': o->side_thread = 1; break;
         case 'E': check_errno = 1; break;
+        case 'D': o->device = atoi(optarg); break;
         default: return -1;
         }
     }
@@ -284,7 +285,7 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
         fprintf(stderr, "usage: %s [--loops N] [--launches N] [--ints N] [--sleep-ms MS] [--duration-ms MS]\n"
                         "  [--alloc plain|pitch|async|managed] [--launch all|kernel|ex|coop|graph] [--stream]\n"
                         "  [--fork] [--vmm] [--ipc] [--meminfo] [--big-alloc BYTES] [--per-thread]\n"
-                        "  [--threads N] [--side-thread] [--errno]\n", argv[0]);
+                        "  [--threads N] [--side-thread] [--errno] [--device ORDINAL]\n", argv[0]);
         return 2;
     }
     static struct driver loaded;
@@ -298,7 +299,7 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
     CUmodule module;
     struct gpu g = {0};
     CHECK(cu->cuInit(0));
-    CHECK(cu->cuDeviceGet(&dev, 0));
+    CHECK(cu->cuDeviceGet(&dev, o.device));
     CHECK(cu->cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(cu->cuCtxSetCurrent(ctx));
     CHECK(cu->cuModuleLoadData(&module, "standin fake image"));
@@ -350,7 +351,7 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
             usleep((useconds_t)o.sleep_ms * 1000);
         good &= burst(&o, &g, p, rounds);
         if (o.vmm)                          /* every round: the shim must still warn only once */
-            vmm_roundtrip(rounds == 0);
+            vmm_roundtrip(rounds == 0, o.device);
         rounds++;
         if (o.do_fork && child < 0) {
             fflush(stdout);
