@@ -180,7 +180,7 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
 
 
 async def _inventory(agent: Agent) -> None:
-    gpus, problem = await asyncio.get_running_loop().run_in_executor(None, nvml.read_inventory)
+    gpus, problem = await nvml.read_inventory()
     if problem:
         log.info("no GPU inventory (%s); learning GPUs from clients", problem)
         return

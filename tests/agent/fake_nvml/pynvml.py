@@ -1,0 +1,64 @@
+"""A stand-in for nvidia-ml-py's pynvml, for the NVML adapter's tests (no GPU).
+
+FAKE_NVML picks what it does: "two-gpus" (two GPUs and a MIG instance),
+"init-fails", "hangs" (nvmlInit never returns), "crashes" (the process dies),
+"bytes" (old releases' bytes strings), "missing" (import fails).
+"""
+import os
+import time
+
+MODE = os.environ.get("FAKE_NVML", "two-gpus")
+if MODE == "missing":
+    raise ImportError("No module named 'pynvml'")
+
+DEVICES = [
+    ("GPU-0d84ee44-b797-1c71-8ccd-cefec22161de", "NVIDIA H100 80GB HBM3", 85520809984),
+    ("MIG-5c3f2a11-0000-4000-8000-000000000001", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", 10737418240),
+    ("GPU-11111111-2222-3333-4444-555555555555", "NVIDIA L4", 24152899584),
+]
+
+
+class NVMLError(Exception):
+    pass
+
+
+class _Memory:
+    def __init__(self, total):
+        self.total, self.free, self.used = total, total, 0
+
+
+def nvmlInit():
+    if MODE == "init-fails":
+        raise NVMLError("Driver Not Loaded")
+    if MODE == "hangs":
+        time.sleep(3600)
+    if MODE == "crashes":
+        os._exit(134)
+
+
+def nvmlShutdown():
+    pass
+
+
+def nvmlDeviceGetCount():
+    return len(DEVICES)
+
+
+def nvmlDeviceGetHandleByIndex(index):
+    return DEVICES[index]
+
+
+def _text(value):
+    return value.encode() if MODE == "bytes" else value
+
+
+def nvmlDeviceGetUUID(handle):
+    return _text(handle[0])
+
+
+def nvmlDeviceGetName(handle):
+    return _text(handle[1])
+
+
+def nvmlDeviceGetMemoryInfo(handle):
+    return _Memory(handle[2])
