@@ -25,6 +25,7 @@ import multiprocessing as mp
 import os
 import platform
 import resource
+import shlex
 import signal
 import socket
 import statistics
@@ -167,6 +168,9 @@ def main() -> int:
     parser.add_argument("--baseline", action="store_true",
                         help="run the clients against bench/minimal_relay.py instead of the agent: the floor "
                              "this machine and these clients allow")
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter command line for the server, e.g. 'python3 -S' to leave out the start-up "
+                             "hooks (.pth files) of a crowded site-packages")
     parser.add_argument("--pin", action="store_true",
                         help="agent on the first CPU, clients on the others (less preemption noise)")
     args = parser.parse_args()
@@ -177,7 +181,7 @@ def main() -> int:
     LOG_PATH = str(workdir / "agent.log")
     with open(LOG_PATH, "wb") as log:
         server = ([str(Path(__file__).with_name("minimal_relay.py"))] if args.baseline else ["-m", "nvshare_agent"])
-        agent = subprocess.Popen([sys.executable, *server, "--socket", str(sock_path), "--bus", "none",
+        agent = subprocess.Popen([*shlex.split(args.python), *server, "--socket", str(sock_path), "--bus", "none",
                                   "--state-dir", str(workdir / "state"), "--config", str(workdir / "nvshare.conf")],
                                  stdout=log, stderr=subprocess.STDOUT)
     cpus = sorted(os.sched_getaffinity(0))
