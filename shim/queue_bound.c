@@ -1,16 +1,23 @@
 /*
  * Bounded queue-ahead.  A process may queue seconds of kernels ahead of the
  * GPU; on a drop request the release must wait for all of it, so a holder
- * could keep the GPU long past its quantum.  Every RECORD_EVERY launches of a
- * thread an event is recorded on the launch's stream (events are created once
- * and reused from a ring); completed events give the GPU time per window, and
- * when the windows still queued would take longer than NVSHARE_MAX_QUEUED_MS
- * the launching thread waits on an old enough event.  This costs nothing on
- * most launches and never synchronises the whole context on the launch path.
+ * could keep the GPU long past its quantum.  Every few launches of a thread
+ * an event (a mark) is recorded on the launch's stream (events are created
+ * once and reused from a ring); completed marks give the GPU time per launch,
+ * and when the launches still queued would take longer than
+ * NVSHARE_MAX_QUEUED_MS the launching thread waits on an old enough mark.
+ * This costs nothing on most launches and never synchronises the whole
+ * context on the launch path.
+ *
+ * How few launches make a mark adapts: windows of about 1/8 of the bound are
+ * fine enough, and each mark costs a few driver calls (an event record among
+ * them), which at 8 launches a mark added ~0.5 us to every launch of a loop of
+ * empty kernels on the H100.  Long kernels keep the minimum of 8.
  */
 #include "queue_bound.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "config.h"
@@ -19,7 +26,11 @@
 #include "interpose.h"
 #include "nvshare_protocol.h"
 
-#define RECORD_EVERY 8
+#define MIN_LAUNCHES_PER_MARK 8
+/* Also caps how much a sudden switch to long kernels can queue before the
+ * first of them completes and shrinks the windows again. */
+#define MAX_LAUNCHES_PER_MARK 256
+#define WINDOWS_PER_BOUND 8.0
 #define RING_SLOTS 64
 /* The slot just completed stays intact for the next elapsed-time sample. */
 #define MAX_PENDING (RING_SLOTS - 2)
@@ -29,6 +40,7 @@
 struct mark {
     CUevent event;
     CUstream stream;
+    unsigned launches;              /* the window it closes: launches since the thread's last mark */
 };
 
 struct launch_queue {
@@ -37,7 +49,8 @@ struct launch_queue {
     struct mark ring[RING_SLOTS];
     unsigned head, tail;            /* pending marks: head..tail-1 (mod RING_SLOTS) */
     int have_completed;             /* ring[head - 1] holds the newest completed mark */
-    double ms_per_window;           /* moving average; 0 until measured */
+    double ms_per_launch;           /* GPU time, moving average; 0 until measured */
+    atomic_uint launches_per_mark;  /* read on every launch, without the mutex */
 };
 
 static struct launch_queue queues[NVSHARE_MAX_GPUS];
@@ -57,8 +70,16 @@ static int is_per_thread(int hook_id)
     return length > 5 && strcmp(name + length - 5, "_ptsz") == 0;
 }
 
-/* Pops completed marks, learning the GPU time per window. */
-static void collect_completed(struct launch_queue *queue)
+static unsigned launches_per_window(double ms_per_launch, unsigned max_queued_ms)
+{
+    double launches = max_queued_ms / WINDOWS_PER_BOUND / ms_per_launch;
+    if (launches < MIN_LAUNCHES_PER_MARK)
+        return MIN_LAUNCHES_PER_MARK;
+    return launches > MAX_LAUNCHES_PER_MARK ? MAX_LAUNCHES_PER_MARK : (unsigned)launches;
+}
+
+/* Pops completed marks, learning the GPU time per launch and sizing the windows. */
+static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms)
 {
     while (queue->head != queue->tail) {
         struct mark *mark = &queue->ring[queue->head % RING_SLOTS];
@@ -66,22 +87,49 @@ static void collect_completed(struct launch_queue *queue)
             return;
         struct mark *previous = &queue->ring[(queue->head + RING_SLOTS - 1) % RING_SLOTS];
         float elapsed_ms;
-        if (queue->have_completed && previous->stream == mark->stream &&
+        if (queue->have_completed && previous->stream == mark->stream && mark->launches > 0 &&
             nvshare_driver.event_elapsed_time(&elapsed_ms, previous->event, mark->event) ==
                 CUDA_SUCCESS && elapsed_ms >= 0) {
-            queue->ms_per_window = queue->ms_per_window > 0
-                                       ? 0.8 * queue->ms_per_window + 0.2 * elapsed_ms
-                                       : elapsed_ms;
+            /* Events closer than the timer's resolution read 0 ms apart. */
+            double sample = elapsed_ms > 0 ? elapsed_ms / mark->launches : 1e-6;
+            queue->ms_per_launch = queue->ms_per_launch > 0
+                                       ? 0.8 * queue->ms_per_launch + 0.2 * sample
+                                       : sample;
+            /* Windows shrink at once when kernels get longer, grow as the average falls. */
+            double slowest = sample > queue->ms_per_launch ? sample : queue->ms_per_launch;
+            atomic_store_explicit(&queue->launches_per_mark,
+                                  launches_per_window(slowest, max_queued_ms), memory_order_relaxed);
         }
         queue->have_completed = 1;
         queue->head++;
     }
 }
 
+/* The newest pending mark after which no more than max_queued_ms of launches
+ * stay queued, or NULL when all that is pending fits. */
+static CUevent mark_to_wait_for(struct launch_queue *queue, unsigned max_queued_ms)
+{
+    double allowed_launches = max_queued_ms / queue->ms_per_launch;
+    double pending = 0;
+    for (unsigned i = queue->head; i != queue->tail; i++)
+        pending += queue->ring[i % RING_SLOTS].launches;
+    if (pending <= allowed_launches)
+        return NULL;
+    unsigned mark = queue->tail - 1;
+    double after = 0;   /* launches queued behind ring[mark] */
+    while (after + queue->ring[mark % RING_SLOTS].launches <= allowed_launches) {
+        after += queue->ring[mark % RING_SLOTS].launches;
+        mark--;
+    }
+    return queue->ring[mark % RING_SLOTS].event;
+}
+
 void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
 {
-    if (++launches_since_mark < RECORD_EVERY)
+    unsigned every = atomic_load_explicit(&queues[gpu].launches_per_mark, memory_order_relaxed);
+    if (++launches_since_mark < (every ? every : MIN_LAUNCHES_PER_MARK))
         return;
+    unsigned launches = launches_since_mark;
     launches_since_mark = 0;
     unsigned max_queued_ms = nvshare_config()->max_queued_ms;
     if (max_queued_ms == 0 || nvshare_driver.event_record == NULL ||
@@ -106,10 +154,11 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
         memset(queue->ring, 0, sizeof queue->ring);
         queue->head = queue->tail = 0;
         queue->have_completed = 0;
-        queue->ms_per_window = 0;
+        queue->ms_per_launch = 0;
+        atomic_store_explicit(&queue->launches_per_mark, MIN_LAUNCHES_PER_MARK, memory_order_relaxed);
         queue->context = context;
     }
-    collect_completed(queue);
+    collect_completed(queue, max_queued_ms);
 
     CUevent wait_for = NULL;
     if (queue->tail - queue->head < MAX_PENDING) {
@@ -118,6 +167,7 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
             nvshare_driver.event_create(&mark->event, CU_EVENT_DEFAULT) == CUDA_SUCCESS) {
             if (nvshare_driver.event_record(mark->event, stream) == CUDA_SUCCESS) {
                 mark->stream = stream;
+                mark->launches = launches;
                 queue->tail++;
             }
         }
@@ -125,14 +175,12 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
     unsigned pending = queue->tail - queue->head;
     if (pending >= MAX_PENDING) {
         wait_for = queue->ring[queue->head % RING_SLOTS].event;
-    } else if (queue->ms_per_window <= 0 && pending >= LEARNING_PENDING) {
+    } else if (queue->ms_per_launch <= 0 && pending >= LEARNING_PENDING) {
         /* Nothing measured yet: let two marks complete, which gives the first
          * sample, before queueing further ahead. */
         wait_for = queue->ring[(queue->head + 1) % RING_SLOTS].event;
-    } else if (queue->ms_per_window > 0 && pending * queue->ms_per_window > max_queued_ms) {
-        /* Wait until at most max_queued_ms of windows are left behind it. */
-        unsigned keep = (unsigned)(max_queued_ms / queue->ms_per_window);
-        wait_for = queue->ring[(queue->tail - 1 - keep) % RING_SLOTS].event;
+    } else if (queue->ms_per_launch > 0) {
+        wait_for = mark_to_wait_for(queue, max_queued_ms);
     }
     pthread_mutex_unlock(&queue->mutex);
     if (wait_for != NULL)

@@ -27,3 +27,20 @@ def test_busy_holder_releases_soon_after_a_drop_request(world, agent):
     assert len(latencies) >= 2, agent.log()
     # 50 ms of queued work, one 8-launch window of slack, and a loaded 2-core CI machine.
     assert max(latencies) < 400, f"drop-to-release {latencies} ms:\n{agent.log()}"
+
+
+def test_marks_are_rare_for_tiny_kernels_and_every_8_launches_for_long_ones(world, agent):
+    # Each mark costs an event record (about 0.5 us a launch at one mark per 8 launches of
+    # empty kernels on the H100), so windows widen while kernels are short, to at most 256
+    # launches, and stay at 8 when 8 launches already take 1/8 of the 50 ms bound.
+    tiny = world.client("linked", "--loops", 1, "--launches", 4000, "--stream", "--launch", "kernel",
+                        kernel_us=1, NVSHARE_MAX_QUEUED_MS=50)
+    tiny.finish_ok()
+    long = world.client("linked", "--loops", 1, "--launches", 400, "--stream", "--launch", "kernel",
+                        kernel_us=2000, NVSHARE_MAX_QUEUED_MS=50)
+    long.finish_ok()
+    # The workload records two events of its own (start and stop of its timing).
+    tiny_marks = len(world.calls(tiny.pid, "cuEventRecord")) - 2
+    long_marks = len(world.calls(long.pid, "cuEventRecord")) - 2
+    assert 4000 // 256 <= tiny_marks <= 4000 // 64, tiny_marks
+    assert 400 // 8 - 2 <= long_marks <= 400 // 8, long_marks
