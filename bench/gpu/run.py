@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""What sharing a GPU through nvshare costs, measured end to end on one GPU.
+
+Runs the agent on a private socket (no systemd or D-Bus needed), the workloads
+in this folder with and without the shim, and prints a table of ratios and
+percentiles taken in this one run; full numbers go to RESULTS/gpu.json.
+
+    bench/gpu/run.sh [RESULTS]            # RESULTS defaults to results/gpu
+
+Safety: every process under the shim allocates managed memory.  All of it
+together stays under half of the card's free memory (checked before start):
+asking for more can hang a shared GPU.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+SHIM = REPO / "shim" / "build" / "libnvshare.so"
+PLANNED_MANAGED_GIB = 12  # the largest phase: the 8 GiB warm-up, or two trainers of ~3.5 GiB
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
+    return ordered[index]
+
+
+class Agent:
+    """The real agent on a temporary socket, configured through its config file."""
+
+    def __init__(self, workdir: pathlib.Path, time_quantum_s=30, anti_thrash=True, idle_release_ms=1000):
+        self.dir = pathlib.Path(tempfile.mkdtemp(dir=workdir, prefix="agent-"))
+        (self.dir / "state").mkdir()
+        config = self.dir / "nvshare.conf"
+        config.write_text(f"[scheduler]\ntime_quantum = {time_quantum_s}\n"
+                          f"anti_thrash = {'on' if anti_thrash else 'off'}\n"
+                          f"idle_release_ms = {idle_release_ms}\n")
+        self.socket = self.dir / "scheduler.sock"
+        self.log_path = self.dir / "agent.log"
+        env = dict(os.environ)
+        env.pop("LD_PRELOAD", None)
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "nvshare_agent", "--socket", str(self.socket), "--bus", "none",
+                 "--config", str(config), "--state-dir", str(self.dir / "state")],
+                stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 20
+        while not self.socket.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("agent did not start:\n" + self.log_path.read_text())
+            time.sleep(0.05)
+
+    def env(self, **extra) -> dict:
+        env = dict(os.environ, LD_PRELOAD=str(SHIM), NVSHARE_SOCKET=str(self.socket))
+        env.update({key: str(value) for key, value in extra.items()})
+        return env
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+    def events(self, name: str) -> list[dict]:
+        time.sleep(0.1)  # the agent buffers its log for up to 20 ms
+        found = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            words = line.split()
+            if name in words:
+                start = words.index(name)
+                found.append(dict(w.split("=", 1) for w in words[start + 1:] if "=" in w))
+        return found
+
+
+def run_json(command, env=None, timeout=300, stderr_into=None) -> dict:
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{command} failed:\n{done.stderr[-3000:]}")
+    if stderr_into is not None:
+        stderr_into.append(done.stderr)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def start_json(command, env=None):
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish_json(process, timeout=300) -> dict:
+    out, err = process.communicate(timeout=timeout)
+    if process.returncode != 0:
+        raise RuntimeError(f"{process.args} failed:\n{err[-3000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def trainer(*args) -> list[str]:
+    return [sys.executable, str(HERE / "trainer.py"), *args]
+
+
+def median_step_s(step_times, skip=10) -> float:
+    deltas = [b - a for a, b in zip(step_times, step_times[1:])][skip:]
+    return statistics.median(deltas)
+
+
+def sole_process_overhead(workdir, launch_loop) -> dict:
+    agent = Agent(workdir)
+    try:
+        ratios, identical = [], []
+        for _ in range(3):  # interleaved, so drift hits both sides alike
+            plain = run_json(trainer("--steps", "60"))
+            shared = run_json(trainer("--steps", "60"), env=agent.env())
+            ratios.append(median_step_s(shared["step_times"]) / median_step_s(plain["step_times"]))
+            identical.append(plain["checksum"] == shared["checksum"] and plain["loss"] == shared["loss"])
+        plain_us, shared_us = [], []
+        for _ in range(7):  # each run reports its fastest of 5 rounds of 100,000 launches
+            plain_us.append(run_json([launch_loop, "100000", "5"])["us_per_launch"])
+            shared_us.append(run_json([launch_loop, "100000", "5"], env=agent.env())["us_per_launch"])
+    finally:
+        agent.stop()
+    return {"step_ratio_median": statistics.median(ratios), "step_ratios": ratios,
+            "results_identical": all(identical),
+            "launch_us_plain_median": statistics.median(plain_us),
+            "launch_us_shim_median": statistics.median(shared_us),
+            "launch_us_delta": statistics.median(shared_us) - statistics.median(plain_us),
+            "launch_us_plain": plain_us, "launch_us_shim": shared_us}
+
+
+def steps_per_s(step_times, skip=5) -> float:
+    times = step_times[skip:]
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def gpu_step_s(result) -> float:
+    """The GPU time of one step (its first kernel to its last), median over the run.
+
+    The median leaves out the few steps whose span also covers a wait for the lock
+    (under the shim a step's first event is recorded before its first gated launch)."""
+    return statistics.median(result["gpu_spans_s"][5:])
+
+
+def solo_run(seconds) -> dict:
+    result = run_json(trainer("--seconds", str(seconds), "--gpu-spans"))
+    rate = steps_per_s(result["step_times"])
+    # Steps per second times GPU seconds per step: the share of wall time the GPU computes.
+    return {"steps_per_s": rate, "gpu_step_s": gpu_step_s(result), "gpu_busy_fraction": rate * gpu_step_s(result)}
+
+
+def pair_run(workdir, seconds, **agent_settings) -> dict:
+    """Two identical trainers under the shim; rates over the time both were running."""
+    agent = Agent(workdir, **agent_settings)
+    try:
+        processes = [start_json(trainer("--seconds", str(seconds), "--gpu-spans"), env=agent.env())
+                     for _ in range(2)]
+        results = [finish_json(p) for p in processes]
+        releases = agent.events("release")
+        revokes = agent.events("revoke")
+        grants = agent.events("grant")
+    finally:
+        agent.stop()
+    # The window in which both had started training and neither had stopped.
+    window_start = max(r["step_times"][3] for r in results)
+    window_end = min(r["step_times"][-1] for r in results)
+    counts = [sum(window_start <= t <= window_end for t in r["step_times"]) for r in results]
+    window = window_end - window_start
+    drops = [float(e["drop_to_release_ms"]) for e in releases if "drop_to_release_ms" in e]
+    busy = sum(count / window * gpu_step_s(r) for count, r in zip(counts, results))
+    return {"window_s": window, "steps": counts, "gpu_step_s": [gpu_step_s(r) for r in results], "aggregate_steps_per_s": sum(counts) / window,
+            "gpu_busy_fraction": busy,
+            "shares": [c / sum(counts) for c in counts], "grants": len(grants), "revokes": len(revokes),
+            "drop_to_release_ms": drops,
+            "drop_to_release_p50_ms": percentile(drops, 0.5), "drop_to_release_p99_ms": percentile(drops, 0.99)}
+
+
+def warm_up(workdir) -> dict:
+    """Three ways back for an 8 GiB working set pushed to host memory: the shim's
+    bulk prefetch on the grant, page faults (NVSHARE_PREFETCH=0), and, as the
+    ceiling, the process prefetching by hand with no agent (so no lock at all)."""
+    agent = Agent(workdir, idle_release_ms=1000)
+    command = [sys.executable, str(HERE / "warmup.py"), "--gib", "8"]
+    runs = {"prefetch": [], "page_faults": [], "driver_prefetch": []}
+    shim_logs = []
+    try:
+        for _ in range(3):
+            runs["prefetch"].append(run_json(command, env=agent.env(NVSHARE_PREFETCH=1, NVSHARE_DEBUG=1),
+                                             timeout=180, stderr_into=shim_logs)["gb_per_s"])
+            runs["page_faults"].append(run_json(command, env=agent.env(NVSHARE_PREFETCH=0), timeout=180)["gb_per_s"])
+            no_agent = agent.env(NVSHARE_SOCKET=workdir / "no-agent.sock")
+            runs["driver_prefetch"].append(run_json(command + ["--self-prefetch"], env=no_agent,
+                                                    timeout=180)["gb_per_s"])
+    finally:
+        agent.stop()
+    # The shim's own timing of each bulk prefetch (NVSHARE_DEBUG): where the time goes.
+    shim_prefetch = [line.split("nvshare", 1)[-1] for log in shim_logs for line in log.splitlines()
+                     if "prefetch gpu=" in line]
+    best = {mode: statistics.median(values) for mode, values in runs.items()}
+    return {"gb_per_s": runs, "prefetch_gb_per_s": best["prefetch"], "page_fault_gb_per_s": best["page_faults"],
+            "driver_prefetch_gb_per_s": best["driver_prefetch"], "shim_prefetch_log": shim_prefetch,
+            "speedup": best["prefetch"] / best["page_faults"]}
+
+
+def notebook_beside_trainer(workdir, time_quantum_s, seconds) -> dict:
+    agent = Agent(workdir, time_quantum_s=time_quantum_s)
+    try:
+        # The trainer outlives the notebook (it is stopped afterwards), so every burst competes with it.
+        training = start_json(trainer("--seconds", str(seconds + 120)), env=agent.env())
+        time.sleep(8)  # the trainer holds the GPU and is busy
+        notebook = start_json([sys.executable, str(HERE / "notebook.py"), "--seconds", str(seconds)],
+                              env=agent.env())
+        bursts = finish_json(notebook, timeout=seconds + 120)
+        if training.poll() is not None:
+            raise RuntimeError(f"the trainer stopped before the notebook:\n{training.stderr.read()[-3000:]}")
+        training.terminate()
+        training.communicate(timeout=30)
+        waits = [float(e["waited_ms"]) for e in agent.events("grant") if e.get("pid") == str(notebook.pid)]
+    finally:
+        agent.stop()
+    return {"time_quantum_s": time_quantum_s, "grant_waits_ms": waits,
+            "wait_p50_ms": percentile(waits, 0.5), "wait_p95_ms": percentile(waits, 0.95),
+            "burst_latency_p50_s": percentile(bursts["burst_latencies_s"], 0.5),
+            "burst_latency_p95_s": percentile(bursts["burst_latencies_s"], 0.95),
+            "bursts": len(bursts["burst_latencies_s"])}
+
+
+def check_memory() -> int:
+    free_mib = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True, check=True).stdout.split()[0])
+    if PLANNED_MANAGED_GIB * 1024 > free_mib / 2:
+        sys.exit(f"bench: refusing to start: {PLANNED_MANAGED_GIB} GiB of managed memory is more than half of "
+                 f"the GPU's free {free_mib} MiB")
+    return free_mib
+
+
+def environment() -> dict:
+    import torch
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+    return {"date": time.strftime("%Y-%m-%d"), "gpu_and_driver": smi, "cuda": torch.version.cuda,
+            "torch": torch.__version__, "python": sys.version.split()[0]}
+
+
+def main() -> None:
+    results_dir = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else REPO / "results" / "gpu")
+    results_dir.mkdir(parents=True, exist_ok=True)
+    free_mib = check_memory()
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="nvshare-gpu-bench-"))
+    launch_loop = str(workdir / "launch_loop")
+    subprocess.run(["nvcc", "-O2", "-o", launch_loop, str(HERE / "launch_loop.cu")], check=True)
+
+    results = {"environment": environment(), "gpu_free_mib_at_start": free_mib}
+    phases = [
+        ("overhead", lambda: sole_process_overhead(workdir, launch_loop)),
+        ("solo", lambda: solo_run(20)),
+        ("pair_tq2", lambda: pair_run(workdir, 30, time_quantum_s=2)),
+        ("pair_tq5", lambda: pair_run(workdir, 35, time_quantum_s=5)),
+        ("pair_off", lambda: pair_run(workdir, 20, time_quantum_s=2, anti_thrash=False)),
+        ("warmup", lambda: warm_up(workdir)),
+        ("prefetch_probe", lambda: run_json([sys.executable, str(HERE / "prefetch_probe.py"), "--gib", "8"])),
+        ("notebook_tq30", lambda: notebook_beside_trainer(workdir, 30, 40)),
+        ("notebook_tq2", lambda: notebook_beside_trainer(workdir, 2, 24)),
+    ]
+    only = set(os.environ.get("NVSHARE_BENCH_ONLY", "").split(",")) - {""}
+    for name, phase in phases:
+        if only and name not in only:
+            continue
+        started = time.monotonic()
+        try:
+            results[name] = phase()
+        except Exception as error:  # one failed phase must not lose the others' numbers
+            results[name] = {"error": str(error)[-2000:]}
+        results[name]["phase_seconds"] = round(time.monotonic() - started, 1)
+        print(f"bench: {name} done in {results[name]['phase_seconds']} s", flush=True)
+        (results_dir / "gpu.json").write_text(json.dumps(results, indent=2))
+    print_table(results)
+
+
+def print_table(results: dict) -> None:
+    def get(phase, key, fmt="{:.3f}"):
+        value = results.get(phase, {}).get(key)
+        return "n/a" if value is None else fmt.format(value)
+
+    solo = results.get("solo", {}).get("steps_per_s")
+
+    def vs_solo(phase):
+        rate = results.get(phase, {}).get("aggregate_steps_per_s")
+        return "n/a" if rate is None or not solo else f"{rate / solo:.3f}x"
+
+    def shares(phase):
+        values = results.get(phase, {}).get("shares")
+        return "n/a" if not values else " / ".join(f"{100 * v:.1f}%" for v in values)
+
+    rows = [
+        ("1 training step ratio, shim/plain (median of 3)", get("overhead", "step_ratio_median", "{:.4f}"), "<= 1.002"),
+        ("1 results identical with and without shim", get("overhead", "results_identical", "{}"), "True"),
+        ("1 launch cost delta, us/launch", get("overhead", "launch_us_delta", "{:+.3f}"), "<= +0.3"),
+        ("2 drop->release p50/p99 ms, TQ 2 s",
+         f"{get('pair_tq2', 'drop_to_release_p50_ms', '{:.1f}')} / {get('pair_tq2', 'drop_to_release_p99_ms', '{:.1f}')}",
+         "<= 100"),
+        ("2 drop->release p50/p99 ms, TQ 5 s",
+         f"{get('pair_tq5', 'drop_to_release_p50_ms', '{:.1f}')} / {get('pair_tq5', 'drop_to_release_p99_ms', '{:.1f}')}",
+         "<= 100"),
+        ("3 two trainers, anti-thrash on, TQ 2: aggregate vs solo", vs_solo("pair_tq2"), ">= 1.05x"),
+        ("3 shares, anti-thrash on, TQ 2", shares("pair_tq2"), "45-55%"),
+        ("3 two trainers, anti-thrash off: aggregate vs solo", vs_solo("pair_off"), "(compare)"),
+        ("3 GPU busy fraction: solo / TQ 2 / TQ 5",
+         " / ".join(get(p, "gpu_busy_fraction", "{:.3f}") for p in ("solo", "pair_tq2", "pair_tq5")), "(why)"),
+        ("4 warm-up GB/s, bulk prefetch", get("warmup", "prefetch_gb_per_s", "{:.1f}"), ">= 45"),
+        ("4 warm-up GB/s, page faults", get("warmup", "page_fault_gb_per_s", "{:.1f}"), "(~8.5)"),
+        ("4 prefetch / page faults", get("warmup", "speedup", "{:.1f}x"), ">= 5x"),
+        ("4 warm-up GB/s, process prefetching by hand, no lock", get("warmup", "driver_prefetch_gb_per_s", "{:.1f}"),
+         "(ceiling)"),
+        ("5 notebook wait p50/p95 ms, TQ 30 s",
+         f"{get('notebook_tq30', 'wait_p50_ms', '{:.0f}')} / {get('notebook_tq30', 'wait_p95_ms', '{:.0f}')}", "(report)"),
+        ("5 notebook wait p50/p95 ms, TQ 2 s",
+         f"{get('notebook_tq2', 'wait_p50_ms', '{:.0f}')} / {get('notebook_tq2', 'wait_p95_ms', '{:.0f}')}", "(report)"),
+    ]
+    print(f"\n{'figure':<58}{'measured':>18}  target")
+    for label, value, target in rows:
+        print(f"{label:<58}{value:>18}  {target}")
+
+
+if __name__ == "__main__":
+    main()

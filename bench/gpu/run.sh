@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# GPU benchmark entry point: builds the shim, makes the checkout's agent
+# importable without installing it, and runs bench/gpu/run.py.
+#   bench/gpu/run.sh [RESULTS_DIR]
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+make -s -C "$repo/shim"
+# pyproject maps the folder agent/ to the package nvshare_agent; a symlink with
+# the package's name does the same for a checkout that is not installed.
+pypath=$(mktemp -d)
+ln -s "$repo/agent" "$pypath/nvshare_agent"
+export PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+exec python3 "$repo/bench/gpu/run.py" "$@"

@@ -1,0 +1,60 @@
+"""The reference training loop: 6 x Linear(4096), batch 8192, fp32, SGD.
+
+Prints one JSON line: wall-clock time of every step, the last loss and a
+checksum of the weights (equal with and without the shim when results are
+identical)."""
+import argparse
+import json
+import time
+
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=0, help="stop after this many steps")
+    parser.add_argument("--seconds", type=float, default=0.0, help="or after this long")
+    parser.add_argument("--width", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=8192)
+    parser.add_argument("--gpu-spans", action="store_true",
+                        help="also time each step on the GPU (first kernel to last), to see idle gaps")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    inputs = torch.randn(args.batch, args.width, device="cuda")
+    targets = torch.randn(args.batch, args.width, device="cuda")
+
+    step_times, spans, loss = [], [], None
+    started = time.time()
+    while True:
+        if args.gpu_spans:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        if args.gpu_spans:
+            end.record()
+        loss_value = loss.item()  # one sync per step, as real loops log the loss
+        step_times.append(time.time())
+        if args.gpu_spans:
+            spans.append(begin.elapsed_time(end) / 1000)
+        if args.steps and len(step_times) >= args.steps:
+            break
+        if args.seconds and step_times[-1] - started >= args.seconds:
+            break
+    checksum = sum(float(p.double().sum()) for p in model.parameters())
+    result = {"step_times": step_times, "loss": loss_value, "checksum": checksum}
+    if args.gpu_spans:
+        result["gpu_spans_s"] = spans
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
