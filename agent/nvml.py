@@ -42,13 +42,11 @@ async def read_inventory(timeout_s: float = READ_TIMEOUT_S) -> tuple[list[GpuInf
     try:
         out, err = await asyncio.wait_for(child.communicate(), timeout_s)
     except asyncio.TimeoutError:
-        child.kill()
-        await child.wait()
         return [], f"NVML did not answer within {timeout_s:g} s"
-    except asyncio.CancelledError:
-        child.kill()
-        await child.wait()
-        raise
+    finally:
+        if child.returncode is None:  # timed out, or the agent is stopping
+            child.kill()
+            await child.wait()
     try:
         answer = json.loads(out.decode().strip().splitlines()[-1])
         gpus = [GpuInfo(bytes.fromhex(g["uuid"]), g["name"], int(g["memory_total_bytes"]))

@@ -105,8 +105,9 @@ static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms
     }
 }
 
-/* The newest pending mark after which no more than max_queued_ms of launches
- * stay queued, or NULL when all that is pending fits. */
+/* The oldest pending mark behind which at most max_queued_ms of launches are
+ * queued (waiting on it is the shortest wait that restores the bound), or
+ * NULL when all that is pending fits. */
 static CUevent mark_to_wait_for(struct launch_queue *queue, unsigned max_queued_ms)
 {
     double allowed_launches = max_queued_ms / queue->ms_per_launch;

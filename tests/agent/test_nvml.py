@@ -4,6 +4,7 @@ in fake_nvml/ (real NVML is checked on the GPU machine)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from pathlib import Path
@@ -67,3 +68,28 @@ def test_the_agent_logs_its_inventory(fake_nvml, start_agent):
                        r"memory_total_bytes=85520809984")
     agent.wait_for_log(r"gpu uuid=GPU-11111111-2222-3333-4444-555555555555 name=NVIDIA_L4")
     assert "MIG" not in agent.log()
+
+
+async def test_an_agent_stopping_while_nvml_hangs_leaves_no_reader_behind(fake_nvml):
+    fake_nvml("hangs")
+    reading = asyncio.create_task(nvml.read_inventory())
+    await asyncio.sleep(1.0)
+    assert nvml_readers(), "the reader was not started"
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+    assert nvml_readers() == []
+
+
+def nvml_readers() -> list[int]:
+    """Live processes running `-m nvshare_agent.nvml` (zombies are not running)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if b"nvshare_agent.nvml" in command and state != "Z":
+            found.append(int(entry.name))
+    return found
