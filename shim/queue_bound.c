@@ -70,7 +70,7 @@ static int is_per_thread(int hook_id)
     return length > 5 && strcmp(name + length - 5, "_ptsz") == 0;
 }
 
-static unsigned launches_per_window(double ms_per_launch, unsigned max_queued_ms)
+static unsigned launches_per_mark_for(double ms_per_launch, unsigned max_queued_ms)
 {
     double launches = max_queued_ms / WINDOWS_PER_BOUND / ms_per_launch;
     if (launches < MIN_LAUNCHES_PER_MARK)
@@ -98,7 +98,7 @@ static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms
             /* Windows shrink at once when kernels get longer, grow as the average falls. */
             double slowest = sample > queue->ms_per_launch ? sample : queue->ms_per_launch;
             atomic_store_explicit(&queue->launches_per_mark,
-                                  launches_per_window(slowest, max_queued_ms), memory_order_relaxed);
+                                  launches_per_mark_for(slowest, max_queued_ms), memory_order_relaxed);
         }
         queue->have_completed = 1;
         queue->head++;
@@ -111,18 +111,15 @@ static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms
 static CUevent mark_to_wait_for(struct launch_queue *queue, unsigned max_queued_ms)
 {
     double allowed_launches = max_queued_ms / queue->ms_per_launch;
-    double pending = 0;
-    for (unsigned i = queue->head; i != queue->tail; i++)
-        pending += queue->ring[i % RING_SLOTS].launches;
-    if (pending <= allowed_launches)
-        return NULL;
-    unsigned mark = queue->tail - 1;
-    double after = 0;   /* launches queued behind ring[mark] */
-    while (after + queue->ring[mark % RING_SLOTS].launches <= allowed_launches) {
-        after += queue->ring[mark % RING_SLOTS].launches;
+    double behind = 0;  /* launches queued behind the mark looked at */
+    for (unsigned mark = queue->tail; mark != queue->head;) {
         mark--;
+        unsigned launches = queue->ring[mark % RING_SLOTS].launches;
+        if (behind + launches > allowed_launches)
+            return queue->ring[mark % RING_SLOTS].event;
+        behind += launches;
     }
-    return queue->ring[mark % RING_SLOTS].event;
+    return NULL;
 }
 
 void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
