@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 import statistics
 import subprocess
 import sys
