@@ -1,7 +1,14 @@
 """The shim under memory checkers: valgrind memcheck and an AddressSanitizer
 build (`make shim-asan`, part of `make check`), each on a client that reaches
 the driver through every path the workload has (allocation kinds, all launch
-flavours, idle release and re-grant, VMM, IPC)."""
+flavours, idle release and re-grant, VMM, IPC), and a fork under valgrind.
+
+The fork runs under valgrind only: GCC 12's AddressSanitizer runtime (Debian
+bookworm) takes no allocator locks around fork(), so a child forked while
+another thread is inside ASan's allocator deadlocks at its first allocation
+(seen once in ~25 runs on a loaded 2-core machine: the child's new thread stuck
+in ASan's SizeClassAllocator mutex).  LLVM added those fork handlers in
+llvm-project#75290; valgrind runs one thread at a time, so its fork is safe."""
 
 import subprocess
 
@@ -20,16 +27,29 @@ def test_shim_is_valgrind_clean(world, agent):
     agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b")
 
 
+def test_forked_child_is_valgrind_clean(world, agent):
+    # Memory errors only: in a child forked from a threaded process whatever the
+    # parent's other threads held (the stand-in's events, the shim's maps, which
+    # its fork handler leaves alone) is unreachable, so leak reports there say
+    # nothing; the two tests around this one check leaks without a fork.
+    valgrind = ["valgrind", "-q", "--error-exitcode=99", "--leak-check=no"]
+    client = world.client("procaddr", *WORKLOAD, "--stream", "--fork", prefix=valgrind)
+    code = client.wait(timeout=120)
+    assert code == 0, f"memcheck found errors (exit {code})\n{client.describe()}"
+    result = client.result()
+    assert result["result"] == "ok" and result["fork_child"] == "ok"
+
+
 def test_shim_is_asan_clean(world, agent):
     assert SHIM_ASAN.exists(), "no ASan build of the shim: run `make shim-asan` (make check does)"
     libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
     # The ASan runtime must come first when the program itself is not instrumented.
     env = world.env(preload=f"{libasan} {SHIM_ASAN}", ASAN_OPTIONS="detect_leaks=1:exitcode=98:abort_on_error=0")
-    client = world.client("dlsym", *WORKLOAD, "--fork", env=env)
+    client = world.client("dlsym", *WORKLOAD, env=env)
     code = client.wait(timeout=120)
     assert code == 0, f"AddressSanitizer found errors (exit {code})\n{client.describe()}"
     result = client.result()
-    assert result["result"] == "ok" and result["fork_child"] == "ok"
+    assert result["result"] == "ok"
     assert "ERROR: AddressSanitizer" not in client.stderr and "LeakSanitizer" not in client.stderr
     agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b")
 
