@@ -65,6 +65,10 @@ def main(argv=None) -> int:
     # write to it must cost us an EPIPE on that connection, never the process.
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     raise_fd_limit()
+    # Once the socket exists, clients and systemd see us as started; a SIGTERM
+    # from then until the event loop handles it must not kill us half way (the
+    # socket file would stay behind): hold it back until run() takes over.
+    signal.pthread_sigmask(signal.SIG_BLOCK, daemon.STOP_SIGNALS)
     try:
         listening, bound_path = daemon.open_listening_socket(args.socket)
     except systemd.SocketSetupError as e:

@@ -27,6 +27,7 @@ from .eventlog import events as log
 # over thousands of times a second, and D-Bus watchers need not see each one.
 CHANGE_COALESCE_S = 0.1
 STATUS_INTERVAL_S = 2.0
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 class Agent:
@@ -140,8 +141,11 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
     notifier = systemd.Notifier()
 
     stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, stop.set)
+    # Held back since before the socket was bound (see __main__): one that came
+    # in meanwhile is delivered now, to the handler, and stops us cleanly.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     s = agent.settings
     log.info("serving time_quantum_s=%d anti_thrash=%s idle_release_ms=%d drop_grace_ms=%d state_dir=%s",

@@ -115,6 +115,20 @@ def test_socket_is_world_connectable_and_removed_on_stop(start_agent):
     assert "INFO stopping" in agent.log()
 
 
+@pytest.mark.parametrize("attempt", range(5))
+def test_sigterm_while_starting_is_a_clean_stop(tmp_path, attempt):
+    # systemd (or a test) may stop the agent the moment its socket exists, before
+    # the event loop serves: that must be the same clean stop as any other.
+    agent = AgentProcess(tmp_path / "agent").start(wait=False)
+    try:
+        wait_until(lambda: agent.socket_path.exists() or not agent.alive(), what="the socket to be bound",
+                   interval=0.0005)
+        assert agent.stop() == 0, agent.log()
+        assert not agent.socket_path.exists()
+    finally:
+        agent.stop()
+
+
 async def test_settings_changed_at_run_time_survive_a_restart(tmp_path):
     state_dir = tmp_path / "state"
     agent = Agent(Settings(), SettingsStore(state_dir))
