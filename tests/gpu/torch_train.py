@@ -2,7 +2,10 @@
 
 Prints one JSON line: the loss after each step, a checksum of the weights,
 whether the parameters live in managed memory (cuPointerGetAttribute), and the
-wall-clock time of every step (the tests read alternation from them).
+wall-clock time of every step (the tests read alternation from them).  With
+--graph, three eager steps warm up on a side stream and the whole step
+(forward, backward, optimizer) is then captured once as a CUDA graph and
+replayed: the stream-capture path under the shim.
 """
 import argparse
 import ctypes
@@ -24,6 +27,25 @@ def is_managed(pointer: int) -> bool:
     return bool(flag.value)
 
 
+def capture(train_step, losses):
+    """PyTorch's whole-network capture: warm up on a side stream, capture one
+    step, return a function that replays it (the same tensors every time)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            losses.append(train_step().item())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured_loss = train_step()
+
+    def replay():
+        graph.replay()
+        return captured_loss
+    return replay
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
@@ -31,6 +53,7 @@ def main() -> None:
                         help="train for this long instead of --steps")
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=2048)
+    parser.add_argument("--graph", action="store_true", help="replay a captured CUDA graph of the step")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -43,14 +66,19 @@ def main() -> None:
     inputs = torch.randn(args.batch, args.width, device=device)
     targets = torch.randn(args.batch, args.width, device=device)
 
-    losses, step_times = [], []
-    started = time.time()
-    step = 0
-    while (step < args.steps) if args.seconds <= 0 else (time.time() - started < args.seconds):
+    def train_step():
         optimizer.zero_grad(set_to_none=True)
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
         loss.backward()
         optimizer.step()
+        return loss
+
+    losses, step_times = [], []
+    run_step = capture(train_step, losses) if args.graph else train_step
+    started = time.time()
+    step = 0
+    while (step < args.steps) if args.seconds <= 0 else (time.time() - started < args.seconds):
+        loss = run_step()
         losses.append(loss.item())  # one sync per step, as real loops log the loss
         step_times.append(time.time())
         step += 1
