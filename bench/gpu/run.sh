@@ -2,6 +2,7 @@
 # GPU benchmark entry point: builds the shim, makes the checkout's agent
 # importable without installing it, and runs bench/gpu/run.py.
 #   bench/gpu/run.sh [RESULTS_DIR]
+#   bench/gpu/run.sh --against-original ORIGINAL_BUILD [RESULTS_DIR]   (original.py)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -11,4 +12,6 @@ pypath=$(mktemp -d)
 ln -s "$repo/agent" "$pypath/nvshare_agent"
 export PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-exec python3 "$repo/bench/gpu/run.py" "$@"
+script=run.py
+if [ "${1:-}" = --against-original ]; then script=original.py; shift; fi
+exec python3 "$repo/bench/gpu/$script" "$@"

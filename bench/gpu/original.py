@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Two trainers sharing the GPU under nvshare and under the original nvshare
+(grgalex/nvshare), the reference issue 6 measures against, in one run.
+
+    bench/gpu/run.sh --against-original ORIGINAL_BUILD [RESULTS]
+
+ORIGINAL_BUILD holds `nvshare-scheduler`, `nvsharectl` and `libnvshare.so`
+built from grgalex/nvshare's src/ (its Makefile).  Its socket path is compiled
+in (/var/run/nvshare/scheduler.sock): run this as root, with no other
+scheduler of it running.  Both tools see the same trainer (trainer.py) and the
+same measures (run.py's pair_measures): aggregate step rate over the window
+both ran, shares, GPU busy fraction, turn lengths from the step times, and
+drop-to-release as each scheduler saw it (ours from the agent's log, the
+original's from the arrival of its scheduler's log lines), also with trainers
+that let work queue ahead (loss read every 50 steps).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import run as bench
+
+ORIGINAL_SOCKET = pathlib.Path("/var/run/nvshare/scheduler.sock")
+
+
+class OriginalScheduler:
+    """The original's scheduler, its log lines stamped with the time they arrived."""
+
+    def __init__(self, build: pathlib.Path, workdir: pathlib.Path, time_quantum_s: int, anti_thrash=True):
+        self.build = build
+        self.lines: list[tuple[float, str]] = []
+        ORIGINAL_SOCKET.unlink(missing_ok=True)
+        env = dict(os.environ)
+        env.pop("LD_PRELOAD", None)
+        # It logs on stderr, unbuffered, so the arrival time of a line is the time of the event.
+        self.process = subprocess.Popen([str(build / "nvshare-scheduler")], stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        deadline = time.monotonic() + 10
+        while not ORIGINAL_SOCKET.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("original scheduler did not start:\n" + "".join(l for _, l in self.lines))
+            time.sleep(0.05)
+        for setting in (f"--set-tq={time_quantum_s}", f"--anti-thrash={'on' if anti_thrash else 'off'}"):
+            subprocess.run([str(build / "nvsharectl"), setting], check=True, capture_output=True, env=env,
+                           timeout=10)
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append((time.monotonic(), line))
+
+    def env(self) -> dict:
+        env = dict(os.environ, LD_PRELOAD=str(self.build / "libnvshare.so"))
+        env.pop("NVSHARE_SOCKET", None)
+        return env
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.reader.join(5)
+
+    def drop_to_release_ms(self) -> list[float]:
+        """From "Sent DROP_LOCK to client C" to "Received LOCK_RELEASED from C", as our agent measures it."""
+        sent_at, drops = {}, []
+        for stamp, line in self.lines:
+            words = line.split()
+            if "Sent DROP_LOCK to client" in line:
+                sent_at[words[-1]] = stamp
+            elif "Received LOCK_RELEASED from" in line and words[-1] in sent_at:
+                drops.append((stamp - sent_at.pop(words[-1])) * 1000)
+        return drops
+
+
+def original_solo(build, workdir, seconds, time_quantum_s) -> dict:
+    scheduler = OriginalScheduler(build, workdir, time_quantum_s)
+    try:
+        result = bench.run_json(bench.trainer("--seconds", str(seconds), "--gpu-spans"), env=scheduler.env())
+    finally:
+        scheduler.stop()
+    rate = bench.steps_per_s(result["step_times"])
+    return {"steps_per_s": rate, "gpu_step_s": bench.gpu_step_s(result),
+            "gpu_busy_fraction": rate * bench.gpu_step_s(result)}
+
+
+def original_pair(build, workdir, seconds, time_quantum_s) -> dict:
+    scheduler = OriginalScheduler(build, workdir, time_quantum_s)
+    try:
+        results = bench.run_pair(scheduler.env(), seconds)
+    finally:
+        scheduler.stop()
+    return {**bench.pair_measures(results), **bench.drop_stats(scheduler.drop_to_release_ms())}
+
+
+def original_pair_queued(build, workdir, seconds, time_quantum_s) -> dict:
+    scheduler = OriginalScheduler(build, workdir, time_quantum_s)
+    try:
+        bench.run_pair(scheduler.env(), seconds, *bench.QUEUE_AHEAD)
+    finally:
+        scheduler.stop()
+    return bench.drop_stats(scheduler.drop_to_release_ms())
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit("usage: original.py ORIGINAL_BUILD [RESULTS]")
+    build = pathlib.Path(sys.argv[1]).resolve()
+    missing = [name for name in ("nvshare-scheduler", "nvsharectl", "libnvshare.so") if not (build / name).exists()]
+    if missing:
+        sys.exit(f"original.py: {build} lacks {', '.join(missing)}")
+    results_dir = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else bench.REPO / "results" / "gpu")
+    results_dir.mkdir(parents=True, exist_ok=True)
+    free_mib = bench.check_memory()
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="nvshare-vs-original-"))
+    results = {"environment": bench.environment(), "gpu_free_mib_at_start": free_mib}
+    phases = [  # interleaved, so drift hits both tools alike
+        ("solo", lambda: bench.solo_run(20)),
+        ("original_solo_tq5", lambda: original_solo(build, workdir, 20, 5)),
+        ("nvshare_tq5", lambda: bench.pair_run(workdir, 35, time_quantum_s=5)),
+        ("original_tq5", lambda: original_pair(build, workdir, 35, 5)),
+        ("nvshare_tq2", lambda: bench.pair_run(workdir, 30, time_quantum_s=2)),
+        ("original_tq2", lambda: original_pair(build, workdir, 30, 2)),
+        ("nvshare_tq5_queued", lambda: bench.pair_run(workdir, 35, queue_ahead=True, time_quantum_s=5)),
+        ("original_tq5_queued", lambda: original_pair_queued(build, workdir, 35, 5)),
+        ("nvshare_tq2_queued", lambda: bench.pair_run(workdir, 30, queue_ahead=True, time_quantum_s=2)),
+        ("original_tq2_queued", lambda: original_pair_queued(build, workdir, 30, 2)),
+    ]
+    for name, phase in phases:
+        started = time.monotonic()
+        try:
+            results[name] = phase()
+        except Exception as error:  # one failed phase must not lose the others' numbers
+            results[name] = {"error": str(error)[-2000:]}
+        results[name]["phase_seconds"] = round(time.monotonic() - started, 1)
+        print(f"bench: {name} done in {results[name]['phase_seconds']} s", flush=True)
+        (results_dir / "original.json").write_text(json.dumps(results, indent=2))
+    print_table(results)
+
+
+def print_table(results: dict) -> None:
+    solo = results.get("solo", {}).get("steps_per_s")
+
+    def cell(phase, render):
+        try:
+            return render(results[phase])
+        except (KeyError, TypeError, ZeroDivisionError):
+            return "n/a"
+
+    def drops(v):
+        return f"{v['drop_to_release_p50_ms']:.0f} / {v['drop_to_release_p99_ms']:.0f}"
+
+    rows = [
+        ("aggregate step rate / solo", lambda v: f"{v['aggregate_steps_per_s'] / solo:.3f}x"),
+        ("shares", lambda v: " / ".join(f"{100 * x:.1f}%" for x in v["shares"])),
+        ("GPU busy fraction (> 1: both compute at once)", lambda v: f"{v['gpu_busy_fraction']:.3f}"),
+        ("turns / turn p50 / turn max, s", lambda v: f"{v['turns']} / {v['turn_p50_s']:.2f} / {v['turn_max_s']:.2f}"),
+        ("drop -> release p50 / p99 ms", drops),
+    ]
+    def rate(v):
+        return v["steps_per_s"]
+
+    print(f"\nsolo, no tool: {cell('solo', lambda v: f'{rate(v):.2f}')} steps/s; under the original "
+          f"(TQ 5 s): {cell('original_solo_tq5', lambda v: f'{rate(v) / solo:.3f}')} of that")
+    print(f"{'two trainers':<58}{'nvshare':>22}{'original':>22}")
+    for tq in (5, 2):
+        for label, render in rows:
+            print(f"{f'TQ {tq} s: ' + label:<58}{cell(f'nvshare_tq{tq}', render):>22}"
+                  f"{cell(f'original_tq{tq}', render):>22}")
+    for tq in (5, 2):
+        print(f"{f'TQ {tq} s, loss read every 50 steps: drop -> release p50 / p99 ms':<58}"
+              f"{cell(f'nvshare_tq{tq}_queued', drops):>22}{cell(f'original_tq{tq}_queued', drops):>22}")
+
+
+if __name__ == "__main__":
+    main()
