@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Two trainers sharing the GPU under nvshare and under the original nvshare
-(grgalex/nvshare), the reference issue 6 measures against, in one run.
+"""nvshare and the original nvshare (grgalex/nvshare), the reference issue 6
+measures against, side by side in one run.
 
     bench/gpu/run.sh --against-original ORIGINAL_BUILD [RESULTS]
+    NVSHARE_BENCH_ONLY=nvshare_overhead,original_overhead bench/gpu/run.sh --against-original ...
 
 ORIGINAL_BUILD holds `nvshare-scheduler`, `nvsharectl` and `libnvshare.so`
 built from grgalex/nvshare's src/ (its Makefile).  Its socket path is compiled
 in (/var/run/nvshare/scheduler.sock): run this as root, with no other
-scheduler of it running.  Both tools see the same trainer (trainer.py) and the
-same measures (run.py's pair_measures): aggregate step rate over the window
-both ran, shares, GPU busy fraction, turn lengths from the step times, and
-drop-to-release as each scheduler saw it (ours from the agent's log, the
+scheduler of it running.  Both tools get the same workloads and measures: one
+process alone (run.py's sole_process_overhead: step ratio, identical results,
+launch cost); two trainers (run.py's pair_measures: aggregate step rate over
+the window both ran, shares, GPU busy fraction, turns from the step times);
+drop to release as each scheduler saw it (ours from the agent's log, the
 original's from the arrival of its scheduler's log lines), also with trainers
 that let work queue ahead (loss read every 50 steps).
 """
@@ -102,6 +104,14 @@ def original_pair(build, workdir, seconds, time_quantum_s) -> dict:
     return {**bench.pair_measures(results), **bench.drop_stats(scheduler.drop_to_release_ms())}
 
 
+def original_overhead(build, workdir, launch_loop) -> dict:
+    scheduler = OriginalScheduler(build, workdir, 30)  # its default quantum: a run alone is not dropped
+    try:
+        return bench.sole_process_overhead(scheduler.env(), launch_loop)
+    finally:
+        scheduler.stop()
+
+
 def original_pair_queued(build, workdir, seconds, time_quantum_s) -> dict:
     scheduler = OriginalScheduler(build, workdir, time_quantum_s)
     try:
@@ -123,7 +133,10 @@ def main() -> None:
     free_mib = bench.check_memory()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="nvshare-vs-original-"))
     results = {"environment": bench.environment(), "gpu_free_mib_at_start": free_mib}
+    launch_loop = bench.build_launch_loop(workdir)
     phases = [  # interleaved, so drift hits both tools alike
+        ("nvshare_overhead", lambda: bench.nvshare_overhead(workdir, launch_loop)),
+        ("original_overhead", lambda: original_overhead(build, workdir, launch_loop)),
         ("solo", lambda: bench.solo_run(20)),
         ("original_solo_tq5", lambda: original_solo(build, workdir, 20, 5)),
         ("nvshare_tq5", lambda: bench.pair_run(workdir, 35, time_quantum_s=5)),
@@ -135,7 +148,10 @@ def main() -> None:
         ("nvshare_tq2_queued", lambda: bench.pair_run(workdir, 30, queue_ahead=True, time_quantum_s=2)),
         ("original_tq2_queued", lambda: original_pair_queued(build, workdir, 30, 2)),
     ]
+    only = set(os.environ.get("NVSHARE_BENCH_ONLY", "").split(",")) - {""}
     for name, phase in phases:
+        if only and name not in only:
+            continue
         started = time.monotonic()
         try:
             results[name] = phase()
@@ -171,6 +187,11 @@ def print_table(results: dict) -> None:
 
     print(f"\nsolo, no tool: {cell('solo', lambda v: f'{rate(v):.2f}')} steps/s; under the original "
           f"(TQ 5 s): {cell('original_solo_tq5', lambda v: f'{rate(v) / solo:.3f}')} of that")
+    for label, key, fmt in (("one process: training step ratio, tool / none", "step_ratio_median", "{:.4f}"),
+                            ("one process: results identical", "results_identical", "{}"),
+                            ("one process: empty-kernel launch, tool - none, us", "launch_us_delta", "{:+.3f}")):
+        print(f"{label:<58}{cell('nvshare_overhead', lambda v: fmt.format(v[key])):>22}"
+              f"{cell('original_overhead', lambda v: fmt.format(v[key])):>22}")
     print(f"{'two trainers':<58}{'nvshare':>22}{'original':>22}")
     for tq in (5, 2):
         for label, render in rows:

@@ -113,31 +113,43 @@ def median_step_s(step_times, skip=10) -> float:
     return statistics.median(deltas)
 
 
-def sole_process_overhead(workdir, launch_loop) -> dict:
-    agent = Agent(workdir)
-    try:
-        ratios, identical = [], []
-        # Interleaved pairs, the order flipping each time, so neither drift nor the GPU warming
-        # over a pair favours one side.
-        for pair in range(3):
-            runs = {shimmed: run_json(trainer("--steps", "60"), env=agent.env() if shimmed else None)
-                    for shimmed in ((False, True) if pair % 2 == 0 else (True, False))}
-            plain, shared = runs[False], runs[True]
-            ratios.append(median_step_s(shared["step_times"]) / median_step_s(plain["step_times"]))
-            identical.append(plain["checksum"] == shared["checksum"] and plain["loss"] == shared["loss"])
-        plain_us, shared_us = [], []
-        for pair in range(7):  # each run reports its fastest of 5 rounds of 100,000 launches
-            for shimmed in (False, True) if pair % 2 == 0 else (True, False):
-                us = run_json([launch_loop, "100000", "5"], env=agent.env() if shimmed else None)["us_per_launch"]
-                (shared_us if shimmed else plain_us).append(us)
-    finally:
-        agent.stop()
+def build_launch_loop(workdir) -> str:
+    launch_loop = str(workdir / "launch_loop")
+    subprocess.run(["nvcc", "-O2", "-o", launch_loop, str(HERE / "launch_loop.cu")], check=True)
+    return launch_loop
+
+
+def sole_process_overhead(tool_env, launch_loop) -> dict:
+    """One process alone, without and with a sharing tool (tool_env: its environment; the
+    "shim" figures are the tool's)."""
+    ratios, identical = [], []
+    # Interleaved pairs, the order flipping each time, so neither drift nor the GPU warming
+    # over a pair favours one side.
+    for pair in range(3):
+        runs = {shimmed: run_json(trainer("--steps", "60"), env=tool_env if shimmed else None)
+                for shimmed in ((False, True) if pair % 2 == 0 else (True, False))}
+        plain, shared = runs[False], runs[True]
+        ratios.append(median_step_s(shared["step_times"]) / median_step_s(plain["step_times"]))
+        identical.append(plain["checksum"] == shared["checksum"] and plain["loss"] == shared["loss"])
+    plain_us, shared_us = [], []
+    for pair in range(7):  # each run reports its fastest of 5 rounds of 100,000 launches
+        for shimmed in (False, True) if pair % 2 == 0 else (True, False):
+            us = run_json([launch_loop, "100000", "5"], env=tool_env if shimmed else None)["us_per_launch"]
+            (shared_us if shimmed else plain_us).append(us)
     return {"step_ratio_median": statistics.median(ratios), "step_ratios": ratios,
             "results_identical": all(identical),
             "launch_us_plain_median": statistics.median(plain_us),
             "launch_us_shim_median": statistics.median(shared_us),
             "launch_us_delta": statistics.median(shared_us) - statistics.median(plain_us),
             "launch_us_plain": plain_us, "launch_us_shim": shared_us}
+
+
+def nvshare_overhead(workdir, launch_loop) -> dict:
+    agent = Agent(workdir)
+    try:
+        return sole_process_overhead(agent.env(), launch_loop)
+    finally:
+        agent.stop()
 
 
 def steps_per_s(step_times, skip=5) -> float:
@@ -294,12 +306,11 @@ def main() -> None:
     results_dir.mkdir(parents=True, exist_ok=True)
     free_mib = check_memory()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="nvshare-gpu-bench-"))
-    launch_loop = str(workdir / "launch_loop")
-    subprocess.run(["nvcc", "-O2", "-o", launch_loop, str(HERE / "launch_loop.cu")], check=True)
+    launch_loop = build_launch_loop(workdir)
 
     results = {"environment": environment(), "gpu_free_mib_at_start": free_mib}
     phases = [
-        ("overhead", lambda: sole_process_overhead(workdir, launch_loop)),
+        ("overhead", lambda: nvshare_overhead(workdir, launch_loop)),
         ("solo", lambda: solo_run(20)),
         ("pair_tq2", lambda: pair_run(workdir, 30, time_quantum_s=2)),
         ("pair_tq2_queued", lambda: pair_run(workdir, 25, queue_ahead=True, time_quantum_s=2)),
