@@ -1,0 +1,62 @@
+"""The GPU benchmark's measures, on made-up step times and log lines (no GPU needed)."""
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu"))
+import original  # noqa: E402
+import run  # noqa: E402
+
+
+def alternating(turn_s=1.0, step_s=0.1, turns=10):
+    """Two trainers taking exclusive turns of turn_s, a step every step_s."""
+    per_turn = round(turn_s / step_s)
+    times = [[], []]
+    for i in range(turns * per_turn):
+        times[(i // per_turn) % 2].append((i + 1) * step_s)
+    return [{"step_times": t, "gpu_spans_s": [step_s * 0.9] * len(t)} for t in times]
+
+
+def test_turns_of_exclusive_alternation_are_measured_from_the_other_process_last_step():
+    lengths = run.turn_lengths(alternating(turn_s=1.0, turns=10))
+    assert len(lengths) == 7  # 10 turns, 9 boundaries, first and last cut
+    assert lengths == pytest.approx([1.0] * 7)
+
+
+def test_interleaved_steps_show_as_many_short_turns():
+    together = [{"step_times": [i * 0.2 for i in range(50)]}, {"step_times": [i * 0.2 + 0.1 for i in range(50)]}]
+    lengths = run.turn_lengths(together)
+    assert len(lengths) > 90
+    assert max(lengths) == pytest.approx(0.1)
+
+
+def test_pair_measures_count_only_the_window_both_ran():
+    results = alternating(turn_s=1.0, turns=10)
+    results[1]["step_times"] += [11.0, 12.0]  # ran on alone after the other stopped
+    measures = run.pair_measures(results)
+    assert measures["window_s"] == pytest.approx(results[0]["step_times"][-1] - results[1]["step_times"][3])
+    assert sum(measures["shares"]) == pytest.approx(1.0)
+    assert 0.45 < measures["shares"][0] < 0.55
+    assert measures["aggregate_steps_per_s"] == pytest.approx(10, rel=0.05)
+    assert measures["gpu_busy_fraction"] == pytest.approx(0.9, rel=0.05)
+
+
+def test_drop_stats_percentiles():
+    stats = run.drop_stats([float(ms) for ms in range(1, 101)])
+    assert stats["drop_to_release_p50_ms"] == pytest.approx(50, abs=1)
+    assert stats["drop_to_release_p99_ms"] == pytest.approx(99, abs=1)
+    assert run.drop_stats([])["drop_to_release_p50_ms"] != run.drop_stats([])["drop_to_release_p50_ms"]  # nan
+
+
+def test_original_scheduler_drop_to_release_pairs_each_client_drop_with_its_release():
+    scheduler = original.OriginalScheduler.__new__(original.OriginalScheduler)
+    scheduler.lines = [
+        (1.000, "[NVSHARE][INFO]: Sent DROP_LOCK to client aa\n"),
+        (1.050, "[NVSHARE][INFO]: Received REQ_LOCK from bb\n"),
+        (1.600, "[NVSHARE][INFO]: Received LOCK_RELEASED from aa\n"),
+        (2.000, "[NVSHARE][INFO]: Received LOCK_RELEASED from bb\n"),  # an early release: no drop before it
+        (3.000, "[NVSHARE][INFO]: Sent DROP_LOCK to client bb\n"),
+        (3.070, "[NVSHARE][INFO]: Received LOCK_RELEASED from bb\n"),
+    ]
+    assert scheduler.drop_to_release_ms() == pytest.approx([600.0, 70.0])
