@@ -18,7 +18,6 @@ that let work queue ahead (loss read every 50 steps).
 """
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import subprocess
@@ -148,18 +147,7 @@ def main() -> None:
         ("nvshare_tq2_queued", lambda: bench.pair_run(workdir, 30, queue_ahead=True, time_quantum_s=2)),
         ("original_tq2_queued", lambda: original_pair_queued(build, workdir, 30, 2)),
     ]
-    only = set(os.environ.get("NVSHARE_BENCH_ONLY", "").split(",")) - {""}
-    for name, phase in phases:
-        if only and name not in only:
-            continue
-        started = time.monotonic()
-        try:
-            results[name] = phase()
-        except Exception as error:  # one failed phase must not lose the others' numbers
-            results[name] = {"error": str(error)[-2000:]}
-        results[name]["phase_seconds"] = round(time.monotonic() - started, 1)
-        print(f"bench: {name} done in {results[name]['phase_seconds']} s", flush=True)
-        (results_dir / "original.json").write_text(json.dumps(results, indent=2))
+    bench.run_phases(phases, results, results_dir / "original.json")
     print_table(results)
 
 

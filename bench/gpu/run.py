@@ -301,6 +301,23 @@ def environment() -> dict:
             "torch": torch.__version__, "python": sys.version.split()[0]}
 
 
+def run_phases(phases, results: dict, results_file: pathlib.Path) -> None:
+    """Runs the (name, function) phases that NVSHARE_BENCH_ONLY picks (all by default), saving
+    the results after each."""
+    only = set(os.environ.get("NVSHARE_BENCH_ONLY", "").split(",")) - {""}
+    for name, phase in phases:
+        if only and name not in only:
+            continue
+        started = time.monotonic()
+        try:
+            results[name] = phase()
+        except Exception as error:  # one failed phase must not lose the others' numbers
+            results[name] = {"error": str(error)[-2000:]}
+        results[name]["phase_seconds"] = round(time.monotonic() - started, 1)
+        print(f"bench: {name} done in {results[name]['phase_seconds']} s", flush=True)
+        results_file.write_text(json.dumps(results, indent=2))
+
+
 def main() -> None:
     results_dir = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else REPO / "results" / "gpu")
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -321,18 +338,7 @@ def main() -> None:
         ("notebook_tq30", lambda: notebook_beside_trainer(workdir, 30, 40)),
         ("notebook_tq2", lambda: notebook_beside_trainer(workdir, 2, 24)),
     ]
-    only = set(os.environ.get("NVSHARE_BENCH_ONLY", "").split(",")) - {""}
-    for name, phase in phases:
-        if only and name not in only:
-            continue
-        started = time.monotonic()
-        try:
-            results[name] = phase()
-        except Exception as error:  # one failed phase must not lose the others' numbers
-            results[name] = {"error": str(error)[-2000:]}
-        results[name]["phase_seconds"] = round(time.monotonic() - started, 1)
-        print(f"bench: {name} done in {results[name]['phase_seconds']} s", flush=True)
-        (results_dir / "gpu.json").write_text(json.dumps(results, indent=2))
+    run_phases(phases, results, results_dir / "gpu.json")
     print_table(results)
 
 
