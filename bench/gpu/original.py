@@ -64,11 +64,7 @@ class OriginalScheduler:
         return env
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        bench.stop_process(self.process)
         self.reader.join(5)
 
     def drop_to_release_ms(self) -> list[float]:

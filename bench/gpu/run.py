@@ -36,6 +36,14 @@ def percentile(values, fraction):
     return ordered[index]
 
 
+def stop_process(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
 class Agent:
     """The real agent on a temporary socket, configured through its config file."""
 
@@ -67,11 +75,7 @@ class Agent:
         return env
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_process(self.process)
 
     def events(self, name: str) -> list[dict]:
         time.sleep(0.1)  # the agent buffers its log for up to 20 ms
