@@ -34,7 +34,7 @@ ORIGINAL_SOCKET = pathlib.Path("/var/run/nvshare/scheduler.sock")
 class OriginalScheduler:
     """The original's scheduler, its log lines stamped with the time they arrived."""
 
-    def __init__(self, build: pathlib.Path, workdir: pathlib.Path, time_quantum_s: int, anti_thrash=True):
+    def __init__(self, build: pathlib.Path, time_quantum_s: int, anti_thrash=True):
         self.build = build
         self.lines: list[tuple[float, str]] = []
         ORIGINAL_SOCKET.unlink(missing_ok=True)
@@ -79,19 +79,16 @@ class OriginalScheduler:
         return drops
 
 
-def original_solo(build, workdir, seconds, time_quantum_s) -> dict:
-    scheduler = OriginalScheduler(build, workdir, time_quantum_s)
+def original_solo(build, seconds, time_quantum_s) -> dict:
+    scheduler = OriginalScheduler(build, time_quantum_s)
     try:
-        result = bench.run_json(bench.trainer("--seconds", str(seconds), "--gpu-spans"), env=scheduler.env())
+        return bench.solo_run(seconds, env=scheduler.env())
     finally:
         scheduler.stop()
-    rate = bench.steps_per_s(result["step_times"])
-    return {"steps_per_s": rate, "gpu_step_s": bench.gpu_step_s(result),
-            "gpu_busy_fraction": rate * bench.gpu_step_s(result)}
 
 
-def original_pair(build, workdir, seconds, time_quantum_s) -> dict:
-    scheduler = OriginalScheduler(build, workdir, time_quantum_s)
+def original_pair(build, seconds, time_quantum_s) -> dict:
+    scheduler = OriginalScheduler(build, time_quantum_s)
     try:
         results = bench.run_pair(scheduler.env(), seconds)
     finally:
@@ -99,16 +96,16 @@ def original_pair(build, workdir, seconds, time_quantum_s) -> dict:
     return {**bench.pair_measures(results), **bench.drop_stats(scheduler.drop_to_release_ms())}
 
 
-def original_overhead(build, workdir, launch_loop) -> dict:
-    scheduler = OriginalScheduler(build, workdir, 30)  # its default quantum: a run alone is not dropped
+def original_overhead(build, launch_loop) -> dict:
+    scheduler = OriginalScheduler(build, 30)  # its default quantum: a run alone is not dropped
     try:
         return bench.sole_process_overhead(scheduler.env(), launch_loop)
     finally:
         scheduler.stop()
 
 
-def original_pair_queued(build, workdir, seconds, time_quantum_s) -> dict:
-    scheduler = OriginalScheduler(build, workdir, time_quantum_s)
+def original_pair_queued(build, seconds, time_quantum_s) -> dict:
+    scheduler = OriginalScheduler(build, time_quantum_s)
     try:
         bench.run_pair(scheduler.env(), seconds, *bench.QUEUE_AHEAD)
     finally:
@@ -131,17 +128,17 @@ def main() -> None:
     launch_loop = bench.build_launch_loop(workdir)
     phases = [  # interleaved, so drift hits both tools alike
         ("nvshare_overhead", lambda: bench.nvshare_overhead(workdir, launch_loop)),
-        ("original_overhead", lambda: original_overhead(build, workdir, launch_loop)),
+        ("original_overhead", lambda: original_overhead(build, launch_loop)),
         ("solo", lambda: bench.solo_run(20)),
-        ("original_solo_tq5", lambda: original_solo(build, workdir, 20, 5)),
+        ("original_solo_tq5", lambda: original_solo(build, 20, 5)),
         ("nvshare_tq5", lambda: bench.pair_run(workdir, 35, time_quantum_s=5)),
-        ("original_tq5", lambda: original_pair(build, workdir, 35, 5)),
+        ("original_tq5", lambda: original_pair(build, 35, 5)),
         ("nvshare_tq2", lambda: bench.pair_run(workdir, 30, time_quantum_s=2)),
-        ("original_tq2", lambda: original_pair(build, workdir, 30, 2)),
+        ("original_tq2", lambda: original_pair(build, 30, 2)),
         ("nvshare_tq5_queued", lambda: bench.pair_run(workdir, 35, queue_ahead=True, time_quantum_s=5)),
-        ("original_tq5_queued", lambda: original_pair_queued(build, workdir, 35, 5)),
+        ("original_tq5_queued", lambda: original_pair_queued(build, 35, 5)),
         ("nvshare_tq2_queued", lambda: bench.pair_run(workdir, 30, queue_ahead=True, time_quantum_s=2)),
-        ("original_tq2_queued", lambda: original_pair_queued(build, workdir, 30, 2)),
+        ("original_tq2_queued", lambda: original_pair_queued(build, 30, 2)),
     ]
     bench.run_phases(phases, results, results_dir / "original.json")
     print_table(results)
@@ -166,6 +163,7 @@ def print_table(results: dict) -> None:
         ("turns / turn p50 / turn max, s", lambda v: f"{v['turns']} / {v['turn_p50_s']:.2f} / {v['turn_max_s']:.2f}"),
         ("drop -> release p50 / p99 ms", drops),
     ]
+
     def rate(v):
         return v["steps_per_s"]
 

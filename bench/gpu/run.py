@@ -169,8 +169,9 @@ def gpu_step_s(result) -> float:
     return statistics.median(result["gpu_spans_s"][5:])
 
 
-def solo_run(seconds) -> dict:
-    result = run_json(trainer("--seconds", str(seconds), "--gpu-spans"))
+def solo_run(seconds, env=None) -> dict:
+    """One trainer alone, with no tool (env None) or under one."""
+    result = run_json(trainer("--seconds", str(seconds), "--gpu-spans"), env=env)
     rate = steps_per_s(result["step_times"])
     # Steps per second times GPU seconds per step: the share of wall time the GPU computes.
     return {"steps_per_s": rate, "gpu_step_s": gpu_step_s(result), "gpu_busy_fraction": rate * gpu_step_s(result)}
