@@ -3,9 +3,10 @@
  * that talks to the agent (shim/nvshare_protocol.h) and opens and closes the
  * per-GPU gates of gate.h.
  *
- * Only this thread touches the socket.  Application threads that find a gate
- * closed mark the GPU "wanted", wake this thread through an eventfd and wait
- * on a condition variable; they never hold anything the application needs.
+ * Only this thread touches the socket (agent_link.c: frames, connecting,
+ * running unscheduled).  Application threads that find a gate closed mark
+ * the GPU "wanted", wake this thread through an eventfd and wait on a
+ * condition variable; they never hold anything the application needs.
  *
  * Fail-open: with no agent (never there, or gone) every gate stays open and
  * the process runs unscheduled; the thread retries the connection every
@@ -19,12 +20,10 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "agent_link.h"
 #include "capture.h"
 #include "config.h"
 #include "gate.h"
@@ -35,110 +34,8 @@
 #include "nvshare_protocol.h"
 #include "wire.h"
 
-#define RECONNECT_INTERVAL_MS 1000.0
-#define SEND_TIMEOUT_S 2
-
 /* The one instance, by a short name. */
 #define client nvshare_lock_client
-
-/* ---- frames ------------------------------------------------------------------------------ */
-
-static int send_frame(uint16_t type, const void *payload, uint32_t bytes)
-{
-    return nvshare_wire_send(client.socket_fd, type, payload, bytes);
-}
-
-static int send_lock_message(uint16_t type, int gpu, uint64_t lease)
-{
-    struct nvshare_lock_message message = {.gpu = client.uuids[gpu], .lease = lease};
-    return send_frame(type, &message, sizeof message);
-}
-
-static int gpu_of_uuid(const struct nvshare_gpu_uuid *uuid)
-{
-    for (int gpu = 0; gpu < client.gpu_count; gpu++)
-        if (memcmp(client.uuids[gpu].bytes, uuid->bytes, NVSHARE_UUID_BYTES) == 0)
-            return gpu;
-    return -1;
-}
-
-/* ---- connection -------------------------------------------------------------------------- */
-
-void nvshare_set_all_gates(int open)
-{
-    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
-        atomic_store(&nvshare_gates[gpu].open, open);
-}
-
-static void run_unscheduled(const char *why)
-{
-    if (client.socket_fd >= 0)
-        close(client.socket_fd);
-    pthread_mutex_lock(&client.mutex);
-    client.socket_fd = -1;
-    client.inbox.used = 0;
-    client.have_settings = 0;
-    memset(client.locks, 0, sizeof client.locks);
-    nvshare_set_all_gates(1);
-    pthread_cond_broadcast(&client.changed);
-    pthread_mutex_unlock(&client.mutex);
-    client.retry_at_ms = nvshare_now_ms() + RECONNECT_INTERVAL_MS;
-    nvshare_debug("running unscheduled: %s", why);
-}
-
-static void lose_agent(const char *why)
-{
-    NVSHARE_WARN_ONCE("lost the nvshare agent (%s): running unscheduled, reconnecting in "
-                      "the background", why);
-    run_unscheduled(why);
-}
-
-static void connect_to_agent(int first_attempt)
-{
-    const char *path = nvshare_config()->socket_path;
-    struct sockaddr_un address = {.sun_family = AF_UNIX};
-    strcpy(address.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&address, sizeof address) != 0) {
-        int why = errno;
-        if (fd >= 0)
-            close(fd);
-        if (first_attempt) {
-            NVSHARE_WARN_ONCE("cannot reach the nvshare agent at %s (%s): running unscheduled, "
-                              "retrying in the background", path, strerror(why));
-            run_unscheduled("no agent");
-        }
-        client.retry_at_ms = nvshare_now_ms() + RECONNECT_INTERVAL_MS;
-        return;
-    }
-    struct timeval send_timeout = {.tv_sec = SEND_TIMEOUT_S};
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
-
-    struct nvshare_hello hello = {.gpu_count = (uint32_t)client.gpu_count};
-    memcpy(hello.gpus, client.uuids, sizeof hello.gpus);
-    /* The program's name (argv[0]'s base name), not this thread's. */
-    strncpy(hello.command, program_invocation_short_name, sizeof hello.command - 1);
-
-    pthread_mutex_lock(&client.mutex);
-    client.socket_fd = fd;
-    client.inbox.used = 0;
-    /* Scheduled from now on: the next GPU call of each GPU asks for its lock.
-     * Threads already waiting (before the first connection) keep their place. */
-    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
-        if (client.locks[gpu].state != LOCK_WANTED)
-            memset(&client.locks[gpu], 0, sizeof client.locks[gpu]);
-    }
-    nvshare_set_all_gates(0);
-    pthread_cond_broadcast(&client.changed);
-    pthread_mutex_unlock(&client.mutex);
-
-    if (send_frame(NVSHARE_MSG_HELLO, &hello, sizeof hello) != 0) {
-        lose_agent("hello not sent");
-        return;
-    }
-    nvshare_memory_mark_all_changed();
-    nvshare_debug("connected to the agent at %s (%d GPUs)", path, client.gpu_count);
-}
 
 /* ---- lock transitions (client thread) -------------------------------------------------- */
 
@@ -216,8 +113,8 @@ static void release(int gpu, enum release_reason reason)
     nvshare_debug("release gpu=%d lease=%llu reason=%s held_ms=%.1f drain_ms=%.2f", gpu,
                   (unsigned long long)lease, reason == RELEASE_IDLE ? "idle" : "drop", held_ms,
                   drained - started);
-    if (send_lock_message(NVSHARE_MSG_RELEASED, gpu, lease) != 0)
-        lose_agent("release not sent");
+    if (nvshare_send_lock_message(NVSHARE_MSG_RELEASED, gpu, lease) != 0)
+        nvshare_lose_agent("release not sent");
 }
 
 static void on_grant(int gpu, uint64_t lease, uint32_t flags)
@@ -230,8 +127,8 @@ static void on_grant(int gpu, uint64_t lease, uint32_t flags)
         pthread_mutex_unlock(&client.mutex);
         nvshare_debug("grant gpu=%d lease=%llu not asked for: %s", gpu,
                       (unsigned long long)lease, duplicate ? "ignored" : "released");
-        if (!duplicate && send_lock_message(NVSHARE_MSG_RELEASED, gpu, lease) != 0)
-            lose_agent("release not sent");
+        if (!duplicate && nvshare_send_lock_message(NVSHARE_MSG_RELEASED, gpu, lease) != 0)
+            nvshare_lose_agent("release not sent");
         return;
     }
     double now = nvshare_now_ms();
@@ -309,7 +206,7 @@ static void on_frame(const struct nvshare_header *header, const unsigned char *p
         if (header->payload_bytes != sizeof message)
             break;
         memcpy(&message, payload, sizeof message);
-        int gpu = gpu_of_uuid(&message.gpu);
+        int gpu = nvshare_gpu_of_uuid(&message.gpu);
         if (gpu < 0)
             return;
         if (header->type == NVSHARE_MSG_LOCK_GRANT)
@@ -327,7 +224,7 @@ static void on_frame(const struct nvshare_header *header, const unsigned char *p
         memcpy(&error, payload, sizeof error);
         error.text[sizeof error.text - 1] = '\0';
         NVSHARE_WARN_ONCE("the nvshare agent refused this process: %s", error.text);
-        lose_agent("agent sent an error");
+        nvshare_lose_agent("agent sent an error");
         return;
     }
     default:
@@ -341,7 +238,7 @@ static void read_frames(void)
 {
     int status = nvshare_wire_receive(client.socket_fd, &client.inbox);
     if (status <= 0) {
-        lose_agent(status == 0 ? "connection closed" : strerror(errno));
+        nvshare_lose_agent(status == 0 ? "connection closed" : strerror(errno));
         return;
     }
     struct nvshare_header header;
@@ -352,7 +249,7 @@ static void read_frames(void)
             NVSHARE_WARN_ONCE("the nvshare agent speaks another protocol (magic 0x%x, "
                               "version %u; this shim speaks %u)", header.magic, header.version,
                               NVSHARE_PROTOCOL_VERSION);
-            lose_agent("protocol mismatch");
+            nvshare_lose_agent("protocol mismatch");
             return;
         }
         on_frame(&header, payload);
@@ -375,8 +272,8 @@ static void send_wanted_requests(void)
     pthread_mutex_unlock(&client.mutex);
     for (int i = 0; i < count; i++) {
         nvshare_debug("request gpu=%d", wanted[i]);
-        if (send_lock_message(NVSHARE_MSG_LOCK_REQUEST, wanted[i], 0) != 0) {
-            lose_agent("request not sent");
+        if (nvshare_send_lock_message(NVSHARE_MSG_LOCK_REQUEST, wanted[i], 0) != 0) {
+            nvshare_lose_agent("request not sent");
             return;
         }
     }
@@ -388,8 +285,8 @@ static void send_memory_reports(void)
         struct nvshare_memory_report report = {.gpu = client.uuids[gpu]};
         if (!nvshare_memory_take_report(gpu, &report.managed_bytes, &report.unmanaged_bytes))
             continue;
-        if (send_frame(NVSHARE_MSG_MEMORY_REPORT, &report, sizeof report) != 0)
-            lose_agent("memory report not sent");
+        if (nvshare_send_frame(NVSHARE_MSG_MEMORY_REPORT, &report, sizeof report) != 0)
+            nvshare_lose_agent("memory report not sent");
     }
 }
 
@@ -427,7 +324,7 @@ void *nvshare_client_main(void *unused)
 {
     (void)unused;
     prctl(PR_SET_NAME, "nvshare-client", 0, 0, 0);
-    connect_to_agent(1);
+    nvshare_connect_to_agent(1);
     for (;;) {
         int timeout = -1;
         if (client.socket_fd >= 0) {
@@ -457,7 +354,7 @@ void *nvshare_client_main(void *unused)
         if (client.socket_fd >= 0 && ready > 0 && watched[1].revents)
             read_frames();
         if (client.socket_fd < 0 && nvshare_now_ms() >= client.retry_at_ms)
-            connect_to_agent(0);
+            nvshare_connect_to_agent(0);
     }
     return NULL;
 }
