@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import nvml, protocol, systemd
-from .scheduler import AgentSnapshot, Scheduler
+from .scheduler import Scheduler
+from .snapshot import AgentSnapshot
 from .server import SocketServer, gpu_name
 from .settings import Settings, SettingsError, SettingsStore
 

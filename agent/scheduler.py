@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .settings import Settings
+from .snapshot import AgentSnapshot, ClientGpuSnapshot, ClientSnapshot, GpuSnapshot
 
 EXCLUSIVE = "exclusive"
 SHARED = "shared"
@@ -124,40 +125,6 @@ class Gone:
     client: int
     pid: int
     greeted: bool
-
-
-# ---------------------------------------------------------------- snapshots
-
-@dataclass(frozen=True, slots=True)
-class GpuSnapshot:
-    uuid: str
-    name: str
-    memory_total_bytes: int
-    holder_pids: tuple[int, ...]
-    queue_pids: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ClientGpuSnapshot:
-    uuid: str
-    state: str  # "idle", "waiting", "holding" or "draining"
-    allocated_bytes: int
-    holding_seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class ClientSnapshot:
-    pid: int
-    uid: int
-    gid: int
-    command: str
-    gpus: tuple[ClientGpuSnapshot, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class AgentSnapshot:
-    gpus: tuple[GpuSnapshot, ...]
-    clients: tuple[ClientSnapshot, ...]
 
 
 # ---------------------------------------------------------------- state
