@@ -24,6 +24,8 @@ def test_agent_survives_bus_restart_and_reclaims_its_name(agent, bus):
     assert get_property(bus.address, "TimeQuantum") == "u 12"
     busctl_on_agent(bus.address, "set-property", "AntiThrash", "b", "false")
     assert get_property(bus.address, "AntiThrash") == "b false"
+    # The name is owned before the agent logs it, and its log is written in batches.
+    wait_for(lambda: agent.log().count("dbus connected") >= 2, "the agent to log its second bus connection")
     assert agent.log().count("dbus connected") == 2
 
 
