@@ -7,28 +7,18 @@ one kernel that reads all of it.  The time from that launch to its completion
 covers the new lock request, the grant, the bulk prefetch (or, with
 NVSHARE_PREFETCH=0, the page faults) and the kernel."""
 import argparse
-import ctypes
 import json
 import time
 
 import torch
 
-CU_MEM_LOCATION_TYPE_DEVICE = 1
-CU_MEM_LOCATION_TYPE_HOST = 2
-
-
-class MemLocation(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+# libcuda with cuMemPrefetchAsync_v2's CUDA 13 signature declared, and its location type.
+from prefetch_probe import CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST, MemLocation, check, cuda
 
 
 def prefetch(tensor: torch.Tensor, location: MemLocation) -> None:
-    libcuda = ctypes.CDLL("libcuda.so.1")
-    # CUDA 13's signature: (dptr, count, CUmemLocation, flags, stream).
-    function = libcuda.cuMemPrefetchAsync_v2
-    function.argtypes = [ctypes.c_uint64, ctypes.c_size_t, MemLocation, ctypes.c_uint, ctypes.c_void_p]
-    result = function(tensor.data_ptr(), tensor.numel() * tensor.element_size(), location, 0, None)
-    if result != 0:
-        raise RuntimeError(f"cuMemPrefetchAsync_v2 failed: CUresult {result}")
+    check(cuda.cuMemPrefetchAsync_v2(tensor.data_ptr(), tensor.numel() * tensor.element_size(), location, 0, None),
+          "cuMemPrefetchAsync_v2")
     torch.cuda.synchronize()
 
 
