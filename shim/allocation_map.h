@@ -18,6 +18,7 @@ struct allocation {
     uint64_t key;                   /* 0 marks an empty slot */
     uint64_t bytes;
     int gpu;
+    int context_slot;               /* the context it was made in (contexts.c); -1: unknown */
     enum allocation_kind kind;
 };
 

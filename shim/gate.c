@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "contexts.h"
 #include "hooks.h"
 #include "interpose.h"
 #include "lock_client.h"
@@ -36,12 +37,12 @@ struct lock_client nvshare_lock_client = {
 #define client nvshare_lock_client
 
 static pthread_mutex_t start_mutex = PTHREAD_MUTEX_INITIALIZER;
-static atomic_uint context_generation = 1;     /* bumped when cached contexts go stale */
 
 /* ---- which GPU a call runs on ---------------------------------------------------------- */
 
 static __thread CUcontext cached_context;
 static __thread int cached_gpu;
+static __thread int cached_slot;
 static __thread unsigned cached_generation;
 
 int nvshare_current_gpu(CUcontext *context)
@@ -51,24 +52,29 @@ int nvshare_current_gpu(CUcontext *context)
         nvshare_driver.ctx_get_current(&current) != CUDA_SUCCESS || current == NULL)
         return -1;
     *context = current;
-    unsigned generation = atomic_load_explicit(&context_generation, memory_order_relaxed);
+    unsigned generation = atomic_load_explicit(&nvshare_context_generation, memory_order_relaxed);
     if (current != cached_context || cached_generation != generation) {
         CUdevice device;
         if (nvshare_driver.ctx_get_device(&device) != CUDA_SUCCESS)
             return -1;
         cached_gpu = device >= 0 && device < client.gpu_count ? device : -1;
+        cached_slot = nvshare_context_slot(cached_gpu, current);
         cached_context = current;
         cached_generation = generation;
     }
     return cached_gpu;
 }
 
-void nvshare_wait_for_gate(int gpu, CUcontext context)
+int nvshare_current_context_slot(void)
+{
+    return cached_slot;
+}
+
+void nvshare_wait_for_gate(int gpu)
 {
     int saved_errno = errno;
     struct nvshare_gate *gate = &nvshare_gates[gpu];
     struct gpu_lock *lock = &client.locks[gpu];
-    atomic_store_explicit(&gate->context, context, memory_order_relaxed);
     pthread_mutex_lock(&client.mutex);
     while (!atomic_load(&gate->open) && atomic_load(&nvshare_client_running)) {
         if (lock->state == LOCK_IDLE) {
@@ -111,9 +117,8 @@ static void forget_after_fork(void)
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
         atomic_store(&nvshare_gates[gpu].open, 0);
         atomic_store(&nvshare_gates[gpu].inflight, 0);
-        atomic_store(&nvshare_gates[gpu].context, NULL);
     }
-    atomic_fetch_add(&context_generation, 1);
+    nvshare_contexts_forget_after_fork();
     nvshare_memory_forget_after_fork();
     nvshare_queue_forget_after_fork();
     nvshare_capture_forget_after_fork();
@@ -144,7 +149,7 @@ void nvshare_client_start(void)
         pthread_atfork(NULL, NULL, forget_after_fork);
         fork_handler_installed = 1;
     }
-    atomic_fetch_add(&context_generation, 1);
+    atomic_fetch_add(&nvshare_context_generation, 1);   /* GPUs now count: look again */
 
     client.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     sigset_t all, previous;

@@ -24,7 +24,6 @@ struct nvshare_gate {
     atomic_int open;                /* 1: held, shared, or unscheduled (no agent) */
     atomic_int inflight;            /* submissions between gate and driver right now */
     atomic_uint activity;           /* bumped per passage; idle = unchanged */
-    _Atomic(CUcontext) context;     /* last context seen submitting here: synced on release */
 } __attribute__((aligned(64)));
 
 extern struct nvshare_gate nvshare_gates[NVSHARE_MAX_GPUS];
@@ -36,11 +35,16 @@ extern atomic_int nvshare_client_running;
 void nvshare_client_start(void);
 
 /* The GPU (device ordinal) of the calling thread's current context, or -1
- * when there is none; *context receives the context. */
+ * when there is none; *context receives the context.  The first call in a
+ * context gives it a slot (contexts.c). */
 int nvshare_current_gpu(CUcontext *context);
 
+/* The slot of the context the calling thread's last nvshare_current_gpu
+ * found (-1: none free). */
+int nvshare_current_context_slot(void);
+
 /* Slow path: ask for the lock of gpu and wait until its gate opens. */
-void nvshare_wait_for_gate(int gpu, CUcontext context);
+void nvshare_wait_for_gate(int gpu);
 
 static inline struct nvshare_gate *nvshare_gate_enter(void)
 {
@@ -61,15 +65,13 @@ static inline struct nvshare_gate *nvshare_gate_enter(void)
         if (atomic_load(&gate->open))
             break;
         atomic_fetch_sub(&gate->inflight, 1);
-        nvshare_wait_for_gate(gpu, context);
+        nvshare_wait_for_gate(gpu);
     }
     /* Approximate on purpose (no lock prefix): the client thread only asks
      * "did it change?". */
     atomic_store_explicit(&gate->activity,
                           atomic_load_explicit(&gate->activity, memory_order_relaxed) + 1,
                           memory_order_relaxed);
-    if (atomic_load_explicit(&gate->context, memory_order_relaxed) != context)
-        atomic_store_explicit(&gate->context, context, memory_order_relaxed);
     return gate;
 }
 

@@ -180,7 +180,7 @@ NVSHARE_HOOK_TABLE(GATED_HOOK, NOT_GATED)
 
 #define GATED_ROW(name, signature) {#name, (void *)name, NVSHARE_HOOK_GATED},
 #define OWN_ROW(name, kind) {#name, (void *)name, NVSHARE_HOOK_##kind},
-/* Declarations of the hand-written hooks (memory.c, interpose.c, lock_client.c)
+/* Declarations of the hand-written hooks (memory.c, interpose.c, contexts.c, ...)
  * come from their rows, so a row without a function fails to link. */
 #define DECLARE_OWN(name, kind) CUresult name();
 #define NO_DECLARATION(name, signature)

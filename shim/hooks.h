@@ -11,6 +11,8 @@
  *   FREE    the matching frees (memory.c).
  *   INFO    answers differently, starts the client (cuInit, cuMemGetInfo) or
  *           tracks stream capture (capture.c).
+ *   CONTEXT frees a context (or learns the primary one): the shim forgets
+ *           what it kept for it first (contexts.c).
  *   LOOKUP  hands out function pointers: cuGetProcAddress (interpose.c).
  *
  * interpose.c maps the driver's real address of every row to the row's hook,
@@ -56,6 +58,10 @@
     OWN(cuStreamBeginCaptureToGraph_ptsz, INFO) \
     OWN(cuStreamEndCapture, INFO) \
     OWN(cuStreamEndCapture_ptsz, INFO) \
+    OWN(cuCtxDestroy_v2, CONTEXT) \
+    OWN(cuDevicePrimaryCtxRetain, CONTEXT) \
+    OWN(cuDevicePrimaryCtxRelease_v2, CONTEXT) \
+    OWN(cuDevicePrimaryCtxReset_v2, CONTEXT) \
     GATED(cuLaunch, SIG_LAUNCH) \
     GATED(cuLaunchGrid, SIG_LAUNCH_GRID) \
     GATED(cuLaunchGridAsync, SIG_LAUNCH_GRID_ASYNC) \
@@ -182,6 +188,7 @@ enum nvshare_hook_kind {
     NVSHARE_HOOK_ALLOC,
     NVSHARE_HOOK_FREE,
     NVSHARE_HOOK_INFO,
+    NVSHARE_HOOK_CONTEXT,
     NVSHARE_HOOK_LOOKUP
 };
 

@@ -100,6 +100,7 @@ static void resolve(void)
     LOOKUP(handle, ctx_synchronize, "cuCtxSynchronize");
     LOOKUP(handle, ctx_push_current, "cuCtxPushCurrent_v2");
     LOOKUP(handle, ctx_pop_current, "cuCtxPopCurrent_v2");
+    LOOKUP(handle, primary_ctx_get_state, "cuDevicePrimaryCtxGetState");
     LOOKUP(handle, stream_create, "cuStreamCreate");
     LOOKUP(handle, stream_synchronize, "cuStreamSynchronize");
     LOOKUP(handle, stream_is_capturing, "cuStreamIsCapturing");

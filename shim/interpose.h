@@ -14,6 +14,7 @@ struct nvshare_driver {
     cuCtxSynchronize_fn ctx_synchronize;
     cuCtxPushCurrent_v2_fn ctx_push_current;
     cuCtxPopCurrent_v2_fn ctx_pop_current;
+    cuDevicePrimaryCtxGetState_fn primary_ctx_get_state;
     cuStreamCreate_fn stream_create;
     cuStreamSynchronize_fn stream_synchronize;
     cuStreamIsCapturing_fn stream_is_capturing;

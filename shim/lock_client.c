@@ -26,6 +26,7 @@
 #include "agent_link.h"
 #include "capture.h"
 #include "config.h"
+#include "contexts.h"
 #include "gate.h"
 #include "interpose.h"
 #include "lock_state.h"
@@ -63,6 +64,12 @@ static void wait_for_captures_to_end(void)
     }
 }
 
+static void synchronize_context(int gpu, int slot, void *unused)
+{
+    (void)gpu, (void)slot, (void)unused;
+    nvshare_driver.ctx_synchronize();
+}
+
 /* Close the gate, let submissions in progress leave it, wait for the GPU to
  * finish what was submitted, then tell the agent.  Never called on an
  * application thread, so no application launch ever synchronises. */
@@ -91,12 +98,7 @@ static void release(int gpu, enum release_reason reason)
         return;
     }
     wait_for_captures_to_end();
-    CUcontext context = atomic_load(&gate->context);
-    if (context != NULL && nvshare_driver.ctx_push_current(context) == CUDA_SUCCESS) {
-        nvshare_driver.ctx_synchronize();
-        CUcontext popped;
-        nvshare_driver.ctx_pop_current(&popped);
-    }
+    nvshare_in_each_context(gpu, synchronize_context, NULL);
     double drained = nvshare_now_ms();
 
     pthread_mutex_lock(&client.mutex);
@@ -141,9 +143,8 @@ static void on_grant(int gpu, uint64_t lease, uint32_t flags)
     double waited_ms = now - lock->requested_at_ms;
     pthread_mutex_unlock(&client.mutex);
 
-    CUcontext context = atomic_load(&gate->context);
-    if (nvshare_config()->prefetch && context != NULL)
-        nvshare_memory_prefetch(gpu, context);
+    if (nvshare_config()->prefetch)
+        nvshare_in_one_context(gpu, nvshare_memory_prefetch, NULL);
 
     pthread_mutex_lock(&client.mutex);
     if (lock->state == LOCK_HELD && lock->lease == lease)

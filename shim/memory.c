@@ -34,6 +34,7 @@
 #include "allocation_map.h"
 #include "memory_internal.h"
 #include "config.h"
+#include "contexts.h"
 #include "gate.h"
 #include "hooks.h"
 #include "interpose.h"
@@ -57,9 +58,8 @@ struct allocation_map nvshare_pointer_map;
 struct allocation_map nvshare_handle_map;
 static struct gpu_memory gpus[NVSHARE_MAX_GPUS];
 
-/* The prefetch stream of each GPU, created on the client thread. */
-static CUstream prefetch_streams[NVSHARE_MAX_GPUS];
-static CUcontext prefetch_stream_contexts[NVSHARE_MAX_GPUS];
+/* The prefetch stream of each GPU and context, created on the client thread. */
+static CUstream prefetch_streams[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS];
 
 static void count(int gpu, enum allocation_kind kind, uint64_t bytes, int adding)
 {
@@ -71,9 +71,10 @@ static void count(int gpu, enum allocation_kind kind, uint64_t bytes, int adding
 }
 
 void nvshare_memory_remember(struct allocation_map *map, uint64_t key, uint64_t bytes, int gpu,
-                             enum allocation_kind kind)
+                             int context_slot, enum allocation_kind kind)
 {
-    struct allocation entry = {.key = key, .bytes = bytes, .gpu = gpu, .kind = kind};
+    struct allocation entry = {.key = key, .bytes = bytes, .gpu = gpu,
+                               .context_slot = context_slot, .kind = kind};
     pthread_mutex_lock(&nvshare_memory_mutex);
     if (allocation_map_put(map, &entry) == 0)
         count(gpu, kind, bytes, 1);
@@ -142,7 +143,8 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
     pthread_mutex_unlock(&nvshare_memory_mutex);
     if (result != CUDA_SUCCESS)
         return result;
-    nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytes, gpu, ALLOCATION_CONVERTED);
+    nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytes, gpu,
+                            nvshare_current_context_slot(), ALLOCATION_CONVERTED);
     nvshare_debug("converted %s of %zu bytes on GPU %d to managed memory at 0x%llx", what, bytes,
                   gpu, (unsigned long long)*dptr);
     return CUDA_SUCCESS;
@@ -230,7 +232,8 @@ NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, un
     nvshare_client_start();
     int gpu = result == CUDA_SUCCESS ? nvshare_current_gpu(&context) : -1;
     if (gpu >= 0)
-        nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytesize, gpu, ALLOCATION_APP_MANAGED);
+        nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytesize, gpu,
+                                nvshare_current_context_slot(), ALLOCATION_APP_MANAGED);
     errno = saved_errno;
     return result;
 }
@@ -253,7 +256,8 @@ static CUresult free_managed(CUdeviceptr dptr, int *was_ours)
         return CUDA_SUCCESS;
     CUresult result = NVSHARE_REAL(cuMemFree_v2, cuMemFree_v2_fn)(dptr);
     if (result != CUDA_SUCCESS)
-        nvshare_memory_remember(&nvshare_pointer_map, entry.key, entry.bytes, entry.gpu, entry.kind);
+        nvshare_memory_remember(&nvshare_pointer_map, entry.key, entry.bytes, entry.gpu,
+                                entry.context_slot, entry.kind);
     else
         nvshare_client_wake();
     return result;
@@ -353,8 +357,9 @@ struct prefetch_range {
     uint64_t bytes;
 };
 
-void nvshare_memory_prefetch(int gpu, CUcontext context)
+void nvshare_memory_prefetch(int gpu, int slot, void *unused)
 {
+    (void)unused;
     cuMemPrefetchAsync_v2_fn prefetch_v2 =
         NVSHARE_REAL(cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_fn);
     cuMemPrefetchAsync_v1_fn prefetch_v1 =
@@ -365,43 +370,62 @@ void nvshare_memory_prefetch(int gpu, CUcontext context)
     pthread_mutex_lock(&nvshare_memory_mutex);
     size_t count = 0;
     struct prefetch_range *ranges = malloc((nvshare_pointer_map.used + 1) * sizeof *ranges);
-    for (size_t slot = 0; ranges != NULL && slot < nvshare_pointer_map.capacity; slot++) {
-        const struct allocation *entry = &nvshare_pointer_map.slots[slot];
+    for (size_t i = 0; ranges != NULL && i < nvshare_pointer_map.capacity; i++) {
+        const struct allocation *entry = &nvshare_pointer_map.slots[i];
         if (entry->key != 0 && entry->gpu == gpu && is_managed(entry))
             ranges[count++] = (struct prefetch_range){entry->key, entry->bytes};
     }
     pthread_mutex_unlock(&nvshare_memory_mutex);
-    if (count == 0 || nvshare_driver.ctx_push_current(context) != CUDA_SUCCESS) {
+    if (count == 0) {
         free(ranges);
         return;
     }
     double started = nvshare_now_ms();
-    if (prefetch_stream_contexts[gpu] != context) {
-        prefetch_streams[gpu] = NULL;
-        if (nvshare_driver.stream_create(&prefetch_streams[gpu], CU_STREAM_NON_BLOCKING) ==
-            CUDA_SUCCESS)
-            prefetch_stream_contexts[gpu] = context;
-    }
-    CUstream stream = prefetch_streams[gpu];
+    CUstream *stream = &prefetch_streams[gpu][slot];
+    if (*stream == NULL && nvshare_driver.stream_create(stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        *stream = NULL;
     uint64_t bytes = 0;
-    for (size_t i = 0; stream != NULL && i < count; i++) {
+    for (size_t i = 0; *stream != NULL && i < count; i++) {
         CUmemLocation location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = gpu};
         /* A range freed since the snapshot only makes this call fail. */
         CUresult result = prefetch_v2 != NULL
-                              ? prefetch_v2(ranges[i].start, ranges[i].bytes, location, 0, stream)
-                              : prefetch_v1(ranges[i].start, ranges[i].bytes, gpu, stream);
+                              ? prefetch_v2(ranges[i].start, ranges[i].bytes, location, 0, *stream)
+                              : prefetch_v1(ranges[i].start, ranges[i].bytes, gpu, *stream);
         if (result == CUDA_SUCCESS)
             bytes += ranges[i].bytes;
     }
-    if (stream != NULL)
-        nvshare_driver.stream_synchronize(stream);
-    CUcontext popped;
-    nvshare_driver.ctx_pop_current(&popped);
+    if (*stream != NULL)
+        nvshare_driver.stream_synchronize(*stream);
     double elapsed_ms = nvshare_now_ms() - started;
     nvshare_debug("prefetch gpu=%d allocations=%zu bytes=%llu ms=%.2f GB/s=%.1f", gpu, count,
                   (unsigned long long)bytes, elapsed_ms,
                   elapsed_ms > 0 ? (double)bytes / 1e6 / elapsed_ms : 0.0);
     free(ranges);
+}
+
+void nvshare_memory_forget_context(int gpu, int slot)
+{
+    prefetch_streams[gpu][slot] = NULL;     /* freed with its context */
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    size_t gone = 0;
+    uint64_t *keys = malloc((nvshare_pointer_map.used + 1) * sizeof *keys);
+    for (size_t i = 0; keys != NULL && i < nvshare_pointer_map.capacity; i++) {
+        const struct allocation *entry = &nvshare_pointer_map.slots[i];
+        if (entry->key != 0 && entry->gpu == gpu && entry->context_slot == slot)
+            keys[gone++] = entry->key;
+    }
+    /* Taken after the walk: taking moves entries of the map around. */
+    for (size_t i = 0; i < gone; i++) {
+        struct allocation entry;
+        if (allocation_map_take(&nvshare_pointer_map, keys[i], &entry))
+            count(entry.gpu, entry.kind, entry.bytes, 0);
+    }
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    free(keys);
+    if (gone > 0) {
+        nvshare_debug("forgot %zu allocations of a destroyed context on GPU %d", gone, gpu);
+        nvshare_client_wake();
+    }
 }
 
 void nvshare_memory_forget_after_fork(void)
@@ -412,5 +436,4 @@ void nvshare_memory_forget_after_fork(void)
     memset(&nvshare_handle_map, 0, sizeof nvshare_handle_map);
     memset(gpus, 0, sizeof gpus);
     memset(prefetch_streams, 0, sizeof prefetch_streams);
-    memset(prefetch_stream_contexts, 0, sizeof prefetch_stream_contexts);
 }

@@ -14,8 +14,13 @@ int nvshare_memory_take_report(int gpu, uint64_t *managed_bytes, uint64_t *unman
 void nvshare_memory_mark_all_changed(void);
 
 /* On a grant: bring this process's managed allocations on gpu back to it in
- * one batch (NVSHARE_PREFETCH).  Runs on the client thread. */
-void nvshare_memory_prefetch(int gpu, CUcontext context);
+ * one batch (NVSHARE_PREFETCH).  Runs on the client thread, with one of the
+ * process's contexts on gpu (its slot) current: nvshare_in_one_context. */
+void nvshare_memory_prefetch(int gpu, int slot, void *unused);
+
+/* The driver freed a context (contexts.c): drop its prefetch stream and the
+ * allocations made in it, without touching them. */
+void nvshare_memory_forget_context(int gpu, int slot);
 
 /* In a forked child: drop the parent's bookkeeping without freeing or locking. */
 void nvshare_memory_forget_after_fork(void);

@@ -12,9 +12,10 @@ extern pthread_mutex_t nvshare_memory_mutex;
 extern struct allocation_map nvshare_pointer_map;      /* device address -> allocation */
 extern struct allocation_map nvshare_handle_map;       /* VMM handle -> allocation */
 
-/* Record an allocation and add it to its GPU's totals (then the agent hears). */
+/* Record an allocation and add it to its GPU's totals (then the agent hears).
+ * context_slot: the context it belongs to (nvshare_current_context_slot). */
 void nvshare_memory_remember(struct allocation_map *map, uint64_t key, uint64_t bytes, int gpu,
-                             enum allocation_kind kind);
+                             int context_slot, enum allocation_kind kind);
 /* Drop key if it is an allocation of that kind; returns 1 when it was. */
 int nvshare_memory_forget(struct allocation_map *map, uint64_t key, enum allocation_kind kind);
 

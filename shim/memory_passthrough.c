@@ -36,7 +36,8 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
                   ? prop->location.id
                   : nvshare_current_gpu(&context);
     if (gpu >= 0 && gpu < NVSHARE_MAX_GPUS && *handle != 0)
-        nvshare_memory_remember(&nvshare_handle_map, *handle, size, gpu, ALLOCATION_VMM);
+        /* A physical handle outlives contexts: it is released, not destroyed with one. */
+        nvshare_memory_remember(&nvshare_handle_map, *handle, size, gpu, -1, ALLOCATION_VMM);
     errno = saved_errno;
     return result;
 }
@@ -71,7 +72,8 @@ static CUresult open_ipc(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int
     if (nvshare_driver.mem_get_address_range != NULL)
         nvshare_driver.mem_get_address_range(&base, &bytes, *pdptr);
     if (gpu >= 0)
-        nvshare_memory_remember(&nvshare_pointer_map, *pdptr, bytes, gpu, ALLOCATION_IPC);
+        nvshare_memory_remember(&nvshare_pointer_map, *pdptr, bytes, gpu,
+                                nvshare_current_context_slot(), ALLOCATION_IPC);
     errno = saved_errno;
     return result;
 }

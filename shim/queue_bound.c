@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "contexts.h"
 #include "gate.h"
 #include "hooks.h"
 #include "interpose.h"
@@ -43,9 +44,8 @@ struct mark {
     unsigned launches;              /* the window it closes: launches since the thread's last mark */
 };
 
+/* One per GPU and context (contexts.c): events belong to their context. */
 struct launch_queue {
-    pthread_mutex_t mutex;
-    CUcontext context;              /* events belong to this context */
     struct mark ring[RING_SLOTS];
     unsigned head, tail;            /* pending marks: head..tail-1 (mod RING_SLOTS) */
     int have_completed;             /* ring[head - 1] holds the newest completed mark */
@@ -53,14 +53,18 @@ struct launch_queue {
     atomic_uint launches_per_mark;  /* read on every launch, without the mutex */
 };
 
-static struct launch_queue queues[NVSHARE_MAX_GPUS];
+static struct launch_queue queues[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS];
+/* Apart from the queues, so a forked child resets them without copying every queue's pages. */
+static pthread_mutex_t queue_mutexes[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS];
 static pthread_once_t queues_once = PTHREAD_ONCE_INIT;
 static __thread unsigned launches_since_mark;
 
 static void init_queues(void)
 {
-    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
-        pthread_mutex_init(&queues[gpu].mutex, NULL);
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
+        for (int slot = 0; slot < NVSHARE_CONTEXT_SLOTS; slot++)
+            pthread_mutex_init(&queue_mutexes[gpu][slot], NULL);
+    }
 }
 
 static int is_per_thread(int hook_id)
@@ -124,7 +128,11 @@ static CUevent mark_to_wait_for(struct launch_queue *queue, unsigned max_queued_
 
 void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
 {
-    unsigned every = atomic_load_explicit(&queues[gpu].launches_per_mark, memory_order_relaxed);
+    int slot = nvshare_current_context_slot();
+    if (slot < 0)
+        return;             /* a context with no slot: not bounded */
+    struct launch_queue *queue = &queues[gpu][slot];
+    unsigned every = atomic_load_explicit(&queue->launches_per_mark, memory_order_relaxed);
     if (++launches_since_mark < (every ? every : MIN_LAUNCHES_PER_MARK))
         return;
     unsigned launches = launches_since_mark;
@@ -134,8 +142,8 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
         nvshare_driver.event_query == NULL || nvshare_driver.event_elapsed_time == NULL)
         return;
     pthread_once(&queues_once, init_queues);
-    struct launch_queue *queue = &queues[gpu];
-    if (pthread_mutex_trylock(&queue->mutex) != 0)
+    pthread_mutex_t *mutex = &queue_mutexes[gpu][slot];
+    if (pthread_mutex_trylock(mutex) != 0)
         return;             /* another thread is taking this mark */
     if (stream == NULL && is_per_thread(hook_id))
         stream = NVSHARE_CU_STREAM_PER_THREAD;
@@ -143,18 +151,8 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
     int capturing = 0;
     if (nvshare_driver.stream_is_capturing != NULL &&
         (nvshare_driver.stream_is_capturing(stream, &capturing) != CUDA_SUCCESS || capturing)) {
-        pthread_mutex_unlock(&queue->mutex);
+        pthread_mutex_unlock(mutex);
         return;
-    }
-    CUcontext context = atomic_load_explicit(&nvshare_gates[gpu].context, memory_order_relaxed);
-    if (queue->context != context) {
-        /* Another context: its events cannot be mixed with the old ones. */
-        memset(queue->ring, 0, sizeof queue->ring);
-        queue->head = queue->tail = 0;
-        queue->have_completed = 0;
-        queue->ms_per_launch = 0;
-        atomic_store_explicit(&queue->launches_per_mark, MIN_LAUNCHES_PER_MARK, memory_order_relaxed);
-        queue->context = context;
     }
     collect_completed(queue, max_queued_ms);
 
@@ -180,16 +178,37 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
     } else if (queue->ms_per_launch > 0) {
         wait_for = mark_to_wait_for(queue, max_queued_ms);
     }
-    pthread_mutex_unlock(&queue->mutex);
+    pthread_mutex_unlock(mutex);
     if (wait_for != NULL)
         nvshare_driver.event_synchronize(wait_for);
 }
 
+void nvshare_queue_forget_context(int gpu, int slot)
+{
+    pthread_once(&queues_once, init_queues);
+    struct launch_queue *queue = &queues[gpu][slot];
+    pthread_mutex_lock(&queue_mutexes[gpu][slot]);
+    /* The driver frees the events with their context: forget, never destroy. */
+    memset(queue->ring, 0, sizeof queue->ring);
+    queue->head = queue->tail = 0;
+    queue->have_completed = 0;
+    queue->ms_per_launch = 0;
+    atomic_store_explicit(&queue->launches_per_mark, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&queue_mutexes[gpu][slot]);
+}
+
 void nvshare_queue_forget_after_fork(void)
 {
-    /* The parent's events belong to its contexts; leave them untouched. */
-    memset(queues, 0, sizeof queues);
-    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
-        queues[gpu].mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    /* The parent's events belong to its contexts; leave them untouched.  Only
+     * queues that were used are written, so the child copies few pages. */
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
+        for (int slot = 0; slot < NVSHARE_CONTEXT_SLOTS; slot++) {
+            struct launch_queue *queue = &queues[gpu][slot];
+            if (queue->tail != 0 || queue->ring[0].event != NULL ||
+                atomic_load_explicit(&queue->launches_per_mark, memory_order_relaxed) != 0)
+                memset(queue, 0, sizeof *queue);
+            queue_mutexes[gpu][slot] = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+        }
+    }
     queues_once = PTHREAD_ONCE_INIT;
 }

@@ -10,6 +10,9 @@
  * variants apart. */
 void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id);
 
+/* The driver freed the context of (gpu, slot): forget its events (contexts.c). */
+void nvshare_queue_forget_context(int gpu, int slot);
+
 /* In a forked child: forget the parent's events without touching them. */
 void nvshare_queue_forget_after_fork(void);
 

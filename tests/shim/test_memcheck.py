@@ -27,6 +27,15 @@ def test_shim_is_valgrind_clean(world, agent):
     agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b")
 
 
+def test_destroying_and_resetting_contexts_is_valgrind_clean(world, agent):
+    valgrind = ["valgrind", "-q", "--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite",
+                "--show-leak-kinds=definite"]
+    client = world.client("contexts", "lifecycle", 100, kernel_us=20, prefix=valgrind)
+    code = client.wait(timeout=120)
+    assert code == 0, f"memcheck found errors (exit {code})\n{client.describe()}"
+    assert client.result()["result"] == "ok"
+
+
 def test_forked_child_is_valgrind_clean(world, agent):
     # Memory errors only: in a child forked from a threaded process whatever the
     # parent's other threads held (the stand-in's events, the shim's maps, which

@@ -66,6 +66,8 @@ struct standin_op {
 
 struct CUevent_st {
     uint32_t magic;
+    CUcontext ctx;                          /* made in; its teardown retires the event */
+    struct CUevent_st *next_event;          /* every live or retired event */
     uint64_t generation;                    /* number of records so far */
     uint64_t done_generation;               /* the last record the fake GPU reached */
     struct timespec when;
@@ -89,6 +91,12 @@ uint64_t standin_enqueue(struct CUstream_st *stream, struct standin_op *op);
 void standin_stream_wait(struct CUstream_st *stream, uint64_t seq);
 uint64_t standin_stream_submitted(struct CUstream_st *stream);
 void standin_wait_all_streams(void);
+/* Waits for the streams made in ctx, and the default stream. */
+void standin_wait_context_streams(CUcontext ctx);
+/* ctx is being torn down (destroyed, primary reset or released): its events
+ * become invalid handles; they stay allocated, so a later use by the shim is
+ * logged as "stale" instead of touching freed memory. */
+void standin_retire_context_events(CUcontext ctx);
 void standin_streams_after_fork_child(void);
 
 /* ---- memory (standin_memory.c) ---- */

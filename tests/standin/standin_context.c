@@ -164,11 +164,16 @@ static CUresult primary_release(const char *function, CUdevice dev)
     if (result != CUDA_SUCCESS)
         return result;
     pthread_mutex_lock(&standin_lock);
+    int last = primary_ctx[dev].refcount == 1;
     if (primary_ctx[dev].refcount > 0)
         primary_ctx[dev].refcount--;
     else
         result = CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_unlock(&standin_lock);
+    if (last) {             /* the last reference: the context's resources go */
+        standin_wait_context_streams(&primary_ctx[dev]);
+        standin_retire_context_events(&primary_ctx[dev]);
+    }
     return result;
 }
 
@@ -179,8 +184,10 @@ static CUresult primary_reset(const char *function, CUdevice dev)
 {
     standin_log(function, "dev=%d", dev);
     CUresult result = standin_check_device(dev);
-    if (result == CUDA_SUCCESS)
-        standin_wait_all_streams();
+    if (result == CUDA_SUCCESS) {
+        standin_wait_context_streams(&primary_ctx[dev]);
+        standin_retire_context_events(&primary_ctx[dev]);
+    }
     return result;
 }
 
@@ -234,12 +241,29 @@ STANDIN_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUde
     return CUDA_SUCCESS;
 }
 
+/* A destroyed context stays allocated and listed with a retired mark, so that
+ * the shim pushing it afterwards is logged as "stale" instead of reading
+ * freed memory. */
+#define RETIRED_CTX_MAGIC 0x44454144u
+static CUcontext retired_contexts[256];
+static int retired_count;
+
+static void retire(CUcontext ctx)
+{
+    pthread_mutex_lock(&standin_lock);
+    ctx->magic = RETIRED_CTX_MAGIC;
+    if (retired_count < (int)(sizeof retired_contexts / sizeof retired_contexts[0]))
+        retired_contexts[retired_count++] = ctx;
+    pthread_mutex_unlock(&standin_lock);
+}
+
 STANDIN_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     standin_log("cuCtxDestroy_v2", "ctx=%p", (void *)ctx);
     if (ctx == NULL || ctx->magic != STANDIN_CTX_MAGIC || ctx->primary)
         return CUDA_ERROR_INVALID_CONTEXT;
-    standin_wait_all_streams();
+    standin_wait_context_streams(ctx);
+    standin_retire_context_events(ctx);
     for (int i = 0; i < ctx_depth; i++) {
         if (ctx_stack[i] == ctx) {
             memmove(&ctx_stack[i], &ctx_stack[i + 1], (size_t)(ctx_depth - i - 1) * sizeof ctx);
@@ -247,8 +271,7 @@ STANDIN_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
             i--;
         }
     }
-    ctx->magic = 0;
-    free(ctx);
+    retire(ctx);
     return CUDA_SUCCESS;
 }
 
@@ -276,7 +299,8 @@ STANDIN_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 
 STANDIN_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
-    standin_log("cuCtxPushCurrent_v2", "ctx=%p", (void *)ctx);
+    int stale = ctx != NULL && (ctx->magic == RETIRED_CTX_MAGIC || (ctx->primary && ctx->refcount == 0));
+    standin_log("cuCtxPushCurrent_v2", "ctx=%p%s", (void *)ctx, stale ? " stale" : "");
     if (!standin_initialised())
         return CUDA_ERROR_NOT_INITIALIZED;
     if (ctx == NULL || ctx->magic != STANDIN_CTX_MAGIC)
@@ -329,8 +353,8 @@ static CUresult ctx_synchronize(const char *function, CUcontext ctx)
     CUresult result = standin_require_ctx();
     if (ctx != NULL && ctx->magic != STANDIN_CTX_MAGIC)
         result = CUDA_ERROR_INVALID_CONTEXT;
-    if (result == CUDA_SUCCESS)
-        standin_wait_all_streams();
+    if (result == CUDA_SUCCESS)     /* a context waits for its own work only */
+        standin_wait_context_streams(ctx != NULL ? ctx : standin_current_ctx());
     standin_log(function, "result=%d", result);
     return result;
 }

@@ -10,7 +10,27 @@
 
 #include "standin.h"
 
-static int valid_event(CUevent event) { return event != NULL && event->magic == EVENT_MAGIC; }
+static struct CUevent_st *all_events;      /* guarded by standin_lock */
+#define RETIRED_MAGIC 0x52455452u
+
+/* An event of a torn-down context is an invalid handle; its use is logged as "stale". */
+static int valid_event_in(const char *function, CUevent event)
+{
+    if (event != NULL && event->magic == RETIRED_MAGIC)
+        standin_log(function, "event=%p stale", (void *)event);
+    return event != NULL && event->magic == EVENT_MAGIC;
+}
+#define valid_event(event) valid_event_in(__func__, (event))
+
+void standin_retire_context_events(CUcontext ctx)
+{
+    pthread_mutex_lock(&standin_lock);
+    for (struct CUevent_st *event = all_events; event != NULL; event = event->next_event) {
+        if (event->ctx == ctx && event->magic == EVENT_MAGIC)
+            event->magic = RETIRED_MAGIC;
+    }
+    pthread_mutex_unlock(&standin_lock);
+}
 
 STANDIN_EXPORT CUresult cuEventCreate(CUevent *out, unsigned int flags)
 {
@@ -22,6 +42,11 @@ STANDIN_EXPORT CUresult cuEventCreate(CUevent *out, unsigned int flags)
         result = CUDA_ERROR_OUT_OF_MEMORY;
     if (result == CUDA_SUCCESS) {
         event->magic = EVENT_MAGIC;
+        event->ctx = standin_current_ctx();
+        pthread_mutex_lock(&standin_lock);
+        event->next_event = all_events;
+        all_events = event;
+        pthread_mutex_unlock(&standin_lock);
         *out = event;
     }
     standin_log("cuEventCreate", "flags=%u event=%p result=%d", flags, (void *)event, result);
@@ -103,6 +128,12 @@ STANDIN_EXPORT CUresult cuEventDestroy_v2(CUevent event)
     while (event->done_generation < event->generation)
         pthread_cond_wait(&standin_progress, &standin_lock);
     event->magic = 0;
+    for (struct CUevent_st **link = &all_events; *link != NULL; link = &(*link)->next_event) {
+        if (*link == event) {
+            *link = event->next_event;
+            break;
+        }
+    }
     pthread_mutex_unlock(&standin_lock);
     free(event);
     return CUDA_SUCCESS;

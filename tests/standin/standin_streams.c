@@ -19,6 +19,7 @@
 
 struct CUstream_st {
     uint32_t magic;
+    CUcontext ctx;                          /* made in; NULL for the default stream (shared here) */
     struct CUstream_st *next_stream;        /* every stream created (retired ones stay), for context-wide waits */
     struct standin_op *head, *tail;
     uint64_t submitted, completed;
@@ -164,6 +165,19 @@ void standin_wait_all_streams(void)
     pthread_mutex_unlock(&standin_lock);
 }
 
+void standin_wait_context_streams(CUcontext ctx)
+{
+    pthread_mutex_lock(&standin_lock);
+    for (struct CUstream_st *s = all_streams; s != NULL; s = s->next_stream) {
+        if (s->ctx != ctx && s != &default_stream)
+            continue;
+        uint64_t target = s->submitted;
+        while (s->completed < target)
+            pthread_cond_wait(&standin_progress, &standin_lock);
+    }
+    pthread_mutex_unlock(&standin_lock);
+}
+
 /* The parent's workers do not exist in a forked child, and neither does the
  * parent's queued work: the child starts with empty streams. */
 void standin_streams_after_fork_child(void)
@@ -187,6 +201,7 @@ STANDIN_EXPORT CUresult cuStreamCreate(CUstream *out, unsigned int flags)
         result = CUDA_ERROR_OUT_OF_MEMORY;
     if (result == CUDA_SUCCESS) {
         stream->magic = STREAM_MAGIC;
+        stream->ctx = standin_current_ctx();
         pthread_cond_init(&stream->work, NULL);
         pthread_mutex_lock(&standin_lock);
         stream->next_stream = all_streams;

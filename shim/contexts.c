@@ -1,0 +1,196 @@
+/*
+ * The CUDA contexts this process submits work in, per GPU.  Usually one, the
+ * primary context; but a program may create more (cuCtxCreate), destroy them,
+ * or reset the primary context (cudaDeviceReset) and go on.
+ *
+ * A release must wait for the work of every context on the GPU, not only the
+ * last one used, or the next holder's work would run beside it.  And what the
+ * shim keeps per context (the queue bound's events, the prefetch stream, the
+ * allocations the driver frees with the context) must be forgotten when the
+ * driver frees the context, or the shim would later hand it dangling handles.
+ * So a context takes a slot here when a thread first uses it, and gives it
+ * up when it is destroyed: cuCtxDestroy, cuDevicePrimaryCtxReset, or
+ * cuDevicePrimaryCtxRelease of its last reference.
+ *
+ * The mutex is held while the client thread works in the contexts (release,
+ * prefetch) and while a context is destroyed, so neither sees the other half
+ * done.  Taking a slot also takes it, but only when a thread's current
+ * context changes (gate.c caches the answer).
+ */
+#include "contexts.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#include "hooks.h"
+#include "interpose.h"
+#include "log.h"
+#include "memory.h"
+#include "nvshare_protocol.h"
+#include "queue_bound.h"
+
+struct gpu_contexts {
+    CUcontext slots[NVSHARE_CONTEXT_SLOTS];   /* NULL: free */
+    int newest;                               /* the slot taken last (free if none is taken) */
+    CUcontext primary;                        /* from cuDevicePrimaryCtxRetain; NULL: not seen */
+};
+
+static pthread_mutex_t contexts_mutex = PTHREAD_MUTEX_INITIALIZER;
+static struct gpu_contexts gpus[NVSHARE_MAX_GPUS];
+atomic_uint nvshare_context_generation = 1;
+
+int nvshare_context_slot(int gpu, CUcontext context)
+{
+    if (gpu < 0 || gpu >= NVSHARE_MAX_GPUS || context == NULL)
+        return -1;
+    struct gpu_contexts *contexts = &gpus[gpu];
+    int slot = -1, free_slot = -1;
+    pthread_mutex_lock(&contexts_mutex);
+    for (int i = 0; i < NVSHARE_CONTEXT_SLOTS && slot < 0; i++) {
+        if (contexts->slots[i] == context)
+            slot = i;
+        else if (contexts->slots[i] == NULL && free_slot < 0)
+            free_slot = i;
+    }
+    if (slot < 0 && free_slot >= 0) {
+        slot = free_slot;
+        contexts->slots[slot] = context;
+        contexts->newest = slot;
+    }
+    pthread_mutex_unlock(&contexts_mutex);
+    if (slot < 0)
+        NVSHARE_WARN_ONCE("more than %d CUDA contexts on GPU %d: a release does not wait for "
+                          "the work of the others", NVSHARE_CONTEXT_SLOTS, gpu);
+    return slot;
+}
+
+static int run_in(int gpu, int slot, void (*fn)(int gpu, int slot, void *arg), void *arg)
+{
+    if (nvshare_driver.ctx_push_current(gpus[gpu].slots[slot]) != CUDA_SUCCESS)
+        return 0;
+    fn(gpu, slot, arg);
+    CUcontext popped;
+    nvshare_driver.ctx_pop_current(&popped);
+    return 1;
+}
+
+void nvshare_in_each_context(int gpu, void (*fn)(int gpu, int slot, void *arg), void *arg)
+{
+    pthread_mutex_lock(&contexts_mutex);
+    for (int slot = 0; slot < NVSHARE_CONTEXT_SLOTS; slot++) {
+        if (gpus[gpu].slots[slot] != NULL)
+            run_in(gpu, slot, fn, arg);
+    }
+    pthread_mutex_unlock(&contexts_mutex);
+}
+
+int nvshare_in_one_context(int gpu, void (*fn)(int gpu, int slot, void *arg), void *arg)
+{
+    pthread_mutex_lock(&contexts_mutex);
+    int slot = gpus[gpu].newest;
+    int ran = gpus[gpu].slots[slot] != NULL && run_in(gpu, slot, fn, arg);
+    pthread_mutex_unlock(&contexts_mutex);
+    return ran;
+}
+
+/* The driver has freed context (or is about to): drop all that belongs to it.
+ * Called with the mutex held. */
+static void forget(CUcontext context)
+{
+    if (context == NULL)
+        return;
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
+        struct gpu_contexts *contexts = &gpus[gpu];
+        for (int slot = 0; slot < NVSHARE_CONTEXT_SLOTS; slot++) {
+            if (contexts->slots[slot] != context)
+                continue;
+            nvshare_queue_forget_context(gpu, slot);
+            nvshare_memory_forget_context(gpu, slot);
+            contexts->slots[slot] = NULL;
+            for (int other = 0; contexts->newest == slot && other < NVSHARE_CONTEXT_SLOTS; other++) {
+                if (contexts->slots[other] != NULL)
+                    contexts->newest = other;
+            }
+            nvshare_debug("context gone gpu=%d slot=%d", gpu, slot);
+        }
+    }
+    atomic_fetch_add(&nvshare_context_generation, 1);
+}
+
+NVSHARE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    cuCtxDestroy_v2_fn real = NVSHARE_REAL(cuCtxDestroy_v2, cuCtxDestroy_v2_fn);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&contexts_mutex);
+    CUresult result = real(ctx);
+    if (result == CUDA_SUCCESS)
+        forget(ctx);
+    pthread_mutex_unlock(&contexts_mutex);
+    return result;
+}
+
+/* Only to learn each GPU's primary context, which the two below free. */
+NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    cuDevicePrimaryCtxRetain_fn real = NVSHARE_REAL(cuDevicePrimaryCtxRetain,
+                                                    cuDevicePrimaryCtxRetain_fn);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult result = real(pctx, dev);
+    if (result == CUDA_SUCCESS && dev >= 0 && dev < NVSHARE_MAX_GPUS) {
+        pthread_mutex_lock(&contexts_mutex);
+        gpus[dev].primary = *pctx;
+        pthread_mutex_unlock(&contexts_mutex);
+    }
+    return result;
+}
+
+NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    cuDevicePrimaryCtxRelease_v2_fn real = NVSHARE_REAL(cuDevicePrimaryCtxRelease_v2,
+                                                        cuDevicePrimaryCtxRelease_v2_fn);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&contexts_mutex);
+    CUresult result = real(dev);
+    unsigned flags;
+    int active = 1;
+    /* Releasing the last reference frees the context; others only count down. */
+    if (result == CUDA_SUCCESS && dev >= 0 && dev < NVSHARE_MAX_GPUS &&
+        nvshare_driver.primary_ctx_get_state != NULL &&
+        nvshare_driver.primary_ctx_get_state(dev, &flags, &active) == CUDA_SUCCESS && !active) {
+        forget(gpus[dev].primary);
+    }
+    pthread_mutex_unlock(&contexts_mutex);
+    return result;
+}
+
+NVSHARE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    cuDevicePrimaryCtxReset_v2_fn real = NVSHARE_REAL(cuDevicePrimaryCtxReset_v2,
+                                                      cuDevicePrimaryCtxReset_v2_fn);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&contexts_mutex);
+    CUresult result = real(dev);
+    if (result == CUDA_SUCCESS && dev >= 0 && dev < NVSHARE_MAX_GPUS)
+        forget(gpus[dev].primary);
+    pthread_mutex_unlock(&contexts_mutex);
+    return result;
+}
+
+void nvshare_contexts_forget_after_fork(void)
+{
+    contexts_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    memset(gpus, 0, sizeof gpus);
+    atomic_fetch_add(&nvshare_context_generation, 1);
+}

@@ -1,0 +1,31 @@
+/* The CUDA contexts this process submits work in, per GPU (contexts.c). */
+#ifndef NVSHARE_CONTEXTS_H
+#define NVSHARE_CONTEXTS_H
+
+#include <stdatomic.h>
+
+#include "cuda_abi.h"
+
+/* Contexts tracked per GPU; a process rarely has more than one. */
+#define NVSHARE_CONTEXT_SLOTS 8
+
+/* context's slot on gpu, taking a free one at first sight; -1 when all are
+ * taken (a release then cannot wait for that context's work: warned once). */
+int nvshare_context_slot(int gpu, CUcontext context);
+
+/* Bumped whenever a context is forgotten: what threads cached about their
+ * current context may be stale. */
+extern atomic_uint nvshare_context_generation;
+
+/* Calls fn with each tracked context of gpu pushed current in turn.  No
+ * context can be destroyed meanwhile (its destroy waits). */
+void nvshare_in_each_context(int gpu, void (*fn)(int gpu, int slot, void *arg), void *arg);
+
+/* The same with one of them: the one that took its slot last.  0 when gpu
+ * has none (or it could not be made current). */
+int nvshare_in_one_context(int gpu, void (*fn)(int gpu, int slot, void *arg), void *arg);
+
+/* In a forked child: forget the parent's contexts without touching them. */
+void nvshare_contexts_forget_after_fork(void);
+
+#endif
