@@ -150,12 +150,8 @@ NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     return result;
 }
 
-NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+static CUresult release_primary(CUdevice dev, cuDevicePrimaryCtxRelease_v2_fn real)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    cuDevicePrimaryCtxRelease_v2_fn real = NVSHARE_REAL(cuDevicePrimaryCtxRelease_v2,
-                                                        cuDevicePrimaryCtxRelease_v2_fn);
     if (real == NULL)
         return CUDA_ERROR_NOT_FOUND;
     pthread_mutex_lock(&contexts_mutex);
@@ -172,12 +168,8 @@ NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     return result;
 }
 
-NVSHARE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+static CUresult reset_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    cuDevicePrimaryCtxReset_v2_fn real = NVSHARE_REAL(cuDevicePrimaryCtxReset_v2,
-                                                      cuDevicePrimaryCtxReset_v2_fn);
     if (real == NULL)
         return CUDA_ERROR_NOT_FOUND;
     pthread_mutex_lock(&contexts_mutex);
@@ -186,6 +178,40 @@ NVSHARE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
         forget(gpus[dev].primary);
     pthread_mutex_unlock(&contexts_mutex);
     return result;
+}
+
+/* The version-1 names too: cudart of CUDA 13 asks cuGetProcAddress for them
+ * with cudaVersion 7000 (measured on the H100), and cudaDeviceReset resets
+ * through cuDevicePrimaryCtxReset. */
+NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return release_primary(dev, NVSHARE_REAL(cuDevicePrimaryCtxRelease,
+                                             cuDevicePrimaryCtxRelease_v2_fn));
+}
+
+NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return release_primary(dev, NVSHARE_REAL(cuDevicePrimaryCtxRelease_v2,
+                                             cuDevicePrimaryCtxRelease_v2_fn));
+}
+
+NVSHARE_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return reset_primary(dev, NVSHARE_REAL(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2_fn));
+}
+
+NVSHARE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return reset_primary(dev, NVSHARE_REAL(cuDevicePrimaryCtxReset_v2,
+                                           cuDevicePrimaryCtxReset_v2_fn));
 }
 
 void nvshare_contexts_forget_after_fork(void)

@@ -60,7 +60,9 @@
     OWN(cuStreamEndCapture_ptsz, INFO) \
     OWN(cuCtxDestroy_v2, CONTEXT) \
     OWN(cuDevicePrimaryCtxRetain, CONTEXT) \
+    OWN(cuDevicePrimaryCtxRelease, CONTEXT) \
     OWN(cuDevicePrimaryCtxRelease_v2, CONTEXT) \
+    OWN(cuDevicePrimaryCtxReset, CONTEXT) \
     OWN(cuDevicePrimaryCtxReset_v2, CONTEXT) \
     GATED(cuLaunch, SIG_LAUNCH) \
     GATED(cuLaunchGrid, SIG_LAUNCH_GRID) \

@@ -105,7 +105,7 @@ static int lifecycle(int launches)
     CHECK(cuCtxSetCurrent(primary));
     if (launch_many("add_one", launches) != 0)
         return 1;
-    CHECK(cuDevicePrimaryCtxReset_v2(device));      /* as cudaDeviceReset does */
+    CHECK(cuDevicePrimaryCtxReset(device));         /* the name cudaDeviceReset reaches (CUDA 13) */
     CHECK(cuCtxSetCurrent(primary));
     if (launch_many("add_one", launches) != 0)
         return 1;
