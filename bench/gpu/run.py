@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import statistics
 import subprocess
 import sys
@@ -137,19 +136,16 @@ def sole_process_overhead(tool_env, launch_loop) -> dict:
         ratios.append(median_step_s(shared["step_times"]) / median_step_s(plain["step_times"]))
         identical.append(plain["checksum"] == shared["checksum"] and plain["loss"] == shared["loss"])
     plain_us, shared_us = [], []
-    # Every launch loop on the same CPU: which core a process lands on moved single runs by
-    # +-0.5 us, more than the difference measured.
-    pin = ["taskset", "-c", str(max(os.sched_getaffinity(0)))] if shutil.which("taskset") else []
     for pair in range(7):  # each run reports its fastest of 5 rounds of 100,000 launches
         for shimmed in (False, True) if pair % 2 == 0 else (True, False):
-            us = run_json([*pin, launch_loop, "100000", "5"], env=tool_env if shimmed else None)["us_per_launch"]
+            us = run_json([launch_loop, "100000", "5"], env=tool_env if shimmed else None)["us_per_launch"]
             (shared_us if shimmed else plain_us).append(us)
     return {"step_ratio_median": statistics.median(ratios), "step_ratios": ratios,
             "results_identical": all(identical),
             "launch_us_plain_median": statistics.median(plain_us),
             "launch_us_shim_median": statistics.median(shared_us),
             "launch_us_delta": statistics.median(shared_us) - statistics.median(plain_us),
-            "launch_us_plain": plain_us, "launch_us_shim": shared_us, "launch_cpu_pinning": " ".join(pin)}
+            "launch_us_plain": plain_us, "launch_us_shim": shared_us}
 
 
 def nvshare_overhead(workdir, launch_loop) -> dict:
