@@ -15,8 +15,11 @@
  * The mutex is held while the client thread works in the contexts (release,
  * prefetch) and while a context is destroyed, so neither sees the other half
  * done.  Taking a slot also takes it, but only when a thread's current
- * context changes (gate.c caches the answer).
+ * context changes (gate.c caches the answer).  It is recursive: should the
+ * driver call back into a hook on the destroying thread, that thread must not
+ * wait for itself.
  */
+#define _GNU_SOURCE
 #include "contexts.h"
 
 #include <pthread.h>
@@ -35,7 +38,7 @@ struct gpu_contexts {
     CUcontext primary;                        /* from cuDevicePrimaryCtxRetain; NULL: not seen */
 };
 
-static pthread_mutex_t contexts_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t contexts_mutex = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static struct gpu_contexts gpus[NVSHARE_MAX_GPUS];
 atomic_uint nvshare_context_generation = 1;
 
@@ -216,7 +219,7 @@ NVSHARE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 
 void nvshare_contexts_forget_after_fork(void)
 {
-    contexts_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    contexts_mutex = (pthread_mutex_t)PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
     memset(gpus, 0, sizeof gpus);
     atomic_fetch_add(&nvshare_context_generation, 1);
 }
