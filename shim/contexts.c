@@ -153,31 +153,22 @@ NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     return result;
 }
 
-static CUresult release_primary(CUdevice dev, cuDevicePrimaryCtxRelease_v2_fn real)
+/* A reset always frees the primary context; a release only when it gave up
+ * the last reference (until then it only counts down). */
+enum primary_end { PRIMARY_RESET, PRIMARY_RELEASE };
+
+static CUresult end_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real, enum primary_end how)
 {
     if (real == NULL)
         return CUDA_ERROR_NOT_FOUND;
     pthread_mutex_lock(&contexts_mutex);
     CUresult result = real(dev);
     unsigned flags;
-    int active = 1;
-    /* Releasing the last reference frees the context; others only count down. */
+    int active = 0;
     if (result == CUDA_SUCCESS && dev >= 0 && dev < NVSHARE_MAX_GPUS &&
-        nvshare_driver.primary_ctx_get_state != NULL &&
-        nvshare_driver.primary_ctx_get_state(dev, &flags, &active) == CUDA_SUCCESS && !active) {
-        forget(gpus[dev].primary);
-    }
-    pthread_mutex_unlock(&contexts_mutex);
-    return result;
-}
-
-static CUresult reset_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real)
-{
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    pthread_mutex_lock(&contexts_mutex);
-    CUresult result = real(dev);
-    if (result == CUDA_SUCCESS && dev >= 0 && dev < NVSHARE_MAX_GPUS)
+        (how == PRIMARY_RESET ||
+         (nvshare_driver.primary_ctx_get_state != NULL &&
+          nvshare_driver.primary_ctx_get_state(dev, &flags, &active) == CUDA_SUCCESS && !active)))
         forget(gpus[dev].primary);
     pthread_mutex_unlock(&contexts_mutex);
     return result;
@@ -186,36 +177,17 @@ static CUresult reset_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real)
 /* The version-1 names too: cudart of CUDA 13 asks cuGetProcAddress for them
  * with cudaVersion 7000 (measured on the H100), and cudaDeviceReset resets
  * through cuDevicePrimaryCtxReset. */
-NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
-{
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return release_primary(dev, NVSHARE_REAL(cuDevicePrimaryCtxRelease,
-                                             cuDevicePrimaryCtxRelease_v2_fn));
-}
-
-NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
-{
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return release_primary(dev, NVSHARE_REAL(cuDevicePrimaryCtxRelease_v2,
-                                             cuDevicePrimaryCtxRelease_v2_fn));
-}
-
-NVSHARE_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
-{
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return reset_primary(dev, NVSHARE_REAL(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2_fn));
-}
-
-NVSHARE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
-{
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return reset_primary(dev, NVSHARE_REAL(cuDevicePrimaryCtxReset_v2,
-                                           cuDevicePrimaryCtxReset_v2_fn));
-}
+#define DEFINE_PRIMARY_END(name, how)                                                    \
+    NVSHARE_EXPORT CUresult name(CUdevice dev)                                           \
+    {                                                                                    \
+        if (nvshare_resolve_driver() != 0)                                               \
+            return CUDA_ERROR_NOT_INITIALIZED;                                           \
+        return end_primary(dev, NVSHARE_REAL(name, cuDevicePrimaryCtxReset_v2_fn), how); \
+    }
+DEFINE_PRIMARY_END(cuDevicePrimaryCtxRelease, PRIMARY_RELEASE)
+DEFINE_PRIMARY_END(cuDevicePrimaryCtxRelease_v2, PRIMARY_RELEASE)
+DEFINE_PRIMARY_END(cuDevicePrimaryCtxReset, PRIMARY_RESET)
+DEFINE_PRIMARY_END(cuDevicePrimaryCtxReset_v2, PRIMARY_RESET)
 
 void nvshare_contexts_forget_after_fork(void)
 {

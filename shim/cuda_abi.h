@@ -125,7 +125,7 @@ typedef CUresult (*cuCtxPushCurrent_v2_fn)(CUcontext ctx);
 typedef CUresult (*cuCtxPopCurrent_v2_fn)(CUcontext *pctx);
 typedef CUresult (*cuCtxDestroy_v2_fn)(CUcontext ctx);
 typedef CUresult (*cuDevicePrimaryCtxRetain_fn)(CUcontext *pctx, CUdevice dev);
-typedef CUresult (*cuDevicePrimaryCtxRelease_v2_fn)(CUdevice dev);
+/* Release and reset, either version, have this signature too. */
 typedef CUresult (*cuDevicePrimaryCtxReset_v2_fn)(CUdevice dev);
 typedef CUresult (*cuDevicePrimaryCtxGetState_fn)(CUdevice dev, unsigned int *flags, int *active);
 typedef CUresult (*cuStreamCreate_fn)(CUstream *phStream, unsigned int flags);

@@ -1,5 +1,5 @@
 """Several CUDA contexts in one process, a destroyed context and cudaDeviceReset,
-under the shim on a real GPU (the CPU twin is tests/shim/test_contexts.py)."""
+under the shim on a real GPU (the CPU twin is tests/shim/test_contexts.py; distinct module names, as pytest imports both by basename)."""
 import pathlib
 import re
 import subprocess
