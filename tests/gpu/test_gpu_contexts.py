@@ -1,5 +1,6 @@
 """Several CUDA contexts in one process, a destroyed context and cudaDeviceReset,
-under the shim on a real GPU (the CPU twin is tests/shim/test_contexts.py; distinct module names, as pytest imports both by basename)."""
+under the shim on a real GPU.  The CPU twin is tests/shim/test_contexts.py (the module
+names differ: pytest imports test modules by their basename)."""
 import pathlib
 import re
 import subprocess
