@@ -96,8 +96,8 @@ int nvshare_in_one_context(int gpu, void (*fn)(int gpu, int slot, void *arg), vo
     return ran;
 }
 
-/* The driver has freed context (or is about to): drop all that belongs to it.
- * Called with the mutex held. */
+/* The driver has just freed context: drop all that belongs to it.  Called
+ * with the mutex held. */
 static void forget(CUcontext context)
 {
     if (context == NULL)
@@ -135,7 +135,7 @@ NVSHARE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     return result;
 }
 
-/* Only to learn each GPU's primary context, which the two below free. */
+/* Only to learn each GPU's primary context, which a reset or the last release frees. */
 NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     if (nvshare_resolve_driver() != 0)
