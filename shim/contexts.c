@@ -61,6 +61,8 @@ int nvshare_context_slot(int gpu, CUcontext context)
         contexts->newest = slot;
     }
     pthread_mutex_unlock(&contexts_mutex);
+    if (slot >= 0 && slot == free_slot)
+        nvshare_debug("context new gpu=%d slot=%d context=%p", gpu, slot, (void *)context);
     if (slot < 0)
         NVSHARE_WARN_ONCE("more than %d CUDA contexts on GPU %d: a release does not wait for "
                           "the work of the others", NVSHARE_CONTEXT_SLOTS, gpu);
@@ -149,6 +151,7 @@ NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         pthread_mutex_lock(&contexts_mutex);
         gpus[dev].primary = *pctx;
         pthread_mutex_unlock(&contexts_mutex);
+        nvshare_debug("primary context retained gpu=%d primary=%p", (int)dev, (void *)*pctx);
     }
     return result;
 }
@@ -170,6 +173,9 @@ static CUresult end_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real, en
          (nvshare_driver.primary_ctx_get_state != NULL &&
           nvshare_driver.primary_ctx_get_state(dev, &flags, &active) == CUDA_SUCCESS && !active)))
         forget(gpus[dev].primary);
+    nvshare_debug("primary context %s gpu=%d result=%d still_active=%d primary=%p",
+                  how == PRIMARY_RESET ? "reset" : "release", (int)dev, (int)result, active,
+                  dev >= 0 && dev < NVSHARE_MAX_GPUS ? (void *)gpus[dev].primary : NULL);
     pthread_mutex_unlock(&contexts_mutex);
     return result;
 }

@@ -4,8 +4,9 @@
 //       kernel and waits for it; then the process idles IDLE_MS (the shim releases the
 //       lock meanwhile, and that release must wait for A's kernel).
 //   contexts lifecycle LAUNCHES
-//       LAUNCHES kernels in a created context that is then destroyed with memory still
-//       allocated in it; the same in the primary context, then cudaDeviceReset, then again.
+//       LAUNCHES kernels in the runtime's primary context, cudaDeviceReset, again; then in a
+//       created context that is destroyed with memory still allocated in it; then in the
+//       primary context retained and released by the application.
 // Built with nvcc and -lcuda; prints "result=ok ..." or what went wrong.
 #include <cstdio>
 #include <cstdlib>
@@ -95,20 +96,25 @@ static int lifecycle(int launches) {
     CUcontext created, primary;
     CHECK_DRIVER(cuInit(0));
     CHECK_DRIVER(cuDeviceGet(&device, 0));
+    // The runtime's own primary context, reset: cudaDeviceReset resets it only while the
+    // runtime holds it alone (with the application's retain left, it does nothing).
+    count_launches(launches);
+    CHECK_RUNTIME(cudaDeviceReset());
+    count_launches(launches);                    // the runtime makes the primary context anew
+    usleep(1500 * 1000);                         // an idle release comes and goes
+    count_launches(launches);
+
     CHECK_DRIVER(create_context(&created, device));
     count_launches(launches);
     void *left_behind = nullptr;
     CHECK_RUNTIME(cudaMalloc(&left_behind, 1 << 20));   // freed with the context
     CHECK_DRIVER(cuCtxDestroy(created));
 
+    // A release that leaves the runtime's reference: the context lives on.
     CHECK_DRIVER(cuDevicePrimaryCtxRetain(&primary, device));
     CHECK_DRIVER(cuCtxSetCurrent(primary));
     count_launches(launches);
-    CHECK_DRIVER(cuCtxSetCurrent(nullptr));
     CHECK_DRIVER(cuDevicePrimaryCtxRelease(device));
-    CHECK_RUNTIME(cudaDeviceReset());
-    count_launches(launches);                    // the runtime makes the primary context anew
-    usleep(1500 * 1000);                         // an idle release comes and goes
     count_launches(launches);
     std::printf("result=ok mode=lifecycle launches=%d\n", launches);
     return 0;

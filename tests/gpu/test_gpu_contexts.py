@@ -36,11 +36,14 @@ def test_release_waits_for_a_context_that_was_not_used_last(start_agent, shim_en
 
 def test_destroyed_context_and_device_reset_leave_the_shim_sound(start_agent, shim_env, contexts_program):
     # 300 launches a context: the queue bound records events in each, which the driver then
-    # frees with the context; using them afterwards would fail or crash.
+    # frees with the context (using a freed event and stream killed a probe on the H100).
     agent = start_agent(idle_release_ms=500)
     done = run(contexts_program, shim_env(agent, NVSHARE_DEBUG=1), "lifecycle", 300)
-    assert done.stderr.count("context gone") >= 2, done.stderr[-4000:]
+    assert "primary context reset gpu=0 result=0" in done.stderr, done.stderr[-4000:]
+    # The reset and the destroy; the application's release leaves the runtime's reference.
+    assert done.stderr.count("context gone") == 2, done.stderr[-4000:]
+    assert "primary context release gpu=0 result=0 still_active=1" in done.stderr, done.stderr[-4000:]
     # At least the 1 MiB left behind in the destroyed context (the runtime may add its own).
     assert re.search(r"forgot \d+ allocations of a destroyed context", done.stderr), done.stderr[-4000:]
     assert "[nvshare] warning" not in done.stderr, done.stderr[-4000:]
-    assert agent.events("grant"), agent.log()
+    assert len(agent.events("grant")) >= 2, agent.log()   # granted again after the idle release
