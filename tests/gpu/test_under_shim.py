@@ -102,3 +102,17 @@ def test_two_graph_replaying_trainers_alternate_and_train_correctly(start_agent,
         # 3 eager warm-up steps, then replays: the same losses as alone, without the shim.
         assert len(result["losses"]) >= len(plain["losses"])
         assert result["losses"][:len(plain["losses"])] == plain["losses"]
+
+
+def test_training_fed_by_forked_loader_workers_matches_plain_run(start_agent, shim_env):
+    # DataLoader workers are forked from a process that has a CUDA context and the shim's
+    # client thread; they never touch CUDA, so they must neither hang nor connect.
+    args = ("--steps", "20", "--loader-workers", "2")
+    plain, _ = run_training(None, *args)
+    agent = start_agent()
+    shared, stderr = run_training(shim_env(agent), *args)
+    assert shared["managed"], stderr[-2000:]
+    assert shared["losses"] == plain["losses"]
+    assert shared["checksum"] == plain["checksum"]
+    connected = {event["pid"] for event in agent.events("connect")}
+    assert len(connected) == 1, agent.log()

@@ -5,7 +5,10 @@ whether the parameters live in managed memory (cuPointerGetAttribute), and the
 wall-clock time of every step (the tests read alternation from them).  With
 --graph, three eager steps warm up on a side stream and the whole step
 (forward, backward, optimizer) is then captured once as a CUDA graph and
-replayed: the stream-capture path under the shim.
+replayed: the stream-capture path under the shim.  With --loader-workers N the
+inputs come from a DataLoader with N forked workers and pinned batches, as
+real training feeds the GPU: forked children of a CUDA process, and page-locked
+host memory, under the shim.
 """
 import argparse
 import ctypes
@@ -54,6 +57,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--graph", action="store_true", help="replay a captured CUDA graph of the step")
+    parser.add_argument("--loader-workers", type=int, default=0,
+                        help="feed the inputs from a DataLoader with this many forked workers")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -65,6 +70,13 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     inputs = torch.randn(args.batch, args.width, device=device)
     targets = torch.randn(args.batch, args.width, device=device)
+    loader = None
+    if args.loader_workers > 0:
+        host_inputs = torch.randn(4 * args.batch, args.width, generator=torch.Generator().manual_seed(1))
+        loader = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(host_inputs), batch_size=args.batch,
+            num_workers=args.loader_workers, pin_memory=True, persistent_workers=True,
+            multiprocessing_context="fork")
 
     def train_step():
         optimizer.zero_grad(set_to_none=True)
@@ -77,7 +89,14 @@ def main() -> None:
     run_step = capture(train_step, losses) if args.graph else train_step
     started = time.time()
     step = 0
+    epoch = iter(())
     while (step < args.steps) if args.seconds <= 0 else (time.time() - started < args.seconds):
+        if loader is not None:
+            batch = next(epoch, None)
+            if batch is None:
+                epoch = iter(loader)
+                batch = next(epoch)
+            inputs.copy_(batch[0], non_blocking=True)
         loss = run_step()
         losses.append(loss.item())  # one sync per step, as real loops log the loss
         step_times.append(time.time())
