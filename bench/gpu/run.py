@@ -169,9 +169,9 @@ def gpu_step_s(result) -> float:
     return statistics.median(result["gpu_spans_s"][5:])
 
 
-def solo_run(seconds, env=None) -> dict:
+def solo_run(seconds, env=None, *trainer_args) -> dict:
     """One trainer alone, with no tool (env None) or under one."""
-    result = run_json(trainer("--seconds", str(seconds), "--gpu-spans"), env=env)
+    result = run_json(trainer("--seconds", str(seconds), "--gpu-spans", *trainer_args), env=env)
     rate = steps_per_s(result["step_times"])
     # Steps per second times GPU seconds per step: the share of wall time the GPU computes.
     return {"steps_per_s": rate, "gpu_step_s": gpu_step_s(result), "gpu_busy_fraction": rate * gpu_step_s(result)}
@@ -223,12 +223,18 @@ def pair_measures(results) -> dict:
 QUEUE_AHEAD = ("--sync-every", "50")
 
 
-def pair_run(workdir, seconds, queue_ahead=False, **agent_settings) -> dict:
+# A trainer that leaves the GPU idle: a 2 s pause (an evaluation, a checkpoint) after every 20
+# steps (~1.9 s of GPU time), longer than the agent's idle release (1 s).  Not in the default run:
+# it shows where taking turns gains over one process alone (issue 6's aggregate figure).
+PAUSING = ("--pause-every", "20", "--pause-s", "2")
+
+
+def pair_run(workdir, seconds, queue_ahead=False, trainer_args=(), **agent_settings) -> dict:
     """Two identical trainers under the shim and the agent.  With queue_ahead, step times are
     the times steps were queued, so only the agent's figures (drop to release) are taken."""
     agent = Agent(workdir, **agent_settings)
     try:
-        results = run_pair(agent.env(), seconds, *(QUEUE_AHEAD if queue_ahead else ()))
+        results = run_pair(agent.env(), seconds, *(QUEUE_AHEAD if queue_ahead else trainer_args))
         releases = agent.events("release")
         revokes = agent.events("revoke")
         grants = agent.events("grant")
@@ -306,12 +312,13 @@ def environment() -> dict:
             "torch": torch.__version__, "python": sys.version.split()[0]}
 
 
-def run_phases(phases, results: dict, results_file: pathlib.Path) -> None:
-    """Runs the (name, function) phases that NVSHARE_BENCH_ONLY picks (all by default), saving
-    the results after each."""
+def run_phases(phases, results: dict, results_file: pathlib.Path, extra=()) -> None:
+    """Runs the (name, function) phases that NVSHARE_BENCH_ONLY picks (all but the extra ones by
+    default), saving the results after each."""
     only = set(os.environ.get("NVSHARE_BENCH_ONLY", "").split(",")) - {""}
     for name, phase in phases:
-        if only and name not in only:
+        selected = name in only if only else name not in extra
+        if not selected:
             continue
         started = time.monotonic()
         try:
@@ -342,8 +349,13 @@ def main() -> None:
         ("prefetch_probe", lambda: run_json([sys.executable, str(HERE / "prefetch_probe.py"), "--gib", "8"])),
         ("notebook_tq30", lambda: notebook_beside_trainer(workdir, 30, 40)),
         ("notebook_tq2", lambda: notebook_beside_trainer(workdir, 2, 24)),
+        ("solo_pausing", lambda: solo_run(24, None, *PAUSING)),
+        ("pair_pausing_tq2", lambda: pair_run(workdir, 30, trainer_args=("--gpu-spans", *PAUSING), time_quantum_s=2)),
+        ("pair_pausing_off", lambda: pair_run(workdir, 24, trainer_args=("--gpu-spans", *PAUSING),
+                                              time_quantum_s=2, anti_thrash=False)),
     ]
-    run_phases(phases, results, results_dir / "gpu.json")
+    extra = {"solo_pausing", "pair_pausing_tq2", "pair_pausing_off"}
+    run_phases(phases, results, results_dir / "gpu.json", extra)
     print_table(results)
 
 
@@ -352,11 +364,10 @@ def print_table(results: dict) -> None:
         value = results.get(phase, {}).get(key)
         return "n/a" if value is None else fmt.format(value)
 
-    solo = results.get("solo", {}).get("steps_per_s")
-
-    def vs_solo(phase):
+    def vs_solo(phase, solo_phase="solo"):
+        alone = results.get(solo_phase, {}).get("steps_per_s")
         rate = results.get(phase, {}).get("aggregate_steps_per_s")
-        return "n/a" if rate is None or not solo else f"{rate / solo:.3f}x"
+        return "n/a" if rate is None or not alone else f"{rate / alone:.3f}x"
 
     def shares(phase):
         values = results.get(phase, {}).get("shares")
@@ -389,6 +400,15 @@ def print_table(results: dict) -> None:
         ("5 notebook wait p50/p95 ms, TQ 2 s",
          f"{get('notebook_tq2', 'wait_p50_ms', '{:.0f}')} / {get('notebook_tq2', 'wait_p95_ms', '{:.0f}')}", "(report)"),
     ]
+    if "pair_pausing_tq2" in results:
+        rows += [
+            ("3x pausing trainers, TQ 2: aggregate vs one pausing alone", vs_solo("pair_pausing_tq2", "solo_pausing"),
+             "(extra)"),
+            ("3x shares, pausing trainers", shares("pair_pausing_tq2"), "(extra)"),
+            ("3x pausing trainers, anti-thrash off: aggregate", vs_solo("pair_pausing_off", "solo_pausing"), "(extra)"),
+            ("3x GPU busy fraction: solo / pair, pausing",
+             " / ".join(get(p, "gpu_busy_fraction", "{:.3f}") for p in ("solo_pausing", "pair_pausing_tq2")), "(extra)"),
+        ]
     print(f"\n{'figure':<58}{'measured':>18}  target")
     for label, value, target in rows:
         print(f"{label:<58}{value:>18}  {target}")

@@ -5,7 +5,8 @@ checksum of the weights (equal with and without the shim when results are
 identical).  By default the loss is read every step, so at most one step is
 queued ahead of the GPU; --sync-every N reads it every N steps, as loops that
 log every N steps do, and lets work queue ahead (step times are then the
-times steps were queued)."""
+times steps were queued).  --pause-every N --pause-s S waits S seconds on the
+CPU after every N steps (an evaluation or a checkpoint), leaving the GPU idle."""
 import argparse
 import json
 import time
@@ -20,6 +21,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=8192)
     parser.add_argument("--sync-every", type=int, default=1, help="read the loss every N steps")
+    parser.add_argument("--pause-every", type=int, default=0, help="pause after every N steps")
+    parser.add_argument("--pause-s", type=float, default=0.0, help="for this long, GPU idle")
     parser.add_argument("--gpu-spans", action="store_true",
                         help="also time each step on the GPU (first kernel to last), to see idle gaps")
     args = parser.parse_args()
@@ -50,6 +53,9 @@ def main() -> None:
         step_times.append(time.time())
         if args.gpu_spans:
             spans.append(begin.elapsed_time(end) / 1000)
+        if args.pause_every and len(step_times) % args.pause_every == 0:
+            loss_value = loss.item()
+            time.sleep(args.pause_s)
         if args.steps and len(step_times) >= args.steps:
             break
         if args.seconds and step_times[-1] - started >= args.seconds:
