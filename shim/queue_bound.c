@@ -189,11 +189,7 @@ void nvshare_queue_forget_context(int gpu, int slot)
     struct launch_queue *queue = &queues[gpu][slot];
     pthread_mutex_lock(&queue_mutexes[gpu][slot]);
     /* The driver frees the events with their context: forget, never destroy. */
-    memset(queue->ring, 0, sizeof queue->ring);
-    queue->head = queue->tail = 0;
-    queue->have_completed = 0;
-    queue->ms_per_launch = 0;
-    atomic_store_explicit(&queue->launches_per_mark, 0, memory_order_relaxed);
+    memset(queue, 0, sizeof *queue);
     pthread_mutex_unlock(&queue_mutexes[gpu][slot]);
 }
 
