@@ -45,9 +45,11 @@ def stop_process(process: subprocess.Popen) -> None:
 
 
 class Agent:
-    """The real agent on a temporary socket, configured through its config file."""
+    """The real agent on a temporary socket, configured through its config file (tests/gpu uses
+    it too).  base_env: the environment it starts from (os.environ by default)."""
 
-    def __init__(self, workdir: pathlib.Path, time_quantum_s=30, anti_thrash=True, idle_release_ms=1000):
+    def __init__(self, workdir: pathlib.Path, time_quantum_s=30, anti_thrash=True, idle_release_ms=1000,
+                 debug=False, base_env=None):
         self.dir = pathlib.Path(tempfile.mkdtemp(dir=workdir, prefix="agent-"))
         (self.dir / "state").mkdir()
         config = self.dir / "nvshare.conf"
@@ -56,12 +58,12 @@ class Agent:
                           f"idle_release_ms = {idle_release_ms}\n")
         self.socket = self.dir / "scheduler.sock"
         self.log_path = self.dir / "agent.log"
-        env = dict(os.environ)
+        env = dict(os.environ if base_env is None else base_env)
         env.pop("LD_PRELOAD", None)
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "nvshare_agent", "--socket", str(self.socket), "--bus", "none",
-                 "--config", str(config), "--state-dir", str(self.dir / "state")],
+                 "--config", str(config), "--state-dir", str(self.dir / "state"), *(["--debug"] if debug else [])],
                 stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 20
         while not self.socket.exists():
@@ -77,10 +79,14 @@ class Agent:
     def stop(self) -> None:
         stop_process(self.process)
 
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
     def events(self, name: str) -> list[dict]:
+        """Parsed `name key=value ...` lines of the agent's log."""
         time.sleep(0.1)  # the agent buffers its log for up to 20 ms
         found = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
+        for line in self.log().splitlines():
             words = line.split()
             if name in words:
                 start = words.index(name)

@@ -11,12 +11,14 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-SHIM = REPO / "shim" / "build" / "libnvshare.so"
+sys.path.insert(0, str(REPO / "bench" / "gpu"))
+import run as bench  # noqa: E402  (the benchmark's Agent: one way to start the agent)
+
+SHIM = bench.SHIM
 
 
 def _gpu_present() -> bool:
@@ -54,74 +56,25 @@ def agent_pythonpath(tmp_path_factory) -> str:
     return ":".join(parts)
 
 
-class RunningAgent:
-    def __init__(self, socket_path, log_path, process):
-        self.socket_path = socket_path
-        self.log_path = log_path
-        self.process = process
-
-    def log(self) -> str:
-        return pathlib.Path(self.log_path).read_text(errors="replace")
-
-    def events(self, name: str) -> list[dict]:
-        """Parsed `name key=value ...` lines of the agent log."""
-        found = []
-        for line in self.log().splitlines():
-            words = line.split()
-            if name not in words:
-                continue
-            start = words.index(name)
-            fields = dict(w.split("=", 1) for w in words[start + 1:] if "=" in w)
-            found.append(fields)
-        return found
-
-
 @pytest.fixture
 def start_agent(tmp_path, agent_pythonpath):
+    """Starts the real agent (the GPU benchmark's Agent, bench/gpu/run.py) with its debug log."""
     started = []
 
     def start(time_quantum_s=30, anti_thrash=True, idle_release_ms=1000):
-        config = tmp_path / "nvshare.conf"
-        config.write_text(
-            "[scheduler]\n"
-            f"time_quantum = {time_quantum_s}\n"
-            f"anti_thrash = {'on' if anti_thrash else 'off'}\n"
-            f"idle_release_ms = {idle_release_ms}\n")
-        socket_path = tmp_path / "scheduler.sock"
-        log_path = tmp_path / "agent.log"
-        state = tmp_path / "state"
-        state.mkdir(exist_ok=True)
-        env = dict(os.environ, PYTHONPATH=agent_pythonpath)
-        env.pop("LD_PRELOAD", None)
-        with open(log_path, "w") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "nvshare_agent", "--socket", str(socket_path),
-                 "--bus", "none", "--config", str(config), "--state-dir", str(state), "--debug"],
-                stdout=log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 20
-        while not socket_path.exists():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("agent did not start:\n" + log_path.read_text())
-            time.sleep(0.05)
-        agent = RunningAgent(socket_path, log_path, process)
+        agent = bench.Agent(tmp_path, time_quantum_s=time_quantum_s, anti_thrash=anti_thrash,
+                            idle_release_ms=idle_release_ms, debug=True,
+                            base_env=dict(os.environ, PYTHONPATH=agent_pythonpath))
         started.append(agent)
         return agent
 
     yield start
     for agent in started:
-        agent.process.terminate()
-        try:
-            agent.process.wait(10)
-        except subprocess.TimeoutExpired:
-            agent.process.kill()
+        agent.stop()
 
 
 @pytest.fixture
 def shim_env(shim_library):
     def env_for(agent, **extra):
-        env = dict(os.environ)
-        env["LD_PRELOAD"] = str(shim_library)
-        env["NVSHARE_SOCKET"] = str(agent.socket_path)
-        env.update({k: str(v) for k, v in extra.items()})
-        return env
+        return agent.env(**extra)
     return env_for
