@@ -11,7 +11,8 @@ enum allocation_kind {
     ALLOCATION_CONVERTED = 1,       /* a device allocation the shim made managed */
     ALLOCATION_APP_MANAGED,         /* the application's own cuMemAllocManaged */
     ALLOCATION_VMM,                 /* cuMemCreate: passed through, stays on the GPU */
-    ALLOCATION_IPC                  /* cuIpcOpenMemHandle: passed through */
+    ALLOCATION_IPC,                 /* cuIpcOpenMemHandle: passed through */
+    ALLOCATION_PARKED               /* converted, freed by cuMemFreeAsync, kept for reuse (parking.c) */
 };
 
 struct allocation {

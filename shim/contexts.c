@@ -30,6 +30,7 @@
 #include "log.h"
 #include "memory.h"
 #include "nvshare_protocol.h"
+#include "parking.h"
 #include "queue_bound.h"
 
 struct gpu_contexts {
@@ -110,6 +111,7 @@ static void forget(CUcontext context)
             if (contexts->slots[slot] != context)
                 continue;
             nvshare_queue_forget_context(gpu, slot);
+            nvshare_parking_forget_context(gpu, slot);
             nvshare_memory_forget_context(gpu, slot);
             contexts->slots[slot] = NULL;
             for (int other = 0; contexts->newest == slot && other < NVSHARE_CONTEXT_SLOTS; other++) {

@@ -103,7 +103,7 @@ typedef struct CUlaunchConfig_st {
 
 enum { CU_MEM_ATTACH_GLOBAL = 0x1 };
 enum { CU_STREAM_NON_BLOCKING = 0x1 };
-enum { CU_EVENT_DEFAULT = 0x0 };
+enum { CU_EVENT_DEFAULT = 0x0, CU_EVENT_DISABLE_TIMING = 0x2 };
 
 typedef int CUdriverProcAddressQueryResult;     /* 0 success, 1 symbol not found, 2 version not sufficient */
 

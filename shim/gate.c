@@ -22,6 +22,7 @@
 #include "lock_state.h"
 #include "log.h"
 #include "memory.h"
+#include "parking.h"
 #include "queue_bound.h"
 
 struct nvshare_gate nvshare_gates[NVSHARE_MAX_GPUS];
@@ -120,6 +121,7 @@ static void forget_after_fork(void)
     }
     nvshare_contexts_forget_after_fork();
     nvshare_memory_forget_after_fork();
+    nvshare_parking_forget_after_fork();
     nvshare_queue_forget_after_fork();
     nvshare_capture_forget_after_fork();
 }

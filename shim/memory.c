@@ -10,8 +10,10 @@
  *    usable at once, which satisfies stream order trivially; pool attributes
  *    (e.g. IPC export of the pool) do not apply to such memory.  Inside a
  *    stream capture they stay the driver's (they become graph memory nodes).
- *  - cuMemFree_v2 frees ours; cuMemFreeAsync of ours first synchronises its
- *    stream (work queued on it may still use the memory), then frees.
+ *  - cuMemFree_v2 frees ours.  cuMemFreeAsync of ours parks the block for
+ *    the next stream-ordered allocation that fits (parking.c); where it
+ *    cannot, it synchronises the stream (work queued on it may still use the
+ *    memory), then frees.
  *  - What cannot be managed is passed through, counted as unmanaged and
  *    warned about once (memory_passthrough.c): VMM (cuMemCreate, e.g. PyTorch's expandable_segments)
  *    and IPC imports (cuIpcOpenMemHandle).
@@ -41,6 +43,7 @@
 #include "lock_client.h"
 #include "log.h"
 #include "nvshare_protocol.h"
+#include "parking.h"
 
 #define PITCH_ALIGNMENT 512
 #define NOT_CONVERTED (-1)
@@ -101,7 +104,7 @@ static int is_managed(const struct allocation *entry)
     return entry->kind == ALLOCATION_CONVERTED || entry->kind == ALLOCATION_APP_MANAGED;
 }
 
-static uint64_t gpu_total_bytes(int gpu)
+uint64_t nvshare_memory_gpu_total(int gpu)
 {
     if (gpus[gpu].total_bytes == 0 && nvshare_driver.device_total_mem != NULL) {
         size_t bytes = 0;
@@ -121,13 +124,16 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
     int gpu = nvshare_current_gpu(&context);
     if (managed == NULL || gpu < 0 || dptr == NULL)
         return NOT_CONVERTED;
-    uint64_t total = gpu_total_bytes(gpu);
+    uint64_t total = nvshare_memory_gpu_total(gpu);
 
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct gpu_memory *memory = &gpus[gpu];
     uint64_t in_use = memory->managed_bytes + memory->unmanaged_bytes + memory->reserved_bytes;
     if (!nvshare_config()->single_oversub && total != 0 && in_use + bytes > total) {
         pthread_mutex_unlock(&nvshare_memory_mutex);
+        /* Parked blocks are held only for reuse: they give way first. */
+        if (nvshare_parking_free(gpu, in_use + bytes - total) > 0)
+            return allocate_managed(dptr, bytes, what);
         nvshare_debug("refused %s of %zu bytes on GPU %d: this process would hold %llu of "
                       "%llu bytes (NVSHARE_ENABLE_SINGLE_OVERSUB=1 allows it)", what, bytes, gpu,
                       (unsigned long long)(in_use + bytes), (unsigned long long)total);
@@ -184,41 +190,54 @@ NVSHARE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, si
     return result;
 }
 
-#define DEFINE_ASYNC_ALLOC(name)                                                             \
+/* Per-thread-stream variants name the calling thread's default stream by NULL. */
+static CUstream actual_stream(CUstream stream, int per_thread)
+{
+    return stream == NULL && per_thread ? NVSHARE_CU_STREAM_PER_THREAD : stream;
+}
+
+static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t bytes, CUstream stream,
+                                        int per_thread, const char *what)
+{
+    if (nvshare_thread_capture_depth > 0)
+        return NOT_CONVERTED;       /* a graph memory node: the graph owns it */
+    nvshare_client_start();
+    if (nvshare_unpark(bytes, actual_stream(stream, per_thread), dptr))
+        return CUDA_SUCCESS;
+    return allocate_managed(dptr, bytes, what);
+}
+
+#define DEFINE_ASYNC_ALLOC(name, per_thread)                                                 \
     NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)       \
     {                                                                                        \
         if (nvshare_resolve_driver() != 0)                                                   \
             return CUDA_ERROR_NOT_INITIALIZED;                                               \
         int saved_errno = errno;                                                             \
-        CUresult result = nvshare_thread_capture_depth > 0                                   \
-                              ? NOT_CONVERTED /* a graph memory node: the graph owns it */   \
-                              : allocate_managed(dptr, bytesize, #name);                     \
+        CUresult result = allocate_stream_ordered(dptr, bytesize, hStream, per_thread, #name); \
         if (result == NOT_CONVERTED)                                                         \
             result = NVSHARE_REAL(name, cuMemAllocAsync_fn)(dptr, bytesize, hStream);        \
         errno = saved_errno;                                                                 \
         return result;                                                                       \
     }
-DEFINE_ASYNC_ALLOC(cuMemAllocAsync)
-DEFINE_ASYNC_ALLOC(cuMemAllocAsync_ptsz)
+DEFINE_ASYNC_ALLOC(cuMemAllocAsync, 0)
+DEFINE_ASYNC_ALLOC(cuMemAllocAsync_ptsz, 1)
 
-#define DEFINE_POOL_ALLOC(name)                                                              \
+#define DEFINE_POOL_ALLOC(name, per_thread)                                                  \
     NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,      \
                                  CUstream hStream)                                           \
     {                                                                                        \
         if (nvshare_resolve_driver() != 0)                                                   \
             return CUDA_ERROR_NOT_INITIALIZED;                                               \
         int saved_errno = errno;                                                             \
-        CUresult result = nvshare_thread_capture_depth > 0                                   \
-                              ? NOT_CONVERTED /* a graph memory node: the graph owns it */   \
-                              : allocate_managed(dptr, bytesize, #name);                     \
+        CUresult result = allocate_stream_ordered(dptr, bytesize, hStream, per_thread, #name); \
         if (result == NOT_CONVERTED)                                                         \
             result = NVSHARE_REAL(name, cuMemAllocFromPoolAsync_fn)(dptr, bytesize, pool,    \
                                                                     hStream);                \
         errno = saved_errno;                                                                 \
         return result;                                                                       \
     }
-DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync)
-DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
+DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync, 0)
+DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, 1)
 
 /* The application's own managed memory: not converted, but counted and
  * prefetched like ours. */
@@ -240,20 +259,24 @@ NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, un
 
 /* Forget a managed allocation, free it, and remember it again if the driver
  * refused (taking it out first keeps a racing allocation that reuses the
- * address from being forgotten instead). */
-static CUresult free_managed(CUdeviceptr dptr, int *was_ours)
+ * address from being forgotten instead).  A parked one is freed only when
+ * parking asks: to the application it is freed already. */
+static CUresult free_managed(CUdeviceptr dptr, int *was_ours, int parked_too)
 {
     struct allocation entry;
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct allocation *found = allocation_map_find(&nvshare_pointer_map, dptr);
-    *was_ours = found != NULL && is_managed(found);
-    if (*was_ours) {
+    int parked = found != NULL && found->kind == ALLOCATION_PARKED;
+    *was_ours = found != NULL && (is_managed(found) || parked);
+    if (*was_ours && (!parked || parked_too)) {
         allocation_map_take(&nvshare_pointer_map, dptr, &entry);
         count(entry.gpu, entry.kind, entry.bytes, 0);
     }
     pthread_mutex_unlock(&nvshare_memory_mutex);
     if (!*was_ours)
         return CUDA_SUCCESS;
+    if (parked && !parked_too)
+        return CUDA_ERROR_INVALID_VALUE;    /* freed twice */
     CUresult result = NVSHARE_REAL(cuMemFree_v2, cuMemFree_v2_fn)(dptr);
     if (result != CUDA_SUCCESS)
         nvshare_memory_remember(&nvshare_pointer_map, entry.key, entry.bytes, entry.gpu,
@@ -268,11 +291,31 @@ NVSHARE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     if (nvshare_resolve_driver() != 0)
         return CUDA_ERROR_NOT_INITIALIZED;
     int saved_errno = errno, ours;
-    CUresult result = free_managed(dptr, &ours);
+    CUresult result = free_managed(dptr, &ours, 0);
     if (!ours)
         result = NVSHARE_REAL(cuMemFree_v2, cuMemFree_v2_fn)(dptr);
     errno = saved_errno;
     return result;
+}
+
+void nvshare_memory_free_parked(uint64_t pointer)
+{
+    int ours;
+    free_managed(pointer, &ours, 1);
+}
+
+int nvshare_memory_set_kind(uint64_t pointer, int gpu, int slot, enum allocation_kind from,
+                            enum allocation_kind to, uint64_t *bytes)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    struct allocation *found = allocation_map_find(&nvshare_pointer_map, pointer);
+    int changed = found != NULL && found->kind == from && found->gpu == gpu && found->context_slot == slot;
+    if (changed) {
+        found->kind = to;
+        *bytes = found->bytes;
+    }
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    return changed;
 }
 
 static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
@@ -283,18 +326,20 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
     int saved_errno = errno;
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct allocation *found = allocation_map_find(&nvshare_pointer_map, dptr);
-    int ours = found != NULL && is_managed(found);
+    int ours = found != NULL && (is_managed(found) || found->kind == ALLOCATION_PARKED);
+    int converted = ours && found->kind == ALLOCATION_CONVERTED;
     pthread_mutex_unlock(&nvshare_memory_mutex);
     CUresult result;
+    stream = actual_stream(stream, per_thread);
     if (!ours) {
         result = real(dptr, stream);
+    } else if (converted && nvshare_park(dptr, stream)) {
+        result = CUDA_SUCCESS;
     } else {
-        if (stream == NULL && per_thread)
-            stream = NVSHARE_CU_STREAM_PER_THREAD;
         /* Stream order: work already queued on the stream may use the memory. */
         result = nvshare_driver.stream_synchronize(stream);
         if (result == CUDA_SUCCESS)
-            result = free_managed(dptr, &ours);
+            result = free_managed(dptr, &ours, 0);
     }
     errno = saved_errno;
     return result;

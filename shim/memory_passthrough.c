@@ -4,7 +4,9 @@
  * about once:
  *  - VMM: cuMemCreate / cuMemRelease (cuMemMap and friends only map what
  *    cuMemCreate made, so counting happens here).  PyTorch uses it for
- *    expandable_segments.
+ *    expandable_segments, XLA (JAX 0.11) for its default allocator; mapping
+ *    it at an address of the shim's choosing would break the handles an
+ *    application may export to other processes (NCCL does).
  *  - IPC: cuIpcOpenMemHandle(_v2) / cuIpcCloseMemHandle; the size comes from
  *    cuMemGetAddressRange.
  */
@@ -28,8 +30,9 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
     if (result != CUDA_SUCCESS || handle == NULL)
         return result;
     int saved_errno = errno;
-    NVSHARE_WARN_ONCE("cuMemCreate (CUDA virtual memory, e.g. PyTorch's expandable_segments) "
-                      "cannot be made managed: that memory stays on the GPU while others run");
+    NVSHARE_WARN_ONCE("cuMemCreate (CUDA virtual memory: JAX's default allocator, PyTorch's "
+                      "expandable_segments) cannot be made managed: that memory stays on the GPU "
+                      "while others run (for JAX set XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async)");
     nvshare_client_start();
     CUcontext context;
     int gpu = prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE

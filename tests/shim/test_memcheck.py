@@ -1,7 +1,8 @@
 """The shim under memory checkers: valgrind memcheck and an AddressSanitizer
 build (`make shim-asan`, part of `make check`), each on a client that reaches
 the driver through every path the workload has (allocation kinds, all launch
-flavours, idle release and re-grant, VMM, IPC), and a fork under valgrind.
+flavours, idle release and re-grant, VMM, IPC), the parking of stream-ordered
+frees, and a fork under valgrind.
 
 The fork runs under valgrind only: GCC 12's AddressSanitizer runtime (Debian
 bookworm) takes no allocator locks around fork(), so a child forked while
@@ -34,6 +35,16 @@ def test_destroying_and_resetting_contexts_is_valgrind_clean(world, agent):
     code = client.wait(timeout=120)
     assert code == 0, f"memcheck found errors (exit {code})\n{client.describe()}"
     assert client.result()["result"] == "ok"
+
+
+def test_parking_stream_ordered_frees_is_valgrind_clean(world, agent):
+    valgrind = ["valgrind", "-q", "--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite",
+                "--show-leak-kinds=definite"]
+    for args, extra in ((("reuse",), {}), (("cap", 12), {"STANDIN_TOTAL_MEM": 64 << 20})):
+        client = world.client("stream_ordered", *args, kernel_us=50_000, prefix=valgrind, **extra)
+        code = client.wait(timeout=120)
+        assert code == 0, f"memcheck found errors (exit {code})\n{client.describe()}"
+        assert client.result()["result"] == "ok"
 
 
 def test_forked_child_is_valgrind_clean(world, agent):

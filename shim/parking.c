@@ -1,0 +1,211 @@
+/*
+ * Stream-ordered frees, parked.  cuMemAllocAsync and cuMemAllocFromPoolAsync
+ * become cuMemAllocManaged (memory.c), which is synchronous and slow, and a
+ * fresh managed block reaches the GPU by page faults.  cuMemFreeAsync may
+ * only free once the work queued on its stream before it is done: freeing at
+ * once meant synchronising that stream on every free, and JAX with
+ * XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async ran its steps 2.6-4.2x slower so on
+ * the H100.
+ *
+ * So such a free parks the block: an event recorded on the freeing stream
+ * marks when that stream is done with it.  A later stream-ordered allocation
+ * of a fitting size (at most twice as large) takes it back if it is on the
+ * same stream (stream order covers it, as in the driver's own pools) or the
+ * event has completed.  Parked blocks stay counted as the process's memory
+ * but are not prefetched on a grant.  They are freed for real, oldest first,
+ * when a context parks more than PARKED_BLOCKS of them or a GPU holds more
+ * than 1/8 of its memory parked, and when an allocation needs the room.
+ *
+ * Each entry keeps its event for its next block: the events live as long as
+ * their context and are never destroyed here.  The mutex is held across the
+ * few fast driver calls of parking and reuse (event create, record, query),
+ * not across waiting for a block's stream.
+ */
+#define _GNU_SOURCE
+#include "parking.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#include "contexts.h"
+#include "gate.h"
+#include "interpose.h"
+#include "log.h"
+#include "memory_internal.h"
+#include "nvshare_protocol.h"
+
+#define PARKED_BLOCKS 32            /* per GPU and context */
+#define PARKED_SHARE_OF_GPU 8       /* at most 1/8 of a GPU's memory parked */
+
+enum entry_state { ENTRY_FREE, ENTRY_PARKED, ENTRY_FREEING };
+
+struct parked_block {
+    enum entry_state state;
+    CUdeviceptr pointer;
+    uint64_t bytes;
+    CUstream stream;                /* the stream that freed it */
+    CUevent freed;                  /* recorded on that stream at the free; kept for the next block */
+    uint64_t parked_at;             /* for oldest first */
+};
+
+static pthread_mutex_t parking_mutex = PTHREAD_MUTEX_INITIALIZER;
+static struct parked_block parked[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS][PARKED_BLOCKS];
+static uint64_t parked_bytes[NVSHARE_MAX_GPUS];
+static uint64_t parking_clock;
+
+/* The per-thread default stream is a different stream in every thread: only
+ * its event tells when another thread may reuse a block. */
+static int same_stream(CUstream a, CUstream b)
+{
+    return a == b && a != NVSHARE_CU_STREAM_PER_THREAD;
+}
+
+static int where(int *gpu, int *slot)
+{
+    CUcontext context;
+    *gpu = nvshare_current_gpu(&context);
+    *slot = nvshare_current_context_slot();
+    return *gpu >= 0 && *gpu < NVSHARE_MAX_GPUS && *slot >= 0;
+}
+
+/* The oldest parked block of (gpu, slot), marked FREEING; NULL if none.  Mutex held. */
+static struct parked_block *take_oldest(int gpu, int slot)
+{
+    struct parked_block *oldest = NULL;
+    for (int i = 0; i < PARKED_BLOCKS; i++) {
+        struct parked_block *block = &parked[gpu][slot][i];
+        if (block->state == ENTRY_PARKED && (oldest == NULL || block->parked_at < oldest->parked_at))
+            oldest = block;
+    }
+    if (oldest != NULL) {
+        oldest->state = ENTRY_FREEING;
+        parked_bytes[gpu] -= oldest->bytes;
+    }
+    return oldest;
+}
+
+/* Waits for the block's stream, frees it, and frees its entry.  Mutex not held:
+ * FREEING keeps others off the entry (and its event) meanwhile. */
+static uint64_t free_block(struct parked_block *block)
+{
+    uint64_t bytes = block->bytes;
+    nvshare_driver.event_synchronize(block->freed);
+    nvshare_memory_free_parked(block->pointer);
+    pthread_mutex_lock(&parking_mutex);
+    block->state = ENTRY_FREE;
+    block->pointer = 0;
+    pthread_mutex_unlock(&parking_mutex);
+    return bytes;
+}
+
+uint64_t nvshare_parking_free(int gpu, uint64_t bytes)
+{
+    int current_gpu, slot;
+    if (!where(&current_gpu, &slot) || current_gpu != gpu)
+        return 0;
+    uint64_t freed = 0;
+    while (freed < bytes) {
+        pthread_mutex_lock(&parking_mutex);
+        struct parked_block *oldest = take_oldest(gpu, slot);
+        pthread_mutex_unlock(&parking_mutex);
+        if (oldest == NULL)
+            break;
+        freed += free_block(oldest);
+    }
+    return freed;
+}
+
+int nvshare_park(CUdeviceptr pointer, CUstream stream)
+{
+    int gpu, slot, capturing = 0;
+    if (nvshare_driver.event_create == NULL || nvshare_driver.event_record == NULL ||
+        nvshare_driver.event_query == NULL || nvshare_driver.event_synchronize == NULL ||
+        !where(&gpu, &slot))
+        return 0;
+    /* An event recorded into a stream being captured would be a graph node. */
+    if (nvshare_driver.stream_is_capturing != NULL &&
+        (nvshare_driver.stream_is_capturing(stream, &capturing) != CUDA_SUCCESS || capturing))
+        return 0;
+
+    struct parked_block *evicted = NULL;
+    pthread_mutex_lock(&parking_mutex);
+    struct parked_block *entry = NULL;
+    for (int i = 0; i < PARKED_BLOCKS && entry == NULL; i++) {
+        if (parked[gpu][slot][i].state == ENTRY_FREE)
+            entry = &parked[gpu][slot][i];
+    }
+    if (entry == NULL) {            /* all taken: the oldest makes room after this one is parked */
+        evicted = take_oldest(gpu, slot);
+        pthread_mutex_unlock(&parking_mutex);
+        if (evicted != NULL)
+            free_block(evicted);
+        return evicted != NULL && nvshare_park(pointer, stream);
+    }
+    uint64_t bytes = 0;
+    int parked_now = (entry->freed != NULL ||
+                      nvshare_driver.event_create(&entry->freed, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) &&
+                     nvshare_memory_set_kind(pointer, gpu, slot, ALLOCATION_CONVERTED, ALLOCATION_PARKED,
+                                             &bytes);
+    if (parked_now && nvshare_driver.event_record(entry->freed, stream) != CUDA_SUCCESS) {
+        nvshare_memory_set_kind(pointer, gpu, slot, ALLOCATION_PARKED, ALLOCATION_CONVERTED, &bytes);
+        parked_now = 0;
+    }
+    if (parked_now) {
+        *entry = (struct parked_block){.state = ENTRY_PARKED, .pointer = pointer, .bytes = bytes,
+                                       .stream = stream, .freed = entry->freed,
+                                       .parked_at = ++parking_clock};
+        parked_bytes[gpu] += bytes;
+    }
+    uint64_t limit = nvshare_memory_gpu_total(gpu) / PARKED_SHARE_OF_GPU;
+    uint64_t excess = parked_bytes[gpu] > limit ? parked_bytes[gpu] - limit : 0;
+    pthread_mutex_unlock(&parking_mutex);
+    if (excess > 0)
+        nvshare_parking_free(gpu, excess);
+    return parked_now;
+}
+
+int nvshare_unpark(size_t bytes, CUstream stream, CUdeviceptr *pointer)
+{
+    int gpu, slot;
+    if (bytes == 0 || pointer == NULL || !where(&gpu, &slot))
+        return 0;
+    pthread_mutex_lock(&parking_mutex);
+    struct parked_block *best = NULL;
+    for (int i = 0; i < PARKED_BLOCKS; i++) {
+        struct parked_block *block = &parked[gpu][slot][i];
+        if (block->state != ENTRY_PARKED || block->bytes < bytes || block->bytes / 2 > bytes ||
+            (best != NULL && block->bytes >= best->bytes))
+            continue;
+        if (same_stream(block->stream, stream) ||
+            nvshare_driver.event_query(block->freed) == CUDA_SUCCESS)
+            best = block;
+    }
+    if (best != NULL) {
+        uint64_t block_bytes;
+        best->state = ENTRY_FREE;
+        parked_bytes[gpu] -= best->bytes;
+        *pointer = best->pointer;
+        nvshare_memory_set_kind(best->pointer, gpu, slot, ALLOCATION_PARKED, ALLOCATION_CONVERTED,
+                                &block_bytes);
+    }
+    pthread_mutex_unlock(&parking_mutex);
+    return best != NULL;
+}
+
+void nvshare_parking_forget_context(int gpu, int slot)
+{
+    pthread_mutex_lock(&parking_mutex);
+    for (int i = 0; i < PARKED_BLOCKS; i++) {
+        if (parked[gpu][slot][i].state == ENTRY_PARKED)     /* FREEING ones are out already */
+            parked_bytes[gpu] -= parked[gpu][slot][i].bytes;
+    }
+    memset(parked[gpu][slot], 0, sizeof parked[gpu][slot]);
+    pthread_mutex_unlock(&parking_mutex);
+}
+
+void nvshare_parking_forget_after_fork(void)
+{
+    parking_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    memset(parked, 0, sizeof parked);
+    memset(parked_bytes, 0, sizeof parked_bytes);
+}
