@@ -11,23 +11,12 @@ real training feeds the GPU: forked children of a CUDA process, and page-locked
 host memory, under the shim.
 """
 import argparse
-import ctypes
 import json
 import time
 
 import torch
 
-CU_POINTER_ATTRIBUTE_IS_MANAGED = 8
-
-
-def is_managed(pointer: int) -> bool:
-    libcuda = ctypes.CDLL("libcuda.so.1")
-    flag = ctypes.c_uint(0)
-    result = libcuda.cuPointerGetAttribute(
-        ctypes.byref(flag), CU_POINTER_ATTRIBUTE_IS_MANAGED, ctypes.c_uint64(pointer))
-    if result != 0:
-        raise RuntimeError(f"cuPointerGetAttribute failed with CUresult {result}")
-    return bool(flag.value)
+from cuda_pointer import is_managed
 
 
 def capture(train_step, losses):
