@@ -3,6 +3,7 @@
 # importable without installing it, and runs bench/gpu/run.py.
 #   bench/gpu/run.sh [RESULTS_DIR]
 #   bench/gpu/run.sh --against-original ORIGINAL_BUILD [RESULTS_DIR]   (original.py)
+#   bench/gpu/run.sh --jax-allocators [RESULTS_DIR]                    (jax_allocators.py)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -13,5 +14,8 @@ ln -s "$repo/agent" "$pypath/nvshare_agent"
 export PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 script=run.py
-if [ "${1:-}" = --against-original ]; then script=original.py; shift; fi
+case "${1:-}" in
+    --against-original) script=original.py; shift ;;
+    --jax-allocators) script=jax_allocators.py; shift ;;
+esac
 exec python3 "$repo/bench/gpu/$script" "$@"
