@@ -68,8 +68,9 @@ static int where(int *gpu, int *slot)
     return *gpu >= 0 && *gpu < NVSHARE_MAX_GPUS && *slot >= 0;
 }
 
-/* The oldest parked block of (gpu, slot), marked FREEING; NULL if none.  Mutex held. */
-static struct parked_block *take_oldest(int gpu, int slot)
+/* Takes the oldest parked block of (gpu, slot) out for freeing: its entry is
+ * marked FREEING and *taken is a copy.  0 if none.  Mutex held. */
+static int take_oldest(int gpu, int slot, struct parked_block *taken, struct parked_block **entry)
 {
     struct parked_block *oldest = NULL;
     for (int i = 0; i < PARKED_BLOCKS; i++) {
@@ -77,25 +78,29 @@ static struct parked_block *take_oldest(int gpu, int slot)
         if (block->state == ENTRY_PARKED && (oldest == NULL || block->parked_at < oldest->parked_at))
             oldest = block;
     }
-    if (oldest != NULL) {
-        oldest->state = ENTRY_FREEING;
-        parked_bytes[gpu] -= oldest->bytes;
-    }
-    return oldest;
+    if (oldest == NULL)
+        return 0;
+    oldest->state = ENTRY_FREEING;
+    parked_bytes[gpu] -= oldest->bytes;
+    *taken = *oldest;
+    *entry = oldest;
+    return 1;
 }
 
-/* Waits for the block's stream, frees it, and frees its entry.  Mutex not held:
- * FREEING keeps others off the entry (and its event) meanwhile. */
-static uint64_t free_block(struct parked_block *block)
+/* Waits for the taken block's stream and frees it; then its entry is free
+ * again.  Mutex not held: FREEING keeps others off the entry (and its event)
+ * meanwhile, and the copy survives a context forgotten under it. */
+static uint64_t free_taken(const struct parked_block *taken, struct parked_block *entry)
 {
-    uint64_t bytes = block->bytes;
-    nvshare_driver.event_synchronize(block->freed);
-    nvshare_memory_free_parked(block->pointer);
+    nvshare_driver.event_synchronize(taken->freed);
+    nvshare_memory_free_parked(taken->pointer);
     pthread_mutex_lock(&parking_mutex);
-    block->state = ENTRY_FREE;
-    block->pointer = 0;
+    if (entry->state == ENTRY_FREEING && entry->pointer == taken->pointer) {
+        entry->state = ENTRY_FREE;
+        entry->pointer = 0;
+    }
     pthread_mutex_unlock(&parking_mutex);
-    return bytes;
+    return taken->bytes;
 }
 
 uint64_t nvshare_parking_free(int gpu, uint64_t bytes)
@@ -104,13 +109,14 @@ uint64_t nvshare_parking_free(int gpu, uint64_t bytes)
     if (!where(&current_gpu, &slot) || current_gpu != gpu)
         return 0;
     uint64_t freed = 0;
+    struct parked_block taken, *entry;
     while (freed < bytes) {
         pthread_mutex_lock(&parking_mutex);
-        struct parked_block *oldest = take_oldest(gpu, slot);
+        int found = take_oldest(gpu, slot, &taken, &entry);
         pthread_mutex_unlock(&parking_mutex);
-        if (oldest == NULL)
+        if (!found)
             break;
-        freed += free_block(oldest);
+        freed += free_taken(&taken, entry);
     }
     return freed;
 }
@@ -127,19 +133,19 @@ int nvshare_park(CUdeviceptr pointer, CUstream stream)
         (nvshare_driver.stream_is_capturing(stream, &capturing) != CUDA_SUCCESS || capturing))
         return 0;
 
-    struct parked_block *evicted = NULL;
     pthread_mutex_lock(&parking_mutex);
     struct parked_block *entry = NULL;
     for (int i = 0; i < PARKED_BLOCKS && entry == NULL; i++) {
         if (parked[gpu][slot][i].state == ENTRY_FREE)
             entry = &parked[gpu][slot][i];
     }
-    if (entry == NULL) {            /* all taken: the oldest makes room after this one is parked */
-        evicted = take_oldest(gpu, slot);
+    if (entry == NULL) {            /* all taken: the oldest makes room for this one */
+        struct parked_block taken, *evicted;
+        int found = take_oldest(gpu, slot, &taken, &evicted);
         pthread_mutex_unlock(&parking_mutex);
-        if (evicted != NULL)
-            free_block(evicted);
-        return evicted != NULL && nvshare_park(pointer, stream);
+        if (found)
+            free_taken(&taken, evicted);
+        return found && nvshare_park(pointer, stream);
     }
     uint64_t bytes = 0;
     int parked_now = (entry->freed != NULL ||

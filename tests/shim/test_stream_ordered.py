@@ -36,3 +36,11 @@ def test_parked_memory_is_bounded_and_gives_way_to_allocations(world, agent):
     stale = [line for line in world.standin_log.read_text().splitlines()
              if line.startswith(f"{client.pid} ") and "stale" in line]
     assert not stale, stale[:5]
+
+
+def test_a_context_parks_at_most_32_blocks(world, agent):
+    # On a large GPU the byte cap is far: the 33rd to 40th frees each free the oldest block.
+    client = world.client("stream_ordered", "cap", 40, kernel_us=10)
+    assert client.finish_ok()["big_alloc"] == "ok"
+    freed = [c for c in world.calls(client.pid, "cuMemFree_v2") if int(c.fields.get("result", 0)) == 0]
+    assert len(freed) == 8 + 1, [c.fields for c in freed]     # and the big one
