@@ -8,7 +8,7 @@
  *           the row's signature.
  *   ALLOC   allocates device memory: converted to managed memory or passed
  *           through and counted (memory.c).
- *   FREE    the matching frees (memory.c).
+ *   FREE    the matching frees (memory.c), and a pool trim (parking.c).
  *   INFO    answers differently, starts the client (cuInit, cuMemGetInfo) or
  *           tracks stream capture (capture.c).
  *   CONTEXT frees a context (or learns the primary one): the shim forgets
@@ -48,6 +48,7 @@
     OWN(cuMemFree_v2, FREE) \
     OWN(cuMemFreeAsync, FREE) \
     OWN(cuMemFreeAsync_ptsz, FREE) \
+    OWN(cuMemPoolTrimTo, FREE) \
     OWN(cuMemRelease, FREE) \
     OWN(cuIpcCloseMemHandle, FREE) \
     OWN(cuStreamBeginCapture, INFO) \

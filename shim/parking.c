@@ -14,7 +14,8 @@
  * event has completed.  Parked blocks stay counted as the process's memory
  * but are not prefetched on a grant.  They are freed for real, oldest first,
  * when a context parks more than PARKED_BLOCKS of them or a GPU holds more
- * than 1/8 of its memory parked, and when an allocation needs the room.
+ * than 1/8 of its memory parked, when an allocation needs the room, and when
+ * the application trims a memory pool.
  *
  * Each entry keeps its event for its next block: the events live as long as
  * their context and are never destroyed here.  The mutex is held across the
@@ -24,11 +25,13 @@
 #define _GNU_SOURCE
 #include "parking.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <string.h>
 
 #include "contexts.h"
 #include "gate.h"
+#include "hooks.h"
 #include "interpose.h"
 #include "log.h"
 #include "memory_internal.h"
@@ -196,6 +199,31 @@ int nvshare_unpark(size_t bytes, CUstream stream, CUdeviceptr *pointer)
     }
     pthread_mutex_unlock(&parking_mutex);
     return best != NULL;
+}
+
+/* A pool trim (PyTorch's empty_cache with its cudaMallocAsync backend, CuPy's
+ * free_all_blocks) asks for memory back.  Converted blocks come from no pool:
+ * what this process keeps for reuse is its parked blocks, so they go too, down
+ * to minBytesToKeep. */
+NVSHARE_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    cuMemPoolTrimTo_fn real = NVSHARE_REAL(cuMemPoolTrimTo, cuMemPoolTrimTo_fn);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult result = real(pool, minBytesToKeep);
+    int saved_errno = errno, gpu, slot;
+    if (result == CUDA_SUCCESS && where(&gpu, &slot)) {
+        pthread_mutex_lock(&parking_mutex);
+        uint64_t excess = parked_bytes[gpu] > minBytesToKeep ? parked_bytes[gpu] - minBytesToKeep : 0;
+        pthread_mutex_unlock(&parking_mutex);
+        uint64_t freed = excess > 0 ? nvshare_parking_free(gpu, excess) : 0;
+        nvshare_debug("pool trim gpu=%d keep=%zu parked blocks freed=%llu bytes", gpu, minBytesToKeep,
+                      (unsigned long long)freed);
+    }
+    errno = saved_errno;
+    return result;
 }
 
 void nvshare_parking_forget_context(int gpu, int slot)

@@ -44,3 +44,12 @@ def test_a_context_parks_at_most_32_blocks(world, agent):
     assert client.finish_ok()["big_alloc"] == "ok"
     freed = [c for c in world.calls(client.pid, "cuMemFree_v2") if int(c.fields.get("result", 0)) == 0]
     assert len(freed) == 8 + 1, [c.fields for c in freed]     # and the big one
+
+
+def test_a_pool_trim_frees_parked_blocks_down_to_what_it_keeps(world, agent):
+    # 12 parked MiB (far under the byte cap of a 16 GiB GPU), trimmed to keep 2 MiB.
+    client = world.client("stream_ordered", "trim", 12, kernel_us=10)
+    assert client.finish_ok()["big_alloc"] == "ok"
+    assert len(world.calls(client.pid, "cuMemPoolTrimTo")) == 1
+    freed = [c for c in world.calls(client.pid, "cuMemFree_v2") if int(c.fields.get("result", 0)) == 0]
+    assert len(freed) == 10 + 1, [c.fields for c in freed]     # and the big one

@@ -13,6 +13,8 @@
  *   client_stream_ordered cap BLOCKS
  *       frees BLOCKS blocks of 1 MiB on one stream, then allocates 60 MiB
  *       with cuMemAlloc (run on a GPU of 64 MiB): big_alloc=ok or the error.
+ *   client_stream_ordered trim BLOCKS
+ *       the same, with cuMemPoolTrimTo(pool, 2 MiB) after the frees.
  *
  * Prints "client=stream_ordered result=ok key=value..." or the failing call. */
 #include <stdio.h>
@@ -83,7 +85,7 @@ static int reuse(void)
     return 0;
 }
 
-static int cap(int blocks)
+static int cap(int blocks, int trim)
 {
     CUstream stream;
     CUdeviceptr pointers[256], big;
@@ -94,6 +96,8 @@ static int cap(int blocks)
         CHECK(cuMemAllocAsync(&pointers[i], MIB, stream));
     for (int i = 0; i < blocks; i++)
         CHECK(cuMemFreeAsync(pointers[i], stream));
+    if (trim)   /* the stand-in's pools are only handles: any non-NULL one will do */
+        CHECK(cuMemPoolTrimTo((CUmemoryPool)&stream, 2 * MIB));
     CUresult result = cuMemAlloc_v2(&big, 60 * MIB);
     if (result == CUDA_SUCCESS)
         CHECK(cuMemFree_v2(big));
@@ -105,8 +109,9 @@ static int cap(int blocks)
 int main(int argc, char **argv)
 {
     int is_reuse = argc == 2 && strcmp(argv[1], "reuse") == 0;
-    if (!is_reuse && !(argc == 3 && strcmp(argv[1], "cap") == 0)) {
-        fprintf(stderr, "usage: client_stream_ordered reuse | cap BLOCKS\n");
+    int is_trim = argc == 3 && strcmp(argv[1], "trim") == 0;
+    if (!is_reuse && !is_trim && !(argc == 3 && strcmp(argv[1], "cap") == 0)) {
+        fprintf(stderr, "usage: client_stream_ordered reuse | cap BLOCKS | trim BLOCKS\n");
         return 2;
     }
     CUdevice device;
@@ -115,5 +120,5 @@ int main(int argc, char **argv)
     CHECK(cuDeviceGet(&device, 0));
     CHECK(cuDevicePrimaryCtxRetain(&context, device));
     CHECK(cuCtxSetCurrent(context));
-    return is_reuse ? reuse() : cap(atoi(argv[2]));
+    return is_reuse ? reuse() : cap(atoi(argv[2]), is_trim);
 }

@@ -200,6 +200,7 @@ CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream);
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream);
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream);
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);

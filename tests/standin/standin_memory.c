@@ -230,6 +230,14 @@ STANDIN_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, C
     return alloc_async("cuMemAllocFromPoolAsync_ptsz", p, n, s);
 }
 
+/* Pools hold nothing here (every allocation is its own block): a trim only answers. */
+STANDIN_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    CUresult result = pool == NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    standin_log("cuMemPoolTrimTo", "pool=%p keep=%zu result=%d", (void *)pool, keep, result);
+    return result;
+}
+
 STANDIN_EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr)
 {
     CUresult result = standin_require_ctx();
