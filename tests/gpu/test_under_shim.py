@@ -1,6 +1,7 @@
 """The shim and the agent together on a real GPU with PyTorch and static cudart."""
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -116,3 +117,24 @@ def test_training_fed_by_forked_loader_workers_matches_plain_run(start_agent, sh
     assert shared["checksum"] == plain["checksum"]
     connected = {event["pid"] for event in agent.events("connect")}
     assert len(connected) == 1, agent.log()
+
+
+def test_cuda_malloc_async_backend_is_managed_and_empty_cache_frees_parked_blocks(start_agent, shim_env):
+    # PyTorch's cudaMallocAsync backend allocates stream-ordered: converted, and its frees
+    # parked for reuse; torch.cuda.empty_cache() trims the pool, which frees them.
+    plain, _ = run_training(None, "--steps", "20")
+    agent = start_agent()
+    env = shim_env(agent, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync", NVSHARE_DEBUG=1)
+    shared, stderr = run_training(env, "--steps", "20")
+    assert shared["managed"], stderr[-2000:]
+    assert shared["losses"] == plain["losses"]
+    assert shared["checksum"] == plain["checksum"]
+    trim = subprocess.run([sys.executable, "-c", (
+        "import torch\n"
+        "xs = [torch.ones(16 << 20, device='cuda') for _ in range(4)]\n"
+        "del xs\n"
+        "torch.cuda.synchronize(); torch.cuda.empty_cache()\n")],
+        capture_output=True, text=True, env=env, timeout=120)
+    assert trim.returncode == 0, trim.stderr[-2000:]
+    freed = [int(n) for n in re.findall(r"pool trim gpu=\d+ keep=\d+ parked blocks freed=(\d+)", trim.stderr)]
+    assert freed and freed[0] >= 4 * (64 << 20), trim.stderr[-2000:]
