@@ -149,6 +149,7 @@ typedef CUresult (*cuMemAllocPitch_v2_fn)(CUdeviceptr *dptr, size_t *pPitch, siz
                                           size_t Height, unsigned int ElementSizeBytes);
 typedef CUresult (*cuMemAllocManaged_fn)(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
 typedef CUresult (*cuMemAllocAsync_fn)(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+typedef CUresult (*cuStreamDestroy_v2_fn)(CUstream hStream);
 typedef CUresult (*cuMemPoolTrimTo_fn)(CUmemoryPool pool, size_t minBytesToKeep);
 typedef CUresult (*cuMemAllocFromPoolAsync_fn)(CUdeviceptr *dptr, size_t bytesize,
                                                CUmemoryPool pool, CUstream hStream);

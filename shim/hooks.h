@@ -8,7 +8,8 @@
  *           the row's signature.
  *   ALLOC   allocates device memory: converted to managed memory or passed
  *           through and counted (memory.c).
- *   FREE    the matching frees (memory.c), and a pool trim (parking.c).
+ *   FREE    the matching frees (memory.c), a pool trim and a stream's
+ *           destruction (parking.c).
  *   INFO    answers differently, starts the client (cuInit, cuMemGetInfo) or
  *           tracks stream capture (capture.c).
  *   CONTEXT frees a context (or learns the primary one): the shim forgets
@@ -49,6 +50,8 @@
     OWN(cuMemFreeAsync, FREE) \
     OWN(cuMemFreeAsync_ptsz, FREE) \
     OWN(cuMemPoolTrimTo, FREE) \
+    OWN(cuStreamDestroy, FREE) \
+    OWN(cuStreamDestroy_v2, FREE) \
     OWN(cuMemRelease, FREE) \
     OWN(cuIpcCloseMemHandle, FREE) \
     OWN(cuStreamBeginCapture, INFO) \

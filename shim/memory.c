@@ -267,7 +267,7 @@ static CUresult free_managed(CUdeviceptr dptr, int *was_ours, int parked_too)
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct allocation *found = allocation_map_find(&nvshare_pointer_map, dptr);
     int parked = found != NULL && found->kind == ALLOCATION_PARKED;
-    *was_ours = found != NULL && (is_managed(found) || parked);
+    *was_ours = found != NULL && (parked_too ? parked : is_managed(found) || parked);
     if (*was_ours && (!parked || parked_too)) {
         allocation_map_take(&nvshare_pointer_map, dptr, &entry);
         count(entry.gpu, entry.kind, entry.bytes, 0);
@@ -278,7 +278,9 @@ static CUresult free_managed(CUdeviceptr dptr, int *was_ours, int parked_too)
     if (parked && !parked_too)
         return CUDA_ERROR_INVALID_VALUE;    /* freed twice */
     CUresult result = NVSHARE_REAL(cuMemFree_v2, cuMemFree_v2_fn)(dptr);
-    if (result != CUDA_SUCCESS)
+    /* A parked block the driver would not free is gone for the application
+     * already: nothing could free it later. */
+    if (result != CUDA_SUCCESS && !parked)
         nvshare_memory_remember(&nvshare_pointer_map, entry.key, entry.bytes, entry.gpu,
                                 entry.context_slot, entry.kind);
     else
@@ -326,12 +328,15 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
     int saved_errno = errno;
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct allocation *found = allocation_map_find(&nvshare_pointer_map, dptr);
-    int ours = found != NULL && (is_managed(found) || found->kind == ALLOCATION_PARKED);
+    int ours = found != NULL && is_managed(found);
     int converted = ours && found->kind == ALLOCATION_CONVERTED;
+    int parked = found != NULL && found->kind == ALLOCATION_PARKED;
     pthread_mutex_unlock(&nvshare_memory_mutex);
     CUresult result;
     stream = actual_stream(stream, per_thread);
-    if (!ours) {
+    if (parked) {
+        result = CUDA_ERROR_INVALID_VALUE;      /* freed twice */
+    } else if (!ours) {
         result = real(dptr, stream);
     } else if (converted && nvshare_park(dptr, stream)) {
         result = CUDA_SUCCESS;

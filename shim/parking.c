@@ -13,9 +13,10 @@
  * same stream (stream order covers it, as in the driver's own pools) or the
  * event has completed.  Parked blocks stay counted as the process's memory
  * but are not prefetched on a grant.  They are freed for real, oldest first,
- * when a context parks more than PARKED_BLOCKS of them or a GPU holds more
- * than 1/8 of its memory parked, when an allocation needs the room, and when
- * the application trims a memory pool.
+ * when a context parks more than PARKED_BLOCKS of them or more than 1/8 of
+ * its GPU's memory, when an allocation needs the room, and when the
+ * application trims a memory pool.  A destroyed stream's handle may name a
+ * new stream at once: its blocks then wait for their events.
  *
  * Each entry keeps its event for its next block: the events live as long as
  * their context and are never destroyed here.  The mutex is held across the
@@ -38,7 +39,7 @@
 #include "nvshare_protocol.h"
 
 #define PARKED_BLOCKS 32            /* per GPU and context */
-#define PARKED_SHARE_OF_GPU 8       /* at most 1/8 of a GPU's memory parked */
+#define PARKED_SHARE_OF_GPU 8       /* per context, at most 1/8 of its GPU's memory parked */
 
 enum entry_state { ENTRY_FREE, ENTRY_PARKED, ENTRY_FREEING };
 
@@ -47,20 +48,21 @@ struct parked_block {
     CUdeviceptr pointer;
     uint64_t bytes;
     CUstream stream;                /* the stream that freed it */
+    int stream_destroyed;           /* since: the handle may name another stream */
     CUevent freed;                  /* recorded on that stream at the free; kept for the next block */
     uint64_t parked_at;             /* for oldest first */
 };
 
 static pthread_mutex_t parking_mutex = PTHREAD_MUTEX_INITIALIZER;
 static struct parked_block parked[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS][PARKED_BLOCKS];
-static uint64_t parked_bytes[NVSHARE_MAX_GPUS];
+static uint64_t parked_bytes[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS];
 static uint64_t parking_clock;
 
 /* The per-thread default stream is a different stream in every thread: only
  * its event tells when another thread may reuse a block. */
-static int same_stream(CUstream a, CUstream b)
+static int same_stream(const struct parked_block *block, CUstream stream)
 {
-    return a == b && a != NVSHARE_CU_STREAM_PER_THREAD;
+    return block->stream == stream && stream != NVSHARE_CU_STREAM_PER_THREAD && !block->stream_destroyed;
 }
 
 static int where(int *gpu, int *slot)
@@ -84,7 +86,7 @@ static int take_oldest(int gpu, int slot, struct parked_block *taken, struct par
     if (oldest == NULL)
         return 0;
     oldest->state = ENTRY_FREEING;
-    parked_bytes[gpu] -= oldest->bytes;
+    parked_bytes[gpu][slot] -= oldest->bytes;
     *taken = *oldest;
     *entry = oldest;
     return 1;
@@ -111,6 +113,11 @@ uint64_t nvshare_parking_free(int gpu, uint64_t bytes)
     int current_gpu, slot;
     if (!where(&current_gpu, &slot) || current_gpu != gpu)
         return 0;
+    pthread_mutex_lock(&parking_mutex);
+    int enough = parked_bytes[gpu][slot] >= bytes;
+    pthread_mutex_unlock(&parking_mutex);
+    if (!enough)
+        return 0;           /* freeing all would not make the room: keep them */
     uint64_t freed = 0;
     struct parked_block taken, *entry;
     while (freed < bytes) {
@@ -136,19 +143,22 @@ int nvshare_park(CUdeviceptr pointer, CUstream stream)
         (nvshare_driver.stream_is_capturing(stream, &capturing) != CUDA_SUCCESS || capturing))
         return 0;
 
-    pthread_mutex_lock(&parking_mutex);
     struct parked_block *entry = NULL;
-    for (int i = 0; i < PARKED_BLOCKS && entry == NULL; i++) {
-        if (parked[gpu][slot][i].state == ENTRY_FREE)
-            entry = &parked[gpu][slot][i];
-    }
-    if (entry == NULL) {            /* all taken: the oldest makes room for this one */
+    for (;;) {
+        pthread_mutex_lock(&parking_mutex);
+        for (int i = 0; i < PARKED_BLOCKS && entry == NULL; i++) {
+            if (parked[gpu][slot][i].state == ENTRY_FREE)
+                entry = &parked[gpu][slot][i];
+        }
+        if (entry != NULL)
+            break;          /* with the mutex held */
+        /* All taken: the oldest makes room for this one. */
         struct parked_block taken, *evicted;
         int found = take_oldest(gpu, slot, &taken, &evicted);
         pthread_mutex_unlock(&parking_mutex);
-        if (found)
-            free_taken(&taken, evicted);
-        return found && nvshare_park(pointer, stream);
+        if (!found)
+            return 0;       /* all of them being freed by other threads */
+        free_taken(&taken, evicted);
     }
     uint64_t bytes = 0;
     int parked_now = (entry->freed != NULL ||
@@ -163,10 +173,12 @@ int nvshare_park(CUdeviceptr pointer, CUstream stream)
         *entry = (struct parked_block){.state = ENTRY_PARKED, .pointer = pointer, .bytes = bytes,
                                        .stream = stream, .freed = entry->freed,
                                        .parked_at = ++parking_clock};
-        parked_bytes[gpu] += bytes;
+        parked_bytes[gpu][slot] += bytes;
     }
+    /* A GPU of unknown size bounds only the number of blocks. */
     uint64_t limit = nvshare_memory_gpu_total(gpu) / PARKED_SHARE_OF_GPU;
-    uint64_t excess = parked_bytes[gpu] > limit ? parked_bytes[gpu] - limit : 0;
+    uint64_t held = parked_bytes[gpu][slot];
+    uint64_t excess = limit > 0 && held > limit ? held - limit : 0;
     pthread_mutex_unlock(&parking_mutex);
     if (excess > 0)
         nvshare_parking_free(gpu, excess);
@@ -185,14 +197,14 @@ int nvshare_unpark(size_t bytes, CUstream stream, CUdeviceptr *pointer)
         if (block->state != ENTRY_PARKED || block->bytes < bytes || block->bytes / 2 > bytes ||
             (best != NULL && block->bytes >= best->bytes))
             continue;
-        if (same_stream(block->stream, stream) ||
+        if (same_stream(block, stream) ||
             nvshare_driver.event_query(block->freed) == CUDA_SUCCESS)
             best = block;
     }
     if (best != NULL) {
         uint64_t block_bytes;
         best->state = ENTRY_FREE;
-        parked_bytes[gpu] -= best->bytes;
+        parked_bytes[gpu][slot] -= best->bytes;
         *pointer = best->pointer;
         nvshare_memory_set_kind(best->pointer, gpu, slot, ALLOCATION_PARKED, ALLOCATION_CONVERTED,
                                 &block_bytes);
@@ -216,7 +228,8 @@ NVSHARE_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep
     int saved_errno = errno, gpu, slot;
     if (result == CUDA_SUCCESS && where(&gpu, &slot)) {
         pthread_mutex_lock(&parking_mutex);
-        uint64_t excess = parked_bytes[gpu] > minBytesToKeep ? parked_bytes[gpu] - minBytesToKeep : 0;
+        uint64_t held = parked_bytes[gpu][slot];
+        uint64_t excess = held > minBytesToKeep ? held - minBytesToKeep : 0;
         pthread_mutex_unlock(&parking_mutex);
         uint64_t freed = excess > 0 ? nvshare_parking_free(gpu, excess) : 0;
         nvshare_debug("pool trim gpu=%d keep=%zu parked blocks freed=%llu bytes", gpu, minBytesToKeep,
@@ -226,14 +239,40 @@ NVSHARE_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep
     return result;
 }
 
+/* Before the driver destroys the stream: afterwards its handle may be a new stream's. */
+static void forget_stream(CUstream stream)
+{
+    pthread_mutex_lock(&parking_mutex);
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
+        for (int slot = 0; slot < NVSHARE_CONTEXT_SLOTS; slot++) {
+            for (int i = 0; parked_bytes[gpu][slot] > 0 && i < PARKED_BLOCKS; i++) {
+                if (parked[gpu][slot][i].state == ENTRY_PARKED && parked[gpu][slot][i].stream == stream)
+                    parked[gpu][slot][i].stream_destroyed = 1;
+            }
+        }
+    }
+    pthread_mutex_unlock(&parking_mutex);
+}
+
+#define DEFINE_STREAM_DESTROY(name)                                            \
+    NVSHARE_EXPORT CUresult name(CUstream hStream)                             \
+    {                                                                          \
+        if (nvshare_resolve_driver() != 0)                                     \
+            return CUDA_ERROR_NOT_INITIALIZED;                                 \
+        cuStreamDestroy_v2_fn real = NVSHARE_REAL(name, cuStreamDestroy_v2_fn); \
+        if (real == NULL)                                                      \
+            return CUDA_ERROR_NOT_FOUND;                                       \
+        forget_stream(hStream);                                                \
+        return real(hStream);                                                  \
+    }
+DEFINE_STREAM_DESTROY(cuStreamDestroy)
+DEFINE_STREAM_DESTROY(cuStreamDestroy_v2)
+
 void nvshare_parking_forget_context(int gpu, int slot)
 {
     pthread_mutex_lock(&parking_mutex);
-    for (int i = 0; i < PARKED_BLOCKS; i++) {
-        if (parked[gpu][slot][i].state == ENTRY_PARKED)     /* FREEING ones are out already */
-            parked_bytes[gpu] -= parked[gpu][slot][i].bytes;
-    }
     memset(parked[gpu][slot], 0, sizeof parked[gpu][slot]);
+    parked_bytes[gpu][slot] = 0;
     pthread_mutex_unlock(&parking_mutex);
 }
 

@@ -16,6 +16,7 @@ def test_a_freed_block_comes_back_only_where_stream_order_allows(world, agent):
     assert (result["bigger"], result["quarter"], result["smaller"]) == ("0", "0", "1")
     assert result["counted"] == "42"
     assert result["freed_twice"] == "1", "freeing a parked block again must be CUDA_ERROR_INVALID_VALUE"
+    assert result["freed_twice_async"] == "1"
     # Fresh blocks only for a, c (other stream, pending), e (bigger) and f (quarter).
     fresh = world.calls(client.pid, "cuMemAllocManaged")
     assert len(fresh) == 4, [c.fields for c in fresh]
@@ -27,9 +28,11 @@ def test_a_freed_block_comes_back_only_where_stream_order_allows(world, agent):
 
 
 def test_parked_memory_is_bounded_and_gives_way_to_allocations(world, agent):
-    # A GPU of 64 MiB parks at most 8 MiB; a 60 MiB allocation then frees what it needs.
+    # A GPU of 64 MiB parks at most 8 MiB; 80 MiB cannot fit however many are freed, so none
+    # is; a 60 MiB allocation then frees what it needs.
     client = world.client("stream_ordered", "cap", 12, kernel_us=10, STANDIN_TOTAL_MEM=64 * MIB)
-    assert client.finish_ok()["big_alloc"] == "ok"
+    result = client.finish_ok()
+    assert (result["huge_alloc"], result["big_alloc"]) == ("refused", "ok")
     freed = [c for c in world.calls(client.pid, "cuMemFree_v2") if int(c.fields.get("result", 0)) == 0]
     # 4 over the cap as they are parked, 4 more for the big allocation, then the big one.
     assert len(freed) == 9, [c.fields for c in freed]
@@ -43,7 +46,7 @@ def test_a_context_parks_at_most_32_blocks(world, agent):
     client = world.client("stream_ordered", "cap", 40, kernel_us=10)
     assert client.finish_ok()["big_alloc"] == "ok"
     freed = [c for c in world.calls(client.pid, "cuMemFree_v2") if int(c.fields.get("result", 0)) == 0]
-    assert len(freed) == 8 + 1, [c.fields for c in freed]     # and the big one
+    assert len(freed) == 8 + 2, [c.fields for c in freed]     # and the huge and big ones
 
 
 def test_a_pool_trim_frees_parked_blocks_down_to_what_it_keeps(world, agent):
@@ -52,4 +55,4 @@ def test_a_pool_trim_frees_parked_blocks_down_to_what_it_keeps(world, agent):
     assert client.finish_ok()["big_alloc"] == "ok"
     assert len(world.calls(client.pid, "cuMemPoolTrimTo")) == 1
     freed = [c for c in world.calls(client.pid, "cuMemFree_v2") if int(c.fields.get("result", 0)) == 0]
-    assert len(freed) == 10 + 1, [c.fields for c in freed]     # and the big one
+    assert len(freed) == 10 + 2, [c.fields for c in freed]    # and the huge and big ones

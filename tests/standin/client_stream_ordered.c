@@ -11,8 +11,9 @@
  *       (bigger, quarter, smaller); whether a kernel counts right in a block
  *       that came back (counted); and what freeing a freed block again gives.
  *   client_stream_ordered cap BLOCKS
- *       frees BLOCKS blocks of 1 MiB on one stream, then allocates 60 MiB
- *       with cuMemAlloc (run on a GPU of 64 MiB): big_alloc=ok or the error.
+ *       frees BLOCKS blocks of 1 MiB on one stream, then allocates 80 MiB
+ *       (huge_alloc: refused on a GPU of 64 MiB, parked blocks or not) and
+ *       60 MiB with cuMemAlloc: big_alloc=ok or refused.
  *   client_stream_ordered trim BLOCKS
  *       the same, with cuMemPoolTrimTo(pool, 2 MiB) after the frees.
  *
@@ -71,7 +72,7 @@ static int reuse(void)
     CHECK(cuMemcpyDtoH_v2(&counted, g, sizeof counted));
 
     CHECK(cuMemFreeAsync(g, second));
-    CUresult twice = cuMemFree_v2(g);
+    CUresult twice = cuMemFree_v2(g), twice_async = cuMemFreeAsync(g, second);
     CHECK(cuMemFreeAsync(c, second));
     CHECK(cuMemFreeAsync(e, second));
     CHECK(cuMemFreeAsync(f, second));
@@ -80,8 +81,8 @@ static int reuse(void)
     CHECK(cuStreamDestroy_v2(second));
     CHECK(cuModuleUnload(module));
     printf("client=stream_ordered result=ok same_stream=%d other_pending=%d other_done=%d bigger=%d "
-           "quarter=%d smaller=%d counted=%d freed_twice=%d\n",
-           b == a, c == b, d == b, e == d, f == d, g == d, counted, (int)twice);
+           "quarter=%d smaller=%d counted=%d freed_twice=%d freed_twice_async=%d\n",
+           b == a, c == b, d == b, e == d, f == d, g == d, counted, (int)twice, (int)twice_async);
     return 0;
 }
 
@@ -98,11 +99,15 @@ static int cap(int blocks, int trim)
         CHECK(cuMemFreeAsync(pointers[i], stream));
     if (trim)   /* the stand-in's pools are only handles: any non-NULL one will do */
         CHECK(cuMemPoolTrimTo((CUmemoryPool)&stream, 2 * MIB));
+    CUresult huge = cuMemAlloc_v2(&big, 80 * MIB);
+    if (huge == CUDA_SUCCESS)
+        CHECK(cuMemFree_v2(big));
     CUresult result = cuMemAlloc_v2(&big, 60 * MIB);
     if (result == CUDA_SUCCESS)
         CHECK(cuMemFree_v2(big));
     CHECK(cuStreamDestroy_v2(stream));
-    printf("client=stream_ordered result=ok big_alloc=%s\n", result == CUDA_SUCCESS ? "ok" : "refused");
+    printf("client=stream_ordered result=ok huge_alloc=%s big_alloc=%s\n", huge == CUDA_SUCCESS ? "ok" : "refused",
+           result == CUDA_SUCCESS ? "ok" : "refused");
     return 0;
 }
 
