@@ -18,6 +18,18 @@ enum { CAPTURE_STATUS_NONE = 0 };
 atomic_int nvshare_active_captures;
 __thread int nvshare_thread_capture_depth;
 
+CUstream nvshare_actual_stream(CUstream stream, int per_thread)
+{
+    return stream == NULL && per_thread ? NVSHARE_CU_STREAM_PER_THREAD : stream;
+}
+
+int nvshare_stream_may_record(CUstream stream)
+{
+    int capturing = 0;
+    return nvshare_driver.stream_is_capturing == NULL ||
+           (nvshare_driver.stream_is_capturing(stream, &capturing) == CUDA_SUCCESS && !capturing);
+}
+
 static CUresult began(CUresult result)
 {
     if (result == CUDA_SUCCESS) {
@@ -87,9 +99,8 @@ static CUresult end_capture(CUstream stream, CUgraph *graph, int per_thread,
         return CUDA_ERROR_NOT_INITIALIZED;
     int saved_errno = errno;
     int status = CAPTURE_STATUS_NONE;
-    CUstream queried = stream == NULL && per_thread ? NVSHARE_CU_STREAM_PER_THREAD : stream;
     if (nvshare_driver.stream_is_capturing != NULL)
-        nvshare_driver.stream_is_capturing(queried, &status);
+        nvshare_driver.stream_is_capturing(nvshare_actual_stream(stream, per_thread), &status);
     errno = saved_errno;
     CUresult result = real(stream, graph);
     if (status != CAPTURE_STATUS_NONE) {

@@ -190,19 +190,13 @@ NVSHARE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, si
     return result;
 }
 
-/* Per-thread-stream variants name the calling thread's default stream by NULL. */
-static CUstream actual_stream(CUstream stream, int per_thread)
-{
-    return stream == NULL && per_thread ? NVSHARE_CU_STREAM_PER_THREAD : stream;
-}
-
 static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t bytes, CUstream stream,
                                         int per_thread, const char *what)
 {
     if (nvshare_thread_capture_depth > 0)
         return NOT_CONVERTED;       /* a graph memory node: the graph owns it */
     nvshare_client_start();
-    if (nvshare_unpark(bytes, actual_stream(stream, per_thread), dptr))
+    if (nvshare_unpark(bytes, nvshare_actual_stream(stream, per_thread), dptr))
         return CUDA_SUCCESS;
     return allocate_managed(dptr, bytes, what);
 }
@@ -333,7 +327,7 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
     int parked = found != NULL && found->kind == ALLOCATION_PARKED;
     pthread_mutex_unlock(&nvshare_memory_mutex);
     CUresult result;
-    stream = actual_stream(stream, per_thread);
+    stream = nvshare_actual_stream(stream, per_thread);
     if (parked) {
         result = CUDA_ERROR_INVALID_VALUE;      /* freed twice */
     } else if (!ours) {

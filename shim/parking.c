@@ -30,6 +30,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "capture.h"
 #include "contexts.h"
 #include "gate.h"
 #include "hooks.h"
@@ -133,14 +134,12 @@ uint64_t nvshare_parking_free(int gpu, uint64_t bytes)
 
 int nvshare_park(CUdeviceptr pointer, CUstream stream)
 {
-    int gpu, slot, capturing = 0;
+    int gpu, slot;
     if (nvshare_driver.event_create == NULL || nvshare_driver.event_record == NULL ||
         nvshare_driver.event_query == NULL || nvshare_driver.event_synchronize == NULL ||
         !where(&gpu, &slot))
         return 0;
-    /* An event recorded into a stream being captured would be a graph node. */
-    if (nvshare_driver.stream_is_capturing != NULL &&
-        (nvshare_driver.stream_is_capturing(stream, &capturing) != CUDA_SUCCESS || capturing))
+    if (!nvshare_stream_may_record(stream))
         return 0;
 
     struct parked_block *entry = NULL;

@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "capture.h"
 #include "config.h"
 #include "contexts.h"
 #include "gate.h"
@@ -145,12 +146,8 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
     pthread_mutex_t *mutex = &queue_mutexes[gpu][slot];
     if (pthread_mutex_trylock(mutex) != 0)
         return;             /* another thread is taking this mark */
-    if (stream == NULL && is_per_thread(hook_id))
-        stream = NVSHARE_CU_STREAM_PER_THREAD;
-    /* Recording into a stream being captured would add a node to the graph. */
-    int capturing = 0;
-    if (nvshare_driver.stream_is_capturing != NULL &&
-        (nvshare_driver.stream_is_capturing(stream, &capturing) != CUDA_SUCCESS || capturing)) {
+    stream = nvshare_actual_stream(stream, is_per_thread(hook_id));
+    if (!nvshare_stream_may_record(stream)) {
         pthread_mutex_unlock(mutex);
         return;
     }
