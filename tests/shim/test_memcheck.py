@@ -15,13 +15,13 @@ import subprocess
 
 from shim_harness import SHIM_ASAN, STANDIN_GPU
 
+VALGRIND = ["valgrind", "-q", "--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite",
+            "--show-leak-kinds=definite"]
 WORKLOAD = ("--loops", 2, "--sleep-ms", 300, "--vmm", "--ipc", "--threads", 2, "--side-thread")
 
 
 def test_shim_is_valgrind_clean(world, agent):
-    valgrind = ["valgrind", "-q", "--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite",
-                "--show-leak-kinds=definite"]
-    client = world.client("procaddr", *WORKLOAD, "--stream", "--alloc", "async", prefix=valgrind)
+    client = world.client("procaddr", *WORKLOAD, "--stream", "--alloc", "async", prefix=VALGRIND)
     code = client.wait(timeout=120)
     assert code == 0, f"memcheck found errors (exit {code})\n{client.describe()}"
     assert client.result()["result"] == "ok"
@@ -29,19 +29,15 @@ def test_shim_is_valgrind_clean(world, agent):
 
 
 def test_destroying_and_resetting_contexts_is_valgrind_clean(world, agent):
-    valgrind = ["valgrind", "-q", "--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite",
-                "--show-leak-kinds=definite"]
-    client = world.client("contexts", "lifecycle", 100, kernel_us=20, prefix=valgrind)
+    client = world.client("contexts", "lifecycle", 100, kernel_us=20, prefix=VALGRIND)
     code = client.wait(timeout=120)
     assert code == 0, f"memcheck found errors (exit {code})\n{client.describe()}"
     assert client.result()["result"] == "ok"
 
 
 def test_parking_stream_ordered_frees_is_valgrind_clean(world, agent):
-    valgrind = ["valgrind", "-q", "--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite",
-                "--show-leak-kinds=definite"]
     for args, extra in ((("reuse",), {}), (("cap", 12), {"STANDIN_TOTAL_MEM": 64 << 20})):
-        client = world.client("stream_ordered", *args, kernel_us=50_000, prefix=valgrind, **extra)
+        client = world.client("stream_ordered", *args, kernel_us=50_000, prefix=VALGRIND, **extra)
         code = client.wait(timeout=120)
         assert code == 0, f"memcheck found errors (exit {code})\n{client.describe()}"
         assert client.result()["result"] == "ok"
@@ -51,7 +47,7 @@ def test_forked_child_is_valgrind_clean(world, agent):
     # Memory errors only: in a child forked from a threaded process whatever the
     # parent's other threads held (the stand-in's events, the shim's maps, which
     # its fork handler leaves alone) is unreachable, so leak reports there say
-    # nothing; the two tests around this one check leaks without a fork.
+    # nothing; the tests around this one check leaks without a fork.
     valgrind = ["valgrind", "-q", "--error-exitcode=99", "--leak-check=no"]
     client = world.client("procaddr", *WORKLOAD, "--stream", "--fork", prefix=valgrind)
     code = client.wait(timeout=120)

@@ -7,6 +7,11 @@ MIB = 1 << 20
 SPIN_US = 300_000
 
 
+def real_frees(world, client):
+    """The cuMemFree_v2 calls of client that freed something."""
+    return [c for c in world.calls(client.pid, "cuMemFree_v2") if int(c.fields.get("result", 0)) == 0]
+
+
 def test_a_freed_block_comes_back_only_where_stream_order_allows(world, agent):
     client = world.client("stream_ordered", "reuse", kernel_us=SPIN_US)
     result = client.finish_ok()
@@ -33,7 +38,7 @@ def test_parked_memory_is_bounded_and_gives_way_to_allocations(world, agent):
     client = world.client("stream_ordered", "cap", 12, kernel_us=10, STANDIN_TOTAL_MEM=64 * MIB)
     result = client.finish_ok()
     assert (result["huge_alloc"], result["big_alloc"]) == ("refused", "ok")
-    freed = [c for c in world.calls(client.pid, "cuMemFree_v2") if int(c.fields.get("result", 0)) == 0]
+    freed = real_frees(world, client)
     # 4 over the cap as they are parked, 4 more for the big allocation, then the big one.
     assert len(freed) == 9, [c.fields for c in freed]
     stale = [line for line in world.standin_log.read_text().splitlines()
@@ -45,7 +50,7 @@ def test_a_context_parks_at_most_32_blocks(world, agent):
     # On a large GPU the byte cap is far: the 33rd to 40th frees each free the oldest block.
     client = world.client("stream_ordered", "cap", 40, kernel_us=10)
     assert client.finish_ok()["big_alloc"] == "ok"
-    freed = [c for c in world.calls(client.pid, "cuMemFree_v2") if int(c.fields.get("result", 0)) == 0]
+    freed = real_frees(world, client)
     assert len(freed) == 8 + 2, [c.fields for c in freed]     # and the huge and big ones
 
 
@@ -54,5 +59,5 @@ def test_a_pool_trim_frees_parked_blocks_down_to_what_it_keeps(world, agent):
     client = world.client("stream_ordered", "trim", 12, kernel_us=10)
     assert client.finish_ok()["big_alloc"] == "ok"
     assert len(world.calls(client.pid, "cuMemPoolTrimTo")) == 1
-    freed = [c for c in world.calls(client.pid, "cuMemFree_v2") if int(c.fields.get("result", 0)) == 0]
+    freed = real_frees(world, client)
     assert len(freed) == 10 + 2, [c.fields for c in freed]    # and the huge and big ones
