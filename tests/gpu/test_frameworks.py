@@ -1,5 +1,6 @@
 """JAX, CuPy and Triton under the shim on a real GPU: their memory becomes managed, their
-own launch paths wait for the lock, and they compute the same bits as without the shim.
+own launch paths wait for the lock, and they compute the same bits as without the shim;
+CuPy's Python host callbacks run while processes take turns.
 
 JAX runs with XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async (frameworks.py's default): XLA's own
 allocator maps CUDA virtual memory, which the shim passes through unmanaged, with a warning
@@ -25,10 +26,15 @@ def workload(framework, *args):
     return [sys.executable, str(HERE / "frameworks.py"), framework, *args]
 
 
-def run_workload(framework, env, *args):
-    done = subprocess.run(workload(framework, *args), capture_output=True, text=True, env=env, timeout=300)
+def run_program(command, env=None):
+    """Runs a program that prints one JSON line last: that line, parsed, and its stderr."""
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def run_workload(framework, env, *args):
+    return run_program(workload(framework, *args), env)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -79,3 +85,24 @@ def test_two_jax_processes_alternate_and_compute_as_alone(start_agent, shim_env)
         assert result["managed"]
         assert result["steps"] >= 10
         assert result["values"][:10] == plain["values"][:10]
+
+
+@pytest.mark.parametrize("api", ["launch_host_func", "add_callback"])
+def test_cupy_python_host_callbacks_run_while_two_processes_alternate(api, start_agent, shim_env):
+    """Each step queues a Python callback (it needs the GIL) behind its kernels, and a drop's
+    release waits for all queued work: that finishes only because CuPy does not hold the GIL
+    while a launch waits at the gate."""
+    needs("cupy")
+    program = [sys.executable, str(HERE / "host_callbacks.py"), api]
+    plain, _ = run_program(program)
+    agent = start_agent(time_quantum_s=1, anti_thrash=True, idle_release_ms=300)
+    processes = [subprocess.Popen(program, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=shim_env(agent)) for _ in range(2)]
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err[-4000:]
+        shared = json.loads(out.strip().splitlines()[-1])
+        assert shared["callbacks"] == shared["steps"] and shared["in_order"]
+        assert shared["checksum"] == plain["checksum"]
+    assert len(agent.events("drop")) >= 3, agent.log()
+    assert agent.events("revoke") == [], agent.log()
