@@ -11,8 +11,11 @@ release, so each phase must ask for the GPU again:
      read back, so the only work it submits is the framework's launches;
   3. read back: the last value and a checksum.
 
+With --jax-callback every JAX step also calls back into Python
+(jax.debug.callback, as jax.debug.print does).
+
 Prints one JSON line: the values, the checksum, whether the data lives in
-managed memory, and the wall-clock time of every step.
+managed memory, the wall-clock time of every step and the callbacks seen.
 """
 import argparse
 import json
@@ -20,6 +23,8 @@ import os
 import time
 
 from cuda_pointer import is_managed
+
+callbacks_seen = []
 
 
 def jax_workload(args):
@@ -51,6 +56,8 @@ def jax_workload(args):
     @jax.jit
     def train_step(params, inputs, targets):
         loss, grads = jax.value_and_grad(loss_of)(params, inputs, targets)
+        if args.jax_callback:
+            jax.debug.callback(callbacks_seen.append, loss)
         return [p - 0.01 * g for p, g in zip(params, grads)], loss
 
     def step():
@@ -62,6 +69,7 @@ def jax_workload(args):
         loss.block_until_ready()
 
     def checksum():
+        jax.effects_barrier()  # every callback has run
         return float(sum(jnp.sum(p) for p in params))
 
     return step, float, wait, checksum, lambda: is_managed(params[0].unsafe_buffer_pointer())
@@ -134,6 +142,7 @@ def main() -> None:
     parser.add_argument("--jax-allocator", default="cuda_async",
                         help="XLA_PYTHON_CLIENT_ALLOCATOR; 'default' leaves XLA's own (CUDA virtual memory, "
                              "which the shim cannot make managed)")
+    parser.add_argument("--jax-callback", action="store_true", help="each JAX step calls back into Python")
     args = parser.parse_args()
 
     step, read, wait, checksum, managed = WORKLOADS[args.framework](args)
@@ -148,7 +157,7 @@ def main() -> None:
     time.sleep(args.idle_gap)
     values.append(read(last))
     print(json.dumps({"values": values, "checksum": checksum(), "managed": managed(),
-                      "step_times": step_times, "steps": len(step_times)}))
+                      "step_times": step_times, "steps": len(step_times), "callbacks": len(callbacks_seen)}))
 
 
 if __name__ == "__main__":

@@ -6,12 +6,12 @@ JAX runs with XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async (frameworks.py's default): 
 allocator maps CUDA virtual memory, which the shim passes through unmanaged, with a warning
 that names that setting."""
 import importlib.util
-import json
 import pathlib
-import subprocess
 import sys
 
 import pytest
+
+from json_program import run_json_program, run_side_by_side
 
 HERE = pathlib.Path(__file__).parent
 FRAMEWORKS = ["jax", "cupy", "triton"]
@@ -26,15 +26,8 @@ def workload(framework, *args):
     return [sys.executable, str(HERE / "frameworks.py"), framework, *args]
 
 
-def run_program(command, env=None):
-    """Runs a program that prints one JSON line last: that line, parsed, and its stderr."""
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
-
-
 def run_workload(framework, env, *args):
-    return run_program(workload(framework, *args), env)
+    return run_json_program(workload(framework, *args), env)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -67,24 +60,19 @@ def test_jax_default_allocator_is_passed_through_with_a_warning_naming_the_fix(s
 
 
 def test_two_jax_processes_alternate_and_compute_as_alone(start_agent, shim_env):
+    """Each step also calls back into Python (jax.debug.callback), as notebooks' jax.debug.print does."""
     needs("jax")
-    plain, _ = run_workload("jax", None, "--steps", "10")
+    plain, _ = run_workload("jax", None, "--steps", "10", "--jax-callback")
     agent = start_agent(time_quantum_s=1, anti_thrash=True)
-    env = shim_env(agent)
-    processes = [subprocess.Popen(workload("jax", "--seconds", "8"), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
-    results = []
-    for process in processes:
-        out, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err[-4000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    pids, results = run_side_by_side(workload("jax", "--seconds", "8", "--jax-callback"), shim_env(agent))
     grants = [event["pid"] for event in agent.events("grant")]
-    assert set(grants) == {str(p.pid) for p in processes}, agent.log()
+    assert set(grants) == {str(pid) for pid in pids}, agent.log()
     assert sum(1 for a, b in zip(grants, grants[1:]) if a != b) >= 3, agent.log()
     for result in results:
         assert result["managed"]
         assert result["steps"] >= 10
         assert result["values"][:10] == plain["values"][:10]
+        assert result["callbacks"] == result["steps"] + 1  # the launch-only phase's step too
 
 
 @pytest.mark.parametrize("api", ["launch_host_func", "add_callback"])
@@ -94,14 +82,10 @@ def test_cupy_python_host_callbacks_run_while_two_processes_alternate(api, start
     while a launch waits at the gate."""
     needs("cupy")
     program = [sys.executable, str(HERE / "host_callbacks.py"), api]
-    plain, _ = run_program(program)
+    plain, _ = run_json_program(program)
     agent = start_agent(time_quantum_s=1, anti_thrash=True, idle_release_ms=300)
-    processes = [subprocess.Popen(program, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=shim_env(agent)) for _ in range(2)]
-    for process in processes:
-        out, err = process.communicate(timeout=120)
-        assert process.returncode == 0, err[-4000:]
-        shared = json.loads(out.strip().splitlines()[-1])
+    _, results = run_side_by_side(program, shim_env(agent), timeout=120)
+    for shared in results:
         assert shared["callbacks"] == shared["steps"] and shared["in_order"]
         assert shared["checksum"] == plain["checksum"]
     assert len(agent.events("drop")) >= 3, agent.log()

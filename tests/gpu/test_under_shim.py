@@ -1,20 +1,17 @@
 """The shim and the agent together on a real GPU with PyTorch and static cudart."""
-import json
+import os
 import pathlib
 import re
 import subprocess
 import sys
 
-import pytest
+from json_program import run_json_program, run_side_by_side
 
 HERE = pathlib.Path(__file__).parent
 
 
 def run_training(env=None, *args, timeout=300):
-    done = subprocess.run([sys.executable, str(HERE / "torch_train.py"), *args],
-                          capture_output=True, text=True, env=env, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+    return run_json_program([sys.executable, str(HERE / "torch_train.py"), *args], env, timeout)
 
 
 def test_training_under_shim_is_managed_and_matches_plain_run(start_agent, shim_env):
@@ -26,6 +23,20 @@ def test_training_under_shim_is_managed_and_matches_plain_run(start_agent, shim_
     assert shared["losses"] == plain["losses"]
     assert shared["checksum"] == plain["checksum"]
     assert agent.events("grant"), agent.log()
+
+
+def test_compiled_training_under_shim_matches_plain_run(start_agent, shim_env, tmp_path):
+    def fresh_caches(run):  # so each run compiles its kernels itself, the shim's run included
+        return {"TORCHINDUCTOR_CACHE_DIR": tmp_path / run / "inductor", "TRITON_CACHE_DIR": tmp_path / run / "triton"}
+    plain, _ = run_training(dict(os.environ, **{k: str(v) for k, v in fresh_caches("plain").items()}),
+                            "--compile", "--steps", "20")
+    agent = start_agent()
+    shared, stderr = run_training(shim_env(agent, **fresh_caches("shim")), "--compile", "--steps", "20")
+    assert shared["managed"], stderr[-2000:]
+    assert shared["losses"] == plain["losses"]
+    assert shared["checksum"] == plain["checksum"]
+    assert agent.events("grant"), agent.log()
+    assert any((tmp_path / "shim" / "triton").rglob("*.cubin")), "Triton compiled nothing under the shim"
 
 
 def test_static_cudart_program_is_gated_and_managed(start_agent, shim_env, tmp_path):
@@ -45,27 +56,16 @@ def _alternations(pids_in_grant_order):
     return sum(1 for a, b in zip(pids_in_grant_order, pids_in_grant_order[1:]) if a != b)
 
 
-def _start_trainers(env, seconds, *args):
-    return [subprocess.Popen([sys.executable, str(HERE / "torch_train.py"), "--seconds", str(seconds), *args],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-            for _ in range(2)]
-
-
-def _finish(trainers):
-    results = []
-    for trainer in trainers:
-        out, err = trainer.communicate(timeout=300)
-        assert trainer.returncode == 0, err[-4000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+def _run_two_trainers(env, seconds, *args):
+    """Two trainers started at once: their pids and results."""
+    return run_side_by_side([sys.executable, str(HERE / "torch_train.py"), "--seconds", str(seconds), *args], env)
 
 
 def test_two_trainers_alternate_under_anti_thrash(start_agent, shim_env):
     agent = start_agent(time_quantum_s=2, anti_thrash=True)
-    trainers = _start_trainers(shim_env(agent), seconds=12)
-    results = _finish(trainers)
+    pids, results = _run_two_trainers(shim_env(agent), seconds=12)
     grants = [event["pid"] for event in agent.events("grant")]
-    assert set(grants) == {str(t.pid) for t in trainers}, agent.log()
+    assert set(grants) == {str(pid) for pid in pids}, agent.log()
     assert _alternations(grants) >= 3, agent.log()
     assert all(event.get("mode") == "exclusive" for event in agent.events("grant"))
     assert all(result["steps"] > 0 for result in results)
@@ -73,7 +73,7 @@ def test_two_trainers_alternate_under_anti_thrash(start_agent, shim_env):
 
 def test_two_trainers_run_together_with_anti_thrash_off(start_agent, shim_env):
     agent = start_agent(time_quantum_s=2, anti_thrash=False)
-    results = _finish(_start_trainers(shim_env(agent), seconds=6))
+    _, results = _run_two_trainers(shim_env(agent), seconds=6)
     first, second = (sorted(r["step_times"]) for r in results)
     # Steps of both processes interleave in time: neither waited for the other.
     overlap_start, overlap_end = max(first[0], second[0]), min(first[-1], second[-1])
@@ -95,8 +95,7 @@ def test_cuda_graph_training_under_shim_matches_plain_run(start_agent, shim_env)
 def test_two_graph_replaying_trainers_alternate_and_train_correctly(start_agent, shim_env):
     plain, _ = run_training(None, "--graph", "--steps", "20")
     agent = start_agent(time_quantum_s=1, anti_thrash=True)
-    trainers = _start_trainers(shim_env(agent), 10, "--graph")
-    results = _finish(trainers)
+    _, results = _run_two_trainers(shim_env(agent), 10, "--graph")
     grants = [event["pid"] for event in agent.events("grant")]
     assert _alternations(grants) >= 3, agent.log()
     for result in results:

@@ -8,7 +8,8 @@ wall-clock time of every step (the tests read alternation from them).  With
 replayed: the stream-capture path under the shim.  With --loader-workers N the
 inputs come from a DataLoader with N forked workers and pinned batches, as
 real training feeds the GPU: forked children of a CUDA process, and page-locked
-host memory, under the shim.
+host memory, under the shim.  With --compile the model goes through
+torch.compile: Inductor's generated Triton kernels, compiled in the run.
 """
 import argparse
 import json
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--graph", action="store_true", help="replay a captured CUDA graph of the step")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor)")
     parser.add_argument("--loader-workers", type=int, default=0,
                         help="feed the inputs from a DataLoader with this many forked workers")
     args = parser.parse_args()
@@ -56,6 +58,8 @@ def main() -> None:
     for _ in range(6):
         layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers).to(device)
+    if args.compile:
+        model = torch.compile(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     inputs = torch.randn(args.batch, args.width, device=device)
     targets = torch.randn(args.batch, args.width, device=device)
