@@ -42,6 +42,7 @@
 struct mark {
     CUevent event;
     CUstream stream;
+    pthread_t recorder;             /* the per-thread default stream is one handle for many streams */
     unsigned launches;              /* the window it closes: launches since the thread's last mark */
 };
 
@@ -83,6 +84,12 @@ static unsigned launches_per_mark_for(double ms_per_launch, unsigned max_queued_
     return launches > MAX_LAUNCHES_PER_MARK ? MAX_LAUNCHES_PER_MARK : (unsigned)launches;
 }
 
+static int on_one_stream(const struct mark *a, const struct mark *b)
+{
+    return a->stream == b->stream &&
+           (a->stream != NVSHARE_CU_STREAM_PER_THREAD || pthread_equal(a->recorder, b->recorder));
+}
+
 /* Pops completed marks, learning the GPU time per launch and sizing the windows. */
 static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms)
 {
@@ -92,7 +99,7 @@ static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms
             return;
         struct mark *previous = &queue->ring[(queue->head + RING_SLOTS - 1) % RING_SLOTS];
         float elapsed_ms;
-        if (queue->have_completed && previous->stream == mark->stream && mark->launches > 0 &&
+        if (queue->have_completed && on_one_stream(previous, mark) && mark->launches > 0 &&
             nvshare_driver.event_elapsed_time(&elapsed_ms, previous->event, mark->event) ==
                 CUDA_SUCCESS && elapsed_ms >= 0) {
             /* Events closer than the timer's resolution read 0 ms apart. */
@@ -160,6 +167,7 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
             nvshare_driver.event_create(&mark->event, CU_EVENT_DEFAULT) == CUDA_SUCCESS) {
             if (nvshare_driver.event_record(mark->event, stream) == CUDA_SUCCESS) {
                 mark->stream = stream;
+                mark->recorder = pthread_self();
                 mark->launches = launches;
                 queue->tail++;
             }
