@@ -193,10 +193,14 @@ NVSHARE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, si
 static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t bytes, CUstream stream,
                                         int per_thread, const char *what)
 {
-    if (nvshare_thread_capture_depth > 0)
-        return NOT_CONVERTED;       /* a graph memory node: the graph owns it */
+    /* Inside a capture: a graph memory node, the graph owns it.  The thread's
+     * own capture (even on another stream: no cuMemAllocManaged while it may
+     * be global), or another thread's capture of this stream. */
+    stream = nvshare_actual_stream(stream, per_thread);
+    if (nvshare_thread_capture_depth > 0 || !nvshare_stream_may_record(stream))
+        return NOT_CONVERTED;
     nvshare_client_start();
-    if (nvshare_unpark(bytes, nvshare_actual_stream(stream, per_thread), dptr))
+    if (nvshare_unpark(bytes, stream, dptr))
         return CUDA_SUCCESS;
     return allocate_managed(dptr, bytes, what);
 }
