@@ -19,16 +19,9 @@
 #include <time.h>
 
 #include "cuda_fixture.h"
+#include "client_check.h"
 
-#define CHECK(call)                                                                    \
-    do {                                                                               \
-        CUresult check_result_ = (call);                                               \
-        if (check_result_ != CUDA_SUCCESS) {                                           \
-            printf("client=contexts result=error call=%s error=%d\n", #call,          \
-                   (int)check_result_);                                                \
-            return 1;                                                                  \
-        }                                                                              \
-    } while (0)
+#define CHECK(call) CLIENT_CHECK("contexts", call)
 
 static void sleep_ms(long ms)
 {

@@ -23,18 +23,11 @@
 #include <string.h>
 
 #include "cuda_fixture.h"
+#include "client_check.h"
 
 #define MIB (1u << 20)
 
-#define CHECK(call)                                                                    \
-    do {                                                                               \
-        CUresult check_result_ = (call);                                               \
-        if (check_result_ != CUDA_SUCCESS) {                                           \
-            printf("client=stream_ordered result=error call=%s error=%d\n", #call,     \
-                   (int)check_result_);                                                \
-            return 1;                                                                  \
-        }                                                                              \
-    } while (0)
+#define CHECK(call) CLIENT_CHECK("stream_ordered", call)
 
 static int reuse(void)
 {
