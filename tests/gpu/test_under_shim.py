@@ -27,9 +27,9 @@ def test_training_under_shim_is_managed_and_matches_plain_run(start_agent, shim_
 
 def test_compiled_training_under_shim_matches_plain_run(start_agent, shim_env, tmp_path):
     def fresh_caches(run):  # so each run compiles its kernels itself, the shim's run included
-        return {"TORCHINDUCTOR_CACHE_DIR": tmp_path / run / "inductor", "TRITON_CACHE_DIR": tmp_path / run / "triton"}
-    plain, _ = run_training(dict(os.environ, **{k: str(v) for k, v in fresh_caches("plain").items()}),
-                            "--compile", "--steps", "20")
+        return {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / run / "inductor"),
+                "TRITON_CACHE_DIR": str(tmp_path / run / "triton")}
+    plain, _ = run_training(dict(os.environ, **fresh_caches("plain")), "--compile", "--steps", "20")
     agent = start_agent()
     shared, stderr = run_training(shim_env(agent, **fresh_caches("shim")), "--compile", "--steps", "20")
     assert shared["managed"], stderr[-2000:]
