@@ -1,5 +1,6 @@
 """The stand-in driver itself (no shim): cuGetProcAddress resolves names as the
-real driver 580 does, and streams, events and synchronisation really wait.
+real driver 580 does, streams, events and synchronisation really wait, and stream
+capture follows driver 580's rules.
 Each check runs in a fresh Python process that loads the stand-in with ctypes,
 so its environment (kernel time, log) never leaks into other tests."""
 
@@ -127,3 +128,73 @@ def test_device_memory_is_limited_and_managed_memory_is_not():
         print("ok")
     """
     assert run_python(body, STANDIN_TOTAL_MEM=1 << 30) == "ok\n"
+
+
+# What driver 580 answered on the H100 (2026-11-23) when a second thread made a call
+# while the first captured one stream: (capture mode, second thread's mode, call) ->
+# (the call's result, the capture's status after it: 1 active, 2 invalidated).
+# Modes: 0 global, 1 thread-local, 2 relaxed.
+CAPTURE_RULES = [
+    (0, 0, "alloc", 900, 2), (0, 0, "query", 900, 2), (0, 0, "context_sync", 900, 2),
+    (0, 2, "alloc", 0, 1), (0, 2, "query", 0, 1), (0, 2, "context_sync", 900, 2),
+    (1, 0, "alloc", 0, 1), (1, 0, "query", 0, 1), (1, 2, "context_sync", 900, 2),
+    (2, 0, "alloc", 0, 1), (2, 0, "query", 0, 1), (2, 0, "context_sync", 900, 2),
+]
+
+
+def test_stream_capture_refuses_and_invalidates_as_driver_580_did():
+    body = f"""
+        import threading
+        vp, ip = ctypes.c_void_p, ctypes.c_int
+        check(cuda.cuInit(0), "cuInit")
+        ctx, captured, other, event = vp(), vp(), vp(), vp()
+        check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain")
+        check(cuda.cuCtxSetCurrent(ctx), "set current")
+        check(cuda.cuStreamCreate(ctypes.byref(captured), 0), "stream")
+        check(cuda.cuStreamCreate(ctypes.byref(other), 0), "stream")
+        check(cuda.cuEventCreate(ctypes.byref(event), 0), "event")
+        check(cuda.cuEventRecord(event, other), "record")
+
+        def status():
+            value = ip(-1)
+            check(cuda.cuStreamIsCapturing(captured, ctypes.byref(value)), "is capturing")
+            return value.value
+
+        def in_thread(mode, call):
+            out = {{}}
+            def run():
+                cuda.cuCtxSetCurrent(ctx)
+                previous = ip(mode)
+                check(cuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(previous)), "exchange")
+                if call == "alloc":
+                    pointer = ctypes.c_uint64()
+                    out["result"] = cuda.cuMemAllocManaged(ctypes.byref(pointer), ctypes.c_size_t(4096), 1)
+                elif call == "query":
+                    out["result"] = cuda.cuEventQuery(event)
+                elif call == "context_sync":
+                    out["result"] = cuda.cuCtxSynchronize()
+                elif call == "end":
+                    out["result"] = cuda.cuStreamEndCapture(captured, ctypes.byref(vp()))
+            thread = threading.Thread(target=run)
+            thread.start()
+            thread.join()
+            return out["result"]
+
+        seen = []
+        for capture_mode, thread_mode, call, _, _ in {CAPTURE_RULES!r}:
+            check(cuda.cuStreamBeginCapture_v2(captured, capture_mode), "begin")
+            result = in_thread(thread_mode, call)
+            seen.append((capture_mode, thread_mode, call, result, status()))
+            cuda.cuStreamEndCapture(captured, ctypes.byref(vp()))
+        print(seen)
+
+        ends = []
+        for capture_mode in (2, 0):
+            check(cuda.cuStreamBeginCapture_v2(captured, capture_mode), "begin")
+            ends.append((in_thread(0, "end"), status()))
+        print(ends)
+    """
+    seen, ends = run_python(body).splitlines()
+    assert eval(seen) == [tuple(rule) for rule in CAPTURE_RULES]
+    # Relaxed: another thread may end it; global: CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, ended anyway.
+    assert eval(ends) == [(0, 0), (908, 0)]

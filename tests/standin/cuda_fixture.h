@@ -45,11 +45,19 @@ enum {
     CUDA_ERROR_INVALID_IMAGE = 200,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
     CUDA_ERROR_UNKNOWN = 999
 };
+
+/* CUstreamCaptureMode and CUstreamCaptureStatus */
+enum { CU_STREAM_CAPTURE_MODE_GLOBAL = 0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1, CU_STREAM_CAPTURE_MODE_RELAXED = 2 };
+enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1, CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2 };
 
 /* Special stream handles */
 #define CU_STREAM_LEGACY ((CUstream)0x1)
@@ -268,6 +276,15 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned 
 CUresult cuGraphExecDestroy(CUgraphExec exec);
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
 CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+CUresult cuStreamBeginCapture(CUstream stream);
+CUresult cuStreamBeginCapture_ptsz(CUstream stream);
+CUresult cuStreamBeginCapture_v2(CUstream stream, int mode);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode);
+CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
+CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph);
+CUresult cuStreamIsCapturing(CUstream stream, int *status);
+CUresult cuStreamIsCapturing_ptsz(CUstream stream, int *status);
+CUresult cuThreadExchangeStreamCaptureMode(int *mode);
 
 /* VMM and IPC: what the shim passes through */
 CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, int option);

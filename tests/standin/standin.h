@@ -99,6 +99,19 @@ void standin_wait_context_streams(CUcontext ctx);
 void standin_retire_context_events(CUcontext ctx);
 void standin_streams_after_fork_child(void);
 
+/* ---- stream capture (standin_capture.c) ---- */
+/* 1 when handle names a stream the calling thread sees capturing: the work
+ * submitted is captured instead of queued, and *result is what the submission
+ * returns (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED into an invalidated capture). */
+int standin_capture_take(CUstream handle, CUresult *result);
+/* A potentially unsafe call (allocation, free, query, synchronisation,
+ * prefetch): CUDA_SUCCESS when the calling thread may make it now, else
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED with the conflicting captures invalidated. */
+CUresult standin_capture_check_unsafe(const char *function);
+/* cuCtxSynchronize: refused during any capture, whatever the modes. */
+CUresult standin_capture_check_context_sync(const char *function);
+void standin_capture_after_fork_child(void);
+
 /* ---- memory (standin_memory.c) ---- */
 enum standin_alloc_kind { KIND_DEVICE, KIND_MANAGED, KIND_ASYNC, KIND_IPC, KIND_VMM_RESERVE, KIND_VMM_MAPPING };
 /* Table of fake allocations; each takes standin_lock itself. */

@@ -353,6 +353,8 @@ static CUresult ctx_synchronize(const char *function, CUcontext ctx)
     CUresult result = standin_require_ctx();
     if (ctx != NULL && ctx->magic != STANDIN_CTX_MAGIC)
         result = CUDA_ERROR_INVALID_CONTEXT;
+    if (result == CUDA_SUCCESS)
+        result = standin_capture_check_context_sync(function);
     if (result == CUDA_SUCCESS)     /* a context waits for its own work only */
         standin_wait_context_streams(ctx != NULL ? ctx : standin_current_ctx());
     standin_log(function, "result=%d", result);

@@ -98,6 +98,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&standin_lock, NULL);
     pthread_cond_init(&standin_progress, NULL);
     standin_streams_after_fork_child();
+    standin_capture_after_fork_child();
 }
 
 __attribute__((constructor)) static void register_fork_handlers(void)

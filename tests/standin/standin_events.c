@@ -76,6 +76,11 @@ STANDIN_EXPORT CUresult cuEventSynchronize(CUevent event)
 {
     if (!valid_event(event))
         return CUDA_ERROR_INVALID_HANDLE;
+    CUresult refused = standin_capture_check_unsafe("cuEventSynchronize");
+    if (refused != CUDA_SUCCESS) {
+        standin_log("cuEventSynchronize", "event=%p result=%d", (void *)event, refused);
+        return refused;
+    }
     pthread_mutex_lock(&standin_lock);
     while (event->done_generation < event->generation)
         pthread_cond_wait(&standin_progress, &standin_lock);
@@ -88,6 +93,11 @@ STANDIN_EXPORT CUresult cuEventQuery(CUevent event)
 {
     if (!valid_event(event))
         return CUDA_ERROR_INVALID_HANDLE;
+    CUresult refused = standin_capture_check_unsafe("cuEventQuery");
+    if (refused != CUDA_SUCCESS) {
+        standin_log("cuEventQuery", "event=%p result=%d", (void *)event, refused);
+        return refused;
+    }
     pthread_mutex_lock(&standin_lock);
     CUresult result = event->done_generation < event->generation ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
     pthread_mutex_unlock(&standin_lock);

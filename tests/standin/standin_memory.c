@@ -127,10 +127,13 @@ static void *map_fake(size_t bytes)
 
 static CUdevice current_device(void) { return standin_current_ctx()->device; }
 
-/* Allocates bytes of the given kind on the current device. */
-static CUresult allocate(CUdeviceptr *dptr, size_t bytes, enum standin_alloc_kind kind)
+/* Allocates bytes of the given kind on the current device.  function names
+ * the call for the capture rules; NULL: a capture records it (a graph node). */
+static CUresult allocate(const char *function, CUdeviceptr *dptr, size_t bytes, enum standin_alloc_kind kind)
 {
     CUresult result = standin_require_ctx();
+    if (result == CUDA_SUCCESS && function != NULL)
+        result = standin_capture_check_unsafe(function);
     if (result != CUDA_SUCCESS)
         return result;
     if (dptr == NULL || bytes == 0)
@@ -178,7 +181,7 @@ static int is_freeable(CUdeviceptr ptr)
 /* ---- allocation entry points ---- */
 STANDIN_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
 {
-    CUresult result = allocate(dptr, bytes, KIND_DEVICE);
+    CUresult result = allocate("cuMemAlloc_v2", dptr, bytes, KIND_DEVICE);
     standin_log("cuMemAlloc_v2", "bytes=%zu ptr=0x%llx result=%d", bytes, result ? 0ull : *dptr, result);
     return result;
 }
@@ -192,7 +195,7 @@ STANDIN_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, siz
         (element_bytes != 4 && element_bytes != 8 && element_bytes != 16))
         result = CUDA_ERROR_INVALID_VALUE;
     if (result == CUDA_SUCCESS)
-        result = allocate(dptr, row * height, KIND_DEVICE);
+        result = allocate("cuMemAllocPitch_v2", dptr, row * height, KIND_DEVICE);
     if (result == CUDA_SUCCESS)
         *pitch = row;
     standin_log("cuMemAllocPitch_v2", "width=%zu height=%zu pitch=%zu bytes=%zu ptr=0x%llx result=%d", width, height,
@@ -203,7 +206,7 @@ STANDIN_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, siz
 STANDIN_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags)
 {
     CUresult result = flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST
-                          ? allocate(dptr, bytes, KIND_MANAGED) : CUDA_ERROR_INVALID_VALUE;
+                          ? allocate("cuMemAllocManaged", dptr, bytes, KIND_MANAGED) : CUDA_ERROR_INVALID_VALUE;
     standin_log("cuMemAllocManaged", "bytes=%zu flags=%u ptr=0x%llx result=%d", bytes, flags,
                 result ? 0ull : *dptr, result);
     return result;
@@ -211,7 +214,13 @@ STANDIN_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsig
 
 static CUresult alloc_async(const char *function, CUdeviceptr *dptr, size_t bytes, CUstream stream)
 {
-    CUresult result = standin_stream(stream) == NULL ? CUDA_ERROR_INVALID_HANDLE : allocate(dptr, bytes, KIND_ASYNC);
+    CUresult result = CUDA_ERROR_INVALID_HANDLE;
+    if (standin_stream(stream) == NULL)
+        result = CUDA_ERROR_INVALID_HANDLE;
+    else if (standin_capture_take(stream, &result))
+        result = result == CUDA_SUCCESS ? allocate(NULL, dptr, bytes, KIND_ASYNC) : result;
+    else
+        result = allocate(function, dptr, bytes, KIND_ASYNC);
     standin_log(function, "bytes=%zu stream=%p ptr=0x%llx result=%d", bytes, (void *)stream,
                 result ? 0ull : *dptr, result);
     return result;
@@ -241,6 +250,8 @@ STANDIN_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 STANDIN_EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr)
 {
     CUresult result = standin_require_ctx();
+    if (result == CUDA_SUCCESS)
+        result = standin_capture_check_unsafe("cuMemFree_v2");
     if (result == CUDA_SUCCESS && !is_freeable(ptr))
         result = CUDA_ERROR_INVALID_VALUE;
     if (result == CUDA_SUCCESS) {
@@ -259,6 +270,13 @@ static CUresult free_async(const char *function, CUdeviceptr ptr, CUstream strea
         result = CUDA_ERROR_INVALID_HANDLE;
     if (result == CUDA_SUCCESS && !is_freeable(ptr))
         result = CUDA_ERROR_INVALID_VALUE;
+    if (result == CUDA_SUCCESS && standin_capture_take(stream, &result)) {
+        /* A free node of the capture: nothing is freed now. */
+        standin_log(function, "ptr=0x%llx stream=%p captured=1 result=%d", ptr, (void *)stream, result);
+        return result;
+    }
+    if (result == CUDA_SUCCESS)
+        result = standin_capture_check_unsafe(function);
     struct standin_op *op = result == CUDA_SUCCESS ? calloc(1, sizeof *op) : NULL;
     if (result == CUDA_SUCCESS && op == NULL)
         result = CUDA_ERROR_OUT_OF_MEMORY;
@@ -328,6 +346,8 @@ STANDIN_EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdevic
 static CUresult prefetch(const char *function, CUdeviceptr ptr, size_t bytes, int location, CUstream stream)
 {
     CUresult result = standin_require_ctx();
+    if (result == CUDA_SUCCESS)
+        result = standin_capture_check_unsafe(function);
     struct CUstream_st *s = standin_stream(stream);
     if (result == CUDA_SUCCESS && s == NULL)
         result = CUDA_ERROR_INVALID_HANDLE;

@@ -237,6 +237,8 @@ STANDIN_EXPORT CUresult cuStreamDestroy_v2(CUstream handle)
 static CUresult stream_synchronize(const char *function, CUstream handle)
 {
     CUresult result = standin_require_ctx();
+    if (result == CUDA_SUCCESS)
+        result = standin_capture_check_unsafe(function);
     struct CUstream_st *stream = standin_stream(handle);
     if (result == CUDA_SUCCESS && stream == NULL)
         result = CUDA_ERROR_INVALID_HANDLE;
@@ -252,6 +254,8 @@ STANDIN_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return stream_syn
 static CUresult stream_query(const char *function, CUstream handle)
 {
     CUresult result = standin_require_ctx();
+    if (result == CUDA_SUCCESS)
+        result = standin_capture_check_unsafe(function);
     struct CUstream_st *stream = standin_stream(handle);
     if (result == CUDA_SUCCESS && stream == NULL)
         result = CUDA_ERROR_INVALID_HANDLE;
@@ -274,6 +278,11 @@ CUresult standin_submit(const char *function, CUstream handle, struct standin_op
     if (result == CUDA_SUCCESS && stream == NULL)
         result = CUDA_ERROR_INVALID_HANDLE;
     uint64_t seq = 0;
+    if (result == CUDA_SUCCESS && standin_capture_take(handle, &result)) {
+        free(op);
+        standin_log(function, "%s stream=%p captured=1 result=%d", detail, (void *)handle, result);
+        return result;
+    }
     if (result == CUDA_SUCCESS)
         seq = standin_enqueue(stream, op);
     else
