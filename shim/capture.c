@@ -1,22 +1,41 @@
 /*
  * Stream capture (CUDA graphs).  Work "launched" into a capturing stream only
- * records graph nodes, so a capturing thread passes the gate without the
- * lock; and while any capture is open the client thread must not call
- * cuCtxSynchronize (unsupported during a cudaStreamCaptureModeGlobal capture:
- * it would invalidate the application's graph), so releases wait for the
- * capture to end (idle releases are skipped, drops wait up to the agent's
- * drop grace).
+ * records graph nodes, so a thread with an open capture passes the gate
+ * without the lock; and while any capture is open the client thread must not
+ * call cuCtxSynchronize (the driver refuses it during a capture in any mode
+ * and invalidates the capture), so releases wait for captures to end (idle
+ * releases are skipped, drops wait up to the agent's drop grace).
+ *
+ * Captures are kept by stream, with the thread that began them: a capture in
+ * relaxed mode may be ended by another thread, and one in another mode ended
+ * from the wrong thread ends too (with CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+ * as driver 580 does).  Either way the thread that began it is capturing no
+ * more.
  */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 
 #include "capture.h"
 #include "hooks.h"
 #include "interpose.h"
 
 enum { CAPTURE_STATUS_NONE = 0 };
+enum { CAPTURE_MODE_RELAXED = 2 };
+
+/* More at once is no program's pattern; one past it is counted but not owned
+ * by its thread (its launches then wait at the gate like any other). */
+#define OPEN_CAPTURES 64
+
+struct open_capture {
+    int in_use;
+    CUstream stream;
+    pthread_t owner;
+};
 
 atomic_int nvshare_active_captures;
-__thread int nvshare_thread_capture_depth;
+static pthread_mutex_t captures_mutex = PTHREAD_MUTEX_INITIALIZER;
+static struct open_capture open_captures[OPEN_CAPTURES];
 
 CUstream nvshare_actual_stream(CUstream stream, int per_thread)
 {
@@ -30,100 +49,143 @@ int nvshare_stream_may_record(CUstream stream)
            (nvshare_driver.stream_is_capturing(stream, &capturing) == CUDA_SUCCESS && !capturing);
 }
 
-static CUresult began(CUresult result)
+int nvshare_thread_capture_open_slow(void)
 {
-    if (result == CUDA_SUCCESS) {
-        atomic_fetch_add(&nvshare_active_captures, 1);
-        nvshare_thread_capture_depth++;
+    pthread_t self = pthread_self();
+    int open = 0;
+    pthread_mutex_lock(&captures_mutex);
+    for (int i = 0; i < OPEN_CAPTURES && !open; i++)
+        open = open_captures[i].in_use && pthread_equal(open_captures[i].owner, self);
+    pthread_mutex_unlock(&captures_mutex);
+    return open;
+}
+
+int nvshare_capture_relax(void)
+{
+    int mode = CAPTURE_MODE_RELAXED;
+    if (nvshare_driver.thread_exchange_capture_mode == NULL ||
+        nvshare_driver.thread_exchange_capture_mode(&mode) != CUDA_SUCCESS)
+        return -1;
+    return mode;
+}
+
+void nvshare_capture_restore(int previous_mode)
+{
+    if (previous_mode >= 0 && previous_mode != CAPTURE_MODE_RELAXED)
+        nvshare_driver.thread_exchange_capture_mode(&previous_mode);
+}
+
+static CUresult began(CUresult result, CUstream stream, int per_thread)
+{
+    if (result != CUDA_SUCCESS)
+        return result;
+    stream = nvshare_actual_stream(stream, per_thread);
+    pthread_mutex_lock(&captures_mutex);
+    for (int i = 0; i < OPEN_CAPTURES; i++) {
+        if (!open_captures[i].in_use) {
+            open_captures[i] = (struct open_capture){.in_use = 1, .stream = stream, .owner = pthread_self()};
+            break;
+        }
     }
+    atomic_fetch_add(&nvshare_active_captures, 1);
+    pthread_mutex_unlock(&captures_mutex);
     return result;
 }
 
-NVSHARE_EXPORT CUresult cuStreamBeginCapture(CUstream hStream)
+/* The per-thread default stream is one handle for every thread's own stream:
+ * only its owner can name (and end) a capture of it. */
+static void ended(CUstream stream)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return began(NVSHARE_REAL(cuStreamBeginCapture, cuStreamBeginCapture_fn)(hStream));
+    pthread_t self = pthread_self();
+    pthread_mutex_lock(&captures_mutex);
+    for (int i = 0; i < OPEN_CAPTURES; i++) {
+        struct open_capture *capture = &open_captures[i];
+        if (capture->in_use && capture->stream == stream &&
+            (stream != NVSHARE_CU_STREAM_PER_THREAD || pthread_equal(capture->owner, self))) {
+            capture->in_use = 0;
+            break;
+        }
+    }
+    if (atomic_load(&nvshare_active_captures) > 0)
+        atomic_fetch_sub(&nvshare_active_captures, 1);
+    pthread_mutex_unlock(&captures_mutex);
 }
 
-NVSHARE_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
+#define BEGIN_CAPTURE(name, per_thread, fn_type, params, args)          \
+    NVSHARE_EXPORT CUresult name params                                 \
+    {                                                                   \
+        if (nvshare_resolve_driver() != 0)                              \
+            return CUDA_ERROR_NOT_INITIALIZED;                          \
+        fn_type real = NVSHARE_REAL(name, fn_type);                     \
+        if (real == NULL)                                               \
+            return CUDA_ERROR_NOT_FOUND;                                \
+        return began(real args, hStream, per_thread);                   \
+    }
+
+#define TO_GRAPH_PARAMS                                                                    \
+    (CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,                    \
+     const void *dependencyData, size_t numDependencies, int mode)
+#define TO_GRAPH_ARGS (hStream, hGraph, dependencies, dependencyData, numDependencies, mode)
+
+BEGIN_CAPTURE(cuStreamBeginCapture, 0, cuStreamBeginCapture_fn, (CUstream hStream), (hStream))
+BEGIN_CAPTURE(cuStreamBeginCapture_ptsz, 1, cuStreamBeginCapture_fn, (CUstream hStream), (hStream))
+BEGIN_CAPTURE(cuStreamBeginCapture_v2, 0, cuStreamBeginCapture_v2_fn, (CUstream hStream, int mode),
+              (hStream, mode))
+BEGIN_CAPTURE(cuStreamBeginCapture_v2_ptsz, 1, cuStreamBeginCapture_v2_fn,
+              (CUstream hStream, int mode), (hStream, mode))
+BEGIN_CAPTURE(cuStreamBeginCaptureToGraph, 0, cuStreamBeginCaptureToGraph_fn, TO_GRAPH_PARAMS,
+              TO_GRAPH_ARGS)
+BEGIN_CAPTURE(cuStreamBeginCaptureToGraph_ptsz, 1, cuStreamBeginCaptureToGraph_fn, TO_GRAPH_PARAMS,
+              TO_GRAPH_ARGS)
+
+static int stream_capturing(CUstream stream)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return began(NVSHARE_REAL(cuStreamBeginCapture_ptsz, cuStreamBeginCapture_fn)(hStream));
+    int status = CAPTURE_STATUS_NONE;
+    if (nvshare_driver.stream_is_capturing != NULL &&
+        nvshare_driver.stream_is_capturing(stream, &status) != CUDA_SUCCESS)
+        status = CAPTURE_STATUS_NONE;
+    return status != CAPTURE_STATUS_NONE;
 }
 
-NVSHARE_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode)
-{
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return began(NVSHARE_REAL(cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_fn)(hStream, mode));
-}
-
-NVSHARE_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode)
-{
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return began(
-        NVSHARE_REAL(cuStreamBeginCapture_v2_ptsz, cuStreamBeginCapture_v2_fn)(hStream, mode));
-}
-
-NVSHARE_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
-                                                    const CUgraphNode *dependencies,
-                                                    const void *dependencyData,
-                                                    size_t numDependencies, int mode)
-{
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return began(NVSHARE_REAL(cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_fn)(
-        hStream, hGraph, dependencies, dependencyData, numDependencies, mode));
-}
-
-NVSHARE_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
-                                                         const CUgraphNode *dependencies,
-                                                         const void *dependencyData,
-                                                         size_t numDependencies, int mode)
-{
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return began(NVSHARE_REAL(cuStreamBeginCaptureToGraph_ptsz, cuStreamBeginCaptureToGraph_fn)(
-        hStream, hGraph, dependencies, dependencyData, numDependencies, mode));
-}
-
-/* Ending an invalidated capture also ends it (with an error), so what counts
- * is whether the stream was capturing before the call. */
+/* Whatever the call returns (an invalidated capture ends with an error, one
+ * ended from the wrong thread too), what counts is whether the stream was
+ * capturing before the call and is not after it. */
 static CUresult end_capture(CUstream stream, CUgraph *graph, int per_thread,
                             cuStreamEndCapture_fn real)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    CUstream actual = nvshare_actual_stream(stream, per_thread);
     int saved_errno = errno;
-    int status = CAPTURE_STATUS_NONE;
-    if (nvshare_driver.stream_is_capturing != NULL)
-        nvshare_driver.stream_is_capturing(nvshare_actual_stream(stream, per_thread), &status);
+    int was_capturing = stream_capturing(actual);
     errno = saved_errno;
     CUresult result = real(stream, graph);
-    if (status != CAPTURE_STATUS_NONE) {
-        atomic_fetch_sub(&nvshare_active_captures, 1);
-        if (nvshare_thread_capture_depth > 0)
-            nvshare_thread_capture_depth--;
-    }
+    saved_errno = errno;
+    if (was_capturing && !stream_capturing(actual))
+        ended(actual);
+    errno = saved_errno;
     return result;
 }
 
 NVSHARE_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
     return end_capture(hStream, phGraph, 0, NVSHARE_REAL(cuStreamEndCapture, cuStreamEndCapture_fn));
 }
 
 NVSHARE_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
 {
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
     return end_capture(hStream, phGraph, 1,
                        NVSHARE_REAL(cuStreamEndCapture_ptsz, cuStreamEndCapture_fn));
 }
 
 void nvshare_capture_forget_after_fork(void)
 {
+    captures_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    for (int i = 0; i < OPEN_CAPTURES; i++)
+        open_captures[i].in_use = 0;
     atomic_store(&nvshare_active_captures, 0);
-    nvshare_thread_capture_depth = 0;
 }

@@ -6,9 +6,18 @@
 
 #include "cuda_abi.h"
 
-/* Captures open in this process, and in the calling thread. */
+/* Captures open in this process (read on every gated call: 0 almost always). */
 extern atomic_int nvshare_active_captures;
-extern __thread int nvshare_thread_capture_depth;
+
+int nvshare_thread_capture_open_slow(void);
+
+/* 1 when a capture the calling thread began is still open.  On every gated
+ * call: one load while no capture is open.  A thread sees its own begin. */
+static inline int nvshare_thread_capture_open(void)
+{
+    return atomic_load_explicit(&nvshare_active_captures, memory_order_acquire) != 0 &&
+           nvshare_thread_capture_open_slow();
+}
 
 void nvshare_capture_forget_after_fork(void);
 
@@ -19,5 +28,12 @@ CUstream nvshare_actual_stream(CUstream stream, int per_thread);
 /* 1 when the shim may record an event into stream: it is known not to be
  * capturing (a record there would add a node to the application's graph). */
 int nvshare_stream_may_record(CUstream stream);
+
+/* The shim's own waits and queries (its marks' events, prefetches) made from
+ * a thread in global capture mode would invalidate a capture another thread
+ * has open in global mode.  Relaxed makes the driver allow them; the value
+ * returned gives the thread's mode back to nvshare_capture_restore. */
+int nvshare_capture_relax(void);
+void nvshare_capture_restore(int previous_mode);
 
 #endif

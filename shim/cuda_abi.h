@@ -172,5 +172,6 @@ typedef CUresult (*cuStreamBeginCaptureToGraph_fn)(CUstream hStream, CUgraph hGr
                                                    const void *dependencyData,
                                                    size_t numDependencies, int mode);
 typedef CUresult (*cuStreamEndCapture_fn)(CUstream hStream, CUgraph *phGraph);
+typedef CUresult (*cuThreadExchangeStreamCaptureMode_fn)(int *mode);
 
 #endif /* NVSHARE_CUDA_ABI_H */

@@ -48,7 +48,7 @@ void nvshare_wait_for_gate(int gpu);
 
 static inline struct nvshare_gate *nvshare_gate_enter(void)
 {
-    if (nvshare_thread_capture_depth > 0)
+    if (nvshare_thread_capture_open())
         return 0;           /* capturing: calls record graph nodes, nothing runs */
     if (!atomic_load_explicit(&nvshare_client_running, memory_order_acquire)) {
         nvshare_client_start();

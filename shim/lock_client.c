@@ -51,8 +51,8 @@ static void reopen_after_aborted_release(int gpu)
     pthread_mutex_unlock(&client.mutex);
 }
 
-/* cuCtxSynchronize would invalidate an open global-mode capture (capture.c).
- * Wait for it to end, but not past the agent's drop grace: by then the lock
+/* The driver refuses cuCtxSynchronize during a capture of any mode, from any
+ * thread, and invalidates the capture (capture.c).  Wait for it to end, but not past the agent's drop grace: by then the lock
  * is revoked anyway. */
 static void wait_for_captures_to_end(void)
 {
@@ -325,6 +325,9 @@ void *nvshare_client_main(void *unused)
 {
     (void)unused;
     prctl(PR_SET_NAME, "nvshare-client", 0, 0, 0);
+    /* Every driver call of this thread is the shim's own (prefetches, their
+     * stream's synchronisation): none may invalidate an application's capture. */
+    nvshare_capture_relax();
     nvshare_connect_to_agent(1);
     for (;;) {
         int timeout = -1;

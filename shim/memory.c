@@ -197,7 +197,7 @@ static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t bytes, CUstrea
      * own capture (even on another stream: no cuMemAllocManaged while it may
      * be global), or another thread's capture of this stream. */
     stream = nvshare_actual_stream(stream, per_thread);
-    if (nvshare_thread_capture_depth > 0 || !nvshare_stream_may_record(stream))
+    if (nvshare_thread_capture_open() || !nvshare_stream_may_record(stream))
         return NOT_CONVERTED;
     nvshare_client_start();
     if (nvshare_unpark(bytes, stream, dptr))

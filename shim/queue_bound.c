@@ -158,6 +158,9 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
         pthread_mutex_unlock(mutex);
         return;
     }
+    /* The application's launch was allowed during another thread's capture;
+     * querying and waiting on the marks must not invalidate that capture. */
+    int capture_mode = nvshare_capture_relax();
     collect_completed(queue, max_queued_ms);
 
     CUevent wait_for = NULL;
@@ -186,6 +189,7 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
     pthread_mutex_unlock(mutex);
     if (wait_for != NULL)
         nvshare_driver.event_synchronize(wait_for);
+    nvshare_capture_restore(capture_mode);
 }
 
 void nvshare_queue_forget_context(int gpu, int slot)

@@ -1,0 +1,65 @@
+"""Stream capture beside the shim's own work.  The stand-in applies the capture rules
+driver 580 applied on the H100 (tests/standin/standin_capture.c): a synchronising or
+querying call from a thread in global mode invalidates another thread's global-mode
+capture.  The shim's own calls (a grant's prefetch, the queue bound's event queries and
+waits) must never be that call; and a capture ended by another thread ends for the
+thread that began it too."""
+
+import time
+
+import pytest
+
+from agent_harness import ShimClient
+from nvshare_agent import protocol
+from shim_harness import STANDIN_GPU
+
+GPU = protocol.parse_uuid(STANDIN_GPU)
+
+
+def between(calls, first: str, last: str):
+    """The calls after the first call named first and before the first named last."""
+    names = [c.function for c in calls]
+    return calls[names.index(first) + 1:names.index(last)]
+
+
+@pytest.mark.parametrize("prefetch", ["1", "0"], ids=["prefetch", "no-prefetch"])
+def test_launches_beside_a_global_capture_leave_it_intact(world, agent, prefetch):
+    # 200 launches from a second thread while the main thread captures: the process gets
+    # the GPU (a grant, with its prefetch unless NVSHARE_PREFETCH=0) and the queue bound
+    # marks and waits, all while the capture is open.
+    client = world.client("capture", "beside", 200, kernel_us=200, NVSHARE_PREFETCH=prefetch)
+    result = client.finish_ok()
+    calls = world.calls(client.pid)
+    during = between(calls, "cuStreamBeginCapture_v2", "cuStreamEndCapture")
+    expected = {"cuEventQuery", "cuEventSynchronize"} | ({"cuMemPrefetchAsync_v2"} if prefetch == "1" else set())
+    shims_own = {c.function for c in during} & {"cuMemPrefetchAsync_v2", "cuEventQuery", "cuEventSynchronize"}
+    assert shims_own == expected, "the test did not make the shim prefetch, query and wait during the capture"
+    invalidated = [c.fields for c in calls if c.function == "@capture_invalidated"]
+    assert invalidated == [], f"the shim invalidated the application's capture: {invalidated}"
+    assert (result["status_before_end"], result["end"]) == ("1", "0")
+    assert result["counted"] == "200"
+    agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b")
+
+
+@pytest.mark.parametrize("mode,end", [("relaxed", "0"), ("global", "908")])
+def test_a_capture_ended_by_another_thread_leaves_its_thread_gated_again(world, agent, mode, end):
+    # 908: CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, which ends the capture all the same.
+    with ShimClient(world.socket_path, gpus=(GPU,), command="holder") as holder:
+        holder.request(GPU)
+        grant = holder.wait_grant(GPU)
+        client = world.client("capture", "ended_elsewhere", mode)
+        # The launch into the capture passes without the lock; the work after it waits.
+        agent.wait_for_log(rf"request gpu={STANDIN_GPU} pid={client.pid}\b")
+        time.sleep(0.3)
+        assert client.running(), client.describe()
+        released_at = time.time()
+        holder.release(grant)
+        result = client.finish_ok()
+    assert (result["end"], result["status_after_end"]) == (end, "0")
+    assert result["managed"] == "1", "a stream-ordered allocation after the capture was not converted"
+    assert result["counted"] == "42"
+    calls = world.calls(client.pid)
+    captured = [c for c in calls if c.gated and c.fields.get("captured") == "1"]
+    assert len(captured) == 1
+    early = [c for c in calls if c.gated and c.fields.get("captured") != "1" and c.t < released_at]
+    assert early == [], f"GPU work before the grant: {early[:3]}"
