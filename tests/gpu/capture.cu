@@ -1,0 +1,151 @@
+// Stream capture beside other threads' work, under the shim (or not) on a real GPU.
+//   capture beside LAUNCHES
+//       the main thread captures one kernel on stream S in global mode; meanwhile a
+//       second thread, in global mode too, zeroes a counter and launches LAUNCHES kernels
+//       on stream T, which the driver allows.  Nothing ran before the capture, so under the shim the
+//       process gets the GPU (and prefetches) and bounds its queue while the capture
+//       is open.  The graph then runs twice.
+//   capture ended_elsewhere relaxed|global
+//       the main thread begins a capture on S in that mode and captures a kernel; a
+//       second thread ends it (relaxed: allowed; global: refused with
+//       CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, and ended all the same).  The main
+//       thread then allocates on T with cudaMallocAsync and counts there.
+// Writes "capture: begun" and "capture: ending" to stderr around the open capture (the
+// shim's debug lines land in between), prints "result=ok key=value ..." or what failed.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <pthread.h>
+
+#define CHECK_RUNTIME(call)                                                                \
+    do {                                                                                   \
+        cudaError_t r_ = (call);                                                           \
+        if (r_ != cudaSuccess) {                                                           \
+            std::printf("result=error call=%s error=%s\n", #call, cudaGetErrorString(r_)); \
+            std::exit(1);                                                                  \
+        }                                                                                  \
+    } while (0)
+
+__global__ void add_one(int *counter) { *counter += 1; }
+
+static cudaStream_t captured, other;
+
+struct beside_work {
+    int *counts;
+    int launches;
+    cudaError_t result;
+};
+
+static void *launch_beside(void *arg) {
+    beside_work *work = static_cast<beside_work *>(arg);
+    work->result = cudaSetDevice(0);
+    if (work->result == cudaSuccess)
+        work->result = cudaMemsetAsync(work->counts, 0, sizeof(int), other);
+    for (int i = 0; i < work->launches && work->result == cudaSuccess; i++) {
+        add_one<<<1, 1, 0, other>>>(work->counts);
+        work->result = cudaGetLastError();
+    }
+    return nullptr;
+}
+
+static void marker(const char *what) {
+    std::fprintf(stderr, "capture: %s\n", what);
+    std::fflush(stderr);
+}
+
+static int beside(int launches) {
+    beside_work work = {nullptr, launches, cudaSuccess};
+    int *graph_counts;
+    CHECK_RUNTIME(cudaMalloc(&work.counts, sizeof(int)));
+    CHECK_RUNTIME(cudaMalloc(&graph_counts, sizeof(int)));
+    marker("begun");
+    CHECK_RUNTIME(cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal));
+    add_one<<<1, 1, 0, captured>>>(graph_counts);
+    pthread_t thread;
+    if (pthread_create(&thread, nullptr, launch_beside, &work) != 0)
+        return 1;
+    pthread_join(thread, nullptr);
+    cudaStreamCaptureStatus status;
+    CHECK_RUNTIME(cudaStreamIsCapturing(captured, &status));
+    marker("ending");
+    cudaGraph_t graph = nullptr;
+    cudaError_t ended = cudaStreamEndCapture(captured, &graph);
+    CHECK_RUNTIME(work.result);
+    CHECK_RUNTIME(cudaStreamSynchronize(other));
+    int counted = -1, graph_counted = -1;
+    CHECK_RUNTIME(cudaMemcpy(&counted, work.counts, sizeof(int), cudaMemcpyDeviceToHost));
+    if (ended == cudaSuccess) {
+        cudaGraphExec_t exec;
+        int zero = 0;
+        CHECK_RUNTIME(cudaMemcpy(graph_counts, &zero, sizeof(int), cudaMemcpyHostToDevice));
+        CHECK_RUNTIME(cudaGraphInstantiate(&exec, graph, 0));
+        CHECK_RUNTIME(cudaGraphLaunch(exec, captured));
+        CHECK_RUNTIME(cudaGraphLaunch(exec, captured));
+        CHECK_RUNTIME(cudaStreamSynchronize(captured));
+        CHECK_RUNTIME(cudaMemcpy(&graph_counted, graph_counts, sizeof(int), cudaMemcpyDeviceToHost));
+    }
+    std::printf("result=ok status_before_end=%d end=%d counted=%d graph_counted=%d\n", (int)status,
+                (int)ended, counted, graph_counted);
+    return 0;
+}
+
+static void *end_capture(void *arg) {
+    cudaError_t *result = static_cast<cudaError_t *>(arg);
+    cudaGraph_t graph = nullptr;
+    *result = cudaSetDevice(0);
+    if (*result == cudaSuccess)
+        *result = cudaStreamEndCapture(captured, &graph);
+    return nullptr;
+}
+
+static int ended_elsewhere(cudaStreamCaptureMode mode) {
+    int *flag, *mine;
+    CHECK_RUNTIME(cudaMalloc(&flag, sizeof(int)));
+    marker("begun");
+    CHECK_RUNTIME(cudaStreamBeginCapture(captured, mode));
+    add_one<<<1, 1, 0, captured>>>(flag);
+    cudaError_t ended = cudaErrorUnknown;
+    pthread_t thread;
+    if (pthread_create(&thread, nullptr, end_capture, &ended) != 0)
+        return 1;
+    pthread_join(thread, nullptr);
+    marker("ending");
+    cudaStreamCaptureStatus status;
+    CHECK_RUNTIME(cudaStreamIsCapturing(captured, &status));
+
+    CHECK_RUNTIME(cudaMallocAsync(&mine, sizeof(int), other));
+    unsigned managed = 0;
+    if (cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, (CUdeviceptr)mine) != CUDA_SUCCESS)
+        managed = 99;
+    CHECK_RUNTIME(cudaMemsetAsync(mine, 0, sizeof(int), other));
+    for (int i = 0; i < 42; i++)
+        add_one<<<1, 1, 0, other>>>(mine);
+    CHECK_RUNTIME(cudaGetLastError());
+    int counted = -1;
+    CHECK_RUNTIME(cudaMemcpyAsync(&counted, mine, sizeof(int), cudaMemcpyDeviceToHost, other));
+    CHECK_RUNTIME(cudaStreamSynchronize(other));
+    CHECK_RUNTIME(cudaFreeAsync(mine, other));
+    CHECK_RUNTIME(cudaStreamSynchronize(other));
+    std::printf("result=ok end=%d status_after_end=%d managed=%u counted=%d\n", (int)ended, (int)status,
+                managed, counted);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    bool is_beside = argc == 3 && !std::strcmp(argv[1], "beside");
+    bool is_elsewhere = argc == 3 && !std::strcmp(argv[1], "ended_elsewhere") &&
+                        (!std::strcmp(argv[2], "relaxed") || !std::strcmp(argv[2], "global"));
+    if (!is_beside && !is_elsewhere) {
+        std::fprintf(stderr, "usage: capture beside LAUNCHES | ended_elsewhere relaxed|global\n");
+        return 2;
+    }
+    CHECK_RUNTIME(cudaSetDevice(0));
+    CHECK_RUNTIME(cudaStreamCreateWithFlags(&captured, cudaStreamNonBlocking));
+    CHECK_RUNTIME(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    if (is_beside)
+        return beside(std::atoi(argv[2]));
+    return ended_elsewhere(!std::strcmp(argv[2], "relaxed") ? cudaStreamCaptureModeRelaxed
+                                                             : cudaStreamCaptureModeGlobal);
+}

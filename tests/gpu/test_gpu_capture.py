@@ -1,0 +1,58 @@
+"""Stream capture beside the shim's own work, on a real GPU: another thread's launches
+during a global-mode capture (the process gets the GPU, prefetches and bounds its queue
+while the capture is open) leave the capture intact, and a capture ended by another
+thread ends for its own thread too.  The CPU twin is tests/shim/test_capture.py."""
+import os
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+HERE = pathlib.Path(__file__).parent
+CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908
+
+
+@pytest.fixture(scope="module")
+def capture_program(tmp_path_factory):
+    binary = tmp_path_factory.mktemp("capture") / "capture"
+    subprocess.run(["nvcc", "-O2", "-o", str(binary), str(HERE / "capture.cu"), "-lcuda"], check=True)
+    return binary
+
+
+def run(binary, env, *args):
+    done = subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and "result=ok" in done.stdout, done.stdout + done.stderr[-4000:]
+    fields = dict(pair.split("=", 1) for pair in done.stdout.split() if "=" in pair)
+    return fields, done.stderr
+
+
+def during_capture(stderr: str) -> str:
+    return stderr.split("capture: begun\n", 1)[1].split("capture: ending\n", 1)[0]
+
+
+def test_launches_beside_a_global_capture_leave_it_intact(start_agent, shim_env, capture_program):
+    plain, _ = run(capture_program, dict(os.environ), "beside", 2000)
+    agent = start_agent()
+    shimmed, stderr = run(capture_program, shim_env(agent, NVSHARE_DEBUG=1), "beside", 2000)
+    assert plain == shimmed == {"result": "ok", "status_before_end": "1", "end": "0", "counted": "2000",
+                                "graph_counted": "2"}, (plain, shimmed)
+    # The premise: the grant and its prefetch came while the capture was open.
+    during = during_capture(stderr)
+    assert re.search(r"grant gpu=0 ", during) and re.search(r"prefetch gpu=0 allocations=[1-9]", during), \
+        stderr[-4000:]
+    assert "[nvshare] warning" not in stderr, stderr[-4000:]
+
+
+@pytest.mark.parametrize("mode,end", [("relaxed", 0), ("global", CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)])
+def test_a_capture_ended_by_another_thread_ends_for_its_own_thread(start_agent, shim_env, capture_program,
+                                                                    mode, end):
+    plain, _ = run(capture_program, dict(os.environ), "ended_elsewhere", mode)
+    agent = start_agent()
+    shimmed, stderr = run(capture_program, shim_env(agent, NVSHARE_DEBUG=1), "ended_elsewhere", mode)
+    assert (plain["end"], plain["status_after_end"], plain["managed"], plain["counted"]) == (str(end), "0", "0", "42")
+    assert (shimmed["end"], shimmed["status_after_end"], shimmed["counted"]) == (str(end), "0", "42")
+    # Capturing no more: the stream-ordered allocation is converted, the work after it waits for the lock.
+    assert shimmed["managed"] == "1", stderr[-4000:]
+    assert "grant gpu=0 " not in during_capture(stderr), "the captured launch asked for the GPU"
+    assert re.search(r"grant gpu=0 ", stderr.split("capture: ending\n", 1)[1]), stderr[-4000:]
