@@ -19,14 +19,7 @@
 #include <cuda_runtime.h>
 #include <pthread.h>
 
-#define CHECK_RUNTIME(call)                                                                \
-    do {                                                                                   \
-        cudaError_t r_ = (call);                                                           \
-        if (r_ != cudaSuccess) {                                                           \
-            std::printf("result=error call=%s error=%s\n", #call, cudaGetErrorString(r_)); \
-            std::exit(1);                                                                  \
-        }                                                                                  \
-    } while (0)
+#include "check.cuh"
 
 __global__ void add_one(int *counter) { *counter += 1; }
 

@@ -15,22 +15,7 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
-#define CHECK_DRIVER(call)                                                          \
-    do {                                                                            \
-        CUresult r_ = (call);                                                       \
-        if (r_ != CUDA_SUCCESS) {                                                   \
-            std::printf("result=error call=%s code=%d\n", #call, (int)r_);          \
-            std::exit(1);                                                           \
-        }                                                                           \
-    } while (0)
-#define CHECK_RUNTIME(call)                                                         \
-    do {                                                                            \
-        cudaError_t r_ = (call);                                                    \
-        if (r_ != cudaSuccess) {                                                    \
-            std::printf("result=error call=%s error=%s\n", #call, cudaGetErrorString(r_)); \
-            std::exit(1);                                                           \
-        }                                                                           \
-    } while (0)
+#include "check.cuh"
 
 // CUDA 13's cuCtxCreate (cuCtxCreate_v4) takes creation parameters; older headers do not.
 static CUresult create_context(CUcontext *context, CUdevice device) {
