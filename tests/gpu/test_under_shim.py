@@ -92,6 +92,18 @@ def test_cuda_graph_training_under_shim_matches_plain_run(start_agent, shim_env)
     assert agent.events("grant"), agent.log()
 
 
+def test_graph_capture_beside_a_launching_thread_matches_plain_run(start_agent, shim_env):
+    # PyTorch captures in global mode; the second thread's launches, and the queue bound's
+    # event queries and waits on them, fall inside the capture (tests/gpu/test_gpu_capture.py
+    # for the bare driver API).
+    plain, _ = run_training(None, "--graph", "--side-thread", "--steps", "20")
+    agent = start_agent()
+    shared, stderr = run_training(shim_env(agent), "--graph", "--side-thread", "--steps", "20")
+    assert shared["side_launches_during_capture"] >= 1000, shared["side_launches_during_capture"]
+    assert shared["managed"], stderr[-2000:]
+    assert (shared["losses"], shared["checksum"]) == (plain["losses"], plain["checksum"])
+
+
 def test_two_graph_replaying_trainers_alternate_and_train_correctly(start_agent, shim_env):
     plain, _ = run_training(None, "--graph", "--steps", "20")
     agent = start_agent(time_quantum_s=1, anti_thrash=True)

@@ -9,10 +9,15 @@ replayed: the stream-capture path under the shim.  With --loader-workers N the
 inputs come from a DataLoader with N forked workers and pinned batches, as
 real training feeds the GPU: forked children of a CUDA process, and page-locked
 host memory, under the shim.  With --compile the model goes through
-torch.compile: Inductor's generated Triton kernels, compiled in the run.
+torch.compile: Inductor's generated Triton kernels, compiled in the run.  With
+--side-thread a second thread launches small in-place kernels on its own stream
+all along, as another thread of a server would, and with --graph the main
+thread holds the capture open 0.2 s after capturing the step, so that thread's
+launches (and the shim's marks of them) fall inside PyTorch's global-mode capture.
 """
 import argparse
 import json
+import threading
 import time
 
 import torch
@@ -20,7 +25,31 @@ import torch
 from cuda_pointer import is_managed
 
 
-def capture(train_step, losses):
+class SideWork:
+    """A second thread launching small kernels on its own stream until stopped."""
+
+    def __init__(self):
+        self.tensor = torch.ones(1 << 20, device="cuda")
+        self.stream = torch.cuda.Stream()
+        self.launches = 0
+        self.launches_during_capture = None
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        with torch.cuda.stream(self.stream):
+            while not self.stopped.is_set():
+                self.tensor.mul_(1.0)   # in place: an allocation would break a global-mode capture
+                self.launches += 1
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join()
+        self.stream.synchronize()
+
+
+def capture(train_step, losses, side_work=None):
     """PyTorch's whole-network capture: warm up on a side stream, capture one
     step, return a function that replays it (the same tensors every time)."""
     side = torch.cuda.Stream()
@@ -32,6 +61,10 @@ def capture(train_step, losses):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured_loss = train_step()
+        if side_work is not None:
+            before = side_work.launches
+            time.sleep(0.2)
+            side_work.launches_during_capture = side_work.launches - before
 
     def replay():
         graph.replay()
@@ -48,6 +81,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--graph", action="store_true", help="replay a captured CUDA graph of the step")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor)")
+    parser.add_argument("--side-thread", action="store_true",
+                        help="a second thread launches small kernels on its own stream meanwhile")
     parser.add_argument("--loader-workers", type=int, default=0,
                         help="feed the inputs from a DataLoader with this many forked workers")
     args = parser.parse_args()
@@ -78,8 +113,9 @@ def main() -> None:
         optimizer.step()
         return loss
 
+    side_work = SideWork() if args.side_thread else None
     losses, step_times = [], []
-    run_step = capture(train_step, losses) if args.graph else train_step
+    run_step = capture(train_step, losses, side_work) if args.graph else train_step
     started = time.time()
     step = 0
     epoch = iter(())
@@ -95,8 +131,14 @@ def main() -> None:
         step_times.append(time.time())
         step += 1
 
+    side_launches = {}
+    if side_work is not None:
+        side_work.stop()
+        side_launches = {"side_launches": side_work.launches,
+                         "side_launches_during_capture": side_work.launches_during_capture}
     checksum = sum(float(p.double().sum()) for p in model.parameters())
     print(json.dumps({
+        **side_launches,
         "losses": losses,
         "checksum": checksum,
         "managed": is_managed(next(model.parameters()).data_ptr()),
