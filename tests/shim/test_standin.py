@@ -24,6 +24,16 @@ PRELUDE = textwrap.dedent(f"""
         result = cuda.cuGetProcAddress_v2(name.encode(), ctypes.byref(fn), version, ctypes.c_uint64(flags),
                                           ctypes.byref(status))
         return result, fn.value, status.value
+    def primary_context():
+        ctx = ctypes.c_void_p()
+        check(cuda.cuInit(0), "cuInit")
+        check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain")
+        check(cuda.cuCtxSetCurrent(ctx), "set current")
+        return ctx
+    def new_stream():
+        stream = ctypes.c_void_p()
+        check(cuda.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+        return stream
 """)
 
 
@@ -79,11 +89,8 @@ def test_get_proc_address_resolves_like_driver_580():
 def test_streams_events_and_synchronize_really_wait(tmp_path):
     body = """
         u32, vp = ctypes.c_uint, ctypes.c_void_p
-        check(cuda.cuInit(0), "cuInit")
-        ctx, stream, module, spin = vp(), vp(), vp(), vp()
-        check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain")
-        check(cuda.cuCtxSetCurrent(ctx), "set current")
-        check(cuda.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+        primary_context()
+        stream, module, spin = new_stream(), vp(), vp()
         check(cuda.cuModuleLoadData(ctypes.byref(module), b"x"), "module")
         check(cuda.cuModuleGetFunction(ctypes.byref(spin), module, b"spin"), "function")
         start, stop = vp(), vp()
@@ -146,12 +153,8 @@ def test_stream_capture_refuses_and_invalidates_as_driver_580_did():
     body = f"""
         import threading
         vp, ip = ctypes.c_void_p, ctypes.c_int
-        check(cuda.cuInit(0), "cuInit")
-        ctx, captured, other, event = vp(), vp(), vp(), vp()
-        check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain")
-        check(cuda.cuCtxSetCurrent(ctx), "set current")
-        check(cuda.cuStreamCreate(ctypes.byref(captured), 0), "stream")
-        check(cuda.cuStreamCreate(ctypes.byref(other), 0), "stream")
+        ctx = primary_context()
+        captured, other, event = new_stream(), new_stream(), vp()
         check(cuda.cuEventCreate(ctypes.byref(event), 0), "event")
         check(cuda.cuEventRecord(event, other), "record")
 

@@ -126,12 +126,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: client_capture beside LAUNCHES | ended_elsewhere relaxed|global\n");
         return 2;
     }
-    CUdevice device;
     CUmodule module;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&device, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&context, device));
-    CHECK(cuCtxSetCurrent(context));
+    CLIENT_OPEN_PRIMARY_CONTEXT("capture", &context);
     CHECK(cuModuleLoadData(&module, "standin fake image"));
     CHECK(cuModuleGetFunction(&add_one, module, "add_one"));
     CHECK(cuStreamCreate(&captured, 0));

@@ -1,9 +1,12 @@
 /* The small single-purpose clients' CHECK: a failing driver call ends the
- * test (return 1 from the function) with one line naming the call. */
+ * test (return 1 from the function) with one line naming the call.  And
+ * their common start. */
 #ifndef STANDIN_CLIENT_CHECK_H
 #define STANDIN_CLIENT_CHECK_H
 
 #include <stdio.h>
+
+#include "cuda_fixture.h"
 
 #define CLIENT_CHECK(client, call)                                                     \
     do {                                                                               \
@@ -13,6 +16,16 @@
                    (int)check_result_);                                                \
             return 1;                                                                  \
         }                                                                              \
+    } while (0)
+
+/* cuInit, then device 0's primary context, made current. */
+#define CLIENT_OPEN_PRIMARY_CONTEXT(client, context)                                   \
+    do {                                                                               \
+        CUdevice device_;                                                              \
+        CLIENT_CHECK(client, cuInit(0));                                               \
+        CLIENT_CHECK(client, cuDeviceGet(&device_, 0));                                \
+        CLIENT_CHECK(client, cuDevicePrimaryCtxRetain((context), device_));            \
+        CLIENT_CHECK(client, cuCtxSetCurrent(*(context)));                             \
     } while (0)
 
 #endif

@@ -112,11 +112,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: client_stream_ordered reuse | cap BLOCKS | trim BLOCKS\n");
         return 2;
     }
-    CUdevice device;
     CUcontext context;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&device, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&context, device));
-    CHECK(cuCtxSetCurrent(context));
+    CLIENT_OPEN_PRIMARY_CONTEXT("stream_ordered", &context);
     return is_reuse ? reuse() : cap(atoi(argv[2]), is_trim);
 }
