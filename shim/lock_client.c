@@ -52,8 +52,8 @@ static void reopen_after_aborted_release(int gpu)
 }
 
 /* The driver refuses cuCtxSynchronize during a capture of any mode, from any
- * thread, and invalidates the capture (capture.c).  Wait for it to end, but not past the agent's drop grace: by then the lock
- * is revoked anyway. */
+ * thread, and invalidates the capture (capture.c).  Wait for it to end, but
+ * not past the agent's drop grace: by then the lock is revoked anyway. */
 static void wait_for_captures_to_end(void)
 {
     double deadline = nvshare_now_ms() +

@@ -215,12 +215,12 @@ STANDIN_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsig
 static CUresult alloc_async(const char *function, CUdeviceptr *dptr, size_t bytes, CUstream stream)
 {
     CUresult result = CUDA_ERROR_INVALID_HANDLE;
-    if (standin_stream(stream) == NULL)
-        result = CUDA_ERROR_INVALID_HANDLE;
-    else if (standin_capture_take(stream, &result))
-        result = result == CUDA_SUCCESS ? allocate(NULL, dptr, bytes, KIND_ASYNC) : result;
-    else
-        result = allocate(function, dptr, bytes, KIND_ASYNC);
+    if (standin_stream(stream) != NULL) {
+        /* Into a capture: a graph node, allocated without the capture rules' check. */
+        int captured = standin_capture_take(stream, &result);
+        if (!captured || result == CUDA_SUCCESS)
+            result = allocate(captured ? NULL : function, dptr, bytes, KIND_ASYNC);
+    }
     standin_log(function, "bytes=%zu stream=%p ptr=0x%llx result=%d", bytes, (void *)stream,
                 result ? 0ull : *dptr, result);
     return result;
