@@ -34,19 +34,31 @@ struct capture {
     int invalidated;
     CUstream stream;
     int mode;
-    pthread_t owner;
+    unsigned long owner;    /* thread_number() of the thread that began it */
     unsigned nodes;
 };
 
 static struct capture captures[CAPTURES];         /* guarded by standin_lock */
 static __thread int thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
+/* A thread's capture state lives with the thread (the driver's, like this
+ * one's, in thread-local storage): a thread that gets an exited thread's
+ * pthread_t owns none of its captures. */
+static unsigned long thread_number(void)
+{
+    static unsigned long next = 1;      /* guarded by standin_lock */
+    static __thread unsigned long number;
+    if (number == 0)
+        number = next++;
+    return number;
+}
+
 static struct capture *find(CUstream stream)
 {
     for (int i = 0; i < CAPTURES; i++) {
         struct capture *c = &captures[i];
         if (c->in_use && c->stream == stream &&
-            (stream != CU_STREAM_PER_THREAD || pthread_equal(c->owner, pthread_self())))
+            (stream != CU_STREAM_PER_THREAD || c->owner == thread_number()))
             return c;
     }
     return NULL;
@@ -78,13 +90,13 @@ CUresult standin_capture_check_unsafe(const char *function)
     if (thread_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
         return CUDA_SUCCESS;
     CUresult result = CUDA_SUCCESS;
-    pthread_t self = pthread_self();
     pthread_mutex_lock(&standin_lock);
+    unsigned long self = thread_number();
     for (int i = 0; i < CAPTURES; i++) {
         struct capture *c = &captures[i];
         if (!c->in_use)
             continue;
-        int own = pthread_equal(c->owner, self);
+        int own = c->owner == self;
         if ((own && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
             (!own && thread_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
             invalidate(c, function);
@@ -136,7 +148,7 @@ static CUresult begin(const char *function, CUstream handle, int per_thread, int
         else if (slot == NULL)
             result = CUDA_ERROR_OUT_OF_MEMORY;
         else
-            *slot = (struct capture){.in_use = 1, .stream = handle, .mode = mode, .owner = pthread_self()};
+            *slot = (struct capture){.in_use = 1, .stream = handle, .mode = mode, .owner = thread_number()};
         pthread_mutex_unlock(&standin_lock);
     }
     standin_log(function, "stream=%p mode=%d result=%d", (void *)handle, mode, result);
@@ -162,7 +174,7 @@ static CUresult end(const char *function, CUstream handle, int per_thread, CUgra
         result = CUDA_ERROR_ILLEGAL_STATE;
     } else if (c != NULL) {
         nodes = c->nodes;
-        if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && !pthread_equal(c->owner, pthread_self()))
+        if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && c->owner != thread_number())
             result = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
         else if (c->invalidated)
             result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
