@@ -30,12 +30,25 @@ enum { CAPTURE_MODE_RELAXED = 2 };
 struct open_capture {
     int in_use;
     CUstream stream;
-    pthread_t owner;
+    unsigned long owner;    /* nvshare_thread_serial() of the thread that began it */
 };
 
 atomic_int nvshare_active_captures;
 static pthread_mutex_t captures_mutex = PTHREAD_MUTEX_INITIALIZER;
 static struct open_capture open_captures[OPEN_CAPTURES];
+
+/* Not pthread_self(): glibc gives an exited thread's pthread_t to the next
+ * thread it starts, which would inherit a capture the first one left open and
+ * pass the gate unlocked for good. */
+static atomic_ulong next_thread_serial = 1;
+static __thread unsigned long thread_serial;
+
+unsigned long nvshare_thread_serial(void)
+{
+    if (thread_serial == 0)
+        thread_serial = atomic_fetch_add(&next_thread_serial, 1);
+    return thread_serial;
+}
 
 CUstream nvshare_actual_stream(CUstream stream, int per_thread)
 {
@@ -51,11 +64,11 @@ int nvshare_stream_may_record(CUstream stream)
 
 int nvshare_thread_capture_open_slow(void)
 {
-    pthread_t self = pthread_self();
+    unsigned long self = nvshare_thread_serial();
     int open = 0;
     pthread_mutex_lock(&captures_mutex);
     for (int i = 0; i < OPEN_CAPTURES && !open; i++)
-        open = open_captures[i].in_use && pthread_equal(open_captures[i].owner, self);
+        open = open_captures[i].in_use && open_captures[i].owner == self;
     pthread_mutex_unlock(&captures_mutex);
     return open;
 }
@@ -83,7 +96,7 @@ static CUresult began(CUresult result, CUstream stream, int per_thread)
     pthread_mutex_lock(&captures_mutex);
     for (int i = 0; i < OPEN_CAPTURES; i++) {
         if (!open_captures[i].in_use) {
-            open_captures[i] = (struct open_capture){.in_use = 1, .stream = stream, .owner = pthread_self()};
+            open_captures[i] = (struct open_capture){.in_use = 1, .stream = stream, .owner = nvshare_thread_serial()};
             break;
         }
     }
@@ -96,12 +109,12 @@ static CUresult began(CUresult result, CUstream stream, int per_thread)
  * only its owner can name (and end) a capture of it. */
 static void ended(CUstream stream)
 {
-    pthread_t self = pthread_self();
+    unsigned long self = nvshare_thread_serial();
     pthread_mutex_lock(&captures_mutex);
     for (int i = 0; i < OPEN_CAPTURES; i++) {
         struct open_capture *capture = &open_captures[i];
         if (capture->in_use && capture->stream == stream &&
-            (stream != NVSHARE_CU_STREAM_PER_THREAD || pthread_equal(capture->owner, self))) {
+            (stream != NVSHARE_CU_STREAM_PER_THREAD || capture->owner == self)) {
             capture->in_use = 0;
             break;
         }

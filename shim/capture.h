@@ -21,6 +21,10 @@ static inline int nvshare_thread_capture_open(void)
 
 void nvshare_capture_forget_after_fork(void);
 
+/* The calling thread's number, never given to another thread of the process
+ * (a pthread_t is reused once its thread has exited). */
+unsigned long nvshare_thread_serial(void);
+
 /* The stream a call names: per-thread-stream (_ptsz) variants name the
  * calling thread's default stream by NULL. */
 CUstream nvshare_actual_stream(CUstream stream, int per_thread);

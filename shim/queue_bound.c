@@ -42,7 +42,7 @@
 struct mark {
     CUevent event;
     CUstream stream;
-    pthread_t recorder;             /* the per-thread default stream is one handle for many streams */
+    unsigned long recorder;         /* the per-thread default stream is one handle for many streams */
     unsigned launches;              /* the window it closes: launches since the thread's last mark */
 };
 
@@ -87,7 +87,7 @@ static unsigned launches_per_mark_for(double ms_per_launch, unsigned max_queued_
 static int on_one_stream(const struct mark *a, const struct mark *b)
 {
     return a->stream == b->stream &&
-           (a->stream != NVSHARE_CU_STREAM_PER_THREAD || pthread_equal(a->recorder, b->recorder));
+           (a->stream != NVSHARE_CU_STREAM_PER_THREAD || a->recorder == b->recorder);
 }
 
 /* Pops completed marks, learning the GPU time per launch and sizing the windows. */
@@ -170,7 +170,7 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
             nvshare_driver.event_create(&mark->event, CU_EVENT_DEFAULT) == CUDA_SUCCESS) {
             if (nvshare_driver.event_record(mark->event, stream) == CUDA_SUCCESS) {
                 mark->stream = stream;
-                mark->recorder = pthread_self();
+                mark->recorder = nvshare_thread_serial();
                 mark->launches = launches;
                 queue->tail++;
             }

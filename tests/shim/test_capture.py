@@ -2,14 +2,16 @@
 driver 580 applied on the H100 (tests/standin/standin_capture.c): a synchronising or
 querying call from a thread in global mode invalidates another thread's global-mode
 capture.  The shim's own calls (a grant's prefetch, the queue bound's event queries and
-waits) must never be that call; and a capture ended by another thread ends for the
-thread that began it too."""
+waits) must never be that call; a capture ended by another thread ends for the
+thread that began it too; and one left open by an exited thread is not inherited by
+the next thread given its pthread_t."""
 
+import re
 import time
 
 import pytest
 
-from agent_harness import ShimClient
+from agent_harness import ShimClient, wait_until
 from nvshare_agent import protocol
 from shim_harness import STANDIN_GPU
 
@@ -41,25 +43,44 @@ def test_launches_beside_a_global_capture_leave_it_intact(world, agent, prefetch
     agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b")
 
 
-@pytest.mark.parametrize("mode,end", [("relaxed", "0"), ("global", "908")])
-def test_a_capture_ended_by_another_thread_leaves_its_thread_gated_again(world, agent, mode, end):
-    # 908: CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, which ends the capture all the same.
+def run_behind_a_holder(world, agent, *client_args):
+    """Runs the client while another process holds the GPU, which it gives back once the
+    client has asked for it.  Returns the result, the client's calls, and when the GPU was
+    given back: gated calls before then (other than captured ones) passed without the lock."""
     with ShimClient(world.socket_path, gpus=(GPU,), command="holder") as holder:
         holder.request(GPU)
         grant = holder.wait_grant(GPU)
-        client = world.client("capture", "ended_elsewhere", mode)
-        # The launch into the capture passes without the lock; the work after it waits.
-        agent.wait_for_log(rf"request gpu={STANDIN_GPU} pid={client.pid}\b")
+        client = world.client(*client_args)
+        request = re.compile(rf"request gpu={STANDIN_GPU} pid={client.pid}\b")
+        wait_until(lambda: request.search(agent.log()) or not client.running(), what="the client's request")
+        assert client.running(), f"the client ran to its end without asking for the GPU\n{client.describe()}"
         time.sleep(0.3)
         assert client.running(), client.describe()
         released_at = time.time()
         holder.release(grant)
         result = client.finish_ok()
+    calls = world.calls(client.pid)
+    early = [c for c in calls if c.gated and c.fields.get("captured") != "1" and c.t < released_at]
+    assert early == [], f"GPU work before the grant: {early[:3]}"
+    return result, calls
+
+
+@pytest.mark.parametrize("mode,end", [("relaxed", "0"), ("global", "908")])
+def test_a_capture_ended_by_another_thread_leaves_its_thread_gated_again(world, agent, mode, end):
+    # 908: CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, which ends the capture all the same.
+    # The launch into the capture passes without the lock; the work after it waits.
+    result, calls = run_behind_a_holder(world, agent, "capture", "ended_elsewhere", mode)
     assert (result["end"], result["status_after_end"]) == (end, "0")
     assert result["managed"] == "1", "a stream-ordered allocation after the capture was not converted"
     assert result["counted"] == "42"
-    calls = world.calls(client.pid)
-    captured = [c for c in calls if c.gated and c.fields.get("captured") == "1"]
-    assert len(captured) == 1
-    early = [c for c in calls if c.gated and c.fields.get("captured") != "1" and c.t < released_at]
-    assert early == [], f"GPU work before the grant: {early[:3]}"
+    assert len([c for c in calls if c.gated and c.fields.get("captured") == "1"]) == 1
+
+
+def test_a_capture_left_open_by_an_exited_thread_leaves_the_next_thread_gated(world, agent):
+    # glibc gives the exited thread's pthread_t to the next thread: that thread began no
+    # capture, so its work waits for the lock and its stream-ordered allocation is managed.
+    result, calls = run_behind_a_holder(world, agent, "capture", "left_open")
+    assert result["reused"] == "1"
+    assert result["managed"] == "1", "the next thread's stream-ordered allocation was not converted"
+    assert result["counted"] == "42"
+    assert len([c for c in calls if c.gated and c.fields.get("captured") == "1"]) == 1

@@ -14,6 +14,10 @@
  *       Then the main thread, capturing no more, allocates on another stream
  *       (managed=1 when that allocation is managed memory), launches there
  *       and reads the result back.
+ *   client_capture left_open
+ *       a thread begins a capture (thread-local mode) and exits with it open;
+ *       the next thread that gets its pthread_t (glibc reuses them) allocates,
+ *       launches and reads back on another stream, like ended_elsewhere.
  *
  * Prints "client=capture result=ok key=value..." or the failing call. */
 #include <pthread.h>
@@ -85,9 +89,31 @@ static void *end_capture(void *arg)
     return NULL;
 }
 
+/* Allocates on the stream other (stream-ordered), launches there and reads the
+ * result back; prints so_far, whether the allocation was managed memory and
+ * what the kernel counted. */
+static int work_on_other_stream(const char *so_far)
+{
+    CUdeviceptr mine;
+    int n = 1;
+    CHECK(cuMemAllocAsync(&mine, 4096, other));
+    unsigned managed = 0;
+    CHECK(cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, mine));
+    void *params[] = {&mine, &n};
+    CHECK(cuMemsetD32Async(mine, 41, 1, other));
+    CHECK(cuLaunchKernel(add_one, 1, 1, 1, 1, 1, 1, 0, other, params, NULL));
+    CHECK(cuStreamSynchronize(other));
+    int counted = -1;
+    CHECK(cuMemcpyDtoH_v2(&counted, mine, sizeof counted));
+    CHECK(cuMemFreeAsync(mine, other));
+    CHECK(cuStreamSynchronize(other));
+    printf("client=capture result=ok %s managed=%u counted=%d\n", so_far, managed, counted);
+    return 0;
+}
+
 static int ended_elsewhere(int mode)
 {
-    CUdeviceptr flag, mine;
+    CUdeviceptr flag;
     CHECK(cuMemAlloc_v2(&flag, 4096));
     int n = 1;
     void *params[] = {&flag, &n};
@@ -100,21 +126,60 @@ static int ended_elsewhere(int mode)
     pthread_join(thread, NULL);
     int status = -1;
     CHECK(cuStreamIsCapturing(captured, &status));
+    char so_far[64];
+    snprintf(so_far, sizeof so_far, "end=%d status_after_end=%d", (int)ended, status);
+    return work_on_other_stream(so_far);
+}
 
-    CHECK(cuMemAllocAsync(&mine, 4096, other));
-    unsigned managed = 0;
-    CHECK(cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, mine));
-    void *mine_params[] = {&mine, &n};
-    CHECK(cuMemsetD32Async(mine, 41, 1, other));
-    CHECK(cuLaunchKernel(add_one, 1, 1, 1, 1, 1, 1, 0, other, mine_params, NULL));
-    CHECK(cuStreamSynchronize(other));
-    int counted = -1;
-    CHECK(cuMemcpyDtoH_v2(&counted, mine, sizeof counted));
-    CHECK(cuMemFreeAsync(mine, other));
-    CHECK(cuStreamSynchronize(other));
-    printf("client=capture result=ok end=%d status_after_end=%d managed=%u counted=%d\n", (int)ended, status,
-           managed, counted);
-    return 0;
+struct next_thread {
+    pthread_t first;        /* the thread that left its capture open */
+    int reused;             /* this thread got the first one's pthread_t */
+    int failed;
+};
+
+static void *begin_and_exit(void *arg)
+{
+    CUdeviceptr *flag = arg;
+    int n = 1;
+    void *params[] = {flag, &n};
+    if (cuCtxSetCurrent(context) == CUDA_SUCCESS &&
+        cuStreamBeginCapture_v2(captured, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == CUDA_SUCCESS)
+        cuLaunchKernel(add_one, 1, 1, 1, 1, 1, 1, 0, captured, params, NULL);
+    return NULL;
+}
+
+static void *work_if_reused(void *arg)
+{
+    struct next_thread *next = arg;
+    next->reused = pthread_equal(pthread_self(), next->first);
+    if (next->reused)
+        next->failed = cuCtxSetCurrent(context) != CUDA_SUCCESS || work_on_other_stream("reused=1") != 0;
+    return NULL;
+}
+
+static int left_open(void)
+{
+    CUdeviceptr flag;
+    CHECK(cuMemAlloc_v2(&flag, 4096));
+    struct next_thread next = {.reused = 0};
+    if (pthread_create(&next.first, NULL, begin_and_exit, &flag) != 0)
+        return 1;
+    pthread_join(next.first, NULL);
+    int status = -1;
+    CHECK(cuStreamIsCapturing(captured, &status));
+    if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+        printf("client=capture result=error the first thread's capture is not open (status %d)\n", status);
+        return 1;
+    }
+    for (int tries = 0; tries < 100 && !next.reused; tries++) {
+        pthread_t thread;
+        if (pthread_create(&thread, NULL, work_if_reused, &next) != 0)
+            return 1;
+        pthread_join(thread, NULL);
+    }
+    if (!next.reused)
+        printf("client=capture result=error no thread got the exited thread's pthread_t\n");
+    return !next.reused || next.failed;
 }
 
 int main(int argc, char **argv)
@@ -122,8 +187,9 @@ int main(int argc, char **argv)
     int is_beside = argc == 3 && strcmp(argv[1], "beside") == 0;
     int is_elsewhere = argc == 3 && strcmp(argv[1], "ended_elsewhere") == 0 &&
                        (strcmp(argv[2], "relaxed") == 0 || strcmp(argv[2], "global") == 0);
-    if (!is_beside && !is_elsewhere) {
-        fprintf(stderr, "usage: client_capture beside LAUNCHES | ended_elsewhere relaxed|global\n");
+    int is_left_open = argc == 2 && strcmp(argv[1], "left_open") == 0;
+    if (!is_beside && !is_elsewhere && !is_left_open) {
+        fprintf(stderr, "usage: client_capture beside LAUNCHES | ended_elsewhere relaxed|global | left_open\n");
         return 2;
     }
     CUmodule module;
@@ -134,6 +200,8 @@ int main(int argc, char **argv)
     CHECK(cuStreamCreate(&other, 0));
     if (is_beside)
         return beside(atoi(argv[2]));
+    if (is_left_open)
+        return left_open();
     return ended_elsewhere(strcmp(argv[2], "relaxed") == 0 ? CU_STREAM_CAPTURE_MODE_RELAXED
                                                            : CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
