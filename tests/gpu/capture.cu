@@ -10,6 +10,9 @@
 //       second thread ends it (relaxed: allowed; global: refused with
 //       CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, and ended all the same).  The main
 //       thread then allocates on T with cudaMallocAsync and counts there.
+//   capture left_open
+//       a thread begins a capture on S (thread-local mode) and exits with it open; the
+//       next thread given its pthread_t (glibc reuses them) does the same work on T.
 // Writes "capture: begun" and "capture: ending" to stderr around the open capture (the
 // shim's debug lines land in between), prints "result=ok key=value ..." or what failed.
 #include <cstdio>
@@ -93,21 +96,10 @@ static void *end_capture(void *arg) {
     return nullptr;
 }
 
-static int ended_elsewhere(cudaStreamCaptureMode mode) {
-    int *flag, *mine;
-    CHECK_RUNTIME(cudaMalloc(&flag, sizeof(int)));
-    marker("begun");
-    CHECK_RUNTIME(cudaStreamBeginCapture(captured, mode));
-    add_one<<<1, 1, 0, captured>>>(flag);
-    cudaError_t ended = cudaErrorUnknown;
-    pthread_t thread;
-    if (pthread_create(&thread, nullptr, end_capture, &ended) != 0)
-        return 1;
-    pthread_join(thread, nullptr);
-    marker("ending");
-    cudaStreamCaptureStatus status;
-    CHECK_RUNTIME(cudaStreamIsCapturing(captured, &status));
-
+// Allocates on T with cudaMallocAsync, counts 42 kernels there and reads the count
+// back; prints so_far, whether the allocation was managed memory and the count.
+static int work_on_other_stream(const char *so_far) {
+    int *mine;
     CHECK_RUNTIME(cudaMallocAsync(&mine, sizeof(int), other));
     unsigned managed = 0;
     if (cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, (CUdeviceptr)mine) != CUDA_SUCCESS)
@@ -121,17 +113,83 @@ static int ended_elsewhere(cudaStreamCaptureMode mode) {
     CHECK_RUNTIME(cudaStreamSynchronize(other));
     CHECK_RUNTIME(cudaFreeAsync(mine, other));
     CHECK_RUNTIME(cudaStreamSynchronize(other));
-    std::printf("result=ok end=%d status_after_end=%d managed=%u counted=%d\n", (int)ended, (int)status,
-                managed, counted);
+    std::printf("result=ok %s managed=%u counted=%d\n", so_far, managed, counted);
     return 0;
+}
+
+static int ended_elsewhere(cudaStreamCaptureMode mode) {
+    int *flag;
+    CHECK_RUNTIME(cudaMalloc(&flag, sizeof(int)));
+    marker("begun");
+    CHECK_RUNTIME(cudaStreamBeginCapture(captured, mode));
+    add_one<<<1, 1, 0, captured>>>(flag);
+    cudaError_t ended = cudaErrorUnknown;
+    pthread_t thread;
+    if (pthread_create(&thread, nullptr, end_capture, &ended) != 0)
+        return 1;
+    pthread_join(thread, nullptr);
+    marker("ending");
+    cudaStreamCaptureStatus status;
+    CHECK_RUNTIME(cudaStreamIsCapturing(captured, &status));
+    char so_far[64];
+    std::snprintf(so_far, sizeof so_far, "end=%d status_after_end=%d", (int)ended, (int)status);
+    return work_on_other_stream(so_far);
+}
+
+static void *begin_and_exit(void *arg) {
+    int *flag = static_cast<int *>(arg);
+    if (cudaSetDevice(0) == cudaSuccess &&
+        cudaStreamBeginCapture(captured, cudaStreamCaptureModeThreadLocal) == cudaSuccess)
+        add_one<<<1, 1, 0, captured>>>(flag);
+    return nullptr;
+}
+
+struct next_thread {
+    pthread_t first;  // the thread that left its capture open
+    bool reused;      // this thread got the first one's pthread_t
+    int failed;
+};
+
+static void *work_if_reused(void *arg) {
+    next_thread *next = static_cast<next_thread *>(arg);
+    next->reused = pthread_equal(pthread_self(), next->first);
+    if (next->reused) {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        next->failed = cudaSetDevice(0) != cudaSuccess || cudaStreamIsCapturing(captured, &status) != cudaSuccess;
+        char so_far[64];
+        std::snprintf(so_far, sizeof so_far, "reused=1 status_left_open=%d", (int)status);
+        next->failed = next->failed || work_on_other_stream(so_far) != 0;
+    }
+    return nullptr;
+}
+
+static int left_open() {
+    int *flag;
+    CHECK_RUNTIME(cudaMalloc(&flag, sizeof(int)));
+    next_thread next = {};
+    marker("begun");
+    if (pthread_create(&next.first, nullptr, begin_and_exit, flag) != 0)
+        return 1;
+    pthread_join(next.first, nullptr);
+    marker("left open");
+    for (int tries = 0; tries < 100 && !next.reused; tries++) {
+        pthread_t thread;
+        if (pthread_create(&thread, nullptr, work_if_reused, &next) != 0)
+            return 1;
+        pthread_join(thread, nullptr);
+    }
+    if (!next.reused)
+        std::printf("result=error no thread got the exited thread's pthread_t\n");
+    return !next.reused || next.failed;
 }
 
 int main(int argc, char **argv) {
     bool is_beside = argc == 3 && !std::strcmp(argv[1], "beside");
     bool is_elsewhere = argc == 3 && !std::strcmp(argv[1], "ended_elsewhere") &&
                         (!std::strcmp(argv[2], "relaxed") || !std::strcmp(argv[2], "global"));
-    if (!is_beside && !is_elsewhere) {
-        std::fprintf(stderr, "usage: capture beside LAUNCHES | ended_elsewhere relaxed|global\n");
+    bool is_left_open = argc == 2 && !std::strcmp(argv[1], "left_open");
+    if (!is_beside && !is_elsewhere && !is_left_open) {
+        std::fprintf(stderr, "usage: capture beside LAUNCHES | ended_elsewhere relaxed|global | left_open\n");
         return 2;
     }
     CHECK_RUNTIME(cudaSetDevice(0));
@@ -139,6 +197,8 @@ int main(int argc, char **argv) {
     CHECK_RUNTIME(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
     if (is_beside)
         return beside(std::atoi(argv[2]));
+    if (is_left_open)
+        return left_open();
     return ended_elsewhere(!std::strcmp(argv[2], "relaxed") ? cudaStreamCaptureModeRelaxed
                                                              : cudaStreamCaptureModeGlobal);
 }

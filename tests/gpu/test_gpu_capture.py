@@ -1,7 +1,8 @@
 """Stream capture beside the shim's own work, on a real GPU: another thread's launches
 during a global-mode capture (the process gets the GPU, prefetches and bounds its queue
-while the capture is open) leave the capture intact, and a capture ended by another
-thread ends for its own thread too.  The CPU twin is tests/shim/test_capture.py."""
+while the capture is open) leave the capture intact, a capture ended by another
+thread ends for its own thread too, and one left open by an exited thread is not
+inherited by the next thread.  The CPU twin is tests/shim/test_capture.py."""
 import os
 import pathlib
 import re
@@ -56,3 +57,16 @@ def test_a_capture_ended_by_another_thread_ends_for_its_own_thread(start_agent, 
     assert shimmed["managed"] == "1", stderr[-4000:]
     assert "grant gpu=0 " not in during_capture(stderr), "the captured launch asked for the GPU"
     assert re.search(r"grant gpu=0 ", stderr.split("capture: ending\n", 1)[1]), stderr[-4000:]
+
+
+def test_a_capture_left_open_by_an_exited_thread_leaves_the_next_thread_gated(start_agent, shim_env,
+                                                                            capture_program):
+    # The exited thread's capture (thread-local mode) stays open; the next thread, given its
+    # pthread_t by glibc, began none: the driver lets it allocate, and under the shim its
+    # allocation is converted and its work waits for the lock.
+    plain, _ = run(capture_program, dict(os.environ), "left_open")
+    agent = start_agent()
+    shimmed, stderr = run(capture_program, shim_env(agent, NVSHARE_DEBUG=1), "left_open")
+    assert plain == {"result": "ok", "reused": "1", "status_left_open": "1", "managed": "0", "counted": "42"}, plain
+    assert shimmed == {**plain, "managed": "1"}, (shimmed, stderr[-4000:])
+    assert re.search(r"grant gpu=0 ", stderr.split("capture: left open\n", 1)[1]), stderr[-4000:]
