@@ -201,3 +201,19 @@ def test_stream_capture_refuses_and_invalidates_as_driver_580_did():
     assert eval(seen) == [tuple(rule) for rule in CAPTURE_RULES]
     # Relaxed: another thread may end it; global: CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, ended anyway.
     assert eval(ends) == [(0, 0), (908, 0)]
+
+
+def test_stream_capture_ends_with_its_stream_or_context_as_driver_580_did():
+    # On the H100, after either, cuCtxSynchronize (refused during any capture) succeeded.
+    body = """
+        primary_context()
+        results = []
+        for end in ("destroy", "reset"):
+            stream = new_stream()
+            check(cuda.cuStreamBeginCapture_v2(stream, 0), "begin")
+            assert cuda.cuCtxSynchronize() == 900, "not refused while capturing"
+            ended = cuda.cuStreamDestroy_v2(stream) if end == "destroy" else cuda.cuDevicePrimaryCtxReset(0)
+            results.append((end, ended, cuda.cuCtxSynchronize()))
+        print(results)
+    """
+    assert eval(run_python(body)) == [("destroy", 0, 0), ("reset", 0, 0)]

@@ -110,6 +110,9 @@ int standin_capture_take(CUstream handle, CUresult *result);
 CUresult standin_capture_check_unsafe(const char *function);
 /* cuCtxSynchronize: refused during any capture, whatever the modes. */
 CUresult standin_capture_check_context_sync(const char *function);
+/* The stream handle was destroyed (handle not NULL) or the context ctx torn
+ * down: the captures there end.  Called with standin_lock held. */
+void standin_capture_end_where(CUstream handle, CUcontext ctx, const char *by);
 void standin_capture_after_fork_child(void);
 
 /* ---- memory (standin_memory.c) ---- */

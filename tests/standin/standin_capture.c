@@ -16,6 +16,9 @@
  *  - Only a relaxed capture may be ended by another thread; ending another
  *    one from the wrong thread fails with CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
  *    and ends it all the same.
+ *  - Destroying a capturing stream ends its capture, and tearing down a
+ *    context (destroy, primary reset, last primary release) ends the captures
+ *    in it: afterwards cuCtxSynchronize succeeds.
  *
  * The per-thread default stream can be captured by its handle
  * CU_STREAM_PER_THREAD (or NULL through a _ptsz begin); work reaches the
@@ -34,6 +37,7 @@ struct capture {
     int invalidated;
     CUstream stream;
     int mode;
+    CUcontext ctx;          /* current when it began */
     unsigned long owner;    /* thread_number() of the thread that began it */
     unsigned nodes;
 };
@@ -121,6 +125,17 @@ CUresult standin_capture_check_context_sync(const char *function)
     return result;
 }
 
+void standin_capture_end_where(CUstream handle, CUcontext ctx, const char *by)
+{
+    for (int i = 0; i < CAPTURES; i++) {
+        struct capture *c = &captures[i];
+        if (c->in_use && (handle != NULL ? c->stream == handle : c->ctx == ctx)) {
+            standin_log("@capture_ended", "stream=%p by=%s", (void *)c->stream, by);
+            c->in_use = 0;
+        }
+    }
+}
+
 void standin_capture_after_fork_child(void)
 {
     for (int i = 0; i < CAPTURES; i++)
@@ -148,7 +163,8 @@ static CUresult begin(const char *function, CUstream handle, int per_thread, int
         else if (slot == NULL)
             result = CUDA_ERROR_OUT_OF_MEMORY;
         else
-            *slot = (struct capture){.in_use = 1, .stream = handle, .mode = mode, .owner = thread_number()};
+            *slot = (struct capture){.in_use = 1, .stream = handle, .mode = mode,
+                                     .ctx = standin_current_ctx(), .owner = thread_number()};
         pthread_mutex_unlock(&standin_lock);
     }
     standin_log(function, "stream=%p mode=%d result=%d", (void *)handle, mode, result);

@@ -157,6 +157,13 @@ STANDIN_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+static void end_captures_in(CUcontext ctx, const char *function)
+{
+    pthread_mutex_lock(&standin_lock);
+    standin_capture_end_where(NULL, ctx, function);
+    pthread_mutex_unlock(&standin_lock);
+}
+
 static CUresult primary_release(const char *function, CUdevice dev)
 {
     standin_log(function, "dev=%d", dev);
@@ -171,6 +178,7 @@ static CUresult primary_release(const char *function, CUdevice dev)
         result = CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_unlock(&standin_lock);
     if (last) {             /* the last reference: the context's resources go */
+        end_captures_in(&primary_ctx[dev], function);
         standin_wait_context_streams(&primary_ctx[dev]);
         standin_retire_context_events(&primary_ctx[dev]);
     }
@@ -185,6 +193,7 @@ static CUresult primary_reset(const char *function, CUdevice dev)
     standin_log(function, "dev=%d", dev);
     CUresult result = standin_check_device(dev);
     if (result == CUDA_SUCCESS) {
+        end_captures_in(&primary_ctx[dev], function);
         standin_wait_context_streams(&primary_ctx[dev]);
         standin_retire_context_events(&primary_ctx[dev]);
     }
@@ -262,6 +271,7 @@ STANDIN_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     standin_log("cuCtxDestroy_v2", "ctx=%p", (void *)ctx);
     if (ctx == NULL || ctx->magic != STANDIN_CTX_MAGIC || ctx->primary)
         return CUDA_ERROR_INVALID_CONTEXT;
+    end_captures_in(ctx, "cuCtxDestroy_v2");
     standin_wait_context_streams(ctx);
     standin_retire_context_events(ctx);
     for (int i = 0; i < ctx_depth; i++) {

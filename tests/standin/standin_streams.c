@@ -213,6 +213,22 @@ STANDIN_EXPORT CUresult cuStreamCreate(CUstream *out, unsigned int flags)
     return result;
 }
 
+STANDIN_EXPORT CUresult cuStreamGetCtx(CUstream handle, CUcontext *pctx)
+{
+    standin_log("cuStreamGetCtx", "stream=%p", (void *)handle);
+    CUresult result = standin_require_ctx();
+    if (result == CUDA_SUCCESS && pctx == NULL)
+        result = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&standin_lock);
+    struct CUstream_st *stream = result == CUDA_SUCCESS ? standin_stream(handle) : NULL;
+    if (result == CUDA_SUCCESS && stream == NULL)
+        result = CUDA_ERROR_INVALID_HANDLE;
+    else if (result == CUDA_SUCCESS)
+        *pctx = stream->ctx != NULL ? stream->ctx : standin_current_ctx();
+    pthread_mutex_unlock(&standin_lock);
+    return result;
+}
+
 /* A destroyed stream is drained and retired but stays allocated and listed:
  * other threads may be walking the list in standin_wait_all_streams with the
  * lock dropped.  A fixture can afford the few bytes. */
@@ -225,6 +241,7 @@ STANDIN_EXPORT CUresult cuStreamDestroy_v2(CUstream handle)
         pthread_mutex_unlock(&standin_lock);
         return CUDA_ERROR_INVALID_HANDLE;
     }
+    standin_capture_end_where(handle, NULL, "cuStreamDestroy_v2");
     stream->destroyed = 1;                 /* no new work from here on */
     while (stream->completed < stream->submitted)
         pthread_cond_wait(&standin_progress, &standin_lock);
