@@ -10,7 +10,8 @@
  * relaxed mode may be ended by another thread, and one in another mode ended
  * from the wrong thread ends too (with CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
  * as driver 580 does).  Either way the thread that began it is capturing no
- * more.
+ * more.  So is it when the driver ends the capture for it: destroying the
+ * stream, or tearing down the stream's context, ends it (driver 580).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -30,6 +31,7 @@ enum { CAPTURE_MODE_RELAXED = 2 };
 struct open_capture {
     int in_use;
     CUstream stream;
+    CUcontext context;      /* the stream's */
     unsigned long owner;    /* nvshare_thread_serial() of the thread that began it */
 };
 
@@ -88,21 +90,44 @@ void nvshare_capture_restore(int previous_mode)
         nvshare_driver.thread_exchange_capture_mode(&previous_mode);
 }
 
+static CUcontext context_of(CUstream stream)
+{
+    CUcontext context = NULL;
+    if (stream != NVSHARE_CU_STREAM_PER_THREAD && nvshare_driver.stream_get_ctx != NULL &&
+        nvshare_driver.stream_get_ctx(stream, &context) == CUDA_SUCCESS)
+        return context;
+    if (nvshare_driver.ctx_get_current == NULL || nvshare_driver.ctx_get_current(&context) != CUDA_SUCCESS)
+        context = NULL;
+    return context;
+}
+
 static CUresult began(CUresult result, CUstream stream, int per_thread)
 {
     if (result != CUDA_SUCCESS)
         return result;
+    int saved_errno = errno;
     stream = nvshare_actual_stream(stream, per_thread);
+    CUcontext context = context_of(stream);
     pthread_mutex_lock(&captures_mutex);
     for (int i = 0; i < OPEN_CAPTURES; i++) {
         if (!open_captures[i].in_use) {
-            open_captures[i] = (struct open_capture){.in_use = 1, .stream = stream, .owner = nvshare_thread_serial()};
+            open_captures[i] = (struct open_capture){
+                .in_use = 1, .stream = stream, .context = context, .owner = nvshare_thread_serial()};
             break;
         }
     }
     atomic_fetch_add(&nvshare_active_captures, 1);
     pthread_mutex_unlock(&captures_mutex);
+    errno = saved_errno;
     return result;
+}
+
+/* Called with captures_mutex held. */
+static void forget(struct open_capture *capture)
+{
+    capture->in_use = 0;
+    if (atomic_load(&nvshare_active_captures) > 0)
+        atomic_fetch_sub(&nvshare_active_captures, 1);
 }
 
 /* The per-thread default stream is one handle for every thread's own stream:
@@ -111,16 +136,41 @@ static void ended(CUstream stream)
 {
     unsigned long self = nvshare_thread_serial();
     pthread_mutex_lock(&captures_mutex);
-    for (int i = 0; i < OPEN_CAPTURES; i++) {
+    struct open_capture *found = NULL;
+    for (int i = 0; i < OPEN_CAPTURES && found == NULL; i++) {
         struct open_capture *capture = &open_captures[i];
         if (capture->in_use && capture->stream == stream &&
-            (stream != NVSHARE_CU_STREAM_PER_THREAD || capture->owner == self)) {
-            capture->in_use = 0;
-            break;
-        }
+            (stream != NVSHARE_CU_STREAM_PER_THREAD || capture->owner == self))
+            found = capture;
     }
-    if (atomic_load(&nvshare_active_captures) > 0)
-        atomic_fetch_sub(&nvshare_active_captures, 1);
+    if (found != NULL)
+        forget(found);
+    else if (atomic_load(&nvshare_active_captures) > 0)
+        atomic_fetch_sub(&nvshare_active_captures, 1);  /* one past OPEN_CAPTURES */
+    pthread_mutex_unlock(&captures_mutex);
+}
+
+CUresult nvshare_capture_destroy_stream(CUstream stream, cuStreamDestroy_v2_fn destroy)
+{
+    if (atomic_load(&nvshare_active_captures) == 0)
+        return destroy(stream);
+    pthread_mutex_lock(&captures_mutex);
+    CUresult result = destroy(stream);
+    for (int i = 0; result == CUDA_SUCCESS && i < OPEN_CAPTURES; i++) {
+        if (open_captures[i].in_use && open_captures[i].stream == stream)
+            forget(&open_captures[i]);
+    }
+    pthread_mutex_unlock(&captures_mutex);
+    return result;
+}
+
+void nvshare_capture_forget_context(CUcontext context)
+{
+    pthread_mutex_lock(&captures_mutex);
+    for (int i = 0; i < OPEN_CAPTURES; i++) {
+        if (open_captures[i].in_use && open_captures[i].context == context)
+            forget(&open_captures[i]);
+    }
     pthread_mutex_unlock(&captures_mutex);
 }
 

@@ -21,6 +21,13 @@ static inline int nvshare_thread_capture_open(void)
 
 void nvshare_capture_forget_after_fork(void);
 
+/* Destroys the stream; the driver ends a capture of it.  The captures' lock is
+ * held across the destroy, so a new stream given the same handle cannot
+ * begin a capture that would then be taken for the old one's. */
+CUresult nvshare_capture_destroy_stream(CUstream stream, cuStreamDestroy_v2_fn destroy);
+/* The driver has freed context, and with it its streams' captures. */
+void nvshare_capture_forget_context(CUcontext context);
+
 /* The calling thread's number, never given to another thread of the process
  * (a pthread_t is reused once its thread has exited). */
 unsigned long nvshare_thread_serial(void);

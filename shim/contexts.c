@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "capture.h"
 #include "hooks.h"
 #include "interpose.h"
 #include "log.h"
@@ -105,6 +106,7 @@ static void forget(CUcontext context)
 {
     if (context == NULL)
         return;
+    nvshare_capture_forget_context(context);
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
         struct gpu_contexts *contexts = &gpus[gpu];
         for (int slot = 0; slot < NVSHARE_CONTEXT_SLOTS; slot++) {

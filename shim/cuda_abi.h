@@ -131,6 +131,7 @@ typedef CUresult (*cuDevicePrimaryCtxGetState_fn)(CUdevice dev, unsigned int *fl
 typedef CUresult (*cuStreamCreate_fn)(CUstream *phStream, unsigned int flags);
 typedef CUresult (*cuStreamSynchronize_fn)(CUstream hStream);
 typedef CUresult (*cuStreamIsCapturing_fn)(CUstream hStream, int *captureStatus);
+typedef CUresult (*cuStreamGetCtx_fn)(CUstream hStream, CUcontext *pctx);
 typedef CUresult (*cuEventCreate_fn)(CUevent *phEvent, unsigned int flags);
 typedef CUresult (*cuEventRecord_fn)(CUevent hEvent, CUstream hStream);
 typedef CUresult (*cuEventQuery_fn)(CUevent hEvent);

@@ -104,6 +104,7 @@ static void resolve(void)
     LOOKUP(handle, stream_create, "cuStreamCreate");
     LOOKUP(handle, stream_synchronize, "cuStreamSynchronize");
     LOOKUP(handle, stream_is_capturing, "cuStreamIsCapturing");
+    LOOKUP(handle, stream_get_ctx, "cuStreamGetCtx");
     LOOKUP(handle, thread_exchange_capture_mode, "cuThreadExchangeStreamCaptureMode");
     LOOKUP(handle, event_create, "cuEventCreate");
     LOOKUP(handle, event_record, "cuEventRecord");

@@ -18,6 +18,7 @@ struct nvshare_driver {
     cuStreamCreate_fn stream_create;
     cuStreamSynchronize_fn stream_synchronize;
     cuStreamIsCapturing_fn stream_is_capturing;
+    cuStreamGetCtx_fn stream_get_ctx;
     cuThreadExchangeStreamCaptureMode_fn thread_exchange_capture_mode;
     cuEventCreate_fn event_create;
     cuEventRecord_fn event_record;

@@ -262,7 +262,7 @@ static void forget_stream(CUstream stream)
         if (real == NULL)                                                      \
             return CUDA_ERROR_NOT_FOUND;                                       \
         forget_stream(hStream);                                                \
-        return real(hStream);                                                  \
+        return nvshare_capture_destroy_stream(hStream, real);                  \
     }
 DEFINE_STREAM_DESTROY(cuStreamDestroy)
 DEFINE_STREAM_DESTROY(cuStreamDestroy_v2)

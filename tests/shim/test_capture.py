@@ -84,3 +84,14 @@ def test_a_capture_left_open_by_an_exited_thread_leaves_the_next_thread_gated(wo
     assert result["managed"] == "1", "the next thread's stream-ordered allocation was not converted"
     assert result["counted"] == "42"
     assert len([c for c in calls if c.gated and c.fields.get("captured") == "1"]) == 1
+
+
+@pytest.mark.parametrize("how", ["destroy", "reset"])
+def test_a_capture_the_driver_ends_leaves_its_thread_gated_again(world, agent, how):
+    # Destroying the capturing stream, or resetting its context, ends the capture (driver
+    # 580 on the H100: cuCtxSynchronize succeeds afterwards).
+    result, calls = run_behind_a_holder(world, agent, "capture", "ended_by", how)
+    assert result["sync_after"] == "0"
+    assert result["managed"] == "1", "a stream-ordered allocation after the capture was not converted"
+    assert result["counted"] == "42"
+    assert len([c for c in calls if c.gated and c.fields.get("captured") == "1"]) == 1

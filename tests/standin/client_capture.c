@@ -14,6 +14,11 @@
  *       Then the main thread, capturing no more, allocates on another stream
  *       (managed=1 when that allocation is managed memory), launches there
  *       and reads the result back.
+ *   client_capture ended_by destroy|reset
+ *       the main thread begins a capture (global mode) and captures a launch;
+ *       then destroys the stream, or resets the primary context (and opens it
+ *       again), either of which ends the capture; then works on another
+ *       stream like ended_elsewhere.
  *   client_capture left_open
  *       a thread begins a capture (thread-local mode) and exits with it open;
  *       the next thread that gets its pthread_t (glibc reuses them) allocates,
@@ -182,14 +187,41 @@ static int left_open(void)
     return !next.reused || next.failed;
 }
 
+static int ended_by(int reset)
+{
+    CUdeviceptr flag;
+    CHECK(cuMemAlloc_v2(&flag, 4096));
+    int n = 1;
+    void *params[] = {&flag, &n};
+    CHECK(cuStreamBeginCapture_v2(captured, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(cuLaunchKernel(add_one, 1, 1, 1, 1, 1, 1, 0, captured, params, NULL));
+    if (reset) {
+        CUmodule module;
+        CHECK(cuDevicePrimaryCtxReset(0));
+        CHECK(cuDevicePrimaryCtxRelease(0));
+        CLIENT_OPEN_PRIMARY_CONTEXT("capture", &context);
+        CHECK(cuModuleLoadData(&module, "standin fake image"));
+        CHECK(cuModuleGetFunction(&add_one, module, "add_one"));
+        CHECK(cuStreamCreate(&other, 0));
+    } else {
+        CHECK(cuStreamDestroy_v2(captured));
+    }
+    char so_far[32];
+    snprintf(so_far, sizeof so_far, "sync_after=%d", (int)cuCtxSynchronize());
+    return work_on_other_stream(so_far);
+}
+
 int main(int argc, char **argv)
 {
     int is_beside = argc == 3 && strcmp(argv[1], "beside") == 0;
     int is_elsewhere = argc == 3 && strcmp(argv[1], "ended_elsewhere") == 0 &&
                        (strcmp(argv[2], "relaxed") == 0 || strcmp(argv[2], "global") == 0);
     int is_left_open = argc == 2 && strcmp(argv[1], "left_open") == 0;
-    if (!is_beside && !is_elsewhere && !is_left_open) {
-        fprintf(stderr, "usage: client_capture beside LAUNCHES | ended_elsewhere relaxed|global | left_open\n");
+    int is_ended_by = argc == 3 && strcmp(argv[1], "ended_by") == 0 &&
+                      (strcmp(argv[2], "destroy") == 0 || strcmp(argv[2], "reset") == 0);
+    if (!is_beside && !is_elsewhere && !is_left_open && !is_ended_by) {
+        fprintf(stderr, "usage: client_capture beside LAUNCHES | ended_elsewhere relaxed|global | left_open"
+                        " | ended_by destroy|reset\n");
         return 2;
     }
     CUmodule module;
@@ -202,6 +234,8 @@ int main(int argc, char **argv)
         return beside(atoi(argv[2]));
     if (is_left_open)
         return left_open();
+    if (is_ended_by)
+        return ended_by(strcmp(argv[2], "reset") == 0);
     return ended_elsewhere(strcmp(argv[2], "relaxed") == 0 ? CU_STREAM_CAPTURE_MODE_RELAXED
                                                            : CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
