@@ -10,6 +10,10 @@
 //       second thread ends it (relaxed: allowed; global: refused with
 //       CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, and ended all the same).  The main
 //       thread then allocates on T with cudaMallocAsync and counts there.
+//   capture ended_by destroy|reset
+//       the main thread begins a capture on S (global mode) and captures a kernel, then
+//       destroys S, or resets the device (cudaDeviceReset), which ends the capture; then
+//       it works on T like ended_elsewhere.
 //   capture left_open
 //       a thread begins a capture on S (thread-local mode) and exits with it open; the
 //       next thread given its pthread_t (glibc reuses them) does the same work on T.
@@ -136,6 +140,25 @@ static int ended_elsewhere(cudaStreamCaptureMode mode) {
     return work_on_other_stream(so_far);
 }
 
+static int ended_by(bool reset) {
+    int *flag;
+    CHECK_RUNTIME(cudaMalloc(&flag, sizeof(int)));
+    marker("begun");
+    CHECK_RUNTIME(cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal));
+    add_one<<<1, 1, 0, captured>>>(flag);
+    if (reset) {
+        CHECK_RUNTIME(cudaDeviceReset());
+        CHECK_RUNTIME(cudaSetDevice(0));
+        CHECK_RUNTIME(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    } else {
+        CHECK_RUNTIME(cudaStreamDestroy(captured));
+    }
+    marker("ending");
+    char so_far[32];
+    std::snprintf(so_far, sizeof so_far, "sync_after=%d", (int)cudaDeviceSynchronize());
+    return work_on_other_stream(so_far);
+}
+
 static void *begin_and_exit(void *arg) {
     int *flag = static_cast<int *>(arg);
     if (cudaSetDevice(0) == cudaSuccess &&
@@ -188,8 +211,11 @@ int main(int argc, char **argv) {
     bool is_elsewhere = argc == 3 && !std::strcmp(argv[1], "ended_elsewhere") &&
                         (!std::strcmp(argv[2], "relaxed") || !std::strcmp(argv[2], "global"));
     bool is_left_open = argc == 2 && !std::strcmp(argv[1], "left_open");
-    if (!is_beside && !is_elsewhere && !is_left_open) {
-        std::fprintf(stderr, "usage: capture beside LAUNCHES | ended_elsewhere relaxed|global | left_open\n");
+    bool is_ended_by = argc == 3 && !std::strcmp(argv[1], "ended_by") &&
+                       (!std::strcmp(argv[2], "destroy") || !std::strcmp(argv[2], "reset"));
+    if (!is_beside && !is_elsewhere && !is_left_open && !is_ended_by) {
+        std::fprintf(stderr, "usage: capture beside LAUNCHES | ended_elsewhere relaxed|global | left_open"
+                             " | ended_by destroy|reset\n");
         return 2;
     }
     CHECK_RUNTIME(cudaSetDevice(0));
@@ -199,6 +225,8 @@ int main(int argc, char **argv) {
         return beside(std::atoi(argv[2]));
     if (is_left_open)
         return left_open();
+    if (is_ended_by)
+        return ended_by(!std::strcmp(argv[2], "reset"));
     return ended_elsewhere(!std::strcmp(argv[2], "relaxed") ? cudaStreamCaptureModeRelaxed
                                                              : cudaStreamCaptureModeGlobal);
 }

@@ -1,8 +1,9 @@
 """Stream capture beside the shim's own work, on a real GPU: another thread's launches
 during a global-mode capture (the process gets the GPU, prefetches and bounds its queue
 while the capture is open) leave the capture intact, a capture ended by another
-thread ends for its own thread too, and one left open by an exited thread is not
-inherited by the next thread.  The CPU twin is tests/shim/test_capture.py."""
+thread ends for its own thread too, so does one whose stream is destroyed or whose
+device is reset, and one left open by an exited thread is not inherited by the next
+thread.  The CPU twin is tests/shim/test_capture.py."""
 import os
 import pathlib
 import re
@@ -70,3 +71,16 @@ def test_a_capture_left_open_by_an_exited_thread_leaves_the_next_thread_gated(st
     assert plain == {"result": "ok", "reused": "1", "status_left_open": "1", "managed": "0", "counted": "42"}, plain
     assert shimmed == {**plain, "managed": "1"}, (shimmed, stderr[-4000:])
     assert re.search(r"grant gpu=0 ", stderr.split("capture: left open\n", 1)[1]), stderr[-4000:]
+
+
+@pytest.mark.parametrize("how", ["destroy", "reset"])
+def test_a_capture_the_driver_ends_ends_for_its_thread(start_agent, shim_env, capture_program, how):
+    # Destroying the capturing stream, or cudaDeviceReset, ends the capture (the device
+    # synchronises again afterwards); the thread's work is converted and gated again.
+    plain, _ = run(capture_program, dict(os.environ), "ended_by", how)
+    agent = start_agent()
+    shimmed, stderr = run(capture_program, shim_env(agent, NVSHARE_DEBUG=1), "ended_by", how)
+    assert plain == {"result": "ok", "sync_after": "0", "managed": "0", "counted": "42"}, plain
+    assert shimmed == {**plain, "managed": "1"}, (shimmed, stderr[-4000:])
+    assert "grant gpu=0 " not in during_capture(stderr), "the captured launch asked for the GPU"
+    assert re.search(r"grant gpu=0 ", stderr.split("capture: ending\n", 1)[1]), stderr[-4000:]
