@@ -27,6 +27,7 @@ int standin_initialised(void);
 int standin_device_count(void);
 size_t standin_total_mem(void);
 unsigned standin_kernel_us(void);
+unsigned standin_prefetch_us(void);   /* each cuMemPrefetchAsync call takes this long */
 
 struct CUctx_st {
     uint32_t magic;

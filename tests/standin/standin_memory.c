@@ -358,6 +358,8 @@ static CUresult prefetch(const char *function, CUdeviceptr ptr, size_t bytes, in
             result = CUDA_ERROR_INVALID_VALUE;
         pthread_mutex_unlock(&standin_lock);
     }
+    if (result == CUDA_SUCCESS && standin_prefetch_us() > 0)
+        usleep(standin_prefetch_us());     /* a large working set's transfer */
     struct standin_op *op = result == CUDA_SUCCESS ? calloc(1, sizeof *op) : NULL;
     if (op != NULL) {
         op->kind = OP_NOTHING;             /* ordered on the stream, moves nothing */

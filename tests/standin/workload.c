@@ -20,7 +20,7 @@
 #include "workload.h"
 
 struct options {
-    int loops, launches, ints, sleep_ms, duration_ms;
+    int loops, launches, ints, sleep_ms, duration_ms, linger_ms;
     const char *alloc, *launch;
     int use_stream, do_fork, vmm, ipc, meminfo, per_thread, threads, side_thread, device;
     unsigned long long big_bytes;
@@ -246,6 +246,7 @@ static int parse(int argc, char **argv, struct options *o)
         {"big-alloc", required_argument, NULL, 'b'},  {"per-thread", no_argument, NULL, 't'},
         {"threads", required_argument, NULL, 'T'},    {"side-thread", no_argument, NULL, 'A'},
         {"errno", no_argument, NULL, 'E'},             {"device", required_argument, NULL, 'D'},
+        {"linger-ms", required_argument, NULL, 'L'},
         {NULL, 0, NULL, 0}};
     *o = (struct options){.loops = 3, .launches = 4, .ints = 1024, .alloc = "plain", .launch = "all"};
     int c;
@@ -269,6 +270,7 @@ static int parse(int argc, char **argv, struct options *o)
         case 'A': o->side_thread = 1; break;
         case 'E': check_errno = 1; break;
         case 'D': o->device = atoi(optarg); break;
+        case 'L': o->linger_ms = atoi(optarg); break;
         default: return -1;
         }
     }
@@ -283,6 +285,7 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
     struct options o;
     if (parse(argc, argv, &o) != 0) {
         fprintf(stderr, "usage: %s [--loops N] [--launches N] [--ints N] [--sleep-ms MS] [--duration-ms MS]\n"
+                        "  [--linger-ms MS]\n"
                         "  [--alloc plain|pitch|async|managed] [--launch all|kernel|ex|coop|graph] [--stream]\n"
                         "  [--fork] [--vmm] [--ipc] [--meminfo] [--big-alloc BYTES] [--per-thread]\n"
                         "  [--threads N] [--side-thread] [--errno] [--device ORDINAL]\n", argv[0]);
@@ -375,6 +378,8 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
         pthread_join(side_thread, NULL);
         note(" side_allocations=%d", side.allocations);
     }
+    if (o.linger_ms > 0)                    /* idle after the bursts, the process still there */
+        usleep((useconds_t)o.linger_ms * 1000);
     if (o.ipc)
         ipc_roundtrip(p);
     if (child > 0) {
