@@ -42,11 +42,25 @@
 
 enum release_reason { RELEASE_IDLE, RELEASE_DROP };
 
+/* Called with the mutex held, the lock held and its gate closed; the caller
+ * wakes the waiting threads.  Those that found the gate closed meanwhile
+ * (during a grant's prefetch, or a release that did not happen) go through
+ * now: none needs a new request. */
+static void open_gate(int gpu)
+{
+    struct gpu_lock *lock = &client.locks[gpu];
+    lock->want_again = 0;
+    /* Idle counts from here: the prefetch before it may take longer than the idle release. */
+    lock->seen_activity = atomic_load(&nvshare_gates[gpu].activity);
+    lock->activity_changed_at_ms = nvshare_now_ms();
+    atomic_store(&nvshare_gates[gpu].open, 1);
+}
+
 static void reopen_after_aborted_release(int gpu)
 {
     pthread_mutex_lock(&client.mutex);
     if (client.locks[gpu].state == LOCK_HELD)
-        atomic_store(&nvshare_gates[gpu].open, 1);
+        open_gate(gpu);
     pthread_cond_broadcast(&client.changed);
     pthread_mutex_unlock(&client.mutex);
 }
@@ -122,7 +136,6 @@ static void release(int gpu, enum release_reason reason)
 static void on_grant(int gpu, uint64_t lease, uint32_t flags)
 {
     struct gpu_lock *lock = &client.locks[gpu];
-    struct nvshare_gate *gate = &nvshare_gates[gpu];
     pthread_mutex_lock(&client.mutex);
     if (lock->state != LOCK_REQUESTED) {
         int duplicate = lock->state == LOCK_HELD && lock->lease == lease;
@@ -138,8 +151,6 @@ static void on_grant(int gpu, uint64_t lease, uint32_t flags)
     lock->lease = lease;
     lock->shared = (flags & NVSHARE_GRANT_SHARED) != 0;
     lock->granted_at_ms = now;
-    lock->seen_activity = atomic_load(&gate->activity);
-    lock->activity_changed_at_ms = now;
     double waited_ms = now - lock->requested_at_ms;
     pthread_mutex_unlock(&client.mutex);
 
@@ -148,7 +159,7 @@ static void on_grant(int gpu, uint64_t lease, uint32_t flags)
 
     pthread_mutex_lock(&client.mutex);
     if (lock->state == LOCK_HELD && lock->lease == lease)
-        atomic_store(&gate->open, 1);
+        open_gate(gpu);
     pthread_cond_broadcast(&client.changed);
     pthread_mutex_unlock(&client.mutex);
     nvshare_debug("grant gpu=%d lease=%llu mode=%s waited_ms=%.2f", gpu,

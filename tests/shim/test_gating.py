@@ -112,6 +112,47 @@ def test_idle_release_lets_another_process_in_between_bursts(world, agent):
     client.finish_ok()
 
 
+# FAST_CONFIG with another idle release; every grant's prefetch is made slow (STANDIN_PREFETCH_US),
+# as a large working set's is (8 GiB: ~170 ms on the H100).
+SLOW_PREFETCH_CONFIG = """\
+[scheduler]
+time_quantum = 1
+anti_thrash = on
+idle_release_ms = {idle_ms}
+drop_grace_ms = 300
+"""
+
+
+def test_the_idle_release_counts_from_the_gate_opening_not_from_the_grant(world):
+    # A 300 ms prefetch, a 100 ms idle release: counted from the grant, the lock was released
+    # as idle the moment the gate opened, unless the woken thread got through first; it then
+    # asked again, and the process paid a second prefetch for one burst of work.
+    agent = world.start_agent(config=SLOW_PREFETCH_CONFIG.format(idle_ms=100))
+    client = world.client("linked", "--loops", 6, "--sleep-ms", 400, STANDIN_PREFETCH_US=300_000, NVSHARE_DEBUG=1)
+    client.finish_ok()
+    world.settled(agent, client)
+    assert grants(agent).count(client.pid) == 6, agent.log()
+    held = [float(ms) for ms in re.findall(r"release gpu=0 lease=\d+ reason=idle held_ms=([\d.]+)", client.stderr)]
+    # After every burst but the last (the process exits holding the lock).
+    assert len(held) == 5 and min(held) >= 300 + 100, client.stderr
+
+
+def test_a_thread_that_waited_through_the_grant_prefetch_asks_for_the_gpu_once(world):
+    # The prefetch (1.2 s) outlasts the waiting thread's timed wait (1 s), which wakes to find
+    # the lock held and the gate still closed, as during a release.  Taken for one, that asked
+    # for the GPU again at the next (idle) release, with no thread waiting.
+    agent = world.start_agent(config=SLOW_PREFETCH_CONFIG.format(idle_ms=1000))
+    with ShimClient(world.socket_path, gpus=(GPU,), command="holder") as holder:
+        holder.request(GPU)
+        grant = holder.wait_grant(GPU)
+        client = world.client("linked", "--loops", 1, "--linger-ms", 3000, STANDIN_PREFETCH_US=1_200_000)
+        agent.wait_for_log(rf"request gpu={STANDIN_GPU} pid={client.pid}\b")
+        holder.release(grant)
+        client.finish_ok()
+    log = world.settled(agent, client)
+    assert grants(agent).count(client.pid) == 1, log
+
+
 def test_two_busy_clients_alternate_on_drop_requests(world, agent):
     # TQ 1 s.  Short kernels keep each client's gate busy (the shim's queue bound
     # spreads the launches over the burst), so neither goes idle: only drop
