@@ -4,7 +4,8 @@
  * synchronous variants then wait for it (they run on the default stream, as
  * the real ones do on the legacy stream).  Host-to-device sources are staged
  * at call time, as the real driver does for pageable memory, so the caller may
- * reuse its buffer as soon as the call returns.
+ * reuse its buffer as soon as the call returns.  An asynchronous one into a
+ * capturing stream is captured (logged captured=1), not run.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -26,6 +27,10 @@ static CUresult copy(const char *function, CUdeviceptr dst, CUdeviceptr src, siz
         result = CUDA_ERROR_INVALID_VALUE;
     if (result == CUDA_SUCCESS && (how & CHECK_SRC) && standin_device_range(src, bytes) == NULL)
         result = CUDA_ERROR_INVALID_VALUE;
+    if (result == CUDA_SUCCESS && !(how & SYNCHRONOUS) && standin_capture_take(stream, &result)) {
+        standin_log(function, "dst=0x%llx stream=%p captured=1 result=%d", dst, (void *)stream, result);
+        return result;
+    }
     struct standin_op *op = result == CUDA_SUCCESS && bytes > 0 ? calloc(1, sizeof *op) : NULL;
     if (result == CUDA_SUCCESS && bytes > 0 && op == NULL)
         result = CUDA_ERROR_OUT_OF_MEMORY;
@@ -120,6 +125,10 @@ static CUresult fill(const char *function, CUdeviceptr dst, unsigned value, unsi
         result = CUDA_ERROR_INVALID_HANDLE;
     if (result == CUDA_SUCCESS && (standin_device_range(dst, count * width) == NULL || dst % width != 0))
         result = CUDA_ERROR_INVALID_VALUE;
+    if (result == CUDA_SUCCESS && !synchronous && standin_capture_take(stream, &result)) {
+        standin_log(function, "dst=0x%llx stream=%p captured=1 result=%d", dst, (void *)stream, result);
+        return result;
+    }
     struct standin_op *op = result == CUDA_SUCCESS ? calloc(1, sizeof *op) : NULL;
     if (result == CUDA_SUCCESS && op == NULL)
         result = CUDA_ERROR_OUT_OF_MEMORY;
