@@ -75,6 +75,21 @@ int nvshare_thread_capture_open_slow(void)
     return open;
 }
 
+static int stream_capturing(CUstream stream);
+
+int nvshare_capture_takes_slow(CUstream stream, int hook_id)
+{
+    if (nvshare_thread_capture_open_slow())
+        return 1;
+    stream = nvshare_actual_stream(stream, nvshare_hook_per_thread(hook_id));
+    if (stream == NULL || stream == NVSHARE_CU_STREAM_LEGACY)
+        return 0;           /* the legacy stream is never captured */
+    int saved_errno = errno;
+    int capturing = stream_capturing(stream);
+    errno = saved_errno;
+    return capturing;
+}
+
 int nvshare_capture_relax(void)
 {
     int mode = CAPTURE_MODE_RELAXED;

@@ -10,13 +10,23 @@
 extern atomic_int nvshare_active_captures;
 
 int nvshare_thread_capture_open_slow(void);
+int nvshare_capture_takes_slow(CUstream stream, int hook_id);
 
-/* 1 when a capture the calling thread began is still open.  On every gated
- * call: one load while no capture is open.  A thread sees its own begin. */
+/* 1 when a capture the calling thread began is still open.  A thread sees its
+ * own begin. */
 static inline int nvshare_thread_capture_open(void)
 {
     return atomic_load_explicit(&nvshare_active_captures, memory_order_acquire) != 0 &&
            nvshare_thread_capture_open_slow();
+}
+
+/* 1 when a call on stream (by the hook of row hook_id) only adds to a graph: the calling thread has a capture open, or stream is capturing
+ * (another thread's capture, in relaxed mode or joined through an event).  On
+ * every gated call: one load while no capture is open. */
+static inline int nvshare_capture_takes(CUstream stream, int hook_id)
+{
+    return atomic_load_explicit(&nvshare_active_captures, memory_order_acquire) != 0 &&
+           nvshare_capture_takes_slow(stream, hook_id);
 }
 
 void nvshare_capture_forget_after_fork(void);

@@ -56,6 +56,7 @@ typedef struct CUlaunchAttribute_st CUlaunchAttribute;
 typedef void (*CUhostFn)(void *userData);
 
 /* Special stream handles (cuda.h: CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
+#define NVSHARE_CU_STREAM_LEGACY ((CUstream)0x1)
 #define NVSHARE_CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 typedef struct CUuuid_st {

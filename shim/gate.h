@@ -46,9 +46,11 @@ int nvshare_current_context_slot(void);
 /* Slow path: ask for the lock of gpu and wait until its gate opens. */
 void nvshare_wait_for_gate(int gpu);
 
-static inline struct nvshare_gate *nvshare_gate_enter(void)
+/* stream: the one the call goes to (NULL for none or the default stream);
+ * hook_id: the calling hook's row. */
+static inline struct nvshare_gate *nvshare_gate_enter(CUstream stream, int hook_id)
 {
-    if (nvshare_thread_capture_open())
+    if (nvshare_capture_takes(stream, hook_id))
         return 0;           /* capturing: calls record graph nodes, nothing runs */
     if (!atomic_load_explicit(&nvshare_client_running, memory_order_acquire)) {
         nvshare_client_start();

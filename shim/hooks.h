@@ -219,6 +219,10 @@ extern const struct nvshare_hook nvshare_hooks[NVSHARE_HOOK_COUNT];
  * (NULL when this driver lacks it). */
 extern void *nvshare_real[NVSHARE_HOOK_COUNT];
 
+/* 1 when the row is a per-thread-default-stream variant (_ptsz, _ptds): NULL
+ * names the calling thread's own default stream.  Not for the fast path. */
+int nvshare_hook_per_thread(int hook_id);
+
 /* Typed access to a row's real function: REAL(cuMemAlloc_v2, cuMemAlloc_v2_fn). */
 #define NVSHARE_REAL(name, type) ((type)nvshare_real[NVSHARE_HOOK_ID_##name])
 

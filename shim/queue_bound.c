@@ -69,13 +69,6 @@ static void init_queues(void)
     }
 }
 
-static int is_per_thread(int hook_id)
-{
-    const char *name = nvshare_hooks[hook_id].name;
-    size_t length = strlen(name);
-    return length > 5 && strcmp(name + length - 5, "_ptsz") == 0;
-}
-
 static unsigned launches_per_mark_for(double ms_per_launch, unsigned max_queued_ms)
 {
     double launches = max_queued_ms / WINDOWS_PER_BOUND / ms_per_launch;
@@ -153,7 +146,7 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
     pthread_mutex_t *mutex = &queue_mutexes[gpu][slot];
     if (pthread_mutex_trylock(mutex) != 0)
         return;             /* another thread is taking this mark */
-    stream = nvshare_actual_stream(stream, is_per_thread(hook_id));
+    stream = nvshare_actual_stream(stream, nvshare_hook_per_thread(hook_id));
     if (!nvshare_stream_may_record(stream)) {
         pthread_mutex_unlock(mutex);
         return;

@@ -95,3 +95,21 @@ def test_a_capture_the_driver_ends_leaves_its_thread_gated_again(world, agent, h
     assert result["managed"] == "1", "a stream-ordered allocation after the capture was not converted"
     assert result["counted"] == "42"
     assert len([c for c in calls if c.gated and c.fields.get("captured") == "1"]) == 1
+
+
+@pytest.mark.parametrize("mode", ["relaxed", "global"])
+def test_another_threads_work_into_a_capture_passes_the_gate(world, agent, mode):
+    # A second thread's launch and memset into the capturing stream only add graph nodes:
+    # they must not wait for the GPU (before, they did: a drop arriving meanwhile waited for
+    # a capture whose end waited for them, then invalidated it).  Another process holds
+    # the GPU throughout, so anything gated would hang here.
+    with ShimClient(world.socket_path, gpus=(GPU,), command="holder") as holder:
+        holder.request(GPU)
+        holder.wait_grant(GPU)
+        client = world.client("capture", "into_other", mode)
+        result = client.finish_ok()
+    assert (result["launched"], result["set"], result["end"]) == ("0", "0", "0")
+    calls = world.calls(client.pid)
+    captured = [c.function for c in calls if c.fields.get("captured") == "1"]
+    assert captured == ["cuLaunchKernel", "cuLaunchKernel", "cuMemsetD32Async"], captured
+    assert not re.search(rf"request gpu={STANDIN_GPU} pid={client.pid}\b", agent.log())

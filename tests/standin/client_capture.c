@@ -19,6 +19,12 @@
  *       then destroys the stream, or resets the primary context (and opens it
  *       again), either of which ends the capture; then works on another
  *       stream like ended_elsewhere.
+ *   client_capture into_other relaxed|global
+ *       the main thread begins a capture in that mode and captures a launch; a
+ *       second thread launches and sets memory into the same stream (only
+ *       graph nodes; the driver allows it), then the main thread ends the
+ *       capture.  Needs no GPU time: prints what the second thread's calls
+ *       and the end returned.
  *   client_capture left_open
  *       a thread begins a capture (thread-local mode) and exits with it open;
  *       the next thread that gets its pthread_t (glibc reuses them) allocates,
@@ -187,6 +193,42 @@ static int left_open(void)
     return !next.reused || next.failed;
 }
 
+struct into_work {
+    CUdeviceptr flag;
+    CUresult launched, set;
+};
+
+static void *launch_into_capture(void *arg)
+{
+    struct into_work *work = arg;
+    int n = 1;
+    void *params[] = {&work->flag, &n};
+    work->launched = cuCtxSetCurrent(context);
+    if (work->launched == CUDA_SUCCESS)
+        work->launched = cuLaunchKernel(add_one, 1, 1, 1, 1, 1, 1, 0, captured, params, NULL);
+    work->set = cuMemsetD32Async(work->flag, 7, 1, captured);
+    return NULL;
+}
+
+static int into_other(int mode)
+{
+    struct into_work work = {0};
+    CUgraph graph;
+    CHECK(cuMemAlloc_v2(&work.flag, 4096));
+    int n = 1;
+    void *params[] = {&work.flag, &n};
+    CHECK(cuStreamBeginCapture_v2(captured, mode));
+    CHECK(cuLaunchKernel(add_one, 1, 1, 1, 1, 1, 1, 0, captured, params, NULL));
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, launch_into_capture, &work) != 0)
+        return 1;
+    pthread_join(thread, NULL);
+    CUresult ended = cuStreamEndCapture(captured, &graph);
+    printf("client=capture result=ok launched=%d set=%d end=%d\n", (int)work.launched, (int)work.set,
+           (int)ended);
+    return 0;
+}
+
 static int ended_by(int reset)
 {
     CUdeviceptr flag;
@@ -219,9 +261,11 @@ int main(int argc, char **argv)
     int is_left_open = argc == 2 && strcmp(argv[1], "left_open") == 0;
     int is_ended_by = argc == 3 && strcmp(argv[1], "ended_by") == 0 &&
                       (strcmp(argv[2], "destroy") == 0 || strcmp(argv[2], "reset") == 0);
-    if (!is_beside && !is_elsewhere && !is_left_open && !is_ended_by) {
+    int is_into = argc == 3 && strcmp(argv[1], "into_other") == 0 &&
+                  (strcmp(argv[2], "relaxed") == 0 || strcmp(argv[2], "global") == 0);
+    if (!is_beside && !is_elsewhere && !is_left_open && !is_ended_by && !is_into) {
         fprintf(stderr, "usage: client_capture beside LAUNCHES | ended_elsewhere relaxed|global | left_open"
-                        " | ended_by destroy|reset\n");
+                        " | ended_by destroy|reset | into_other relaxed|global\n");
         return 2;
     }
     CUmodule module;
@@ -236,6 +280,9 @@ int main(int argc, char **argv)
         return left_open();
     if (is_ended_by)
         return ended_by(strcmp(argv[2], "reset") == 0);
+    if (is_into)
+        return into_other(strcmp(argv[2], "relaxed") == 0 ? CU_STREAM_CAPTURE_MODE_RELAXED
+                                                           : CU_STREAM_CAPTURE_MODE_GLOBAL);
     return ended_elsewhere(strcmp(argv[2], "relaxed") == 0 ? CU_STREAM_CAPTURE_MODE_RELAXED
                                                            : CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
