@@ -10,6 +10,10 @@
 //       second thread ends it (relaxed: allowed; global: refused with
 //       CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, and ended all the same).  The main
 //       thread then allocates on T with cudaMallocAsync and counts there.
+//   capture into_other relaxed|global
+//       the main thread begins a capture on S in that mode and captures a kernel; a
+//       second thread adds a memset and a kernel to the same capture.  The graph then
+//       runs once (graph_counted=1: the memset zeroes the first kernel's count).
 //   capture ended_by destroy|reset
 //       the main thread begins a capture on S (global mode) and captures a kernel, then
 //       destroys S, or resets the device (cudaDeviceReset), which ends the capture; then
@@ -140,6 +144,50 @@ static int ended_elsewhere(cudaStreamCaptureMode mode) {
     return work_on_other_stream(so_far);
 }
 
+struct into_work {
+    int *counts;
+    cudaError_t result;
+};
+
+static void *work_into_capture(void *arg) {
+    into_work *work = static_cast<into_work *>(arg);
+    work->result = cudaSetDevice(0);
+    if (work->result == cudaSuccess)
+        work->result = cudaMemsetAsync(work->counts, 0, sizeof(int), captured);
+    if (work->result == cudaSuccess) {
+        add_one<<<1, 1, 0, captured>>>(work->counts);
+        work->result = cudaGetLastError();
+    }
+    return nullptr;
+}
+
+static int into_other(cudaStreamCaptureMode mode) {
+    into_work work = {nullptr, cudaSuccess};
+    // Nothing runs before the capture: under the shim the process holds no lock during it.
+    CHECK_RUNTIME(cudaMalloc(&work.counts, sizeof(int)));
+    marker("begun");
+    CHECK_RUNTIME(cudaStreamBeginCapture(captured, mode));
+    add_one<<<1, 1, 0, captured>>>(work.counts);
+    pthread_t thread;
+    if (pthread_create(&thread, nullptr, work_into_capture, &work) != 0)
+        return 1;
+    pthread_join(thread, nullptr);
+    marker("ending");
+    cudaGraph_t graph = nullptr;
+    cudaError_t ended = cudaStreamEndCapture(captured, &graph);
+    CHECK_RUNTIME(work.result);
+    int graph_counted = -1;
+    if (ended == cudaSuccess) {
+        cudaGraphExec_t exec;
+        CHECK_RUNTIME(cudaGraphInstantiate(&exec, graph, 0));
+        CHECK_RUNTIME(cudaGraphLaunch(exec, captured));
+        CHECK_RUNTIME(cudaStreamSynchronize(captured));
+        CHECK_RUNTIME(cudaMemcpy(&graph_counted, work.counts, sizeof(int), cudaMemcpyDeviceToHost));
+    }
+    std::printf("result=ok end=%d graph_counted=%d\n", (int)ended, graph_counted);
+    return 0;
+}
+
 static int ended_by(bool reset) {
     int *flag;
     CHECK_RUNTIME(cudaMalloc(&flag, sizeof(int)));
@@ -213,9 +261,11 @@ int main(int argc, char **argv) {
     bool is_left_open = argc == 2 && !std::strcmp(argv[1], "left_open");
     bool is_ended_by = argc == 3 && !std::strcmp(argv[1], "ended_by") &&
                        (!std::strcmp(argv[2], "destroy") || !std::strcmp(argv[2], "reset"));
-    if (!is_beside && !is_elsewhere && !is_left_open && !is_ended_by) {
+    bool is_into = argc == 3 && !std::strcmp(argv[1], "into_other") &&
+                   (!std::strcmp(argv[2], "relaxed") || !std::strcmp(argv[2], "global"));
+    if (!is_beside && !is_elsewhere && !is_left_open && !is_ended_by && !is_into) {
         std::fprintf(stderr, "usage: capture beside LAUNCHES | ended_elsewhere relaxed|global | left_open"
-                             " | ended_by destroy|reset\n");
+                             " | ended_by destroy|reset | into_other relaxed|global\n");
         return 2;
     }
     CHECK_RUNTIME(cudaSetDevice(0));
@@ -227,6 +277,9 @@ int main(int argc, char **argv) {
         return left_open();
     if (is_ended_by)
         return ended_by(!std::strcmp(argv[2], "reset"));
+    if (is_into)
+        return into_other(!std::strcmp(argv[2], "relaxed") ? cudaStreamCaptureModeRelaxed
+                                                            : cudaStreamCaptureModeGlobal);
     return ended_elsewhere(!std::strcmp(argv[2], "relaxed") ? cudaStreamCaptureModeRelaxed
                                                              : cudaStreamCaptureModeGlobal);
 }

@@ -84,3 +84,14 @@ def test_a_capture_the_driver_ends_ends_for_its_thread(start_agent, shim_env, ca
     assert shimmed == {**plain, "managed": "1"}, (shimmed, stderr[-4000:])
     assert "grant gpu=0 " not in during_capture(stderr), "the captured launch asked for the GPU"
     assert re.search(r"grant gpu=0 ", stderr.split("capture: ending\n", 1)[1]), stderr[-4000:]
+
+
+@pytest.mark.parametrize("mode", ["relaxed", "global"])
+def test_another_threads_work_into_a_capture_does_not_ask_for_the_gpu(start_agent, shim_env, capture_program,
+                                                                      mode):
+    # A second thread's memset and kernel into the capturing stream only add graph nodes.
+    plain, _ = run(capture_program, dict(os.environ), "into_other", mode)
+    agent = start_agent()
+    shimmed, stderr = run(capture_program, shim_env(agent, NVSHARE_DEBUG=1), "into_other", mode)
+    assert plain == shimmed == {"result": "ok", "end": "0", "graph_counted": "1"}, (plain, shimmed)
+    assert "request gpu=0" not in during_capture(stderr), stderr[-4000:]
