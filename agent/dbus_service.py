@@ -16,12 +16,13 @@ import logging
 import os
 import pwd
 
-from dbus_next import BusType, DBusError, Message, MessageType, Variant
+from dbus_next import DBusError, Message, MessageType, Variant
 from dbus_next.aio import MessageBus
 from dbus_next.constants import ErrorType, RequestNameReply
 from dbus_next.service import PropertyAccess, ServiceInterface, dbus_property, method
 
 from . import dbus_names as names
+from .dbus_connection import connect_bus
 
 log = logging.getLogger(__name__)
 
@@ -251,17 +252,8 @@ class CallGate:
         return reply.body[0]
 
 
-async def _connect(address: str) -> MessageBus:
-    if address == "system":
-        bus = MessageBus(bus_type=BusType.SYSTEM)
-    else:
-        bus = MessageBus(bus_address=address)
-    # dbus-next's auth loop spins if the peer closes mid-handshake: bound it.
-    return await asyncio.wait_for(bus.connect(), timeout=10)
-
-
 async def _publish(agent, address: str, subscribers: list) -> MessageBus:
-    bus = await _connect(address)
+    bus = await connect_bus(address, timeout_s=10)
     try:
         interface = SchedulerInterface(agent)
         bus.add_message_handler(CallGate(bus, interface))

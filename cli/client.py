@@ -4,10 +4,11 @@
 import asyncio
 import contextlib
 
-from dbus_next import BusType, Message, MessageType, Variant
+from dbus_next import Message, MessageType, Variant
 from dbus_next.aio import MessageBus
 
 from nvshare_agent import dbus_names as names
+from nvshare_agent.dbus_connection import connect_bus
 
 CALL_TIMEOUT_S = 25.0  # the bus may be starting nvshare.service for us
 
@@ -97,11 +98,7 @@ async def connect(address: str):
     """`address` is "system" or a D-Bus address such as unix:path=/run/x."""
     where = "the system bus" if address == "system" else f"the bus at {address}"
     try:
-        if address == "system":
-            bus = MessageBus(bus_type=BusType.SYSTEM)
-        else:
-            bus = MessageBus(bus_address=address)
-        await asyncio.wait_for(bus.connect(), CALL_TIMEOUT_S)
+        bus = await connect_bus(address, CALL_TIMEOUT_S)
     except (OSError, asyncio.TimeoutError, ValueError) as error:
         detail = str(error) or type(error).__name__
         raise CliError(f"cannot connect to {where} ({detail}): is dbus running?") from None

@@ -1,7 +1,10 @@
 """The agent keeps serving the shim without a bus, and comes back on the bus
 when it (re)appears."""
 
+import os
+import socket
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
@@ -45,3 +48,66 @@ def test_agent_started_before_its_bus_registers_when_the_bus_appears(world_dir):
     finally:
         agent.stop()
         daemon.stop()
+
+
+class HangUpDuringAuth:
+    """A socket that looks like a bus until the client's first auth line, then closes."""
+
+    def __init__(self, path: Path):
+        self.address = f"unix:path={path}"
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(path))
+        os.chmod(path, 0o666)
+        self._listener.listen(16)
+        self.hangups = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                peer, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            with peer:
+                peer.settimeout(5)
+                try:
+                    while b"\r\n" not in peer.recv(4096):
+                        pass
+                except OSError:
+                    pass
+            self.hangups += 1
+
+    def close(self):
+        self._listener.close()
+
+
+def test_bus_that_hangs_up_during_auth_is_retried_while_the_shim_is_served(world_dir):
+    # dbus-next 0.2.3 spun at 100% CPU on the EOF here: no shim was answered and SIGTERM was not handled.
+    fake_bus = HangUpDuringAuth(world_dir / "hangup.sock")
+    agent = AgentProcess(world_dir, fake_bus.address)
+    agent.start()
+    try:
+        wait_for(agent.socket_path.exists, "the agent's socket")
+        wait_for(lambda: fake_bus.hangups >= 2, "the agent to retry the bus")
+        with ShimClient(agent.socket_path, command="bus-hung-up", timeout=5) as client:
+            assert client.settings.anti_thrash is True
+        wait_for(lambda: "dbus unavailable" in agent.log(), "the agent to log the failed connect")
+        line = next(line for line in agent.log().splitlines() if "dbus unavailable" in line)
+        assert "closed the connection during authentication" in line
+        assert "Traceback" not in agent.log()
+        agent.assert_alive()
+    finally:
+        assert agent.stop() == 0, agent.log()[-2000:]
+        fake_bus.close()
+
+
+def test_nvsharectl_on_a_bus_that_hangs_up_during_auth_exits_1(world_dir):
+    fake_bus = HangUpDuringAuth(world_dir / "hangup.sock")
+    try:
+        result = nvsharectl(fake_bus.address, "status")
+    finally:
+        fake_bus.close()
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"nvsharectl: cannot connect to the bus at {fake_bus.address}")
+    assert "closed the connection during authentication" in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr

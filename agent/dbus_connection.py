@@ -1,0 +1,33 @@
+"""Opening a bus connection with dbus-next: the one way that the agent and
+nvsharectl both use, so a fix to dbus-next's handshake applies to both."""
+
+import asyncio
+
+from dbus_next import AuthError, BusType
+from dbus_next.aio import MessageBus
+
+
+class _MessageBus(MessageBus):
+    async def _auth_readline(self) -> str:
+        # dbus-next 0.2.3 loops on sock_recv until it sees "\r\n"; at EOF
+        # sock_recv returns b"" at once, without yielding, so a peer that hangs
+        # up mid-handshake spins the whole event loop (no timeout, no signal
+        # handler ever runs).  The same loop, ending at EOF.
+        line = b""
+        while line[-2:] != b"\r\n":
+            data = await self._loop.sock_recv(self._sock, 2)
+            if not data:
+                raise AuthError("the bus closed the connection during authentication")
+            line += data
+        return line[:-2].decode()
+
+
+async def connect_bus(address: str, timeout_s: float) -> MessageBus:
+    """`address` is "system" or a D-Bus address such as unix:path=/run/x.
+    Raises what dbus-next raises (OSError, AuthError, ValueError, Exception)
+    or asyncio.TimeoutError."""
+    if address == "system":
+        bus = _MessageBus(bus_type=BusType.SYSTEM)
+    else:
+        bus = _MessageBus(bus_address=address)
+    return await asyncio.wait_for(bus.connect(), timeout_s)
