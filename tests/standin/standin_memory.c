@@ -308,6 +308,22 @@ STANDIN_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     return result;
 }
 
+STANDIN_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *bytes, CUdeviceptr ptr)
+{
+    CUresult result = standin_require_ctx();
+    pthread_mutex_lock(&standin_lock);
+    struct allocation *a = result == CUDA_SUCCESS ? find_containing(ptr, 1) : NULL;
+    if (result == CUDA_SUCCESS && a == NULL)
+        result = CUDA_ERROR_NOT_FOUND;
+    if (a != NULL && base != NULL)
+        *base = a->ptr;
+    if (a != NULL && bytes != NULL)
+        *bytes = a->bytes;
+    pthread_mutex_unlock(&standin_lock);
+    standin_log("cuMemGetAddressRange_v2", "ptr=0x%llx result=%d", ptr, result);
+    return result;
+}
+
 STANDIN_EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr)
 {
     CUresult result = standin_initialised() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;

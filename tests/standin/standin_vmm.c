@@ -169,6 +169,11 @@ STANDIN_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dp
     return result;
 }
 
+/* As the driver does, a handle opened again before it is closed gives the same
+ * mapping, its opens counted; the last close unmaps it. */
+#define IPC_MAPPINGS 16
+static struct { uint32_t pid; uint64_t ptr; CUdeviceptr mapped; unsigned opens; } ipc_mappings[IPC_MAPPINGS];
+
 STANDIN_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags)
 {
     struct ipc_payload payload;
@@ -176,28 +181,58 @@ STANDIN_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle 
     CUresult result = standin_require_ctx();
     if (result == CUDA_SUCCESS && (dptr == NULL || payload.magic != IPC_MAGIC || payload.bytes == 0))
         result = CUDA_ERROR_INVALID_VALUE;
-    void *p = MAP_FAILED;
-    if (result == CUDA_SUCCESS)
-        p = mmap(NULL, payload.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (result == CUDA_SUCCESS && p == MAP_FAILED)
+    int slot = -1, reopened = 0;
+    pthread_mutex_lock(&standin_lock);
+    for (int i = 0; result == CUDA_SUCCESS && i < IPC_MAPPINGS && !reopened; i++) {
+        if (ipc_mappings[i].opens > 0 && ipc_mappings[i].pid == payload.pid && ipc_mappings[i].ptr == payload.ptr) {
+            ipc_mappings[i].opens++;
+            *dptr = ipc_mappings[i].mapped;
+            reopened = 1;
+        } else if (ipc_mappings[i].opens == 0 && slot < 0) {
+            slot = i;
+        }
+    }
+    pthread_mutex_unlock(&standin_lock);
+    if (result == CUDA_SUCCESS && !reopened && slot < 0)
         result = CUDA_ERROR_OUT_OF_MEMORY;
-    if (result == CUDA_SUCCESS && standin_track((uintptr_t)p, payload.bytes, KIND_IPC, 0) != 0) {
+    void *p = MAP_FAILED;
+    if (result == CUDA_SUCCESS && !reopened)
+        p = mmap(NULL, payload.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (result == CUDA_SUCCESS && !reopened && p == MAP_FAILED)
+        result = CUDA_ERROR_OUT_OF_MEMORY;
+    if (result == CUDA_SUCCESS && !reopened && standin_track((uintptr_t)p, payload.bytes, KIND_IPC, 0) != 0) {
         munmap(p, payload.bytes);
         result = CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (result == CUDA_SUCCESS)
+    if (result == CUDA_SUCCESS && !reopened) {
         *dptr = (uintptr_t)p;
-    standin_log("cuIpcOpenMemHandle_v2", "bytes=%llu flags=%u ptr=0x%llx result=%d",
-                (unsigned long long)payload.bytes, flags, result ? 0ull : *dptr, result);
+        pthread_mutex_lock(&standin_lock);
+        ipc_mappings[slot].pid = payload.pid;
+        ipc_mappings[slot].ptr = payload.ptr;
+        ipc_mappings[slot].mapped = *dptr;
+        ipc_mappings[slot].opens = 1;
+        pthread_mutex_unlock(&standin_lock);
+    }
+    standin_log("cuIpcOpenMemHandle_v2", "bytes=%llu flags=%u ptr=0x%llx reopened=%d result=%d",
+                (unsigned long long)payload.bytes, flags, result ? 0ull : *dptr, reopened, result);
     return result;
 }
 
 STANDIN_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
+    int still_open = 0;
+    pthread_mutex_lock(&standin_lock);
+    for (int i = 0; i < IPC_MAPPINGS; i++) {
+        if (ipc_mappings[i].opens > 0 && ipc_mappings[i].mapped == dptr)
+            still_open = --ipc_mappings[i].opens > 0;
+    }
+    pthread_mutex_unlock(&standin_lock);
     size_t bytes = 0;
-    CUresult result = standin_untrack(dptr, KIND_IPC, &bytes) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    if (result == CUDA_SUCCESS)
+    CUresult result = CUDA_SUCCESS;
+    if (!still_open)
+        result = standin_untrack(dptr, KIND_IPC, &bytes) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (result == CUDA_SUCCESS && !still_open)
         munmap((void *)(uintptr_t)dptr, bytes);
-    standin_log("cuIpcCloseMemHandle", "ptr=0x%llx result=%d", dptr, result);
+    standin_log("cuIpcCloseMemHandle", "ptr=0x%llx still_open=%d result=%d", dptr, still_open, result);
     return result;
 }

@@ -188,14 +188,23 @@ static void vmm_roundtrip(int first, int device)
         note(" vmm=%s", memcmp(in, out, sizeof in) == 0 ? "ok" : "wrong");
 }
 
-static void ipc_roundtrip(CUdeviceptr p)
+/* Opens the handle twice (the second open gives the same mapping) and closes
+ * it as often; with meminfo, the free memory then. */
+static void ipc_roundtrip(CUdeviceptr p, int meminfo)
 {
     CUipcMemHandle handle;
-    CUdeviceptr opened = 0;
+    CUdeviceptr opened = 0, again = 0;
     CHECK(cu->cuIpcGetMemHandle(&handle, p));
     CHECK(cu->cuIpcOpenMemHandle(&opened, handle, 1));
+    CHECK(cu->cuIpcOpenMemHandle(&again, handle, 1));
+    CHECK(cu->cuIpcCloseMemHandle(again));
     CHECK(cu->cuIpcCloseMemHandle(opened));
-    note(" ipc=ok");
+    note(" ipc=ok ipc_same_mapping=%d", opened == again);
+    if (meminfo) {
+        size_t free_bytes = 0, total_bytes = 0;
+        CHECK(cu->cuMemGetInfo(&free_bytes, &total_bytes));
+        note(" mem_free_after_ipc=%zu", free_bytes);
+    }
 }
 
 /* --threads: more threads doing the same bursts at once, each on its own stream. */
@@ -381,7 +390,7 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
     if (o.linger_ms > 0)                    /* idle after the bursts, the process still there */
         usleep((useconds_t)o.linger_ms * 1000);
     if (o.ipc)
-        ipc_roundtrip(p);
+        ipc_roundtrip(p, o.meminfo);
     if (child > 0) {
         int status = 0;
         waitpid(child, &status, 0);
