@@ -21,6 +21,7 @@ struct allocation {
     int gpu;
     int context_slot;               /* the context it was made in (contexts.c); -1: unknown */
     enum allocation_kind kind;
+    unsigned opens;                 /* IPC: opens not yet closed (the driver maps a handle once) */
 };
 
 struct allocation_map {

@@ -77,10 +77,19 @@ void nvshare_memory_remember(struct allocation_map *map, uint64_t key, uint64_t 
                              int context_slot, enum allocation_kind kind)
 {
     struct allocation entry = {.key = key, .bytes = bytes, .gpu = gpu,
-                               .context_slot = context_slot, .kind = kind};
+                               .context_slot = context_slot, .kind = kind, .opens = 1};
     pthread_mutex_lock(&nvshare_memory_mutex);
-    if (allocation_map_put(map, &entry) == 0)
-        count(gpu, kind, bytes, 1);
+    struct allocation *known = allocation_map_find(map, key);
+    if (known != NULL && kind == ALLOCATION_IPC && known->kind == ALLOCATION_IPC) {
+        known->opens++;     /* a handle opened again: the same mapping, its reference counted */
+    } else {
+        /* An address handed out again while still known: its free went unseen (a
+         * context past the slots), so the old entry's bytes are gone. */
+        if (known != NULL)
+            count(known->gpu, known->kind, known->bytes, 0);
+        if (allocation_map_put(map, &entry) == 0)
+            count(gpu, kind, bytes, 1);
+    }
     pthread_mutex_unlock(&nvshare_memory_mutex);
     nvshare_client_wake();
 }
@@ -90,6 +99,11 @@ int nvshare_memory_forget(struct allocation_map *map, uint64_t key, enum allocat
     struct allocation entry;
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct allocation *found = allocation_map_find(map, key);
+    if (found != NULL && found->kind == kind && found->opens > 1) {
+        found->opens--;     /* an IPC mapping still open */
+        pthread_mutex_unlock(&nvshare_memory_mutex);
+        return 1;
+    }
     int known = found != NULL && found->kind == kind && allocation_map_take(map, key, &entry);
     if (known)
         count(entry.gpu, entry.kind, entry.bytes, 0);

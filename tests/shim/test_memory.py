@@ -69,12 +69,23 @@ def test_single_oversubscription_when_enabled(world, agent):
     assert big and big[0].fields["result"] == "0"
 
 
+def test_a_handle_opened_twice_is_counted_once_and_uncounted_at_its_last_close(world, agent):
+    # The driver maps an IPC handle opened again in the same context once, counting
+    # references; so must the shim, or the mapping stays counted after its last close.
+    total, buffer = 8 * GIB, 64 << 20
+    client = world.client("linked", "--ipc", "--meminfo", "--loops", 1, "--ints", buffer // 4,
+                          STANDIN_TOTAL_MEM=total)
+    result = client.finish_ok()
+    assert result["ipc_same_mapping"] == "1"
+    assert int(result["mem_free_after_ipc"]) == int(result["mem_free_after_alloc"]) == total - buffer
+
+
 def test_vmm_and_ipc_pass_through_with_one_warning_each(world, agent):
     client = world.client("linked", "--vmm", "--ipc", "--loops", 3)
     result = client.finish_ok()
     assert result["vmm"] == "ok" and result["ipc"] == "ok"
     assert len(world.calls(client.pid, "cuMemCreate")) == 3, "VMM allocations must reach the driver"
-    assert len(world.calls(client.pid, "cuIpcOpenMemHandle_v2")) == 1
+    assert len(world.calls(client.pid, "cuIpcOpenMemHandle_v2")) == 2
     warnings = client.warnings()
     assert len(warnings) == len(set(warnings)), f"a warning repeated:\n{client.stderr}"
     vmm = [w for w in warnings if "cuMemCreate" in w or "VMM" in w or "virtual memory" in w]
