@@ -27,6 +27,9 @@ from .dbus_connection import connect_bus
 log = logging.getLogger(__name__)
 
 _INTEGER_TYPES = frozenset("ynqiuxt")
+# One number outside its D-Bus type fails the whole message, every client's
+# view with it: the last line of defence clamps instead.
+_UNSIGNED_MAX = {"u": 2**32 - 1, "t": 2**64 - 1}
 _PROPERTIES_INTERFACE = "org.freedesktop.DBus.Properties"
 
 
@@ -63,11 +66,18 @@ def _struct_of(record, fields) -> list:
         if field_name == "gpus":
             value = [_struct_of(entry, names.CLIENT_GPU_FIELDS) for entry in value]
         elif dbus_type.startswith("a"):
-            value = list(value)
+            value = [_in_range(entry, dbus_type[1:]) for entry in value]
         elif dbus_type == "d":
             value = float(value)
+        else:
+            value = _in_range(value, dbus_type)
         struct.append(value)
     return struct
+
+
+def _in_range(value, dbus_type):
+    maximum = _UNSIGNED_MAX.get(dbus_type)
+    return value if maximum is None else min(max(value, 0), maximum)
 
 
 def _without_holding_time(clients: list) -> list:
@@ -169,11 +179,19 @@ class SchedulerInterface(ServiceInterface):
         changed = {name: value for name, value in values.items()
                    if _comparable(name, value) != _comparable(name, self._last_published[name])}
         self._last_published = values
-        if changed:
+        if not changed:
+            return
+        try:
+            self.emit_properties_changed(changed)
+            return
+        except Exception:
+            pass  # not the bus going away: dbus-next unexports us then, and emits nothing
+        # One value the bus cannot carry must not hold back the others.
+        for name, value in changed.items():
             try:
-                self.emit_properties_changed(changed)
-            except Exception as error:  # the bus went away after the change was queued
-                log.debug("dbus PropertiesChanged not sent: %s", error)
+                self.emit_properties_changed({name: value})
+            except Exception as error:
+                log.warning("dbus PropertiesChanged %s not sent: %s", name, error)
 
     def _current_values(self) -> dict:
         settings, snapshot = self._agent.settings, self._agent.snapshot()

@@ -24,6 +24,9 @@ from .snapshot import AgentSnapshot, ClientGpuSnapshot, ClientSnapshot, GpuSnaps
 
 EXCLUSIVE = "exclusive"
 SHARED = "shared"
+# Byte counts are u64 wherever they go (the wire, D-Bus 't'); two u64 fields
+# of one report can add up to more, which no one could show.
+MAX_BYTES = 2**64 - 1
 
 
 # ---------------------------------------------------------------- actions
@@ -238,7 +241,10 @@ class Scheduler:
         refusal = self._use_gpu(client, state, uuid)
         if refusal:
             return [refusal]
-        state.memory[uuid] = managed_bytes + unmanaged_bytes
+        total = managed_bytes + unmanaged_bytes
+        if total > MAX_BYTES:
+            return [Refuse(client, f"MEMORY_REPORT of {total} bytes does not fit in 64 bits")]
+        state.memory[uuid] = total
         return []
 
     def disconnect(self, client: int, now: float) -> list:

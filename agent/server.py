@@ -21,7 +21,8 @@ from . import scheduler as core
 from .eventlog import events as log
 
 # struct ucred from <sys/socket.h> (pid_t, uid_t, gid_t): the kernel's layout, not ours.
-_UCRED = struct.Struct("3i")
+# uid_t and gid_t are unsigned: ids past 2**31 exist (user namespaces).
+_UCRED = struct.Struct("iII")
 
 # A legitimate shim sends a few thousand frames per second at most; this is a
 # generous ceiling per connection, counted over one-second windows.

@@ -301,6 +301,14 @@ def test_snapshot_reports_states_memory_and_holding_time():
     assert by_pid[102].state == "waiting" and by_pid[103].state == "idle"
 
 
+def test_memory_report_beyond_64_bits_is_refused_and_keeps_the_last_good_total():
+    s = make(1)
+    s.memory_report(1, G0, 2**64 - 2, 1)
+    assert of(Refuse, s.memory_report(1, G0, 2**64 - 1, 1))[0].reason == \
+        f"MEMORY_REPORT of {2**64} bytes does not fit in 64 bits"
+    assert s.snapshot(0.0).clients[0].gpus[0].allocated_bytes == 2**64 - 1
+
+
 def test_clients_that_never_said_hello_are_not_in_the_snapshot():
     s = Scheduler(SETTINGS)
     s.connect(1, 11, 0, 0)
