@@ -48,6 +48,13 @@ def gpu_name(raw: bytes) -> str:
     return protocol.format_uuid(raw)
 
 
+def printable(text: str) -> str:
+    """The shim's command line with control and other non-printable characters
+    replaced: it goes into our log (a newline would forge a line) and onto
+    admins' terminals through nvsharectl (escape codes)."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else "\ufffd" for c in text)
+
+
 class ClientConnection(asyncio.BufferedProtocol):
     """One shim process (or anything else that connects)."""
 
@@ -194,7 +201,7 @@ class SocketServer:
                 conn.fail(ErrorCode.PROTOCOL, f"{MessageType(message.type).name} is sent by the agent only")
                 return
         elif type(message) is protocol.Hello:
-            actions = self.core.hello(cid, message.gpus, message.command, now)
+            actions = self.core.hello(cid, message.gpus, printable(message.command), now)
         elif type(message) is protocol.MemoryReport:
             actions = self.core.memory_report(cid, message.gpu, message.managed_bytes, message.unmanaged_bytes)
         else:

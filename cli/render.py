@@ -42,6 +42,12 @@ def size(num_bytes: int) -> str:
     raise AssertionError("unreachable")
 
 
+def printable(text: str) -> str:
+    """Control characters would drive the terminal: the agent replaces them in
+    commands already, and so do we, whichever agent answered."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else "\ufffd" for c in text)
+
+
 def _fit(line: str) -> str:
     return line if len(line) <= WIDTH else line[:WIDTH - 1] + "…"
 
@@ -52,7 +58,7 @@ def settings_text(status: dict) -> str:
 
 
 def status_text(status: dict) -> str:
-    commands = {client["pid"]: client["command"] for client in status["clients"]}
+    commands = {client["pid"]: printable(client["command"]) for client in status["clients"]}
 
     def who(pids) -> str:
         return ", ".join(f"{pid} ({commands[pid]})" if commands.get(pid) else str(pid)
@@ -83,7 +89,7 @@ def clients_text(clients: list, gpus: list) -> str:
             rows.append((str(client["pid"]), str(client["uid"]),
                          index_of.get(entry["uuid"], entry["uuid"][:12] or "-"),
                          entry["state"], size(entry["allocated_bytes"]),
-                         f"{entry['holding_seconds']:.1f}s", client["command"]))
+                         f"{entry['holding_seconds']:.1f}s", printable(client["command"])))
     widths = [max(len(row[i]) for row in rows) for i in range(6)]
     lines = []
     for row in rows:

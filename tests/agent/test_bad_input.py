@@ -161,3 +161,14 @@ def test_many_queued_clients_and_the_holder_vanishing_together(start_agent, tmp_
         agent.wait_for_log(rf"disconnect pid={proc.pid}\n", count=60)
         assert agent.alive()
     assert_still_serves(agent)
+
+
+def test_control_characters_in_the_command_cannot_forge_log_lines(start_agent):
+    agent = start_agent()
+    forged = "evil\n2026-01-01 ERROR x\x1b[2J\rtail\u202e"  # fits the 32-byte field
+    with ShimClient(agent.socket_path, command=forged):
+        line = agent.wait_for_log(r"connect pid=\d+ .*\n").group(0)
+    assert line.count("\n") == 1 and "evil" in line and "tail" in line
+    assert not any(not char.isprintable() for char in line[:-1]), repr(line)
+    assert "\n2026-01-01" not in agent.log()
+    assert_still_serves(agent)

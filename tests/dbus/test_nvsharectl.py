@@ -2,6 +2,9 @@
 
 import json
 
+from nvshare_agent import dbus_names as names
+from nvshare_cli import render
+
 from dbus_harness import get_property, nvsharectl
 
 
@@ -91,3 +94,15 @@ def test_unreachable_bus_exits_1(world_dir):
 def test_shell_completion_comes_from_typer(world_dir):
     result = nvsharectl("system", "--show-completion", "bash")
     assert result.returncode == 0 and "_NVSHARECTL_COMPLETE" in result.stdout
+
+
+def test_control_characters_in_a_command_never_reach_the_terminal():
+    # The agent replaces them at HELLO; nvsharectl does too, whichever agent answered.
+    status = render.status_as_dict({
+        names.PROP_TIME_QUANTUM: 30, names.PROP_ANTI_THRASH: True,
+        names.PROP_GPUS: [["GPU-a", "H100", 0, [7], []]],
+        names.PROP_CLIENTS: [[7, 0, 0, "evil\x1b]0;pwned\x07\nrow", [["GPU-a", "holding", 0, 1.0]]]]})
+    text = render.status_text(status)
+    assert "evil\ufffd]0;pwned\ufffd\ufffdrow" in text
+    assert all(char.isprintable() for line in text.splitlines() for char in line)
+    assert len(text.splitlines()) == 9
