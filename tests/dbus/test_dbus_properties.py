@@ -1,6 +1,7 @@
 """Settings and live state through the real bus, with busctl, dbus-send and dbus-next."""
 
 import asyncio
+import subprocess
 
 import pytest
 from dbus_next import Message, MessageType, Variant
@@ -8,7 +9,8 @@ from dbus_next.aio import MessageBus
 
 from nvshare_agent import dbus_names as names
 
-from dbus_harness import busctl, busctl_on_agent, dbus_send, get_property, set_property
+from dbus_harness import (NOBODY, busctl, busctl_on_agent, dbus_send, get_property, set_property,
+                          wait_for)
 
 
 def test_introspection_shows_typed_settings_state_and_methods(agent, bus):
@@ -150,3 +152,26 @@ def test_flood_of_bad_calls_leaves_agent_serving(agent, bus):
     assert dbus_send(bus.address, "GetGpu", "uint32:7", interface=names.INTERFACE).returncode != 0
     busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "9")
     assert get_property(bus.address, "TimeQuantum") == "u 9"
+
+
+def test_unknown_property_interface_or_path_is_a_plain_error_not_a_logged_traceback(agent, bus):
+    # Anyone may call Get/GetAll: a bad one must not write an ERROR (with a
+    # traceback) to the journal, or any user could flood it.
+    calls = [
+        ("Get", names.OBJECT_PATH, [f"string:{names.INTERFACE}", "string:NoSuchThing"], "UnknownProperty"),
+        ("Get", names.OBJECT_PATH, ["string:org.example.Nope", "string:TimeQuantum"], "UnknownInterface"),
+        ("GetAll", names.OBJECT_PATH, ["string:org.example.Nope"], "UnknownInterface"),
+        ("GetAll", "/no/such/path", [f"string:{names.INTERFACE}"], "UnknownObject"),
+        ("Get", names.OBJECT_PATH, ["string:", "string:TimeQuantum"], "NotSupported"),
+    ]
+    for member, path, args, error in calls:
+        result = subprocess.run(
+            [*NOBODY, "dbus-send", f"--bus={bus.address}", f"--dest={names.BUS_NAME}", "--print-reply",
+             path, f"org.freedesktop.DBus.Properties.{member}", *args],
+            capture_output=True, text=True, timeout=30)
+        assert f"Error org.freedesktop.DBus.Error.{error}: " in result.stderr, (member, path, args, result)
+    # A change the agent logs after them: the log is written in order, so once
+    # this line is there, so is anything the bad calls made it write.
+    busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "11")
+    wait_for(lambda: "dbus set TimeQuantum=11" in agent.log(), "the agent to log the change")
+    assert " ERROR " not in agent.log() and "Traceback" not in agent.log(), agent.log()[-3000:]
