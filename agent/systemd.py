@@ -22,6 +22,7 @@ from .eventlog import events as log
 SD_LISTEN_FDS_START = 3
 DEFAULT_SOCKET_PATH = Path("/run/nvshare/scheduler.sock")
 LISTEN_BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
+MAX_SOCKET_PATH_BYTES = 107  # sockaddr_un.sun_path holds 108, the terminating NUL included
 
 
 class SocketSetupError(Exception):
@@ -42,7 +43,10 @@ def socket_from_systemd() -> socket.socket | None:
         return None
     if count > 1:
         log.warning("systemd passed %d sockets; using fd %d only", count, SD_LISTEN_FDS_START)
-    sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    try:
+        sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    except OSError as e:  # closed, or a file: a unit or wrapper that got LISTEN_FDS wrong
+        raise SocketSetupError(f"fd {SD_LISTEN_FDS_START} from systemd is not a socket ({e.strerror})") from None
     if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
         raise SocketSetupError(f"fd {SD_LISTEN_FDS_START} from systemd is not a UNIX stream socket")
     os.set_inheritable(sock.fileno(), False)
@@ -53,12 +57,17 @@ def bind_socket(path: Path) -> socket.socket:
     """Listen on `path` ourselves: directory 0755, socket 0666 (every user's CUDA
     processes connect; who may change settings is the D-Bus side's business)."""
     path = Path(path)
-    if not path.parent.exists():
-        try:
-            path.parent.mkdir(parents=True, mode=0o755)
-            os.chmod(path.parent, 0o755)  # mkdir's mode is filtered by the umask
-        except OSError as e:
-            raise SocketSetupError(f"cannot create {path.parent}: {e.strerror}") from None
+    # bind() would say only "AF_UNIX path too long", without an errno.
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+        raise SocketSetupError(f"cannot listen on {path}: a UNIX socket path has at most "
+                               f"{MAX_SOCKET_PATH_BYTES} bytes")
+    try:
+        path.parent.mkdir(parents=True, mode=0o755)
+        os.chmod(path.parent, 0o755)  # mkdir's mode is filtered by the umask
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise SocketSetupError(f"cannot create {path.parent}: {e.strerror}") from None
     _remove_stale_socket(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -67,7 +76,7 @@ def bind_socket(path: Path) -> socket.socket:
         sock.listen(LISTEN_BACKLOG)
     except OSError as e:
         sock.close()
-        raise SocketSetupError(f"cannot listen on {path}: {e.strerror}") from None
+        raise SocketSetupError(f"cannot listen on {path}: {e.strerror or e}") from None
     return sock
 
 
@@ -77,6 +86,8 @@ def _remove_stale_socket(path: Path) -> None:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return
+    except OSError as e:  # e.g. a parent that is a file
+        raise SocketSetupError(f"cannot check {path}: {e.strerror}") from None
     if not stat.S_ISSOCK(mode):
         raise SocketSetupError(f"{path} exists and is not a socket; not touching it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -159,3 +159,24 @@ def test_broken_state_file_is_a_warning_not_a_failure(tmp_path):
         agent.wait_for_log("WARNING ignoring saved settings .*settings.json")
     finally:
         agent.stop()
+
+
+@pytest.mark.parametrize("fd_3, socket_arg, message", [
+    ("3>&-", None, "fd 3 from systemd is not a socket (Bad file descriptor)"),
+    ("3</dev/null", None, "fd 3 from systemd is not a socket (Socket operation on non-socket)"),
+    ("", "d" * 120 + "/s.sock", "a UNIX socket path has at most 107 bytes"),
+    ("", "file/s.sock", "cannot check"),
+], ids=["fd-3-closed", "fd-3-not-a-socket", "path-too-long", "parent-is-a-file"])
+def test_unusable_socket_setup_is_one_line_and_exit_code_1(tmp_path, fd_3, socket_arg, message):
+    (tmp_path / "file").write_text("")
+    args = agent_args(tmp_path)
+    if socket_arg is not None:
+        args += ["--socket", str(tmp_path / socket_arg)]
+    # LISTEN_PID must be the agent's own pid: the shell sets it, then becomes the agent.
+    script = f'exec {fd_3}; LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"'
+    result = subprocess.run(["sh", "-c", script, "sh", *args], capture_output=True, text=True,
+                            timeout=TIMEOUT_S, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nvshare-agent: error: "), result.stderr
+    assert message in lines[0] and "None" not in lines[0]
