@@ -22,7 +22,7 @@
 struct options {
     int loops, launches, ints, sleep_ms, duration_ms, linger_ms;
     const char *alloc, *launch;
-    int use_stream, do_fork, vmm, ipc, meminfo, per_thread, threads, side_thread, device;
+    int use_stream, do_fork, vmm, vmm_release_first, ipc, meminfo, per_thread, threads, side_thread, device;
     unsigned long long big_bytes;
 };
 
@@ -163,7 +163,17 @@ static int burst(const struct options *o, const struct gpu *g, CUdeviceptr p, in
     return good;
 }
 
-static void vmm_roundtrip(int first, int device)
+static size_t free_memory(void)
+{
+    size_t free_bytes = 0, total_bytes = 0;
+    CHECK(cu->cuMemGetInfo(&free_bytes, &total_bytes));
+    return free_bytes;
+}
+
+/* release_first: release the handle while it is mapped (the CUDA guide's
+ * order; the memory stays until the unmap), noting the free memory then and
+ * after the unmap when meminfo. */
+static void vmm_roundtrip(int first, int device, int release_first, int meminfo)
 {
     CUmemAllocationProp prop = {0};
     prop.type = 1;                          /* CU_MEM_ALLOCATION_TYPE_PINNED */
@@ -176,14 +186,21 @@ static void vmm_roundtrip(int first, int device)
     CHECK(cu->cuMemAddressReserve(&va, granularity, 0, 0, 0));
     CHECK(cu->cuMemCreate(&handle, granularity, &prop, 0));
     CHECK(cu->cuMemMap(va, granularity, 0, handle, 0));
+    if (release_first)
+        CHECK(cu->cuMemRelease(handle));
+    if (first && meminfo)
+        note(" mem_free_vmm_mapped=%zu", free_memory());
     CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, device}, 3};
     CHECK(cu->cuMemSetAccess(va, granularity, &access, 1));
     int in[4] = {1, 2, 3, 4}, out[4] = {0};
     CHECK(cu->cuMemcpyHtoD(va, in, sizeof in));
     CHECK(cu->cuMemcpyDtoH(out, va, sizeof out));
     CHECK(cu->cuMemUnmap(va, granularity));
-    CHECK(cu->cuMemRelease(handle));
+    if (!release_first)
+        CHECK(cu->cuMemRelease(handle));
     CHECK(cu->cuMemAddressFree(va, granularity));
+    if (first && meminfo)
+        note(" mem_free_after_vmm=%zu vmm_bytes=%zu", free_memory(), granularity);
     if (first)
         note(" vmm=%s", memcmp(in, out, sizeof in) == 0 ? "ok" : "wrong");
 }
@@ -255,7 +272,7 @@ static int parse(int argc, char **argv, struct options *o)
         {"big-alloc", required_argument, NULL, 'b'},  {"per-thread", no_argument, NULL, 't'},
         {"threads", required_argument, NULL, 'T'},    {"side-thread", no_argument, NULL, 'A'},
         {"errno", no_argument, NULL, 'E'},             {"device", required_argument, NULL, 'D'},
-        {"linger-ms", required_argument, NULL, 'L'},
+        {"linger-ms", required_argument, NULL, 'L'},  {"vmm-release-first", no_argument, NULL, 'R'},
         {NULL, 0, NULL, 0}};
     *o = (struct options){.loops = 3, .launches = 4, .ints = 1024, .alloc = "plain", .launch = "all"};
     int c;
@@ -280,6 +297,7 @@ static int parse(int argc, char **argv, struct options *o)
         case 'E': check_errno = 1; break;
         case 'D': o->device = atoi(optarg); break;
         case 'L': o->linger_ms = atoi(optarg); break;
+        case 'R': o->vmm = o->vmm_release_first = 1; break;
         default: return -1;
         }
     }
@@ -294,7 +312,7 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
     struct options o;
     if (parse(argc, argv, &o) != 0) {
         fprintf(stderr, "usage: %s [--loops N] [--launches N] [--ints N] [--sleep-ms MS] [--duration-ms MS]\n"
-                        "  [--linger-ms MS]\n"
+                        "  [--linger-ms MS] [--vmm-release-first]\n"
                         "  [--alloc plain|pitch|async|managed] [--launch all|kernel|ex|coop|graph] [--stream]\n"
                         "  [--fork] [--vmm] [--ipc] [--meminfo] [--big-alloc BYTES] [--per-thread]\n"
                         "  [--threads N] [--side-thread] [--errno] [--device ORDINAL]\n", argv[0]);
@@ -363,7 +381,7 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
             usleep((useconds_t)o.sleep_ms * 1000);
         good &= burst(&o, &g, p, rounds);
         if (o.vmm)                          /* every round: the shim must still warn only once */
-            vmm_roundtrip(rounds == 0, o.device);
+            vmm_roundtrip(rounds == 0, o.device, o.vmm_release_first, o.meminfo);
         rounds++;
         if (o.do_fork && child < 0) {
             fflush(stdout);
