@@ -21,7 +21,10 @@ struct allocation {
     int gpu;
     int context_slot;               /* the context it was made in (contexts.c); -1: unknown */
     enum allocation_kind kind;
-    unsigned opens;                 /* IPC: opens not yet closed (the driver maps a handle once) */
+    /* IPC: opens not yet closed (the driver maps a handle once); VMM: the handle
+     * unreleased plus its mappings (the driver frees it when all are gone). */
+    unsigned opens;
+    uint64_t vmm_handle;            /* a VMM mapping's handle */
 };
 
 struct allocation_map {

@@ -161,6 +161,9 @@ typedef CUresult (*cuMemGetInfo_v2_fn)(size_t *free, size_t *total);
 typedef CUresult (*cuMemCreate_fn)(CUmemGenericAllocationHandle *handle, size_t size,
                                    const CUmemAllocationProp *prop, unsigned long long flags);
 typedef CUresult (*cuMemRelease_fn)(CUmemGenericAllocationHandle handle);
+typedef CUresult (*cuMemMap_fn)(CUdeviceptr ptr, size_t size, size_t offset,
+                                CUmemGenericAllocationHandle handle, unsigned long long flags);
+typedef CUresult (*cuMemUnmap_fn)(CUdeviceptr ptr, size_t size);
 typedef CUresult (*cuIpcOpenMemHandle_fn)(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                           unsigned int Flags);
 typedef CUresult (*cuIpcCloseMemHandle_fn)(CUdeviceptr dptr);

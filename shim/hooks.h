@@ -44,6 +44,7 @@
     OWN(cuMemAllocFromPoolAsync, ALLOC) \
     OWN(cuMemAllocFromPoolAsync_ptsz, ALLOC) \
     OWN(cuMemCreate, ALLOC) \
+    OWN(cuMemMap, ALLOC) \
     OWN(cuIpcOpenMemHandle, ALLOC) \
     OWN(cuIpcOpenMemHandle_v2, ALLOC) \
     OWN(cuMemFree_v2, FREE) \
@@ -53,6 +54,7 @@
     OWN(cuStreamDestroy, FREE) \
     OWN(cuStreamDestroy_v2, FREE) \
     OWN(cuMemRelease, FREE) \
+    OWN(cuMemUnmap, FREE) \
     OWN(cuIpcCloseMemHandle, FREE) \
     OWN(cuStreamBeginCapture, INFO) \
     OWN(cuStreamBeginCapture_ptsz, INFO) \

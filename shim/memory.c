@@ -59,6 +59,7 @@ struct gpu_memory {
 pthread_mutex_t nvshare_memory_mutex = PTHREAD_MUTEX_INITIALIZER;
 struct allocation_map nvshare_pointer_map;
 struct allocation_map nvshare_handle_map;
+struct allocation_map nvshare_vmm_mapping_map;
 static struct gpu_memory gpus[NVSHARE_MAX_GPUS];
 
 /* The prefetch stream of each GPU and context, created on the client thread. */
@@ -100,7 +101,7 @@ int nvshare_memory_forget(struct allocation_map *map, uint64_t key, enum allocat
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct allocation *found = allocation_map_find(map, key);
     if (found != NULL && found->kind == kind && found->opens > 1) {
-        found->opens--;     /* an IPC mapping still open */
+        found->opens--;     /* an IPC mapping still open, a VMM handle still mapped or unreleased */
         pthread_mutex_unlock(&nvshare_memory_mutex);
         return 1;
     }
@@ -496,6 +497,7 @@ void nvshare_memory_forget_after_fork(void)
     /* The parent's maps are left allocated: freeing in a fork handler is unsafe. */
     memset(&nvshare_pointer_map, 0, sizeof nvshare_pointer_map);
     memset(&nvshare_handle_map, 0, sizeof nvshare_handle_map);
+    memset(&nvshare_vmm_mapping_map, 0, sizeof nvshare_vmm_mapping_map);
     memset(gpus, 0, sizeof gpus);
     memset(prefetch_streams, 0, sizeof prefetch_streams);
 }

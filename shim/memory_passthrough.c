@@ -2,8 +2,9 @@
  * Allocations the shim cannot make managed, passed through and counted as
  * unmanaged (they stay on the GPU while other processes run), each warned
  * about once:
- *  - VMM: cuMemCreate / cuMemRelease (cuMemMap and friends only map what
- *    cuMemCreate made, so counting happens here).  PyTorch uses it for
+ *  - VMM: cuMemCreate, counted until the driver frees it: once the handle is
+ *    released (cuMemRelease) and its mappings unmapped (cuMemMap/cuMemUnmap),
+ *    in either order.  PyTorch uses it for
  *    expandable_segments, XLA (JAX 0.11) for its default allocator; mapping
  *    it at an address of the shim's choosing would break the handles an
  *    application may export to other processes (NCCL does).
@@ -12,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 
 #include "allocation_map.h"
 #include "gate.h"
@@ -53,6 +55,50 @@ NVSHARE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     if (result != CUDA_SUCCESS)
         return result;
     nvshare_memory_forget(&nvshare_handle_map, handle, ALLOCATION_VMM);
+    return result;
+}
+
+/* The handle's entry counts itself and each mapping of it (opens). */
+NVSHARE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                                 CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result = NVSHARE_REAL(cuMemMap, cuMemMap_fn)(ptr, size, offset, handle, flags);
+    if (result != CUDA_SUCCESS)
+        return result;
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    struct allocation *physical = allocation_map_find(&nvshare_handle_map, handle);
+    if (physical != NULL && physical->kind == ALLOCATION_VMM) {
+        struct allocation mapping = {.key = ptr, .bytes = size, .gpu = physical->gpu, .context_slot = -1,
+                                     .kind = ALLOCATION_VMM, .opens = 1, .vmm_handle = handle};
+        if (allocation_map_put(&nvshare_vmm_mapping_map, &mapping) == 0)
+            physical->opens++;
+    }
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    return result;
+}
+
+/* One call may unmap several neighbouring mappings. */
+NVSHARE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result = NVSHARE_REAL(cuMemUnmap, cuMemUnmap_fn)(ptr, size);
+    if (result != CUDA_SUCCESS)
+        return result;
+    int saved_errno = errno;
+    for (CUdeviceptr at = ptr; at < ptr + size;) {
+        struct allocation mapping;
+        pthread_mutex_lock(&nvshare_memory_mutex);
+        int mapped = allocation_map_take(&nvshare_vmm_mapping_map, at, &mapping);
+        pthread_mutex_unlock(&nvshare_memory_mutex);
+        if (!mapped || mapping.bytes == 0)
+            break;
+        nvshare_memory_forget(&nvshare_handle_map, mapping.vmm_handle, ALLOCATION_VMM);
+        at += mapping.bytes;
+    }
+    errno = saved_errno;
     return result;
 }
 

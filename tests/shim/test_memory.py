@@ -80,6 +80,18 @@ def test_a_handle_opened_twice_is_counted_once_and_uncounted_at_its_last_close(w
     assert int(result["mem_free_after_ipc"]) == int(result["mem_free_after_alloc"]) == total - buffer
 
 
+@pytest.mark.parametrize("order", ["unmap-then-release", "release-then-unmap"])
+def test_vmm_memory_counts_until_both_unmapped_and_released(world, agent, order):
+    # The driver frees a cuMemCreate allocation once its handle is released and its
+    # mappings are gone, in either order (the CUDA guide releases right after mapping).
+    total, buffer = 8 * GIB, 64 << 20
+    vmm = "--vmm" if order == "unmap-then-release" else "--vmm-release-first"
+    client = world.client("linked", vmm, "--meminfo", "--loops", 1, "--ints", buffer // 4, STANDIN_TOTAL_MEM=total)
+    result = client.finish_ok()
+    assert int(result["mem_free_vmm_mapped"]) == total - buffer - int(result["vmm_bytes"])
+    assert int(result["mem_free_after_vmm"]) == total - buffer
+
+
 def test_vmm_and_ipc_pass_through_with_one_warning_each(world, agent):
     client = world.client("linked", "--vmm", "--ipc", "--loops", 3)
     result = client.finish_ok()
