@@ -45,7 +45,7 @@ class Options:
 def _options(ctx: typer.Context, json_output: Optional[bool], bus: Optional[str]) -> Options:
     parent: Options = ctx.find_object(Options) or Options(False, "system")
     return Options(parent.json_output if json_output is None else json_output,
-                   bus or parent.bus)
+                   parent.bus if bus is None else bus)
 
 
 def _run(coroutine):

@@ -96,6 +96,9 @@ class AgentClient:
 @contextlib.asynccontextmanager
 async def connect(address: str):
     """`address` is "system" or a D-Bus address such as unix:path=/run/x."""
+    if not address:  # dbus-next would take "" for the session bus
+        raise CliError("--bus needs 'system' or a D-Bus address such as "
+                       "unix:path=/run/dbus/system_bus_socket", EXIT_USAGE)
     where = "the system bus" if address == "system" else f"the bus at {address}"
     try:
         bus = await connect_bus(address, CALL_TIMEOUT_S)

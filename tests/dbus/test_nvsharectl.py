@@ -106,3 +106,13 @@ def test_control_characters_in_a_command_never_reach_the_terminal():
     assert "evil\ufffd]0;pwned\ufffd\ufffdrow" in text
     assert all(char.isprintable() for line in text.splitlines() for char in line)
     assert len(text.splitlines()) == 9
+
+
+def test_empty_bus_address_is_bad_usage_not_the_session_bus(world_dir):
+    for args in (["status"], ["status", "--bus", ""], ["clients", "--bus", ""]):
+        result = nvsharectl("", *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr == ("nvsharectl: --bus needs 'system' or a D-Bus address "
+                                 "such as unix:path=/run/dbus/system_bus_socket\n"), args
+    result = nvsharectl(f"unix:path={world_dir}/no-bus-here", "status", "--bus", "")
+    assert result.returncode == 2, result.stderr
