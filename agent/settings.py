@@ -83,7 +83,11 @@ def load_config(path: Path) -> Settings:
         raise SettingsError(f"config {path}: {_one_line(e.message)}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise SettingsError(f"config {path}: cannot read it: {_one_line(e)}") from None
+    # configparser keeps [DEFAULT] out of sections() and silently merges it into
+    # [scheduler]: an admin who wrote only [DEFAULT] would get none of it.
     unknown_sections = [s for s in parser.sections() if s != "scheduler"]
+    if parser.defaults():
+        unknown_sections.insert(0, parser.default_section)
     if unknown_sections:
         raise SettingsError(f"config {path}: unknown section [{unknown_sections[0]}] (only [scheduler])")
     changes = {}

@@ -96,7 +96,8 @@ def test_bad_config_is_one_line_and_exit_code_2(tmp_path):
                           ("not an ini file\n", "line 1 comes before any [scheduler] header"),
                           ("[scheduler]\ntime_quantum = 3\ntime_quantum = 4\n", "already exists"),
                           ("[scheduler]\n= 3\n", "line 2 is not 'key = value'"),
-                          ("[other]\nx = 1\n", "unknown section [other]")]:
+                          ("[other]\nx = 1\n", "unknown section [other]"),
+                          ("[DEFAULT]\ntime_quantum = 5\n", "unknown section [DEFAULT]")]:
         config.write_text(text)
         result = subprocess.run([sys.executable, "-m", "nvshare_agent", "--bus", "none",
                                  "--socket", str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "state"),
