@@ -22,6 +22,9 @@ from .eventlog import events as log
 SD_LISTEN_FDS_START = 3
 DEFAULT_SOCKET_PATH = Path("/run/nvshare/scheduler.sock")
 LISTEN_BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
+# A watchdog of a few microseconds cannot be met anyway; petting it that often
+# would be a busy loop.  Any WatchdogSec= of 20 ms or more is still met.
+MIN_WATCHDOG_INTERVAL_S = 0.01
 MAX_SOCKET_PATH_BYTES = 107  # sockaddr_un.sun_path holds 108, the terminating NUL included
 
 
@@ -140,4 +143,4 @@ def watchdog_interval_s() -> float | None:
     watchdog_pid = os.environ.get("WATCHDOG_PID")
     if usec <= 0 or (watchdog_pid and watchdog_pid != str(os.getpid())):
         return None
-    return usec / 2e6
+    return max(usec / 2e6, MIN_WATCHDOG_INTERVAL_S)

@@ -16,6 +16,7 @@ import pytest
 from agent_harness import FAST_CONFIG, GPU0, TIMEOUT_S, AgentProcess, ShimClient, wait_until
 from nvshare_agent.daemon import Agent
 from nvshare_agent.settings import Settings, SettingsStore
+from nvshare_agent.systemd import MIN_WATCHDOG_INTERVAL_S, watchdog_interval_s
 
 
 def agent_args(tmp_path):
@@ -181,3 +182,11 @@ def test_unusable_socket_setup_is_one_line_and_exit_code_1(tmp_path, fd_3, socke
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("nvshare-agent: error: "), result.stderr
     assert message in lines[0] and "None" not in lines[0]
+
+
+@pytest.mark.parametrize("usec, interval_s", [("1", MIN_WATCHDOG_INTERVAL_S), ("0", None), ("junk", None),
+                                              ("200000", 0.1), ("30000000", 15.0)])
+def test_watchdog_interval_is_half_of_watchdog_usec_but_never_a_busy_loop(monkeypatch, usec, interval_s):
+    monkeypatch.setenv("WATCHDOG_USEC", usec)
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    assert watchdog_interval_s() == interval_s
