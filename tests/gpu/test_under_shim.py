@@ -52,6 +52,21 @@ def test_static_cudart_program_is_gated_and_managed(start_agent, shim_env, tmp_p
     assert str(program.pid) in {event["pid"] for event in agent.events("grant")}, agent.log()
 
 
+def test_each_burst_over_an_evicted_working_set_takes_one_grant(start_agent, shim_env, tmp_path):
+    # 6 GiB pushed back to host after each burst: each grant's prefetch (~125 ms at 48 GB/s)
+    # outlasts the 100 ms idle release, which must count from the gate's opening; from the
+    # grant, the lock went back as the gate opened and the burst asked again.
+    binary = tmp_path / "bursts"
+    subprocess.run(["nvcc", "-O2", "-o", str(binary), str(HERE / "bursts.cu")], check=True)
+    agent = start_agent(idle_release_ms=100)
+    done = subprocess.run([str(binary), "6", "5", "500"], capture_output=True, text=True,
+                          env=shim_env(agent, NVSHARE_DEBUG=1), timeout=120)
+    assert done.returncode == 0 and "result=ok" in done.stdout, done.stdout + done.stderr[-4000:]
+    prefetches = re.findall(r"prefetch gpu=0 allocations=1 bytes=(\d+) ms=([\d.]+)", done.stderr)
+    assert prefetches and float(prefetches[-1][1]) > 100, done.stderr[-4000:]   # the premise
+    assert len(re.findall(r"grant gpu=0 lease=", done.stderr)) == 5, done.stderr[-4000:]
+
+
 def _alternations(pids_in_grant_order):
     return sum(1 for a, b in zip(pids_in_grant_order, pids_in_grant_order[1:]) if a != b)
 
