@@ -38,6 +38,8 @@ class CliError(Exception):
 
 def _error_from_reply(reply: Message) -> CliError:
     text = reply.body[0] if reply.body and isinstance(reply.body[0], str) else reply.error_name
+    # One line: dbus-next appends a traceback to the text of an unexpected error.
+    text = (text.strip().splitlines() or [reply.error_name])[0].strip()
     if reply.error_name in _AGENT_MISSING:
         return CliError(f"the nvshare agent is not running ({text}): {names.START_HINT}")
     if reply.error_name in _DENIED:

@@ -2,8 +2,11 @@
 
 import json
 
+from dbus_next import Message
+
 from nvshare_agent import dbus_names as names
 from nvshare_cli import render
+from nvshare_cli.client import _error_from_reply
 
 from dbus_harness import get_property, nvsharectl
 
@@ -116,3 +119,13 @@ def test_empty_bus_address_is_bad_usage_not_the_session_bus(world_dir):
                                  "such as unix:path=/run/dbus/system_bus_socket\n"), args
     result = nvsharectl(f"unix:path={world_dir}/no-bus-here", "status", "--bus", "")
     assert result.returncode == 2, result.stderr
+
+
+def test_an_agent_error_with_a_traceback_is_still_one_line():
+    # dbus-next puts the traceback of an unexpected exception into the error text.
+    call = Message(destination=names.BUS_NAME, path=names.OBJECT_PATH, member="GetAll", serial=1)
+    reply = Message.new_error(call, "com.dubstepdish.dbus.next.ServiceError",
+                              "The service interface raised an error: boom.\n['  File \"x.py\", line 1\\n']")
+    error = _error_from_reply(reply)
+    assert str(error) == ("the agent refused: The service interface raised an error: boom. "
+                          "(com.dubstepdish.dbus.next.ServiceError)")
