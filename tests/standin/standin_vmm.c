@@ -5,9 +5,12 @@
  *
  * A physical handle is a memfd; reserving address space is a PROT_NONE
  * mapping; cuMemMap maps the memfd over part of it, so data written through
- * one mapping really lands in the handle.
+ * one mapping really lands in the handle.  As the driver does, the memory is
+ * freed (and its device memory given back) once every reference is gone: the
+ * handle's, each cuMemRetainAllocationHandle's, and each mapping's.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -19,7 +22,25 @@
 #define HANDLE_MAGIC 0x564d4d48u
 #define IPC_MAGIC 0x49504348u
 
-struct physical { uint32_t magic; int fd; size_t bytes; CUdevice device; };
+struct physical { uint32_t magic; int fd; size_t bytes; CUdevice device; unsigned references; };
+
+#define MAPPINGS 64
+static struct { CUdeviceptr ptr; struct physical *physical; } mappings[MAPPINGS];  /* guarded by standin_lock */
+
+/* Drops one reference; the last frees the memory. */
+static void unreference(struct physical *p)
+{
+    pthread_mutex_lock(&standin_lock);
+    int last = --p->references == 0;
+    if (last)
+        p->magic = 0;
+    pthread_mutex_unlock(&standin_lock);
+    if (last) {
+        standin_refund_device(p->device, p->bytes);
+        close(p->fd);                      /* existing host mappings keep the pages */
+        free(p);
+    }
+}
 
 static struct physical *physical_of(CUmemGenericAllocationHandle handle)
 {
@@ -57,7 +78,7 @@ STANDIN_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
             standin_refund_device(prop->location.id, bytes);
             result = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
-            *p = (struct physical){HANDLE_MAGIC, fd, bytes, prop->location.id};
+            *p = (struct physical){HANDLE_MAGIC, fd, bytes, prop->location.id, 1};
             *handle = (uintptr_t)p;
         }
     }
@@ -71,11 +92,24 @@ STANDIN_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     standin_log("cuMemRelease", "handle=%p", (void *)p);
     if (p == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    standin_refund_device(p->device, p->bytes);
-    close(p->fd);                          /* existing mappings keep the pages */
-    p->magic = 0;
-    free(p);
+    unreference(p);
     return CUDA_SUCCESS;
+}
+
+STANDIN_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    CUresult result = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&standin_lock);
+    for (int i = 0; i < MAPPINGS && result != CUDA_SUCCESS; i++) {
+        if (handle != NULL && mappings[i].physical != NULL && mappings[i].ptr == (CUdeviceptr)(uintptr_t)addr) {
+            mappings[i].physical->references++;
+            *handle = (uintptr_t)mappings[i].physical;
+            result = CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&standin_lock);
+    standin_log("cuMemRetainAllocationHandle", "ptr=%p result=%d", addr, result);
+    return result;
 }
 
 STANDIN_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t bytes, size_t alignment, CUdeviceptr addr,
@@ -125,6 +159,20 @@ STANDIN_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t bytes, size_t offset, C
         else if (standin_track(ptr, bytes, KIND_VMM_MAPPING, p->device) != 0)
             result = CUDA_ERROR_OUT_OF_MEMORY;
     }
+    if (result == CUDA_SUCCESS) {
+        pthread_mutex_lock(&standin_lock);
+        int slot = -1;
+        for (int i = 0; i < MAPPINGS && slot < 0; i++)
+            slot = mappings[i].physical == NULL ? i : -1;
+        if (slot >= 0) {
+            mappings[slot].ptr = ptr;
+            mappings[slot].physical = p;
+            p->references++;
+        }
+        pthread_mutex_unlock(&standin_lock);
+        if (slot < 0)
+            result = CUDA_ERROR_OUT_OF_MEMORY;
+    }
     standin_log("cuMemMap", "ptr=0x%llx bytes=%zu offset=%zu handle=%p result=%d", ptr, bytes, offset, (void *)p,
                 result);
     return result;
@@ -137,6 +185,17 @@ STANDIN_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t bytes)
                           ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     if (result == CUDA_SUCCESS)             /* back to reserved, inaccessible address space */
         mmap((void *)(uintptr_t)ptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    struct physical *unmapped = NULL;
+    pthread_mutex_lock(&standin_lock);
+    for (int i = 0; result == CUDA_SUCCESS && i < MAPPINGS && unmapped == NULL; i++) {
+        if (mappings[i].physical != NULL && mappings[i].ptr == ptr) {
+            unmapped = mappings[i].physical;
+            mappings[i].physical = NULL;
+        }
+    }
+    pthread_mutex_unlock(&standin_lock);
+    if (unmapped != NULL)
+        unreference(unmapped);
     standin_log("cuMemUnmap", "ptr=0x%llx bytes=%zu result=%d", ptr, bytes, result);
     return result;
 }

@@ -171,8 +171,9 @@ static size_t free_memory(void)
 }
 
 /* release_first: release the handle while it is mapped (the CUDA guide's
- * order; the memory stays until the unmap), noting the free memory then and
- * after the unmap when meminfo. */
+ * order; the memory stays until the unmap).  Either way a retained handle is
+ * released while mapped.  With meminfo, notes the free memory then and after
+ * the unmap. */
 static void vmm_roundtrip(int first, int device, int release_first, int meminfo)
 {
     CUmemAllocationProp prop = {0};
@@ -188,6 +189,9 @@ static void vmm_roundtrip(int first, int device, int release_first, int meminfo)
     CHECK(cu->cuMemMap(va, granularity, 0, handle, 0));
     if (release_first)
         CHECK(cu->cuMemRelease(handle));
+    CUmemGenericAllocationHandle retained = 0;  /* another reference, as NCCL takes one */
+    CHECK(cu->cuMemRetainAllocationHandle(&retained, (void *)(uintptr_t)va));
+    CHECK(cu->cuMemRelease(retained));
     if (first && meminfo)
         note(" mem_free_vmm_mapped=%zu", free_memory());
     CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, device}, 3};

@@ -50,6 +50,7 @@
     X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity)      \
     X(cuMemCreate, cuMemCreate)                                          \
     X(cuMemRelease, cuMemRelease)                                        \
+    X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle)          \
     X(cuMemAddressReserve, cuMemAddressReserve)                          \
     X(cuMemAddressFree, cuMemAddressFree)                                \
     X(cuMemMap, cuMemMap)                                                \
