@@ -21,8 +21,9 @@ struct allocation {
     int gpu;
     int context_slot;               /* the context it was made in (contexts.c); -1: unknown */
     enum allocation_kind kind;
-    /* IPC: opens not yet closed (the driver maps a handle once); VMM: the handle
-     * unreleased plus its mappings (the driver frees it when all are gone). */
+    /* IPC: opens not yet closed (the driver maps a handle once); VMM: the
+     * handle's references (its own, each cuMemRetainAllocationHandle's) plus its
+     * mappings: the driver frees it when all are gone. */
     unsigned opens;
     uint64_t vmm_handle;            /* a VMM mapping's handle */
 };

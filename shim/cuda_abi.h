@@ -164,6 +164,7 @@ typedef CUresult (*cuMemRelease_fn)(CUmemGenericAllocationHandle handle);
 typedef CUresult (*cuMemMap_fn)(CUdeviceptr ptr, size_t size, size_t offset,
                                 CUmemGenericAllocationHandle handle, unsigned long long flags);
 typedef CUresult (*cuMemUnmap_fn)(CUdeviceptr ptr, size_t size);
+typedef CUresult (*cuMemRetainAllocationHandle_fn)(CUmemGenericAllocationHandle *handle, void *addr);
 typedef CUresult (*cuIpcOpenMemHandle_fn)(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                           unsigned int Flags);
 typedef CUresult (*cuIpcCloseMemHandle_fn)(CUdeviceptr dptr);

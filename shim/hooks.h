@@ -45,6 +45,7 @@
     OWN(cuMemAllocFromPoolAsync_ptsz, ALLOC) \
     OWN(cuMemCreate, ALLOC) \
     OWN(cuMemMap, ALLOC) \
+    OWN(cuMemRetainAllocationHandle, ALLOC) \
     OWN(cuIpcOpenMemHandle, ALLOC) \
     OWN(cuIpcOpenMemHandle_v2, ALLOC) \
     OWN(cuMemFree_v2, FREE) \

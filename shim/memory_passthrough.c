@@ -2,9 +2,9 @@
  * Allocations the shim cannot make managed, passed through and counted as
  * unmanaged (they stay on the GPU while other processes run), each warned
  * about once:
- *  - VMM: cuMemCreate, counted until the driver frees it: once the handle is
- *    released (cuMemRelease) and its mappings unmapped (cuMemMap/cuMemUnmap),
- *    in either order.  PyTorch uses it for
+ *  - VMM: cuMemCreate, counted until the driver frees it: once its handle's
+ *    references are released (cuMemRelease; cuMemRetainAllocationHandle adds
+ *    one) and its mappings unmapped (cuMemMap/cuMemUnmap), in any order.  PyTorch uses it for
  *    expandable_segments, XLA (JAX 0.11) for its default allocator; mapping
  *    it at an address of the shim's choosing would break the handles an
  *    application may export to other processes (NCCL does).
@@ -58,7 +58,15 @@ NVSHARE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     return result;
 }
 
-/* The handle's entry counts itself and each mapping of it (opens). */
+/* Called with the memory mutex held. */
+static void reference_handle(CUmemGenericAllocationHandle handle)
+{
+    struct allocation *physical = allocation_map_find(&nvshare_handle_map, handle);
+    if (physical != NULL && physical->kind == ALLOCATION_VMM)
+        physical->opens++;
+}
+
+/* The handle's entry counts its references and mappings (opens). */
 NVSHARE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                  CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
@@ -67,17 +75,39 @@ NVSHARE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     CUresult result = NVSHARE_REAL(cuMemMap, cuMemMap_fn)(ptr, size, offset, handle, flags);
     if (result != CUDA_SUCCESS)
         return result;
+    int saved_errno = errno;
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct allocation *physical = allocation_map_find(&nvshare_handle_map, handle);
     if (physical != NULL && physical->kind == ALLOCATION_VMM) {
         struct allocation mapping = {.key = ptr, .bytes = size, .gpu = physical->gpu, .context_slot = -1,
                                      .kind = ALLOCATION_VMM, .opens = 1, .vmm_handle = handle};
         if (allocation_map_put(&nvshare_vmm_mapping_map, &mapping) == 0)
-            physical->opens++;
+            reference_handle(handle);
     }
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    errno = saved_errno;
+    return result;
+}
+
+/* Another reference to the handle of a mapped address (NCCL takes one to
+ * register a buffer), given back by a cuMemRelease. */
+NVSHARE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    if (nvshare_resolve_driver() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result = NVSHARE_REAL(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle_fn)(handle, addr);
+    if (result != CUDA_SUCCESS || handle == NULL)
+        return result;
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    reference_handle(*handle);
     pthread_mutex_unlock(&nvshare_memory_mutex);
     return result;
 }
+
+/* VMM mappings start and end on the allocation granularity, 2 MiB at the
+ * least on NVIDIA GPUs: where an unmapped range holds a mapping the shim does
+ * not know (an imported handle's), the walk goes on from the next granule. */
+#define VMM_MIN_GRANULARITY ((CUdeviceptr)2 << 20)
 
 /* One call may unmap several neighbouring mappings. */
 NVSHARE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
@@ -91,10 +121,15 @@ NVSHARE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     for (CUdeviceptr at = ptr; at < ptr + size;) {
         struct allocation mapping;
         pthread_mutex_lock(&nvshare_memory_mutex);
-        int mapped = allocation_map_take(&nvshare_vmm_mapping_map, at, &mapping);
+        int none_left = nvshare_vmm_mapping_map.used == 0;
+        int mapped = !none_left && allocation_map_take(&nvshare_vmm_mapping_map, at, &mapping);
         pthread_mutex_unlock(&nvshare_memory_mutex);
-        if (!mapped || mapping.bytes == 0)
+        if (none_left)
             break;
+        if (!mapped || mapping.bytes == 0) {
+            at += VMM_MIN_GRANULARITY;
+            continue;
+        }
         nvshare_memory_forget(&nvshare_handle_map, mapping.vmm_handle, ALLOCATION_VMM);
         at += mapping.bytes;
     }

@@ -82,8 +82,9 @@ def test_a_handle_opened_twice_is_counted_once_and_uncounted_at_its_last_close(w
 
 @pytest.mark.parametrize("order", ["unmap-then-release", "release-then-unmap"])
 def test_vmm_memory_counts_until_both_unmapped_and_released(world, agent, order):
-    # The driver frees a cuMemCreate allocation once its handle is released and its
-    # mappings are gone, in either order (the CUDA guide releases right after mapping).
+    # The driver frees a cuMemCreate allocation once its handle's references are released
+    # and its mappings are gone, in any order (the CUDA guide releases right after mapping;
+    # the workload also releases a handle it retained from the mapped address, as NCCL does).
     total, buffer = 8 * GIB, 64 << 20
     vmm = "--vmm" if order == "unmap-then-release" else "--vmm-release-first"
     client = world.client("linked", vmm, "--meminfo", "--loops", 1, "--ints", buffer // 4, STANDIN_TOTAL_MEM=total)
