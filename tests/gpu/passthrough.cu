@@ -1,8 +1,9 @@
 // Memory the shim passes through (VMM, IPC) and what cuMemGetInfo says of it.
 //   passthrough vmm unmap_first|release_first
 //       maps one granule of cuMemCreate memory, releases the handle before or after the
-//       unmap (release_first is the CUDA guide's order), and prints the free memory while
-//       it is mapped and after it is gone (the driver frees it only then).
+//       unmap (release_first is the CUDA guide's order) and a retained handle while it is
+//       mapped, and prints the free memory while it is mapped and after it is gone (the
+//       driver frees it only then).
 //   passthrough export
 //       allocates with cuMemAlloc (run it without the shim: managed memory has no IPC
 //       handle), prints "handle=<hex>" and waits for a line on stdin before exiting.
@@ -36,6 +37,9 @@ static int vmm(bool release_first) {
     CHECK_DRIVER(cuMemMap(va, granularity, 0, handle, 0));
     if (release_first)
         CHECK_DRIVER(cuMemRelease(handle));
+    CUmemGenericAllocationHandle retained = 0;  // another reference, as NCCL takes one
+    CHECK_DRIVER(cuMemRetainAllocationHandle(&retained, (void *)va));
+    CHECK_DRIVER(cuMemRelease(retained));
     CUmemAccessDesc access = {};
     access.location = prop.location;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
