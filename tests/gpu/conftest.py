@@ -56,6 +56,23 @@ def agent_pythonpath(tmp_path_factory) -> str:
     return ":".join(parts)
 
 
+@pytest.fixture(scope="session")
+def cuda_program(tmp_path_factory):
+    """build(NAME, *nvcc_flags): tests/gpu/NAME.cu built with nvcc (once a session); the
+    binary's path.  Flags default to linking libcuda, for programs that call the driver."""
+    built = {}
+
+    def build(name: str, *flags: str) -> pathlib.Path:
+        flags = flags or ("-lcuda",)
+        if (name, flags) not in built:
+            binary = tmp_path_factory.mktemp(name) / name
+            source = pathlib.Path(__file__).parent / f"{name}.cu"
+            subprocess.run(["nvcc", "-O2", "-o", str(binary), str(source), *flags], check=True)
+            built[name, flags] = binary
+        return built[name, flags]
+    return build
+
+
 @pytest.fixture
 def start_agent(tmp_path, agent_pythonpath):
     """Starts the real agent (the GPU benchmark's Agent, bench/gpu/run.py) with its debug log."""

@@ -16,10 +16,8 @@ CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908
 
 
 @pytest.fixture(scope="module")
-def capture_program(tmp_path_factory):
-    binary = tmp_path_factory.mktemp("capture") / "capture"
-    subprocess.run(["nvcc", "-O2", "-o", str(binary), str(HERE / "capture.cu"), "-lcuda"], check=True)
-    return binary
+def capture_program(cuda_program):
+    return cuda_program("capture")
 
 
 def run(binary, env, *args):

@@ -11,10 +11,8 @@ HERE = pathlib.Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
-def contexts_program(tmp_path_factory):
-    binary = tmp_path_factory.mktemp("contexts") / "contexts"
-    subprocess.run(["nvcc", "-O2", "-o", str(binary), str(HERE / "contexts.cu"), "-lcuda"], check=True)
-    return binary
+def contexts_program(cuda_program):
+    return cuda_program("contexts")
 
 
 def run(binary, env, *args, timeout=120):

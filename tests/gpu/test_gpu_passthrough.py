@@ -13,10 +13,8 @@ HERE = pathlib.Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
-def passthrough_program(tmp_path_factory):
-    binary = tmp_path_factory.mktemp("passthrough") / "passthrough"
-    subprocess.run(["nvcc", "-O2", "-o", str(binary), str(HERE / "passthrough.cu"), "-lcuda"], check=True)
-    return binary
+def passthrough_program(cuda_program):
+    return cuda_program("passthrough")
 
 
 def fields_of(done) -> dict:

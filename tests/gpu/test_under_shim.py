@@ -39,10 +39,8 @@ def test_compiled_training_under_shim_matches_plain_run(start_agent, shim_env, t
     assert any((tmp_path / "shim" / "triton").rglob("*.cubin")), "Triton compiled nothing under the shim"
 
 
-def test_static_cudart_program_is_gated_and_managed(start_agent, shim_env, tmp_path):
-    binary = tmp_path / "vector_add"
-    subprocess.run(["nvcc", "-O2", "-cudart=static", "-o", str(binary), str(HERE / "vector_add.cu")],
-                   check=True)
+def test_static_cudart_program_is_gated_and_managed(start_agent, shim_env, cuda_program):
+    binary = cuda_program("vector_add", "-cudart=static")
     agent = start_agent()
     program = subprocess.Popen([str(binary)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=shim_env(agent))
@@ -52,14 +50,12 @@ def test_static_cudart_program_is_gated_and_managed(start_agent, shim_env, tmp_p
     assert str(program.pid) in {event["pid"] for event in agent.events("grant")}, agent.log()
 
 
-def test_each_burst_over_an_evicted_working_set_takes_one_grant(start_agent, shim_env, tmp_path):
+def test_each_burst_over_an_evicted_working_set_takes_one_grant(start_agent, shim_env, cuda_program):
     # 6 GiB pushed back to host after each burst: each grant's prefetch (~125 ms at 48 GB/s)
     # outlasts the 100 ms idle release, which must count from the gate's opening; from the
     # grant, the lock went back as the gate opened and the burst asked again.
-    binary = tmp_path / "bursts"
-    subprocess.run(["nvcc", "-O2", "-o", str(binary), str(HERE / "bursts.cu")], check=True)
     agent = start_agent(idle_release_ms=100)
-    done = subprocess.run([str(binary), "6", "5", "500"], capture_output=True, text=True,
+    done = subprocess.run([str(cuda_program("bursts")), "6", "5", "500"], capture_output=True, text=True,
                           env=shim_env(agent, NVSHARE_DEBUG=1), timeout=120)
     assert done.returncode == 0 and "result=ok" in done.stdout, done.stdout + done.stderr[-4000:]
     prefetches = re.findall(r"prefetch gpu=0 allocations=1 bytes=(\d+) ms=([\d.]+)", done.stderr)
