@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -101,6 +102,19 @@ def test_installed_units_pass_systemd_analyze_verify(container):
     result = container.run(["systemd-analyze", "verify", "/lib/systemd/system/nvshare.socket",
                             "/lib/systemd/system/nvshare.service"], check=False)
     assert result.returncode == 0 and result.stdout + result.stderr == "", result.stderr
+
+
+def test_the_units_documentation_and_the_readme_links_resolve(container):
+    urls = [url for unit in ("nvshare.socket", "nvshare.service")
+            for url in unit_property(container, unit, "Documentation").split()]
+    assert len(urls) == 2
+    for url in urls:
+        assert url.startswith("file:") and container.path(url[len("file:"):]).is_file(), url
+    readme = container.path("/usr/share/doc/nvshare/README.md").read_text()
+    links = set(re.findall(r"\]\((docs/[\w.]+\.md)\)", readme))
+    assert links
+    for link in links:
+        assert container.path(f"/usr/share/doc/nvshare/{link}").is_file(), link
 
 
 def test_first_client_starts_the_agent_which_reports_ready_and_status(container, stage):
