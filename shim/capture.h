@@ -20,9 +20,10 @@ static inline int nvshare_thread_capture_open(void)
            nvshare_thread_capture_open_slow();
 }
 
-/* 1 when a call on stream (by the hook of row hook_id) only adds to a graph: the calling thread has a capture open, or stream is capturing
- * (another thread's capture, in relaxed mode or joined through an event).  On
- * every gated call: one load while no capture is open. */
+/* 1 when a call on stream (by the hook of row hook_id) only adds to a graph:
+ * the calling thread has a capture open, or stream is capturing (another
+ * thread's capture, in relaxed mode or joined through an event).  On every
+ * gated call: one load while no capture is open. */
 static inline int nvshare_capture_takes(CUstream stream, int hook_id)
 {
     return atomic_load_explicit(&nvshare_active_captures, memory_order_acquire) != 0 &&

@@ -80,9 +80,11 @@
     (CUarray dst, size_t dst_offset, CUarray src, size_t src_offset, size_t bytes), \
     (dst, dst_offset, src, src_offset, bytes), NO_LAUNCH
 #define SIG_COPY_2D (const CUDA_MEMCPY2D *copy), (copy), NO_LAUNCH
-#define SIG_COPY_2D_ASYNC (const CUDA_MEMCPY2D *copy, CUstream stream), (copy, stream), ON_STREAM(stream)
+#define SIG_COPY_2D_ASYNC (const CUDA_MEMCPY2D *copy, CUstream stream), (copy, stream), \
+    ON_STREAM(stream)
 #define SIG_COPY_3D (const CUDA_MEMCPY3D *copy), (copy), NO_LAUNCH
-#define SIG_COPY_3D_ASYNC (const CUDA_MEMCPY3D *copy, CUstream stream), (copy, stream), ON_STREAM(stream)
+#define SIG_COPY_3D_ASYNC (const CUDA_MEMCPY3D *copy, CUstream stream), (copy, stream), \
+    ON_STREAM(stream)
 #define SIG_COPY_3D_PEER (const CUDA_MEMCPY3D_PEER *copy), (copy), NO_LAUNCH
 #define SIG_COPY_3D_PEER_ASYNC (const CUDA_MEMCPY3D_PEER *copy, CUstream stream), \
     (copy, stream), ON_STREAM(stream)
@@ -91,7 +93,8 @@
     (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, \
      CUmemcpyAttributes *attrs, size_t *attr_indices, size_t attr_count, size_t *fail_index, \
      CUstream stream), \
-    (dsts, srcs, sizes, count, attrs, attr_indices, attr_count, fail_index, stream), ON_STREAM(stream)
+    (dsts, srcs, sizes, count, attrs, attr_indices, attr_count, fail_index, stream), \
+    ON_STREAM(stream)
 #define SIG_COPY_BATCH_V2 \
     (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, \
      CUmemcpyAttributes *attrs, size_t *attr_indices, size_t attr_count, CUstream stream), \
@@ -196,5 +199,6 @@ int nvshare_hook_per_thread(int hook_id)
 {
     const char *name = nvshare_hooks[hook_id].name;
     size_t length = strlen(name);
-    return length > 5 && (strcmp(name + length - 5, "_ptsz") == 0 || strcmp(name + length - 5, "_ptds") == 0);
+    const char *suffix = length > 5 ? name + length - 5 : "";
+    return strcmp(suffix, "_ptsz") == 0 || strcmp(suffix, "_ptds") == 0;
 }
