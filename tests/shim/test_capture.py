@@ -65,15 +65,21 @@ def run_behind_a_holder(world, agent, *client_args):
     return result, calls
 
 
+def assert_work_after_the_capture_was_converted(result, calls):
+    """The client captured one launch (which passed the gate); its stream-ordered allocation
+    after the capture was converted, and its kernel counted 41 + 1 there."""
+    assert result["managed"] == "1", "a stream-ordered allocation after the capture was not converted"
+    assert result["counted"] == "42"
+    assert len([c for c in calls if c.gated and c.fields.get("captured") == "1"]) == 1
+
+
 @pytest.mark.parametrize("mode,end", [("relaxed", "0"), ("global", "908")])
 def test_a_capture_ended_by_another_thread_leaves_its_thread_gated_again(world, agent, mode, end):
     # 908: CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, which ends the capture all the same.
     # The launch into the capture passes without the lock; the work after it waits.
     result, calls = run_behind_a_holder(world, agent, "capture", "ended_elsewhere", mode)
     assert (result["end"], result["status_after_end"]) == (end, "0")
-    assert result["managed"] == "1", "a stream-ordered allocation after the capture was not converted"
-    assert result["counted"] == "42"
-    assert len([c for c in calls if c.gated and c.fields.get("captured") == "1"]) == 1
+    assert_work_after_the_capture_was_converted(result, calls)
 
 
 def test_a_capture_left_open_by_an_exited_thread_leaves_the_next_thread_gated(world, agent):
@@ -81,9 +87,7 @@ def test_a_capture_left_open_by_an_exited_thread_leaves_the_next_thread_gated(wo
     # capture, so its work waits for the lock and its stream-ordered allocation is managed.
     result, calls = run_behind_a_holder(world, agent, "capture", "left_open")
     assert result["reused"] == "1"
-    assert result["managed"] == "1", "the next thread's stream-ordered allocation was not converted"
-    assert result["counted"] == "42"
-    assert len([c for c in calls if c.gated and c.fields.get("captured") == "1"]) == 1
+    assert_work_after_the_capture_was_converted(result, calls)
 
 
 @pytest.mark.parametrize("how", ["destroy", "reset"])
@@ -92,9 +96,7 @@ def test_a_capture_the_driver_ends_leaves_its_thread_gated_again(world, agent, h
     # 580 on the H100: cuCtxSynchronize succeeds afterwards).
     result, calls = run_behind_a_holder(world, agent, "capture", "ended_by", how)
     assert result["sync_after"] == "0"
-    assert result["managed"] == "1", "a stream-ordered allocation after the capture was not converted"
-    assert result["counted"] == "42"
-    assert len([c for c in calls if c.gated and c.fields.get("captured") == "1"]) == 1
+    assert_work_after_the_capture_was_converted(result, calls)
 
 
 @pytest.mark.parametrize("mode", ["relaxed", "global"])
