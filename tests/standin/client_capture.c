@@ -62,19 +62,28 @@ static void *launch_beside(void *arg)
     return NULL;
 }
 
+/* Allocates *flag, then begins a capture on the stream captured in mode and
+ * captures one add_one launch on *flag there. */
+static int begin_capture_with_a_launch(int mode, CUdeviceptr *flag)
+{
+    int n = 1;
+    void *params[] = {flag, &n};
+    CHECK(cuMemAlloc_v2(flag, 4096));
+    CHECK(cuStreamBeginCapture_v2(captured, mode));
+    CHECK(cuLaunchKernel(add_one, 1, 1, 1, 1, 1, 1, 0, captured, params, NULL));
+    return 0;
+}
+
 static int beside(int launches)
 {
     struct beside_work work = {.launches = launches};
     CUdeviceptr flag;
     CUgraph graph;
     CHECK(cuMemAlloc_v2(&work.counts, 4096));
-    CHECK(cuMemAlloc_v2(&flag, 4096));
-    int n = 1;
-    void *params[] = {&flag, &n};
     /* Nothing has run yet: the second thread's launches ask for the GPU while
      * the capture is open. */
-    CHECK(cuStreamBeginCapture_v2(captured, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    CHECK(cuLaunchKernel(add_one, 1, 1, 1, 1, 1, 1, 0, captured, params, NULL));
+    if (begin_capture_with_a_launch(CU_STREAM_CAPTURE_MODE_GLOBAL, &flag) != 0)
+        return 1;
     pthread_t thread;
     if (pthread_create(&thread, NULL, launch_beside, &work) != 0)
         return 1;
@@ -125,11 +134,8 @@ static int work_on_other_stream(const char *so_far)
 static int ended_elsewhere(int mode)
 {
     CUdeviceptr flag;
-    CHECK(cuMemAlloc_v2(&flag, 4096));
-    int n = 1;
-    void *params[] = {&flag, &n};
-    CHECK(cuStreamBeginCapture_v2(captured, mode));
-    CHECK(cuLaunchKernel(add_one, 1, 1, 1, 1, 1, 1, 0, captured, params, NULL));
+    if (begin_capture_with_a_launch(mode, &flag) != 0)
+        return 1;
     CUresult ended = CUDA_ERROR_UNKNOWN;
     pthread_t thread;
     if (pthread_create(&thread, NULL, end_capture, &ended) != 0)
@@ -214,11 +220,8 @@ static int into_other(int mode)
 {
     struct into_work work = {0};
     CUgraph graph;
-    CHECK(cuMemAlloc_v2(&work.flag, 4096));
-    int n = 1;
-    void *params[] = {&work.flag, &n};
-    CHECK(cuStreamBeginCapture_v2(captured, mode));
-    CHECK(cuLaunchKernel(add_one, 1, 1, 1, 1, 1, 1, 0, captured, params, NULL));
+    if (begin_capture_with_a_launch(mode, &work.flag) != 0)
+        return 1;
     pthread_t thread;
     if (pthread_create(&thread, NULL, launch_into_capture, &work) != 0)
         return 1;
@@ -232,11 +235,8 @@ static int into_other(int mode)
 static int ended_by(int reset)
 {
     CUdeviceptr flag;
-    CHECK(cuMemAlloc_v2(&flag, 4096));
-    int n = 1;
-    void *params[] = {&flag, &n};
-    CHECK(cuStreamBeginCapture_v2(captured, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    CHECK(cuLaunchKernel(add_one, 1, 1, 1, 1, 1, 1, 0, captured, params, NULL));
+    if (begin_capture_with_a_launch(CU_STREAM_CAPTURE_MODE_GLOBAL, &flag) != 0)
+        return 1;
     if (reset) {
         CUmodule module;
         CHECK(cuDevicePrimaryCtxReset(0));
