@@ -59,14 +59,21 @@ static void marker(const char *what) {
     std::fflush(stderr);
 }
 
+// Allocates a counter, marks "begun", begins a capture on S in mode and captures one
+// kernel on the counter there; returns the counter.
+static int *begin_capture_with_a_launch(cudaStreamCaptureMode mode) {
+    int *counter;
+    CHECK_RUNTIME(cudaMalloc(&counter, sizeof(int)));
+    marker("begun");
+    CHECK_RUNTIME(cudaStreamBeginCapture(captured, mode));
+    add_one<<<1, 1, 0, captured>>>(counter);
+    return counter;
+}
+
 static int beside(int launches) {
     beside_work work = {nullptr, launches, cudaSuccess};
-    int *graph_counts;
     CHECK_RUNTIME(cudaMalloc(&work.counts, sizeof(int)));
-    CHECK_RUNTIME(cudaMalloc(&graph_counts, sizeof(int)));
-    marker("begun");
-    CHECK_RUNTIME(cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal));
-    add_one<<<1, 1, 0, captured>>>(graph_counts);
+    int *graph_counts = begin_capture_with_a_launch(cudaStreamCaptureModeGlobal);
     pthread_t thread;
     if (pthread_create(&thread, nullptr, launch_beside, &work) != 0)
         return 1;
@@ -126,11 +133,7 @@ static int work_on_other_stream(const char *so_far) {
 }
 
 static int ended_elsewhere(cudaStreamCaptureMode mode) {
-    int *flag;
-    CHECK_RUNTIME(cudaMalloc(&flag, sizeof(int)));
-    marker("begun");
-    CHECK_RUNTIME(cudaStreamBeginCapture(captured, mode));
-    add_one<<<1, 1, 0, captured>>>(flag);
+    begin_capture_with_a_launch(mode);
     cudaError_t ended = cudaErrorUnknown;
     pthread_t thread;
     if (pthread_create(&thread, nullptr, end_capture, &ended) != 0)
@@ -164,10 +167,7 @@ static void *work_into_capture(void *arg) {
 static int into_other(cudaStreamCaptureMode mode) {
     into_work work = {nullptr, cudaSuccess};
     // Nothing runs before the capture: under the shim the process holds no lock during it.
-    CHECK_RUNTIME(cudaMalloc(&work.counts, sizeof(int)));
-    marker("begun");
-    CHECK_RUNTIME(cudaStreamBeginCapture(captured, mode));
-    add_one<<<1, 1, 0, captured>>>(work.counts);
+    work.counts = begin_capture_with_a_launch(mode);
     pthread_t thread;
     if (pthread_create(&thread, nullptr, work_into_capture, &work) != 0)
         return 1;
@@ -189,11 +189,7 @@ static int into_other(cudaStreamCaptureMode mode) {
 }
 
 static int ended_by(bool reset) {
-    int *flag;
-    CHECK_RUNTIME(cudaMalloc(&flag, sizeof(int)));
-    marker("begun");
-    CHECK_RUNTIME(cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal));
-    add_one<<<1, 1, 0, captured>>>(flag);
+    begin_capture_with_a_launch(cudaStreamCaptureModeGlobal);
     if (reset) {
         CHECK_RUNTIME(cudaDeviceReset());
         CHECK_RUNTIME(cudaSetDevice(0));
