@@ -94,24 +94,8 @@ class Agent:
         return found
 
 
-def overhead_cpus() -> set[int] | None:
-    """NVSHARE_BENCH_CPUS=2,3: the CPUs the overhead phase's processes are pinned to, with and
-    without the tool alike (an experiment: does a fixed core steady the launch figure?)."""
-    text = os.environ.get("NVSHARE_BENCH_CPUS", "")
-    if not text:
-        return None
-    try:
-        cpus = {int(cpu) for cpu in text.split(",")}
-    except ValueError:
-        sys.exit(f"bench: NVSHARE_BENCH_CPUS={text!r}: expected CPU numbers separated by commas")
-    if not cpus <= os.sched_getaffinity(0):
-        sys.exit(f"bench: NVSHARE_BENCH_CPUS={text!r}: not all of them are available to this process")
-    return cpus
-
-
-def run_json(command, env=None, timeout=300, stderr_into=None, cpus=None) -> dict:
-    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, preexec_fn=pin)
+def run_json(command, env=None, timeout=300, stderr_into=None) -> dict:
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{command} failed:\n{done.stderr[-3000:]}")
     if stderr_into is not None:
@@ -149,11 +133,10 @@ def sole_process_overhead(tool_env, launch_loop) -> dict:
     """One process alone, without and with a sharing tool (tool_env: its environment; the
     "shim" figures are the tool's)."""
     ratios, identical = [], []
-    cpus = overhead_cpus()
     # Interleaved pairs, the order flipping each time, so neither drift nor the GPU warming
     # over a pair favours one side.
     for pair in range(3):
-        runs = {shimmed: run_json(trainer("--steps", "60"), env=tool_env if shimmed else None, cpus=cpus)
+        runs = {shimmed: run_json(trainer("--steps", "60"), env=tool_env if shimmed else None)
                 for shimmed in ((False, True) if pair % 2 == 0 else (True, False))}
         plain, shared = runs[False], runs[True]
         ratios.append(median_step_s(shared["step_times"]) / median_step_s(plain["step_times"]))
@@ -161,11 +144,9 @@ def sole_process_overhead(tool_env, launch_loop) -> dict:
     plain_us, shared_us = [], []
     for pair in range(7):  # each run reports its fastest of 5 rounds of 100,000 launches
         for shimmed in (False, True) if pair % 2 == 0 else (True, False):
-            us = run_json([launch_loop, "100000", "5"], env=tool_env if shimmed else None,
-                          cpus=cpus)["us_per_launch"]
+            us = run_json([launch_loop, "100000", "5"], env=tool_env if shimmed else None)["us_per_launch"]
             (shared_us if shimmed else plain_us).append(us)
-    return {"pinned_to_cpus": sorted(cpus) if cpus else None,
-            "step_ratio_median": statistics.median(ratios), "step_ratios": ratios,
+    return {"step_ratio_median": statistics.median(ratios), "step_ratios": ratios,
             "results_identical": all(identical),
             "launch_us_plain_median": statistics.median(plain_us),
             "launch_us_shim_median": statistics.median(shared_us),
