@@ -129,6 +129,17 @@ def build_launch_loop(workdir) -> str:
     return launch_loop
 
 
+def launch_pairs(launch_loop, tool_env, pairs) -> tuple[list[float], list[float]]:
+    """µs per launch without and with a tool, from interleaved pairs of processes (the order
+    flipping each pair); each process reports its fastest of 5 rounds of 100,000 launches."""
+    plain_us, tool_us = [], []
+    for pair in range(pairs):
+        for with_tool in (False, True) if pair % 2 == 0 else (True, False):
+            us = run_json([launch_loop, "100000", "5"], env=tool_env if with_tool else None)["us_per_launch"]
+            (tool_us if with_tool else plain_us).append(us)
+    return plain_us, tool_us
+
+
 def sole_process_overhead(tool_env, launch_loop) -> dict:
     """One process alone, without and with a sharing tool (tool_env: its environment; the
     "shim" figures are the tool's)."""
@@ -141,11 +152,7 @@ def sole_process_overhead(tool_env, launch_loop) -> dict:
         plain, shared = runs[False], runs[True]
         ratios.append(median_step_s(shared["step_times"]) / median_step_s(plain["step_times"]))
         identical.append(plain["checksum"] == shared["checksum"] and plain["loss"] == shared["loss"])
-    plain_us, shared_us = [], []
-    for pair in range(7):  # each run reports its fastest of 5 rounds of 100,000 launches
-        for shimmed in (False, True) if pair % 2 == 0 else (True, False):
-            us = run_json([launch_loop, "100000", "5"], env=tool_env if shimmed else None)["us_per_launch"]
-            (shared_us if shimmed else plain_us).append(us)
+    plain_us, shared_us = launch_pairs(launch_loop, tool_env, pairs=7)
     return {"step_ratio_median": statistics.median(ratios), "step_ratios": ratios,
             "results_identical": all(identical),
             "launch_us_plain_median": statistics.median(plain_us),

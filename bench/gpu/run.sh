@@ -4,6 +4,7 @@
 #   bench/gpu/run.sh [RESULTS_DIR]
 #   bench/gpu/run.sh --against-original ORIGINAL_BUILD [RESULTS_DIR]   (original.py)
 #   bench/gpu/run.sh --jax-allocators [RESULTS_DIR]                    (jax_allocators.py)
+#   bench/gpu/run.sh --launch-pairs [PAIRS] [RESULTS_DIR]              (launch_pairs.py)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -17,5 +18,6 @@ script=run.py
 case "${1:-}" in
     --against-original) script=original.py; shift ;;
     --jax-allocators) script=jax_allocators.py; shift ;;
+    --launch-pairs) script=launch_pairs.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"

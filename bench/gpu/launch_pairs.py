@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""The launch figure from many interleaved pairs, with a bootstrap interval.
+
+Single launch-loop processes differ by up to ~1 µs per launch on one machine, with or
+without the shim, so the 7 pairs of run.py's overhead phase resolve about ±0.5 µs.  This
+runs PAIRS pairs (30 take about 2.5 minutes on an H100) and prints the delta of the
+medians with its 95 % bootstrap interval; full numbers go to RESULTS/launch_pairs.json.
+
+    bench/gpu/run.sh --launch-pairs [PAIRS] [RESULTS]
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+import statistics
+import sys
+import tempfile
+
+from run import Agent, build_launch_loop, launch_pairs
+
+
+def bootstrap_delta(plain, tool, draws=4000, seed=1) -> tuple[float, float]:
+    """95 % interval of median(tool) - median(plain), resampling each side."""
+    rng = random.Random(seed)
+    deltas = sorted(statistics.median(rng.choices(tool, k=len(tool)))
+                    - statistics.median(rng.choices(plain, k=len(plain))) for _ in range(draws))
+    return deltas[int(0.025 * draws)], deltas[int(0.975 * draws) - 1]
+
+
+def main() -> None:
+    try:
+        pairs = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+    except ValueError:
+        sys.exit(f"launch_pairs: PAIRS must be a whole number, not {sys.argv[1]!r}")
+    if pairs < 2:
+        sys.exit("launch_pairs: PAIRS must be at least 2")
+    results_dir = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else "results/gpu")
+    results_dir.mkdir(parents=True, exist_ok=True)
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="nvshare-launch-"))
+    launch_loop = build_launch_loop(workdir)
+    agent = Agent(workdir)
+    try:
+        plain, shim = launch_pairs(launch_loop, agent.env(), pairs)
+    finally:
+        agent.stop()
+    low, high = bootstrap_delta(plain, shim)
+    delta = statistics.median(shim) - statistics.median(plain)
+    paired = [s - p for s, p in zip(shim, plain)]
+    (results_dir / "launch_pairs.json").write_text(json.dumps(
+        {"pairs": pairs, "launch_us_plain": plain, "launch_us_shim": shim, "delta_of_medians": delta,
+         "bootstrap_95": [low, high], "mean_paired_delta": statistics.mean(paired)}, indent=1))
+    print(f"plain  median {statistics.median(plain):.3f} µs/launch (runs {min(plain):.2f}-{max(plain):.2f})")
+    print(f"shim   median {statistics.median(shim):.3f} µs/launch (runs {min(shim):.2f}-{max(shim):.2f})")
+    print(f"delta  {delta:+.3f} µs, 95 % bootstrap {low:+.3f} .. {high:+.3f}; "
+          f"mean of paired deltas {statistics.mean(paired):+.3f} ({pairs} pairs)")
+
+
+if __name__ == "__main__":
+    main()
