@@ -1,10 +1,12 @@
 """The GPU benchmark's measures, on made-up step times and log lines (no GPU needed)."""
 import pathlib
+import subprocess
 import sys
 
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu"))
+import launch_pairs  # noqa: E402
 import original  # noqa: E402
 import run  # noqa: E402
 
@@ -60,3 +62,21 @@ def test_original_scheduler_drop_to_release_pairs_each_client_drop_with_its_rele
         (3.070, "[NVSHARE][INFO]: Received LOCK_RELEASED from bb\n"),
     ]
     assert scheduler.drop_to_release_ms() == pytest.approx([600.0, 70.0])
+
+
+def test_launch_delta_interval_holds_the_true_shift_and_excludes_zero_only_when_clear():
+    plain = [3.5 + 0.05 * (i % 10) for i in range(30)]  # 3.50 .. 3.95, median 3.725
+    low, high = launch_pairs.bootstrap_delta(plain, [us + 0.2 for us in plain])
+    assert low <= 0.2 <= high and low > 0
+    low, high = launch_pairs.bootstrap_delta(plain, list(reversed(plain)))
+    assert low < 0 < high
+
+
+@pytest.mark.parametrize("pairs, error", [
+    ("x", "launch_pairs: PAIRS must be a whole number, not 'x'"),
+    ("1", "launch_pairs: PAIRS must be at least 2"),
+])
+def test_launch_pairs_refuses_a_bad_count_in_one_line(pairs, error):
+    done = subprocess.run([sys.executable, launch_pairs.__file__, pairs], capture_output=True, text=True)
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [error]
