@@ -146,7 +146,8 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
     pthread_mutex_t *mutex = &queue_mutexes[gpu][slot];
     if (pthread_mutex_trylock(mutex) != 0)
         return;             /* another thread is taking this mark */
-    stream = nvshare_actual_stream(stream, nvshare_hook_per_thread(hook_id));
+    if (stream == NULL)     /* the row's name says which default stream: look only when needed */
+        stream = nvshare_actual_stream(stream, nvshare_hook_per_thread(hook_id));
     if (!nvshare_stream_may_record(stream)) {
         pthread_mutex_unlock(mutex);
         return;
