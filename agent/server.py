@@ -19,6 +19,7 @@ from . import protocol
 from .protocol import ErrorCode, FrameReader, LockMessage, MessageType, ProtocolError
 from . import scheduler as core
 from .eventlog import events as log
+from .text import printable
 
 # struct ucred from <sys/socket.h> (pid_t, uid_t, gid_t): the kernel's layout, not ours.
 # uid_t and gid_t are unsigned: ids past 2**31 exist (user namespaces).
@@ -46,13 +47,6 @@ _RECV_BUFFER = memoryview(bytearray(64 * 1024))
 @functools.lru_cache(maxsize=1024)
 def gpu_name(raw: bytes) -> str:
     return protocol.format_uuid(raw)
-
-
-def printable(text: str) -> str:
-    """The shim's command line with control and other non-printable characters
-    replaced: it goes into our log (a newline would forge a line) and onto
-    admins' terminals through nvsharectl (escape codes)."""
-    return text if text.isprintable() else "".join(c if c.isprintable() else "\ufffd" for c in text)
 
 
 class ClientConnection(asyncio.BufferedProtocol):

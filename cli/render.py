@@ -2,6 +2,9 @@
 from nvshare_agent.dbus_names) and as human text that fits 80 columns."""
 
 from nvshare_agent import dbus_names as names
+# Commands come from any process on the node; the agent cleans them too, but
+# nvsharectl may be talking to another agent.
+from nvshare_agent.text import printable
 
 WIDTH = 80
 
@@ -40,12 +43,6 @@ def size(num_bytes: int) -> str:
             return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
         num_bytes /= 1024
     raise AssertionError("unreachable")
-
-
-def printable(text: str) -> str:
-    """Control characters would drive the terminal: the agent replaces them in
-    commands already, and so do we, whichever agent answered."""
-    return text if text.isprintable() else "".join(c if c.isprintable() else "\ufffd" for c in text)
 
 
 def _fit(line: str) -> str:
