@@ -2,7 +2,7 @@
 """The launch figure from many interleaved pairs, with a bootstrap interval.
 
 Single launch-loop processes differ by up to ~1 µs per launch on one machine, with or
-without the shim, so the 7 pairs of run.py's overhead phase resolve about ±0.5 µs.  This
+without the shim, so the 6 pairs of run.py's overhead phase resolve about ±0.5 µs.  This
 runs PAIRS pairs (30 take about 2.5 minutes on an H100) and prints the delta of the
 medians with its 95 % bootstrap interval; full numbers go to RESULTS/launch_pairs.json.
 

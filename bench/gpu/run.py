@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import random
 import statistics
 import subprocess
 import sys
@@ -123,10 +124,15 @@ def median_step_s(step_times, skip=10) -> float:
     return statistics.median(deltas)
 
 
+def build_cuda_program(workdir, name) -> str:
+    """Compiles bench/gpu/NAME.cu into workdir; returns the program's path."""
+    program = str(workdir / name)
+    subprocess.run(["nvcc", "-O2", "-o", program, str(HERE / f"{name}.cu")], check=True)
+    return program
+
+
 def build_launch_loop(workdir) -> str:
-    launch_loop = str(workdir / "launch_loop")
-    subprocess.run(["nvcc", "-O2", "-o", launch_loop, str(HERE / "launch_loop.cu")], check=True)
-    return launch_loop
+    return build_cuda_program(workdir, "launch_loop")
 
 
 def launch_pairs(launch_loop, tool_env, pairs) -> tuple[list[float], list[float]]:
@@ -152,7 +158,7 @@ def sole_process_overhead(tool_env, launch_loop) -> dict:
         plain, shared = runs[False], runs[True]
         ratios.append(median_step_s(shared["step_times"]) / median_step_s(plain["step_times"]))
         identical.append(plain["checksum"] == shared["checksum"] and plain["loss"] == shared["loss"])
-    plain_us, shared_us = launch_pairs(launch_loop, tool_env, pairs=7)
+    plain_us, shared_us = launch_pairs(launch_loop, tool_env, pairs=6)
     return {"step_ratio_median": statistics.median(ratios), "step_ratios": ratios,
             "results_identical": all(identical),
             "launch_us_plain_median": statistics.median(plain_us),
@@ -161,10 +167,40 @@ def sole_process_overhead(tool_env, launch_loop) -> dict:
             "launch_us_plain": plain_us, "launch_us_shim": shared_us}
 
 
-def nvshare_overhead(workdir, launch_loop) -> dict:
+def bootstrap_mean(values, draws=2000, seed=1) -> tuple[float, float]:
+    """95 % interval of the mean of values."""
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(draws))
+    return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
+
+
+def hook_cost_measures(result: dict) -> dict:
+    """One hook_cost process's blocks: each path's median ns per launch, and hook - driver
+    paired block by block (the median: hook and gate; the mean adds the queue bound's marks)."""
+    paired = [hook - driver for hook, driver in zip(result["hook_ns"], result["driver_ns"])]
+    low, high = bootstrap_mean(paired)
+    return {"driver_ns_median": statistics.median(result["driver_ns"]),
+            "hook_ns_median": statistics.median(result["hook_ns"]),
+            "delta_ns_median": statistics.median(paired),
+            "delta_ns_mean": statistics.fmean(paired), "delta_ns_mean_95": [low, high],
+            "ctx_get_current_ns": result["ctx_get_current_ns"]}
+
+
+def hook_cost(program, shim_env, blocks=4000) -> dict:
+    """The launch hook's own cost inside one process under the shim (hook_cost.cu)."""
+    result = run_json([program, str(blocks)], env=shim_env)
+    if result["hooked_in"] == result["driver_in"]:
+        raise RuntimeError(f"dlsym gave the driver's own cuLaunchKernel ({result['hooked_in']}): "
+                           "is the shim preloaded?")
+    return {"measures": hook_cost_measures(result), **result}
+
+
+def nvshare_overhead(workdir, launch_loop, hook_cost_program) -> dict:
     agent = Agent(workdir)
     try:
-        return sole_process_overhead(agent.env(), launch_loop)
+        overhead = sole_process_overhead(agent.env(), launch_loop)
+        hook = hook_cost(hook_cost_program, agent.env(), blocks=2000)["measures"]
+        return {**overhead, **{f"hook_{key}": value for key, value in hook.items()}}
     finally:
         agent.stop()
 
@@ -349,10 +385,11 @@ def main() -> None:
     free_mib = check_memory()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="nvshare-gpu-bench-"))
     launch_loop = build_launch_loop(workdir)
+    hook_cost_program = build_cuda_program(workdir, "hook_cost")
 
     results = {"environment": environment(), "gpu_free_mib_at_start": free_mib}
     phases = [
-        ("overhead", lambda: nvshare_overhead(workdir, launch_loop)),
+        ("overhead", lambda: nvshare_overhead(workdir, launch_loop, hook_cost_program)),
         ("solo", lambda: solo_run(20)),
         ("pair_tq2", lambda: pair_run(workdir, 30, time_quantum_s=2)),
         ("pair_tq2_queued", lambda: pair_run(workdir, 25, queue_ahead=True, time_quantum_s=2)),
@@ -393,6 +430,9 @@ def print_table(results: dict) -> None:
         ("1 training step ratio, shim/plain (median of 3)", get("overhead", "step_ratio_median", "{:.4f}"), "<= 1.002"),
         ("1 results identical with and without shim", get("overhead", "results_identical", "{}"), "True"),
         ("1 launch cost delta, us/launch", get("overhead", "launch_us_delta", "{:+.3f}"), "<= +0.3"),
+        ("1 same, the hook alone in one process, ns (median/mean)",
+         f"{get('overhead', 'hook_delta_ns_median', '{:+.1f}')} / {get('overhead', 'hook_delta_ns_mean', '{:+.1f}')}",
+         "<= +300"),
         ("2 drop->release p50/p99 ms, TQ 2 s, loss read every step", drops("pair_tq2"), "<= 100"),
         ("2 same, loss read every 50 steps (work queued ahead)", drops("pair_tq2_queued"), "<= 100"),
         ("2 same, TQ 5 s, loss read every 50 steps", drops("pair_tq5_queued"), "<= 100"),

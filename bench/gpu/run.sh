@@ -5,6 +5,7 @@
 #   bench/gpu/run.sh --against-original ORIGINAL_BUILD [RESULTS_DIR]   (original.py)
 #   bench/gpu/run.sh --jax-allocators [RESULTS_DIR]                    (jax_allocators.py)
 #   bench/gpu/run.sh --launch-pairs [PAIRS] [RESULTS_DIR]              (launch_pairs.py)
+#   bench/gpu/run.sh --hook-cost [PROCESSES] [RESULTS_DIR]             (hook_cost.py)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -19,5 +20,6 @@ case "${1:-}" in
     --against-original) script=original.py; shift ;;
     --jax-allocators) script=jax_allocators.py; shift ;;
     --launch-pairs) script=launch_pairs.py; shift ;;
+    --hook-cost) script=hook_cost.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu"))
+import hook_cost  # noqa: E402
 import launch_pairs  # noqa: E402
 import original  # noqa: E402
 import run  # noqa: E402
@@ -78,5 +79,27 @@ def test_launch_delta_interval_holds_the_true_shift_and_excludes_zero_only_when_
 ])
 def test_launch_pairs_refuses_a_bad_count_in_one_line(pairs, error):
     done = subprocess.run([sys.executable, launch_pairs.__file__, pairs], capture_output=True, text=True)
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [error]
+
+
+def test_hook_cost_pairs_each_block_with_its_neighbour_through_the_driver():
+    # Blocks drift from 3000 to 3400 ns; the hook adds 20 ns, and 400 more every 4th block (a mark).
+    driver = [3000 + 0.1 * i for i in range(4000)]
+    hook = [ns + 20 + (400 if i % 4 == 0 else 0) for i, ns in enumerate(driver)]
+    measures = run.hook_cost_measures({"driver_ns": driver, "hook_ns": hook, "ctx_get_current_ns": 5.0})
+    assert measures["delta_ns_median"] == pytest.approx(20)
+    assert measures["delta_ns_mean"] == pytest.approx(120)
+    low, high = measures["delta_ns_mean_95"]
+    assert 100 < low <= 120 <= high < 140
+    assert measures["ctx_get_current_ns"] == 5.0
+
+
+@pytest.mark.parametrize("processes, error", [
+    ("x", "hook_cost: PROCESSES must be a whole number, not 'x'"),
+    ("0", "hook_cost: PROCESSES must be at least 1"),
+])
+def test_hook_cost_refuses_a_bad_count_in_one_line(processes, error):
+    done = subprocess.run([sys.executable, hook_cost.__file__, processes], capture_output=True, text=True)
     assert done.returncode != 0 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [error]
