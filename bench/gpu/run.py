@@ -137,11 +137,11 @@ def build_launch_loop(workdir) -> str:
 
 def launch_pairs(launch_loop, tool_env, pairs) -> tuple[list[float], list[float]]:
     """µs per launch without and with a tool, from interleaved pairs of processes (the order
-    flipping each pair); each process reports its fastest of 5 rounds of 100,000 launches."""
+    flipping each pair); each process reports its fastest of 3 rounds of 100,000 launches."""
     plain_us, tool_us = [], []
     for pair in range(pairs):
         for with_tool in (False, True) if pair % 2 == 0 else (True, False):
-            us = run_json([launch_loop, "100000", "5"], env=tool_env if with_tool else None)["us_per_launch"]
+            us = run_json([launch_loop, "100000", "3"], env=tool_env if with_tool else None)["us_per_launch"]
             (tool_us if with_tool else plain_us).append(us)
     return plain_us, tool_us
 
@@ -153,7 +153,7 @@ def sole_process_overhead(tool_env, launch_loop) -> dict:
     # Interleaved pairs, the order flipping each time, so neither drift nor the GPU warming
     # over a pair favours one side.
     for pair in range(3):
-        runs = {shimmed: run_json(trainer("--steps", "60"), env=tool_env if shimmed else None)
+        runs = {shimmed: run_json(trainer("--steps", "50"), env=tool_env if shimmed else None)
                 for shimmed in ((False, True) if pair % 2 == 0 else (True, False))}
         plain, shared = runs[False], runs[True]
         ratios.append(median_step_s(shared["step_times"]) / median_step_s(plain["step_times"]))
@@ -390,14 +390,16 @@ def main() -> None:
     results = {"environment": environment(), "gpu_free_mib_at_start": free_mib}
     phases = [
         ("overhead", lambda: nvshare_overhead(workdir, launch_loop, hook_cost_program)),
-        ("solo", lambda: solo_run(20)),
+        ("solo", lambda: solo_run(16)),
         ("pair_tq2", lambda: pair_run(workdir, 30, time_quantum_s=2)),
-        ("pair_tq2_queued", lambda: pair_run(workdir, 25, queue_ahead=True, time_quantum_s=2)),
+        ("pair_tq2_queued", lambda: pair_run(workdir, 20, queue_ahead=True, time_quantum_s=2)),
         ("pair_tq5_queued", lambda: pair_run(workdir, 30, queue_ahead=True, time_quantum_s=5)),
-        ("pair_off", lambda: pair_run(workdir, 20, time_quantum_s=2, anti_thrash=False)),
+        ("pair_off", lambda: pair_run(workdir, 15, time_quantum_s=2, anti_thrash=False)),
         ("warmup", lambda: warm_up(workdir)),
         ("prefetch_probe", lambda: run_json([sys.executable, str(HERE / "prefetch_probe.py"), "--gib", "8"])),
-        ("notebook_tq30", lambda: notebook_beside_trainer(workdir, 30, 40)),
+        # At TQ 30 every wait is a whole quantum: 32 s give two of them (~65 s), and keep the run
+        # under ten minutes on a slower host too.
+        ("notebook_tq30", lambda: notebook_beside_trainer(workdir, 30, 32)),
         ("notebook_tq2", lambda: notebook_beside_trainer(workdir, 2, 24)),
         ("solo_pausing", lambda: solo_run(24, None, *PAUSING)),
         ("pair_pausing_tq2", lambda: pair_run(workdir, 30, trainer_args=("--gpu-spans", *PAUSING), time_quantum_s=2)),

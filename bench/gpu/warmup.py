@@ -25,7 +25,8 @@ def prefetch(tensor: torch.Tensor, location: MemLocation) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gib", type=float, default=8.0)
-    parser.add_argument("--idle-wait", type=float, default=2.0, help="seconds, > the idle-release window")
+    parser.add_argument("--idle-wait", type=float, default=1.5,
+                        help="seconds, > the idle-release window (1 s in run.py)")
     parser.add_argument("--self-prefetch", action="store_true",
                         help="prefetch to the GPU by hand before the kernel: the driver's own rate, "
                              "for comparison (run with no agent, so the shim does not prefetch too)")
