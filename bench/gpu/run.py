@@ -183,7 +183,7 @@ def hook_cost_measures(result: dict) -> dict:
             "hook_ns_median": statistics.median(result["hook_ns"]),
             "delta_ns_median": statistics.median(paired),
             "delta_ns_mean": statistics.fmean(paired), "delta_ns_mean_95": [low, high],
-            "ctx_get_current_ns": result["ctx_get_current_ns"]}
+            "ctx_get_current_ns": result.get("ctx_get_current_ns")}
 
 
 def hook_cost(program, shim_env, blocks=4000) -> dict:

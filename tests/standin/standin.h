@@ -27,6 +27,8 @@ int standin_initialised(void);
 int standin_device_count(void);
 size_t standin_total_mem(void);
 unsigned standin_kernel_us(void);
+/* STANDIN_LAUNCH_NOOP=1: a spin() launch only checks its arguments (timing the shim's launch path). */
+int standin_launch_noop(void);
 unsigned standin_prefetch_us(void);   /* each cuMemPrefetchAsync call takes this long */
 
 struct CUctx_st {

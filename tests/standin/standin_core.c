@@ -22,6 +22,7 @@ static int initialised;
 static int device_count = 1;
 static size_t total_mem = 16ull << 30;
 static unsigned kernel_us;
+static int launch_noop;
 static unsigned prefetch_us;
 static int log_fd = -1;
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
@@ -51,6 +52,7 @@ static void read_config(void)
     total_mem = (size_t)env_number("STANDIN_TOTAL_MEM", 16ull << 30);
     kernel_us = (unsigned)env_number("STANDIN_KERNEL_US", 0);
     prefetch_us = (unsigned)env_number("STANDIN_PREFETCH_US", 0);
+    launch_noop = env_number("STANDIN_LAUNCH_NOOP", 0) != 0;
     const char *path = getenv("STANDIN_LOG");
     if (path != NULL && *path != '\0')
         log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
@@ -63,6 +65,7 @@ int standin_initialised(void) { return __atomic_load_n(&initialised, __ATOMIC_AC
 int standin_device_count(void) { configure(); return device_count; }
 size_t standin_total_mem(void) { configure(); return total_mem; }
 unsigned standin_kernel_us(void) { configure(); return kernel_us; }
+int standin_launch_noop(void) { configure(); return launch_noop; }
 unsigned standin_prefetch_us(void) { configure(); return prefetch_us; }
 
 void standin_log(const char *function, const char *fmt, ...)
