@@ -5,6 +5,9 @@
 // process, the context and the GPU's state, so the process-to-process spread
 // that blurs launch_loop.cu's figure (~1 us) cancels out.
 //   LD_PRELOAD=libnvshare.so hook_cost [BLOCKS] [LAUNCHES_PER_BLOCK]
+// A third path, the driver's own launch followed by one locked add on a
+// private counter, asks whether a locked instruction right after a launch
+// costs more than its own few nanoseconds (the gate's leave is one).
 // Prints one JSON line: ns per launch of every block, each path, and the
 // driver's cuCtxGetCurrent (the gate calls it on every launch) for scale.
 #include <chrono>
@@ -23,6 +26,17 @@ typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned
                               unsigned, CUstream, void **, void **);
 typedef CUresult (*synchronize_fn)(void);
 typedef CUresult (*get_current_fn)(CUcontext *);
+
+static launch_fn driver_launch;
+static unsigned long locked_counter;
+
+static CUresult launch_then_locked_add(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                       unsigned by, unsigned bz, unsigned shared, CUstream stream, void **params,
+                                       void **extra) {
+    CUresult result = driver_launch(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+    __atomic_fetch_add(&locked_counter, 1, __ATOMIC_SEQ_CST);
+    return result;
+}
 
 static void fail(const char *what) {
     std::fprintf(stderr, "hook_cost: %s\n", what);
@@ -75,13 +89,15 @@ int main(int argc, char **argv) {
     if (hooked == nullptr || driver == nullptr || synchronize == nullptr || get_current == nullptr)
         fail("a driver function is missing");
 
-    launch_fn paths[2] = {driver, hooked};
-    std::vector<double> ns[2];
+    driver_launch = driver;
+    const int path_count = 3;
+    launch_fn paths[path_count] = {driver, hooked, launch_then_locked_add};
+    std::vector<double> ns[path_count];
     const int warm_up = 200;
     for (int block = -warm_up; block < blocks; block++) {
-        for (int turn = 0; turn < 2; turn++) {
-            int path = (block + turn) % 2 == 0 ? 0 : 1;     // the order flips every block
-            if (block < 0) path = turn;
+        for (int turn = 0; turn < path_count; turn++) {
+            // The order rotates every block, so no path always follows another.
+            int path = block < 0 ? turn : (block + turn) % path_count;
             double start = now_ns();
             for (int i = 0; i < per_block; i++)
                 if (paths[path](function, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr) != CUDA_SUCCESS)
@@ -108,6 +124,8 @@ int main(int argc, char **argv) {
     print_list("driver_ns", ns[0]);
     std::printf(", ");
     print_list("hook_ns", ns[1]);
+    std::printf(", ");
+    print_list("driver_then_locked_ns", ns[2]);
     std::printf("}\n");
     return 0;
 }

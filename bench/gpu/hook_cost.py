@@ -48,7 +48,8 @@ def main() -> None:
             low, high = m["delta_ns_mean_95"]
             print(f"{name:19} driver {m['driver_ns_median']:7.1f} ns  hook {m['hook_ns_median']:7.1f} ns  "
                   f"delta median {m['delta_ns_median']:+6.1f}  mean {m['delta_ns_mean']:+6.1f} "
-                  f"({low:+.1f} .. {high:+.1f})  cuCtxGetCurrent {m['ctx_get_current_ns']:.1f} ns")
+                  f"({low:+.1f} .. {high:+.1f})  cuCtxGetCurrent {m['ctx_get_current_ns']:.1f} ns  "
+                  f"a locked add after the launch {m['locked_add_ns_median']:+.1f} ns")
     print(f"({result['blocks']} blocks of {result['launches_per_block']} launches per path per process; "
           f"hook in {result['hooked_in']})")
 

@@ -183,7 +183,11 @@ def hook_cost_measures(result: dict) -> dict:
             "hook_ns_median": statistics.median(result["hook_ns"]),
             "delta_ns_median": statistics.median(paired),
             "delta_ns_mean": statistics.fmean(paired), "delta_ns_mean_95": [low, high],
-            "ctx_get_current_ns": result.get("ctx_get_current_ns")}
+            "ctx_get_current_ns": result.get("ctx_get_current_ns"),
+            # hook_cost.cu's third path: one locked add right after the driver's own launch.
+            "locked_add_ns_median": statistics.median(
+                [locked - driver for locked, driver in zip(result["driver_then_locked_ns"], result["driver_ns"])])
+            if "driver_then_locked_ns" in result else None}
 
 
 def hook_cost(program, shim_env, blocks=4000) -> dict:

@@ -87,12 +87,15 @@ def test_hook_cost_pairs_each_block_with_its_neighbour_through_the_driver():
     # Blocks drift from 3000 to 3400 ns; the hook adds 20 ns, and 400 more every 4th block (a mark).
     driver = [3000 + 0.1 * i for i in range(4000)]
     hook = [ns + 20 + (400 if i % 4 == 0 else 0) for i, ns in enumerate(driver)]
-    measures = run.hook_cost_measures({"driver_ns": driver, "hook_ns": hook, "ctx_get_current_ns": 5.0})
+    locked = [ns + 150 for ns in driver]  # a locked add after each launch, 150 ns dearer
+    measures = run.hook_cost_measures({"driver_ns": driver, "hook_ns": hook, "driver_then_locked_ns": locked,
+                                       "ctx_get_current_ns": 5.0})
     assert measures["delta_ns_median"] == pytest.approx(20)
     assert measures["delta_ns_mean"] == pytest.approx(120)
     low, high = measures["delta_ns_mean_95"]
     assert 100 < low <= 120 <= high < 140
     assert measures["ctx_get_current_ns"] == 5.0
+    assert measures["locked_add_ns_median"] == pytest.approx(150)
 
 
 @pytest.mark.parametrize("processes, error", [
