@@ -172,6 +172,24 @@ def test_two_busy_clients_alternate_on_drop_requests(world, agent):
     assert_kernels_never_overlap(world.calls())
 
 
+def test_many_launching_threads_never_slip_past_a_release(world, agent):
+    # Four threads per client launch at once while drop requests move the GPU.
+    # Client a's launches spend 5 ms in the driver before their kernel (1 ms) is
+    # queued, so one of its threads is inside at nearly every release of a and
+    # little is queued: if the release did not wait for that thread, its kernel
+    # would be queued after the release and run beside b's, which launches fast.
+    busy = ("--duration-ms", 3000, "--threads", 3)
+    a = world.client("linked", *busy, "--launches", 24, "--loops", 6, kernel_us=1000, STANDIN_LAUNCH_US="5000")
+    b = world.client("procaddr", *busy, "--launches", 48, "--loops", 12, kernel_us=1000)
+    assert a.finish_ok()["threads"] == "3" and b.finish_ok()["threads"] == "3"
+    log = world.settled(agent, a, b)
+    drops = re.findall(rf"drop gpu={STANDIN_GPU} pid=(\d+)", log)
+    assert {int(p) for p in drops} == {a.pid, b.pid}, f"expected drop requests to both:\n{log}"
+    gated_threads = {(c.pid, c.tid) for c in world.calls() if c.gated}
+    assert len(gated_threads) == 8, "every thread of both clients launched"
+    assert_kernels_never_overlap(world.calls())
+
+
 def test_revoked_client_keeps_running(world, agent):
     # Each kernel takes 1.5 s: far past the 300 ms drop grace, so the lock is revoked.
     client = world.client("dlsym", "--loops", 1, "--launches", 3, "--launch", "kernel", kernel_us=1_500_000)

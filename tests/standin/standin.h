@@ -29,6 +29,9 @@ size_t standin_total_mem(void);
 unsigned standin_kernel_us(void);
 /* STANDIN_LAUNCH_NOOP=1: a spin() launch only checks its arguments (timing the shim's launch path). */
 int standin_launch_noop(void);
+/* STANDIN_LAUNCH_US: microseconds a launch spends in the driver before its kernel is queued
+ * (widens the window in which a launch is between the shim's gate and the GPU). */
+unsigned standin_launch_us(void);
 unsigned standin_prefetch_us(void);   /* each cuMemPrefetchAsync call takes this long */
 
 struct CUctx_st {

@@ -23,6 +23,7 @@ static int device_count = 1;
 static size_t total_mem = 16ull << 30;
 static unsigned kernel_us;
 static int launch_noop;
+static unsigned launch_us;
 static unsigned prefetch_us;
 static int log_fd = -1;
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
@@ -53,6 +54,7 @@ static void read_config(void)
     kernel_us = (unsigned)env_number("STANDIN_KERNEL_US", 0);
     prefetch_us = (unsigned)env_number("STANDIN_PREFETCH_US", 0);
     launch_noop = env_number("STANDIN_LAUNCH_NOOP", 0) != 0;
+    launch_us = (unsigned)env_number("STANDIN_LAUNCH_US", 0);
     const char *path = getenv("STANDIN_LOG");
     if (path != NULL && *path != '\0')
         log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
@@ -66,6 +68,7 @@ int standin_device_count(void) { configure(); return device_count; }
 size_t standin_total_mem(void) { configure(); return total_mem; }
 unsigned standin_kernel_us(void) { configure(); return kernel_us; }
 int standin_launch_noop(void) { configure(); return launch_noop; }
+unsigned standin_launch_us(void) { configure(); return launch_us; }
 unsigned standin_prefetch_us(void) { configure(); return prefetch_us; }
 
 void standin_log(const char *function, const char *fmt, ...)

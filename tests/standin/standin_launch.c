@@ -101,6 +101,8 @@ static CUresult launch(const char *via, CUfunction f, CUstream s, void **params,
         return CUDA_ERROR_INVALID_VALUE;
     if (f->kernel == KERNEL_SPIN && standin_launch_noop())
         return standin_require_ctx();
+    if (standin_launch_us() > 0)
+        usleep(standin_launch_us());
     struct standin_op *op = standin_new_op(OP_KERNEL);
     if (op == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
