@@ -192,11 +192,10 @@ void nvshare_capture_forget_context(CUcontext context)
 #define BEGIN_CAPTURE(name, per_thread, fn_type, params, args)          \
     NVSHARE_EXPORT CUresult name params                                 \
     {                                                                   \
-        if (nvshare_resolve_driver() != 0)                              \
-            return CUDA_ERROR_NOT_INITIALIZED;                          \
-        fn_type real = NVSHARE_REAL(name, fn_type);                     \
+        CUresult error;                                                 \
+        fn_type real = NVSHARE_REAL_OR_ERROR(name, fn_type, &error);    \
         if (real == NULL)                                               \
-            return CUDA_ERROR_NOT_FOUND;                                \
+            return error;                                               \
         return began(real args, hStream, per_thread);                   \
     }
 
@@ -231,8 +230,6 @@ static int stream_capturing(CUstream stream)
 static CUresult end_capture(CUstream stream, CUgraph *graph, int per_thread,
                             cuStreamEndCapture_fn real)
 {
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
     CUstream actual = nvshare_actual_stream(stream, per_thread);
     int saved_errno = errno;
     int was_capturing = stream_capturing(actual);
@@ -247,17 +244,16 @@ static CUresult end_capture(CUstream stream, CUgraph *graph, int per_thread,
 
 NVSHARE_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return end_capture(hStream, phGraph, 0, NVSHARE_REAL(cuStreamEndCapture, cuStreamEndCapture_fn));
+    CUresult error;
+    cuStreamEndCapture_fn real = NVSHARE_REAL_OR_ERROR(cuStreamEndCapture, cuStreamEndCapture_fn, &error);
+    return real == NULL ? error : end_capture(hStream, phGraph, 0, real);
 }
 
 NVSHARE_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return end_capture(hStream, phGraph, 1,
-                       NVSHARE_REAL(cuStreamEndCapture_ptsz, cuStreamEndCapture_fn));
+    CUresult error;
+    cuStreamEndCapture_fn real = NVSHARE_REAL_OR_ERROR(cuStreamEndCapture_ptsz, cuStreamEndCapture_fn, &error);
+    return real == NULL ? error : end_capture(hStream, phGraph, 1, real);
 }
 
 void nvshare_capture_forget_after_fork(void)

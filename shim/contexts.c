@@ -128,11 +128,10 @@ static void forget(CUcontext context)
 
 NVSHARE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    cuCtxDestroy_v2_fn real = NVSHARE_REAL(cuCtxDestroy_v2, cuCtxDestroy_v2_fn);
+    CUresult error;
+    cuCtxDestroy_v2_fn real = NVSHARE_REAL_OR_ERROR(cuCtxDestroy_v2, cuCtxDestroy_v2_fn, &error);
     if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+        return error;
     pthread_mutex_lock(&contexts_mutex);
     CUresult result = real(ctx);
     if (result == CUDA_SUCCESS)
@@ -144,12 +143,11 @@ NVSHARE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 /* Only to learn each GPU's primary context, which a reset or the last release frees. */
 NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    cuDevicePrimaryCtxRetain_fn real = NVSHARE_REAL(cuDevicePrimaryCtxRetain,
-                                                    cuDevicePrimaryCtxRetain_fn);
+    CUresult error;
+    cuDevicePrimaryCtxRetain_fn real =
+        NVSHARE_REAL_OR_ERROR(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain_fn, &error);
     if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+        return error;
     CUresult result = real(pctx, dev);
     if (result == CUDA_SUCCESS && dev >= 0 && dev < NVSHARE_MAX_GPUS) {
         pthread_mutex_lock(&contexts_mutex);
@@ -166,8 +164,6 @@ enum primary_end { PRIMARY_RESET, PRIMARY_RELEASE };
 
 static CUresult end_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real, enum primary_end how)
 {
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
     pthread_mutex_lock(&contexts_mutex);
     CUresult result = real(dev);
     unsigned flags;
@@ -190,9 +186,10 @@ static CUresult end_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real, en
 #define DEFINE_PRIMARY_END(name, how)                                                    \
     NVSHARE_EXPORT CUresult name(CUdevice dev)                                           \
     {                                                                                    \
-        if (nvshare_resolve_driver() != 0)                                               \
-            return CUDA_ERROR_NOT_INITIALIZED;                                           \
-        return end_primary(dev, NVSHARE_REAL(name, cuDevicePrimaryCtxReset_v2_fn), how); \
+        CUresult error;                                                                  \
+        cuDevicePrimaryCtxReset_v2_fn real =                                             \
+            NVSHARE_REAL_OR_ERROR(name, cuDevicePrimaryCtxReset_v2_fn, &error);          \
+        return real == NULL ? error : end_primary(dev, real, how);                       \
     }
 DEFINE_PRIMARY_END(cuDevicePrimaryCtxRelease, PRIMARY_RELEASE)
 DEFINE_PRIMARY_END(cuDevicePrimaryCtxRelease_v2, PRIMARY_RELEASE)

@@ -176,11 +176,10 @@ out:
 
 NVSHARE_EXPORT CUresult cuInit(unsigned int flags)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    cuInit_fn real = NVSHARE_REAL(cuInit, cuInit_fn);
+    CUresult error;
+    cuInit_fn real = NVSHARE_REAL_OR_ERROR(cuInit, cuInit_fn, &error);
     if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+        return error;
     CUresult result = real(flags);
     if (result == CUDA_SUCCESS)
         nvshare_client_start();

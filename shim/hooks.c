@@ -164,12 +164,11 @@ void *nvshare_real[NVSHARE_HOOK_COUNT];
 #define DEFINE_GATED_HOOK(name, params, args, is_launch, stream)                  \
     NVSHARE_EXPORT CUresult name params                                           \
     {                                                                             \
-        if (nvshare_resolve_driver() != 0)                                        \
-            return CUDA_ERROR_NOT_INITIALIZED;                                    \
+        CUresult error;                                                           \
         CUresult (*real) params =                                                 \
-            (CUresult (*) params)nvshare_real[NVSHARE_HOOK_ID_##name];            \
+            (CUresult (*) params)nvshare_real_or_error(NVSHARE_HOOK_ID_##name, &error); \
         if (real == NULL)                                                         \
-            return CUDA_ERROR_NOT_FOUND;                                          \
+            return error;                                                         \
         struct nvshare_gate *gate = nvshare_gate_enter((stream), NVSHARE_HOOK_ID_##name); \
         CUresult result = real args;                                              \
         nvshare_gate_leave(gate);                                                 \

@@ -226,7 +226,8 @@ extern void *nvshare_real[NVSHARE_HOOK_COUNT];
  * names the calling thread's own default stream.  Not for the fast path. */
 int nvshare_hook_per_thread(int hook_id);
 
-/* Typed access to a row's real function: REAL(cuMemAlloc_v2, cuMemAlloc_v2_fn). */
+/* Typed access to a row's real function, for the shim's own calls (hooks start with
+ * NVSHARE_REAL_OR_ERROR, interpose.h): REAL(cuMemAlloc_v2, cuMemAlloc_v2_fn). */
 #define NVSHARE_REAL(name, type) ((type)nvshare_real[NVSHARE_HOOK_ID_##name])
 
 #define NVSHARE_EXPORT __attribute__((visibility("default")))

@@ -218,11 +218,10 @@ NVSHARE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int 
                                             cuuint64_t flags,
                                             CUdriverProcAddressQueryResult *symbolStatus)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    cuGetProcAddress_v2_fn real = NVSHARE_REAL(cuGetProcAddress_v2, cuGetProcAddress_v2_fn);
+    CUresult error;
+    cuGetProcAddress_v2_fn real = NVSHARE_REAL_OR_ERROR(cuGetProcAddress_v2, cuGetProcAddress_v2_fn, &error);
     if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+        return error;
     CUresult result = real(symbol, pfn, cudaVersion, flags, symbolStatus);
     if (result == CUDA_SUCCESS && pfn != NULL && *pfn != NULL) {
         int saved_errno = errno;
@@ -235,11 +234,10 @@ NVSHARE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int 
 NVSHARE_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                                          cuuint64_t flags)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    cuGetProcAddress_fn real = NVSHARE_REAL(cuGetProcAddress, cuGetProcAddress_fn);
+    CUresult error;
+    cuGetProcAddress_fn real = NVSHARE_REAL_OR_ERROR(cuGetProcAddress, cuGetProcAddress_fn, &error);
     if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+        return error;
     CUresult result = real(symbol, pfn, cudaVersion, flags);
     if (result == CUDA_SUCCESS && pfn != NULL && *pfn != NULL) {
         int saved_errno = errno;

@@ -3,6 +3,7 @@
 #define NVSHARE_INTERPOSE_H
 
 #include "cuda_abi.h"
+#include "hooks.h"
 
 /* Driver functions the shim calls for itself; none of them is hooked. */
 struct nvshare_driver {
@@ -33,6 +34,23 @@ extern struct nvshare_driver nvshare_driver;
  * builds the real-pointer -> hook map.  Returns 0 when the driver is there.
  * Called by every hook before it touches the driver. */
 int nvshare_resolve_driver(void);
+
+/* Where every hook starts: row hook_id's real function, the driver resolved
+ * first.  NULL, with *error the answer the call gives, when there is no driver
+ * or it lacks that function (an older driver than the program's headers). */
+static inline void *nvshare_real_or_error(int hook_id, CUresult *error)
+{
+    if (nvshare_resolve_driver() != 0) {
+        *error = CUDA_ERROR_NOT_INITIALIZED;
+        return NULL;
+    }
+    *error = CUDA_ERROR_NOT_FOUND;
+    return nvshare_real[hook_id];
+}
+
+/* Typed: cuMemAlloc_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAlloc_v2, cuMemAlloc_v2_fn, &error); */
+#define NVSHARE_REAL_OR_ERROR(name, type, error) \
+    ((type)nvshare_real_or_error(NVSHARE_HOOK_ID_##name, (error)))
 
 /* The hook for a function the driver handed out, or the function itself when
  * the table has no row for it.  name/cuda_version/flags only feed a debug

@@ -173,12 +173,14 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
 
 NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult error;
+    cuMemAlloc_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAlloc_v2, cuMemAlloc_v2_fn, &error);
+    if (real == NULL)
+        return error;
     int saved_errno = errno;
     CUresult result = allocate_managed(dptr, bytesize, "cuMemAlloc");
     if (result == NOT_CONVERTED)
-        result = NVSHARE_REAL(cuMemAlloc_v2, cuMemAlloc_v2_fn)(dptr, bytesize);
+        result = real(dptr, bytesize);
     errno = saved_errno;
     return result;
 }
@@ -186,8 +188,10 @@ NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 NVSHARE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
                                            size_t Height, unsigned int ElementSizeBytes)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult error;
+    cuMemAllocPitch_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAllocPitch_v2, cuMemAllocPitch_v2_fn, &error);
+    if (real == NULL)
+        return error;
     int saved_errno = errno;
     CUresult result = NOT_CONVERTED;
     int valid = dptr != NULL && pPitch != NULL && WidthInBytes > 0 && Height > 0 &&
@@ -199,8 +203,7 @@ NVSHARE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, si
             *pPitch = pitch;
     }
     if (result == NOT_CONVERTED)    /* invalid arguments included: the driver names the error */
-        result = NVSHARE_REAL(cuMemAllocPitch_v2, cuMemAllocPitch_v2_fn)(
-            dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+        result = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     errno = saved_errno;
     return result;
 }
@@ -223,12 +226,14 @@ static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t bytes, CUstrea
 #define DEFINE_ASYNC_ALLOC(name, per_thread)                                                 \
     NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)       \
     {                                                                                        \
-        if (nvshare_resolve_driver() != 0)                                                   \
-            return CUDA_ERROR_NOT_INITIALIZED;                                               \
+        CUresult error;                                                                      \
+        cuMemAllocAsync_fn real = NVSHARE_REAL_OR_ERROR(name, cuMemAllocAsync_fn, &error);   \
+        if (real == NULL)                                                                    \
+            return error;                                                                    \
         int saved_errno = errno;                                                             \
         CUresult result = allocate_stream_ordered(dptr, bytesize, hStream, per_thread, #name); \
         if (result == NOT_CONVERTED)                                                         \
-            result = NVSHARE_REAL(name, cuMemAllocAsync_fn)(dptr, bytesize, hStream);        \
+            result = real(dptr, bytesize, hStream);                                          \
         errno = saved_errno;                                                                 \
         return result;                                                                       \
     }
@@ -239,13 +244,15 @@ DEFINE_ASYNC_ALLOC(cuMemAllocAsync_ptsz, 1)
     NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,      \
                                  CUstream hStream)                                           \
     {                                                                                        \
-        if (nvshare_resolve_driver() != 0)                                                   \
-            return CUDA_ERROR_NOT_INITIALIZED;                                               \
+        CUresult error;                                                                      \
+        cuMemAllocFromPoolAsync_fn real =                                                    \
+            NVSHARE_REAL_OR_ERROR(name, cuMemAllocFromPoolAsync_fn, &error);                 \
+        if (real == NULL)                                                                    \
+            return error;                                                                    \
         int saved_errno = errno;                                                             \
         CUresult result = allocate_stream_ordered(dptr, bytesize, hStream, per_thread, #name); \
         if (result == NOT_CONVERTED)                                                         \
-            result = NVSHARE_REAL(name, cuMemAllocFromPoolAsync_fn)(dptr, bytesize, pool,    \
-                                                                    hStream);                \
+            result = real(dptr, bytesize, pool, hStream);                                    \
         errno = saved_errno;                                                                 \
         return result;                                                                       \
     }
@@ -256,9 +263,11 @@ DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, 1)
  * prefetched like ours. */
 NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult result = NVSHARE_REAL(cuMemAllocManaged, cuMemAllocManaged_fn)(dptr, bytesize, flags);
+    CUresult error;
+    cuMemAllocManaged_fn real = NVSHARE_REAL_OR_ERROR(cuMemAllocManaged, cuMemAllocManaged_fn, &error);
+    if (real == NULL)
+        return error;
+    CUresult result = real(dptr, bytesize, flags);
     int saved_errno = errno;
     CUcontext context;
     nvshare_client_start();
@@ -303,12 +312,14 @@ static CUresult free_managed(CUdeviceptr dptr, int *was_ours, int parked_too)
 
 NVSHARE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult error;
+    cuMemFree_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemFree_v2, cuMemFree_v2_fn, &error);
+    if (real == NULL)
+        return error;
     int saved_errno = errno, ours;
     CUresult result = free_managed(dptr, &ours, 0);
     if (!ours)
-        result = NVSHARE_REAL(cuMemFree_v2, cuMemFree_v2_fn)(dptr);
+        result = real(dptr);
     errno = saved_errno;
     return result;
 }
@@ -336,8 +347,6 @@ int nvshare_memory_set_kind(uint64_t pointer, int gpu, int slot, enum allocation
 static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
                            cuMemFreeAsync_fn real)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
     int saved_errno = errno;
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct allocation *found = allocation_map_find(&nvshare_pointer_map, dptr);
@@ -365,19 +374,25 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
 
 NVSHARE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
-    return free_async(dptr, hStream, 0, NVSHARE_REAL(cuMemFreeAsync, cuMemFreeAsync_fn));
+    CUresult error;
+    cuMemFreeAsync_fn real = NVSHARE_REAL_OR_ERROR(cuMemFreeAsync, cuMemFreeAsync_fn, &error);
+    return real == NULL ? error : free_async(dptr, hStream, 0, real);
 }
 
 NVSHARE_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
-    return free_async(dptr, hStream, 1, NVSHARE_REAL(cuMemFreeAsync_ptsz, cuMemFreeAsync_fn));
+    CUresult error;
+    cuMemFreeAsync_fn real = NVSHARE_REAL_OR_ERROR(cuMemFreeAsync_ptsz, cuMemFreeAsync_fn, &error);
+    return real == NULL ? error : free_async(dptr, hStream, 1, real);
 }
 
 NVSHARE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult result = NVSHARE_REAL(cuMemGetInfo_v2, cuMemGetInfo_v2_fn)(free_bytes, total_bytes);
+    CUresult error;
+    cuMemGetInfo_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemGetInfo_v2, cuMemGetInfo_v2_fn, &error);
+    if (real == NULL)
+        return error;
+    CUresult result = real(free_bytes, total_bytes);
     if (result != CUDA_SUCCESS || free_bytes == NULL || total_bytes == NULL)
         return result;
     int saved_errno = errno;

@@ -26,9 +26,11 @@
 NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                     const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult result = NVSHARE_REAL(cuMemCreate, cuMemCreate_fn)(handle, size, prop, flags);
+    CUresult error;
+    cuMemCreate_fn real = NVSHARE_REAL_OR_ERROR(cuMemCreate, cuMemCreate_fn, &error);
+    if (real == NULL)
+        return error;
+    CUresult result = real(handle, size, prop, flags);
     if (result != CUDA_SUCCESS || handle == NULL)
         return result;
     int saved_errno = errno;
@@ -49,9 +51,11 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
 
 NVSHARE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult result = NVSHARE_REAL(cuMemRelease, cuMemRelease_fn)(handle);
+    CUresult error;
+    cuMemRelease_fn real = NVSHARE_REAL_OR_ERROR(cuMemRelease, cuMemRelease_fn, &error);
+    if (real == NULL)
+        return error;
+    CUresult result = real(handle);
     if (result != CUDA_SUCCESS)
         return result;
     nvshare_memory_forget(&nvshare_handle_map, handle, ALLOCATION_VMM);
@@ -70,9 +74,11 @@ static void reference_handle(CUmemGenericAllocationHandle handle)
 NVSHARE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                  CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult result = NVSHARE_REAL(cuMemMap, cuMemMap_fn)(ptr, size, offset, handle, flags);
+    CUresult error;
+    cuMemMap_fn real = NVSHARE_REAL_OR_ERROR(cuMemMap, cuMemMap_fn, &error);
+    if (real == NULL)
+        return error;
+    CUresult result = real(ptr, size, offset, handle, flags);
     if (result != CUDA_SUCCESS)
         return result;
     int saved_errno = errno;
@@ -93,9 +99,11 @@ NVSHARE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
  * register a buffer), given back by a cuMemRelease. */
 NVSHARE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult result = NVSHARE_REAL(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle_fn)(handle, addr);
+    CUresult error;
+    cuMemRetainAllocationHandle_fn real = NVSHARE_REAL_OR_ERROR(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle_fn, &error);
+    if (real == NULL)
+        return error;
+    CUresult result = real(handle, addr);
     if (result != CUDA_SUCCESS || handle == NULL)
         return result;
     pthread_mutex_lock(&nvshare_memory_mutex);
@@ -112,9 +120,11 @@ NVSHARE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle
 /* One call may unmap several neighbouring mappings. */
 NVSHARE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult result = NVSHARE_REAL(cuMemUnmap, cuMemUnmap_fn)(ptr, size);
+    CUresult error;
+    cuMemUnmap_fn real = NVSHARE_REAL_OR_ERROR(cuMemUnmap, cuMemUnmap_fn, &error);
+    if (real == NULL)
+        return error;
+    CUresult result = real(ptr, size);
     if (result != CUDA_SUCCESS)
         return result;
     int saved_errno = errno;
@@ -140,8 +150,6 @@ NVSHARE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 static CUresult open_ipc(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags,
                          cuIpcOpenMemHandle_fn real)
 {
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
     CUresult result = real(pdptr, handle, flags);
     if (result != CUDA_SUCCESS || pdptr == NULL)
         return result;
@@ -165,25 +173,26 @@ static CUresult open_ipc(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int
 NVSHARE_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                            unsigned int Flags)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return open_ipc(pdptr, handle, Flags, NVSHARE_REAL(cuIpcOpenMemHandle, cuIpcOpenMemHandle_fn));
+    CUresult error;
+    cuIpcOpenMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle, cuIpcOpenMemHandle_fn, &error);
+    return real == NULL ? error : open_ipc(pdptr, handle, Flags, real);
 }
 
 NVSHARE_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                               unsigned int Flags)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return open_ipc(pdptr, handle, Flags,
-                    NVSHARE_REAL(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle_fn));
+    CUresult error;
+    cuIpcOpenMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle_fn, &error);
+    return real == NULL ? error : open_ipc(pdptr, handle, Flags, real);
 }
 
 NVSHARE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult result = NVSHARE_REAL(cuIpcCloseMemHandle, cuIpcCloseMemHandle_fn)(dptr);
+    CUresult error;
+    cuIpcCloseMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcCloseMemHandle, cuIpcCloseMemHandle_fn, &error);
+    if (real == NULL)
+        return error;
+    CUresult result = real(dptr);
     if (result != CUDA_SUCCESS)
         return result;
     nvshare_memory_forget(&nvshare_pointer_map, dptr, ALLOCATION_IPC);

@@ -218,11 +218,10 @@ int nvshare_unpark(size_t bytes, CUstream stream, CUdeviceptr *pointer)
  * to minBytesToKeep. */
 NVSHARE_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
-    if (nvshare_resolve_driver() != 0)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    cuMemPoolTrimTo_fn real = NVSHARE_REAL(cuMemPoolTrimTo, cuMemPoolTrimTo_fn);
+    CUresult error;
+    cuMemPoolTrimTo_fn real = NVSHARE_REAL_OR_ERROR(cuMemPoolTrimTo, cuMemPoolTrimTo_fn, &error);
     if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
+        return error;
     CUresult result = real(pool, minBytesToKeep);
     int saved_errno = errno, gpu, slot;
     if (result == CUDA_SUCCESS && where(&gpu, &slot)) {
@@ -256,11 +255,11 @@ static void forget_stream(CUstream stream)
 #define DEFINE_STREAM_DESTROY(name)                                            \
     NVSHARE_EXPORT CUresult name(CUstream hStream)                             \
     {                                                                          \
-        if (nvshare_resolve_driver() != 0)                                     \
-            return CUDA_ERROR_NOT_INITIALIZED;                                 \
-        cuStreamDestroy_v2_fn real = NVSHARE_REAL(name, cuStreamDestroy_v2_fn); \
+        CUresult error;                                                        \
+        cuStreamDestroy_v2_fn real =                                           \
+            NVSHARE_REAL_OR_ERROR(name, cuStreamDestroy_v2_fn, &error);        \
         if (real == NULL)                                                      \
-            return CUDA_ERROR_NOT_FOUND;                                       \
+            return error;                                                      \
         forget_stream(hStream);                                                \
         return nvshare_capture_destroy_stream(hStream, real);                  \
     }
