@@ -14,23 +14,15 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 import tempfile
 
-from run import Agent, build_cuda_program, hook_cost
+from run import Agent, build_cuda_program, count_and_results_dir, hook_cost
 
 SETTINGS = {"bound on (default)": {}, "bound off": {"NVSHARE_MAX_QUEUED_MS": "0"}}
 
 
 def main() -> None:
-    try:
-        processes = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    except ValueError:
-        sys.exit(f"hook_cost: PROCESSES must be a whole number, not {sys.argv[1]!r}")
-    if processes < 1:
-        sys.exit("hook_cost: PROCESSES must be at least 1")
-    results_dir = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else "results/gpu")
-    results_dir.mkdir(parents=True, exist_ok=True)
+    processes, results_dir = count_and_results_dir("hook_cost", "PROCESSES", default=3, minimum=1)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="nvshare-hook-"))
     program = build_cuda_program(workdir, "hook_cost")
     agent = Agent(workdir)

@@ -14,10 +14,9 @@ import json
 import pathlib
 import random
 import statistics
-import sys
 import tempfile
 
-from run import Agent, build_launch_loop, launch_pairs
+from run import Agent, build_launch_loop, count_and_results_dir, launch_pairs
 
 
 def bootstrap_delta(plain, tool, draws=4000, seed=1) -> tuple[float, float]:
@@ -29,14 +28,7 @@ def bootstrap_delta(plain, tool, draws=4000, seed=1) -> tuple[float, float]:
 
 
 def main() -> None:
-    try:
-        pairs = int(sys.argv[1]) if len(sys.argv) > 1 else 30
-    except ValueError:
-        sys.exit(f"launch_pairs: PAIRS must be a whole number, not {sys.argv[1]!r}")
-    if pairs < 2:
-        sys.exit("launch_pairs: PAIRS must be at least 2")
-    results_dir = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else "results/gpu")
-    results_dir.mkdir(parents=True, exist_ok=True)
+    pairs, results_dir = count_and_results_dir("launch_pairs", "PAIRS", default=30, minimum=2)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="nvshare-launch-"))
     launch_loop = build_launch_loop(workdir)
     agent = Agent(workdir)

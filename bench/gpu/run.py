@@ -124,6 +124,20 @@ def median_step_s(step_times, skip=10) -> float:
     return statistics.median(deltas)
 
 
+def count_and_results_dir(script, what, default, minimum) -> tuple[int, pathlib.Path]:
+    """`SCRIPT [COUNT] [RESULTS]` of the side scripts: the count, checked (a bad one ends the
+    script with one line), and the results folder, made."""
+    try:
+        count = int(sys.argv[1]) if len(sys.argv) > 1 else default
+    except ValueError:
+        sys.exit(f"{script}: {what} must be a whole number, not {sys.argv[1]!r}")
+    if count < minimum:
+        sys.exit(f"{script}: {what} must be at least {minimum}")
+    results_dir = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else "results/gpu")
+    results_dir.mkdir(parents=True, exist_ok=True)
+    return count, results_dir
+
+
 def build_cuda_program(workdir, name) -> str:
     """Compiles bench/gpu/NAME.cu into workdir; returns the program's path."""
     program = str(workdir / name)

@@ -73,12 +73,14 @@ def test_launch_delta_interval_holds_the_true_shift_and_excludes_zero_only_when_
     assert low < 0 < high
 
 
-@pytest.mark.parametrize("pairs, error", [
-    ("x", "launch_pairs: PAIRS must be a whole number, not 'x'"),
-    ("1", "launch_pairs: PAIRS must be at least 2"),
+@pytest.mark.parametrize("script, count, error", [
+    (launch_pairs, "x", "launch_pairs: PAIRS must be a whole number, not 'x'"),
+    (launch_pairs, "1", "launch_pairs: PAIRS must be at least 2"),
+    (hook_cost, "x", "hook_cost: PROCESSES must be a whole number, not 'x'"),
+    (hook_cost, "0", "hook_cost: PROCESSES must be at least 1"),
 ])
-def test_launch_pairs_refuses_a_bad_count_in_one_line(pairs, error):
-    done = subprocess.run([sys.executable, launch_pairs.__file__, pairs], capture_output=True, text=True)
+def test_side_scripts_refuse_a_bad_count_in_one_line(script, count, error):
+    done = subprocess.run([sys.executable, script.__file__, count], capture_output=True, text=True)
     assert done.returncode != 0 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [error]
 
@@ -96,13 +98,3 @@ def test_hook_cost_pairs_each_block_with_its_neighbour_through_the_driver():
     assert 100 < low <= 120 <= high < 140
     assert measures["ctx_get_current_ns"] == 5.0
     assert measures["locked_add_ns_median"] == pytest.approx(150)
-
-
-@pytest.mark.parametrize("processes, error", [
-    ("x", "hook_cost: PROCESSES must be a whole number, not 'x'"),
-    ("0", "hook_cost: PROCESSES must be at least 1"),
-])
-def test_hook_cost_refuses_a_bad_count_in_one_line(processes, error):
-    done = subprocess.run([sys.executable, hook_cost.__file__, processes], capture_output=True, text=True)
-    assert done.returncode != 0 and done.stdout == ""
-    assert done.stderr.strip().splitlines() == [error]
