@@ -245,14 +245,16 @@ static CUresult end_capture(CUstream stream, CUgraph *graph, int per_thread,
 NVSHARE_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
     CUresult error;
-    cuStreamEndCapture_fn real = NVSHARE_REAL_OR_ERROR(cuStreamEndCapture, cuStreamEndCapture_fn, &error);
+    cuStreamEndCapture_fn real =
+        NVSHARE_REAL_OR_ERROR(cuStreamEndCapture, cuStreamEndCapture_fn, &error);
     return real == NULL ? error : end_capture(hStream, phGraph, 0, real);
 }
 
 NVSHARE_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
 {
     CUresult error;
-    cuStreamEndCapture_fn real = NVSHARE_REAL_OR_ERROR(cuStreamEndCapture_ptsz, cuStreamEndCapture_fn, &error);
+    cuStreamEndCapture_fn real =
+        NVSHARE_REAL_OR_ERROR(cuStreamEndCapture_ptsz, cuStreamEndCapture_fn, &error);
     return real == NULL ? error : end_capture(hStream, phGraph, 1, real);
 }
 

@@ -219,7 +219,8 @@ NVSHARE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int 
                                             CUdriverProcAddressQueryResult *symbolStatus)
 {
     CUresult error;
-    cuGetProcAddress_v2_fn real = NVSHARE_REAL_OR_ERROR(cuGetProcAddress_v2, cuGetProcAddress_v2_fn, &error);
+    cuGetProcAddress_v2_fn real =
+        NVSHARE_REAL_OR_ERROR(cuGetProcAddress_v2, cuGetProcAddress_v2_fn, &error);
     if (real == NULL)
         return error;
     CUresult result = real(symbol, pfn, cudaVersion, flags, symbolStatus);

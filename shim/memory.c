@@ -189,7 +189,8 @@ NVSHARE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, si
                                            size_t Height, unsigned int ElementSizeBytes)
 {
     CUresult error;
-    cuMemAllocPitch_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAllocPitch_v2, cuMemAllocPitch_v2_fn, &error);
+    cuMemAllocPitch_v2_fn real =
+        NVSHARE_REAL_OR_ERROR(cuMemAllocPitch_v2, cuMemAllocPitch_v2_fn, &error);
     if (real == NULL)
         return error;
     int saved_errno = errno;
@@ -264,7 +265,8 @@ DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, 1)
 NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     CUresult error;
-    cuMemAllocManaged_fn real = NVSHARE_REAL_OR_ERROR(cuMemAllocManaged, cuMemAllocManaged_fn, &error);
+    cuMemAllocManaged_fn real =
+        NVSHARE_REAL_OR_ERROR(cuMemAllocManaged, cuMemAllocManaged_fn, &error);
     if (real == NULL)
         return error;
     CUresult result = real(dptr, bytesize, flags);

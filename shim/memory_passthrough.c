@@ -100,7 +100,8 @@ NVSHARE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 NVSHARE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
     CUresult error;
-    cuMemRetainAllocationHandle_fn real = NVSHARE_REAL_OR_ERROR(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle_fn, &error);
+    cuMemRetainAllocationHandle_fn real =
+        NVSHARE_REAL_OR_ERROR(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle_fn, &error);
     if (real == NULL)
         return error;
     CUresult result = real(handle, addr);
@@ -174,7 +175,8 @@ NVSHARE_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle ha
                                            unsigned int Flags)
 {
     CUresult error;
-    cuIpcOpenMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle, cuIpcOpenMemHandle_fn, &error);
+    cuIpcOpenMemHandle_fn real =
+        NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle, cuIpcOpenMemHandle_fn, &error);
     return real == NULL ? error : open_ipc(pdptr, handle, Flags, real);
 }
 
@@ -182,14 +184,16 @@ NVSHARE_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle
                                               unsigned int Flags)
 {
     CUresult error;
-    cuIpcOpenMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle_fn, &error);
+    cuIpcOpenMemHandle_fn real =
+        NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle_fn, &error);
     return real == NULL ? error : open_ipc(pdptr, handle, Flags, real);
 }
 
 NVSHARE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
     CUresult error;
-    cuIpcCloseMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcCloseMemHandle, cuIpcCloseMemHandle_fn, &error);
+    cuIpcCloseMemHandle_fn real =
+        NVSHARE_REAL_OR_ERROR(cuIpcCloseMemHandle, cuIpcCloseMemHandle_fn, &error);
     if (real == NULL)
         return error;
     CUresult result = real(dptr);
