@@ -6,7 +6,8 @@ up to ~1 µs per launch.  Here one process under the shim launches an empty kern
 hook and through the driver's own cuLaunchKernel, alternating block by block, so that spread
 cancels out.  The median paired delta is the hook and the gate (most blocks hold none of the
 queue bound's marks, an event record every 8-256 launches); the mean adds the marks, and runs
-with the bound off (NVSHARE_MAX_QUEUED_MS=0) show what they cost.  Full numbers go to RESULTS/hook_cost.json.
+with the bound off (NVSHARE_MAX_QUEUED_MS=0) show what they cost.  Full numbers go to
+RESULTS/hook_cost.json.
 
     bench/gpu/run.sh --hook-cost [PROCESSES] [RESULTS]
 """

@@ -191,7 +191,10 @@ def bootstrap_mean(values, draws=2000, seed=1) -> tuple[float, float]:
 def hook_cost_measures(result: dict) -> dict:
     """One hook_cost process's blocks: each path's median ns per launch, and hook - driver
     paired block by block (the median: hook and gate; the mean adds the queue bound's marks)."""
-    paired = [hook - driver for hook, driver in zip(result["hook_ns"], result["driver_ns"])]
+    def block_by_block(path):
+        return [ns - driver for ns, driver in zip(result[path], result["driver_ns"])]
+
+    paired = block_by_block("hook_ns")
     low, high = bootstrap_mean(paired)
     return {"driver_ns_median": statistics.median(result["driver_ns"]),
             "hook_ns_median": statistics.median(result["hook_ns"]),
@@ -199,8 +202,7 @@ def hook_cost_measures(result: dict) -> dict:
             "delta_ns_mean": statistics.fmean(paired), "delta_ns_mean_95": [low, high],
             "ctx_get_current_ns": result.get("ctx_get_current_ns"),
             # hook_cost.cu's third path: one locked add right after the driver's own launch.
-            "locked_add_ns_median": statistics.median(
-                [locked - driver for locked, driver in zip(result["driver_then_locked_ns"], result["driver_ns"])])
+            "locked_add_ns_median": statistics.median(block_by_block("driver_then_locked_ns"))
             if "driver_then_locked_ns" in result else None}
 
 
