@@ -14,6 +14,8 @@ torch.compile: Inductor's generated Triton kernels, compiled in the run.  With
 all along, as another thread of a server would, and with --graph the main
 thread holds the capture open 0.2 s after capturing the step, so that thread's
 launches (and the shim's marks of them) fall inside PyTorch's global-mode capture.
+With --devices 0,1 the layers are split in order over those GPUs (a pipeline in one
+process: activations and gradients cross between them every step).
 """
 import argparse
 import json
@@ -47,6 +49,17 @@ class SideWork:
         self.stopped.set()
         self.thread.join()
         self.stream.synchronize()
+
+
+class MoveTo(torch.nn.Module):
+    """Moves activations to the next layer's device (a no-op on one GPU; gradients cross back)."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.device = device
+
+    def forward(self, x):
+        return x.to(self.device)
 
 
 def capture(train_step, losses, side_work=None):
@@ -85,19 +98,22 @@ def main() -> None:
                         help="a second thread launches small kernels on its own stream meanwhile")
     parser.add_argument("--loader-workers", type=int, default=0,
                         help="feed the inputs from a DataLoader with this many forked workers")
+    parser.add_argument("--devices", default="0",
+                        help="comma-separated GPU indices to split the layers over, in order")
     args = parser.parse_args()
+    devices = [torch.device("cuda", int(index)) for index in args.devices.split(",")]
 
     torch.manual_seed(0)
-    device = torch.device("cuda")
     layers = []
-    for _ in range(6):
-        layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers).to(device)
+    for index in range(6):
+        device = devices[index * len(devices) // 6]
+        layers += [MoveTo(device), torch.nn.Linear(args.width, args.width).to(device), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers)
     if args.compile:
         model = torch.compile(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    inputs = torch.randn(args.batch, args.width, device=device)
-    targets = torch.randn(args.batch, args.width, device=device)
+    inputs = torch.randn(args.batch, args.width, device=devices[0])
+    targets = torch.randn(args.batch, args.width, device=devices[-1])
     loader = None
     if args.loader_workers > 0:
         host_inputs = torch.randn(4 * args.batch, args.width, generator=torch.Generator().manual_seed(1))
@@ -141,7 +157,7 @@ def main() -> None:
         **side_launches,
         "losses": losses,
         "checksum": checksum,
-        "managed": is_managed(next(model.parameters()).data_ptr()),
+        "managed": all(is_managed(p.data_ptr()) for p in model.parameters()),
         "step_times": step_times,
         "steps": step,
     }))
