@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import json
 import pathlib
-import random
 import statistics
 import tempfile
 
-from run import Agent, build_launch_loop, count_and_results_dir, launch_pairs
+from run import Agent, bootstrap_95, build_launch_loop, count_and_results_dir, launch_pairs
 
 
 def bootstrap_delta(plain, tool, draws=4000, seed=1) -> tuple[float, float]:
     """95 % interval of median(tool) - median(plain), resampling each side."""
-    rng = random.Random(seed)
-    deltas = sorted(statistics.median(rng.choices(tool, k=len(tool)))
-                    - statistics.median(rng.choices(plain, k=len(plain))) for _ in range(draws))
-    return deltas[int(0.025 * draws)], deltas[int(0.975 * draws) - 1]
+    return bootstrap_95(lambda tool, plain: statistics.median(tool) - statistics.median(plain),
+                        tool, plain, draws=draws, seed=seed)
 
 
 def main() -> None:

@@ -181,11 +181,12 @@ def sole_process_overhead(tool_env, launch_loop) -> dict:
             "launch_us_plain": plain_us, "launch_us_shim": shared_us}
 
 
-def bootstrap_mean(values, draws=2000, seed=1) -> tuple[float, float]:
-    """95 % interval of the mean of values."""
+def bootstrap_95(statistic, *samples, draws, seed=1) -> tuple[float, float]:
+    """95 % interval of statistic(*samples), each sample resampled with replacement."""
     rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(draws))
-    return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
+    values = sorted(statistic(*[rng.choices(sample, k=len(sample)) for sample in samples])
+                    for _ in range(draws))
+    return values[int(0.025 * draws)], values[int(0.975 * draws) - 1]
 
 
 def hook_cost_measures(result: dict) -> dict:
@@ -195,7 +196,7 @@ def hook_cost_measures(result: dict) -> dict:
         return [ns - driver for ns, driver in zip(result[path], result["driver_ns"])]
 
     paired = block_by_block("hook_ns")
-    low, high = bootstrap_mean(paired)
+    low, high = bootstrap_95(statistics.fmean, paired, draws=2000)
     return {"driver_ns_median": statistics.median(result["driver_ns"]),
             "hook_ns_median": statistics.median(result["hook_ns"]),
             "delta_ns_median": statistics.median(paired),
