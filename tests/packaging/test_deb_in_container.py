@@ -8,6 +8,7 @@ operator's preload switch across an upgrade, purge.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -115,6 +116,22 @@ def test_the_units_documentation_and_the_readme_links_resolve(container):
     assert links
     for link in links:
         assert container.path(f"/usr/share/doc/nvshare/{link}").is_file(), link
+
+
+def test_manual_pages_are_installed_and_name_every_option_of_the_installed_programs(container):
+    # tests/test_man_pages.py checks the pages against the checkout; this is
+    # bookworm's typer and argparse, as installed, against the installed pages.
+    option = r"(?<![\w-])--?[A-Za-z][\w-]*"
+    for program, page in (("nvsharectl", "/usr/share/man/man1/nvsharectl.1.gz"),
+                          ("nvshare-agent", "/usr/share/man/man8/nvshare-agent.8.gz")):
+        source = gzip.decompress(container.path(page).read_bytes()).decode()
+        # The roff source, less its font changes (\fB, \fP) and with \- as -.
+        text = re.sub(r"\\f(?:\[\w*\]|\(..|.)", "", source).replace("\\-", "-")
+        accepted = set(re.findall(option, container.run([program, "--help"]).stdout))
+        assert "--help" in accepted, program
+        missing = [name for name in sorted(accepted)
+                   if not re.search(r"(?<![\w-])" + re.escape(name) + r"(?![\w-])", text)]
+        assert missing == [], f"{page} does not name {missing}"
 
 
 def test_first_client_starts_the_agent_which_reports_ready_and_status(container, stage):
