@@ -35,14 +35,15 @@ class ContainerError(RuntimeError):
     pass
 
 
-def _root_tarball() -> Path:
-    key = hashlib.sha256(" ".join((SUITE, MIRROR) + INCLUDE).encode()).hexdigest()[:12]
-    return CACHE_DIR / f"{SUITE}-minbase-{key}.tar"
+def _root_tarball(suite: str, include: tuple[str, ...]) -> Path:
+    key = hashlib.sha256(" ".join((suite, MIRROR) + include).encode()).hexdigest()[:12]
+    return CACHE_DIR / f"{suite}-minbase-{key}.tar"
 
 
-def ensure_root_tarball(log) -> Path:
-    """The cached root, made with debootstrap when missing."""
-    tarball = _root_tarball()
+def ensure_root_tarball(log, suite: str = SUITE, include: tuple[str, ...] = INCLUDE) -> Path:
+    """The cached root, made with debootstrap when missing.  Another suite and
+    package list (tests/shim's older-glibc root) get a tarball of their own."""
+    tarball = _root_tarball(suite, include)
     if tarball.exists():
         return tarball
     (CACHE_DIR / "debs").mkdir(parents=True, exist_ok=True)
@@ -51,7 +52,7 @@ def ensure_root_tarball(log) -> Path:
         root = work / "root"
         result = subprocess.run(
             ["debootstrap", "--variant=minbase", f"--cache-dir={CACHE_DIR / 'debs'}",
-             "--include=" + ",".join(INCLUDE), SUITE, str(root), MIRROR],
+             "--include=" + ",".join(include), suite, str(root), MIRROR],
             capture_output=True, text=True, check=False)
         if result.returncode != 0:
             log_tail = ""
@@ -59,8 +60,9 @@ def ensure_root_tarball(log) -> Path:
             if log_file.exists():
                 log_tail = log_file.read_text(errors="replace")[-2000:]
             raise ContainerError(f"debootstrap failed: {result.stderr[-2000:]}\n{log_tail}")
-        # Boot quietly: no login prompt on the console the test never reads.
-        (root / "etc/systemd/system/console-getty.service").symlink_to("/dev/null")
+        if "systemd" in include:
+            # Boot quietly: no login prompt on the console the test never reads.
+            (root / "etc/systemd/system/console-getty.service").symlink_to("/dev/null")
         partial = tarball.with_suffix(".partial")
         subprocess.run(["tar", "-C", str(root), "-cf", str(partial), "."], check=True)
         partial.rename(tarball)  # a tarball under its final name is complete
