@@ -183,11 +183,38 @@ void *nvshare_hook_for(void *real, const char *name, int cuda_version, unsigned 
 #ifndef __OPTIMIZE__
 #error "interpose.c needs optimisation (-O1 or more): dlsym(RTLD_NEXT) relies on a tail call"
 #endif
+/* Every copy of the shim exports this.  Two copies can end up in one process
+ * (LD_PRELOAD naming a copy on a node whose /etc/ld.so.preload names another):
+ * the first one the global scope reaches hooks the process, and any other
+ * only forwards dlsym, so the first one's lookups reach the driver.  Before
+ * this, each copy resolved the driver through the other's dlsym and a CUDA
+ * program recursed in cuInit until its stack ran out.  The comparison takes
+ * the local name: the exported one binds to the first copy's, in every copy. */
+static const char own_marker = 1;
+NVSHARE_EXPORT extern const char nvshare_shim_marker __attribute__((alias("own_marker")));
+
+static atomic_int copy_role;        /* 0 not known yet, 1 in charge, -1 stays out */
+
+static int in_charge(dlsym_fn lookup)
+{
+    int role = atomic_load_explicit(&copy_role, memory_order_acquire);
+    if (role == 0) {
+        int saved_errno = errno;
+        role = lookup(RTLD_DEFAULT, "nvshare_shim_marker") == &own_marker ? 1 : -1;
+        if (role < 0)
+            nvshare_debug("another copy of libnvshare.so came first in this process; this one "
+                          "stays out of the way");
+        atomic_store_explicit(&copy_role, role, memory_order_release);
+        errno = saved_errno;
+    }
+    return role > 0;
+}
+
 NOT_SANITIZED static void *interposed_dlsym(void *handle, const char *name)
 {
     dlsym_fn lookup = real_dlsym();
     if (handle == RTLD_NEXT || lookup == NULL || name == NULL || name[0] != 'c' ||
-        name[1] != 'u')
+        name[1] != 'u' || !in_charge(lookup))
         return lookup ? lookup(handle, name) : NULL;
     void *found = lookup(handle, name);
     if (found == NULL)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "shim" / "build" / "libnvshare.so"
+# The same objects for containers with an older glibc (shim/Makefile).
+PORTABLE_SHIM = REPO / "shim" / "build" / "libnvshare-portable.so"
 SHIM_ASAN = REPO / "shim" / "build" / "address" / "libnvshare.so"
 STANDIN_BUILD = REPO / "tests" / "standin" / "build"
 CLIENTS = ("linked", "dlsym", "procaddr")

@@ -21,14 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from shim_harness import REPO, STANDIN_GPU, TIMEOUT_S, Call, read_calls
+from shim_harness import PORTABLE_SHIM, REPO, SHIM, STANDIN_GPU, TIMEOUT_S, Call, read_calls
 from test_gating import assert_kernels_never_overlap
 
 sys.path.insert(0, str(REPO / "tests" / "packaging"))
 from bookworm_container import ensure_root_tarball  # noqa: E402
 
-HOST_SHIM = REPO / "shim" / "build" / "libnvshare.so"
-PORTABLE_SHIM = REPO / "shim" / "build" / "libnvshare-portable.so"
+HOST_SHIM = SHIM
 OLD_SUITE = "bullseye"
 OLD_GLIBC = (2, 31)
 OLD_INCLUDE = ("gcc", "libc6-dev", "make")
