@@ -23,6 +23,7 @@ from bookworm_container import Container, ensure_root_tarball, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = "/usr/lib/x86_64-linux-gnu/libnvshare.so"
+PORTABLE_SHIM = "/usr/lib/x86_64-linux-gnu/nvshare/libnvshare-portable.so"
 BUS = ["io.github.nvshare.Scheduler1", "/io/github/nvshare/Scheduler1",
        "io.github.nvshare.Scheduler1"]
 ADMIN_UID, NOTEBOOK_UID = 1000, 1001
@@ -183,6 +184,16 @@ def test_preload_holds_the_shim_and_ordinary_programs_still_work(container):
     # The shim really is in every new process.
     maps = container.run(["cat", "/proc/self/maps"]).stdout
     assert SHIM in maps
+
+
+def test_the_portable_shim_on_top_of_the_preloaded_one_leaves_one_in_charge(container):
+    # README.md's container recipe sets LD_PRELOAD to this file; run on the node itself
+    # the process has both, and the preloaded one hooks it.
+    result = container.run([CLIENT, "--loops", "2"], env={"LD_PRELOAD": PORTABLE_SHIM, "NVSHARE_DEBUG": "1"})
+    assert "result=ok managed=1" in result.stdout, result
+    assert "another copy of libnvshare.so came first" in result.stderr, result.stderr
+    maps = container.run(["cat", "/proc/self/maps"], env={"LD_PRELOAD": PORTABLE_SHIM}).stdout
+    assert SHIM in maps and PORTABLE_SHIM in maps
 
 
 def test_notebook_style_client_registers_and_survives_an_agent_restart(container, stage):
