@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+from json_program import bench
 from json_program import run_json_program, run_side_by_side
 
 HERE = pathlib.Path(__file__).parent
@@ -23,6 +25,23 @@ def test_training_under_shim_is_managed_and_matches_plain_run(start_agent, shim_
     assert shared["losses"] == plain["losses"]
     assert shared["checksum"] == plain["checksum"]
     assert agent.events("grant"), agent.log()
+
+
+@pytest.mark.parametrize("preload", ["portable", "two-copies"])
+def test_training_under_the_portable_shim_or_two_copies_matches_plain_run(start_agent, shim_env, preload):
+    # The containers' build (glibc 2.17 and later), and that build on top of the host's as
+    # LD_PRELOAD on a node whose /etc/ld.so.preload names the host's: the first one hooks.
+    portable = bench.SHIM.parent / "libnvshare-portable.so"
+    library = {"portable": str(portable), "two-copies": f"{bench.SHIM} {portable}"}[preload]
+    plain, _ = run_training(None, "--steps", "20")
+    agent = start_agent()
+    shared, stderr = run_training(shim_env(agent, LD_PRELOAD=library, NVSHARE_DEBUG=1), "--steps", "20")
+    assert shared["managed"], stderr[-2000:]
+    assert shared["losses"] == plain["losses"]
+    assert shared["checksum"] == plain["checksum"]
+    assert len(agent.events("connect")) == 1 and agent.events("grant"), agent.log()
+    stepped_aside = stderr.count("another copy of libnvshare.so came first")
+    assert stepped_aside == (1 if preload == "two-copies" else 0), stderr[-2000:]
 
 
 def test_compiled_training_under_shim_matches_plain_run(start_agent, shim_env, tmp_path):
