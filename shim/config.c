@@ -34,10 +34,13 @@ static unsigned read_count(const char *name, unsigned fallback, unsigned largest
     const char *text = secure_getenv(name);
     if (text == NULL || *text == '\0')
         return fallback;
-    char *end;
-    errno = 0;
-    unsigned long value = strtoul(text, &end, 10);
-    if (errno != 0 || *end != '\0' || text[0] == '-' || value > largest) {
+    /* Digits by hand, not strtoul: built against glibc 2.38 or later headers, strtoul
+     * becomes __isoc23_strtoul and the shim would need that glibc (glibc_baseline.h). */
+    unsigned long value = 0;
+    const char *digit = text;
+    for (; *digit >= '0' && *digit <= '9' && value <= largest; digit++)
+        value = value * 10 + (unsigned long)(*digit - '0');
+    if (*digit != '\0' || value > largest) {
         nvshare_warn("%s=%.40s is not a whole number 0..%u; using %u", name, text, largest,
                      fallback);
         return fallback;
