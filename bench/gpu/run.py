@@ -26,6 +26,8 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SHIM = REPO / "shim" / "build" / "libnvshare.so"
+# The same objects for containers with an older glibc (shim/Makefile).
+PORTABLE_SHIM = REPO / "shim" / "build" / "libnvshare-portable.so"
 PLANNED_MANAGED_GIB = 12  # the largest phase: the 8 GiB warm-up, or two trainers of ~3.5 GiB
 
 

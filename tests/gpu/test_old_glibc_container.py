@@ -9,17 +9,18 @@ and libnvshare-portable.so; LD_PRELOAD names the shim."""
 import os
 import pathlib
 import re
-import shlex
-import shutil
 import subprocess
+import sys
 
 import pytest
 
 from json_program import bench
 
 HERE = pathlib.Path(__file__).parent
+sys.path.insert(0, str(HERE.parent / "packaging"))
+from bookworm_container import chrooted  # noqa: E402
+
 ROOT_TARBALL = os.environ.get("NVSHARE_OLD_GLIBC_ROOT", "")
-PORTABLE_SHIM = bench.SHIM.parent / "libnvshare-portable.so"
 DRIVER_DIR_INSIDE = "/usr/local/nvidia/lib64"
 
 pytestmark = pytest.mark.skipif(
@@ -45,15 +46,11 @@ def old_root(tmp_path, shim_library):
 
 
 def containerised(root: pathlib.Path, socket_dir: pathlib.Path, argv: list[str]) -> list[str]:
-    binds = [(socket_dir, "/run/nvshare"), (PORTABLE_SHIM, "/usr/lib/nvshare/libnvshare.so"),
+    binds = [(socket_dir, "/run/nvshare"), (bench.PORTABLE_SHIM, "/usr/lib/nvshare/libnvshare.so"),
              (host_libcuda(), f"{DRIVER_DIR_INSIDE}/libcuda.so.1"), ("/dev", "/dev"), ("/sys", "/sys")]
-    steps = [shlex.join(["mount", "--rbind", str(source), f"{root}{target}"]) for source, target in binds]
-    steps.append(shlex.join(["mount", "-t", "proc", "proc", f"{root}/proc"]))
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LD_LIBRARY_PATH": DRIVER_DIR_INSIDE,
            "LD_PRELOAD": "/usr/lib/nvshare/libnvshare.so", "NVSHARE_DEBUG": "1"}
-    steps.append("exec " + shlex.join(["chroot", str(root), "env", "-i", *[f"{k}={v}" for k, v in env.items()],
-                                       *argv]))
-    return ["unshare", "--pid", "--fork", "--mount", "sh", "-c", " && ".join(steps)]
+    return chrooted(root, argv, binds=binds, env=env, mount_proc=True)
 
 
 def test_two_old_glibc_containers_share_the_gpu_through_the_hosts_agent(old_root, start_agent):

@@ -6,8 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from json_program import bench
-from json_program import run_json_program, run_side_by_side
+from json_program import bench, run_json_program, run_side_by_side
 
 HERE = pathlib.Path(__file__).parent
 
@@ -31,8 +30,7 @@ def test_training_under_shim_is_managed_and_matches_plain_run(start_agent, shim_
 def test_training_under_the_portable_shim_or_two_copies_matches_plain_run(start_agent, shim_env, preload):
     # The containers' build (glibc 2.17 and later), and that build on top of the host's as
     # LD_PRELOAD on a node whose /etc/ld.so.preload names the host's: the first one hooks.
-    portable = bench.SHIM.parent / "libnvshare-portable.so"
-    library = {"portable": str(portable), "two-copies": f"{bench.SHIM} {portable}"}[preload]
+    library = {"portable": str(bench.PORTABLE_SHIM), "two-copies": f"{bench.SHIM} {bench.PORTABLE_SHIM}"}[preload]
     plain, _ = run_training(None, "--steps", "20")
     agent = start_agent()
     shared, stderr = run_training(shim_env(agent, LD_PRELOAD=library, NVSHARE_DEBUG=1), "--steps", "20")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -70,6 +71,19 @@ def ensure_root_tarball(log, suite: str = SUITE, include: tuple[str, ...] = INCL
         return tarball
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def chrooted(root: Path, argv: list[str], *, binds, env: dict[str, str], mount_proc: bool = False) -> list[str]:
+    """The host command line that runs argv as a container of an unpacked root (no
+    systemd inside): its own PID and mount namespaces, each (host path, path inside)
+    of binds mounted as `docker run -v` would, /proc of its own if asked, and a clean
+    environment.  Run as root; the mounts end with the namespace."""
+    steps = [shlex.join(["mount", "--rbind", str(source), f"{root}{target}"]) for source, target in binds]
+    if mount_proc:
+        steps.append(shlex.join(["mount", "-t", "proc", "proc", f"{root}/proc"]))
+    steps.append("exec " + shlex.join(["chroot", str(root), "env", "-i",
+                                       *[f"{k}={v}" for k, v in env.items()], *argv]))
+    return ["unshare", "--pid", "--fork", "--mount", "sh", "-c", " && ".join(steps)]
 
 
 class Container:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -25,9 +24,8 @@ from shim_harness import PORTABLE_SHIM, REPO, SHIM, STANDIN_GPU, TIMEOUT_S, Call
 from test_gating import assert_kernels_never_overlap
 
 sys.path.insert(0, str(REPO / "tests" / "packaging"))
-from bookworm_container import ensure_root_tarball  # noqa: E402
+from bookworm_container import chrooted, ensure_root_tarball  # noqa: E402
 
-HOST_SHIM = SHIM
 OLD_SUITE = "bullseye"
 OLD_GLIBC = (2, 31)
 OLD_INCLUDE = ("gcc", "libc6-dev", "make")
@@ -63,13 +61,13 @@ def test_portable_shim_needs_nothing_newer_than_glibc_2_17():
     assert max(glibc_versions_needed(PORTABLE_SHIM)) <= (2, 17), glibc_versions_needed(PORTABLE_SHIM)
     # Before glibc 2.34 dlopen and pthread_create are in these two, not in libc.
     assert {"libdl.so.2", "libpthread.so.0"} <= needed_libraries(PORTABLE_SHIM)
-    assert exported_symbols(PORTABLE_SHIM) == exported_symbols(HOST_SHIM), "the same objects, linked twice"
+    assert exported_symbols(PORTABLE_SHIM) == exported_symbols(SHIM), "the same objects, linked twice"
 
 
 def test_the_hosts_shim_loads_no_library_a_modern_process_does_not_already_have():
     # /etc/ld.so.preload loads it into every process on the node: on glibc 2.34 and later
     # libdl and libpthread are empty stubs, two file loads for nothing.
-    assert needed_libraries(HOST_SHIM) == {"libc.so.6", "ld-linux-x86-64.so.2"}
+    assert needed_libraries(SHIM) == {"libc.so.6", "ld-linux-x86-64.so.2"}
 
 
 class OldGlibcRoot:
@@ -79,16 +77,9 @@ class OldGlibcRoot:
         self.path = path
 
     def containerised(self, argv: list[str], *, socket_dir: Path, shim: Path, env: dict[str, str]) -> list[str]:
-        """argv in a container of this root: own PID and mount namespaces, the socket
-        directory and the shim bind-mounted, a clean environment."""
-        inside_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **env}
-        root = str(self.path)
-        script = " && ".join([
-            shlex.join(["mount", "--bind", str(socket_dir), root + "/run/nvshare"]),
-            shlex.join(["mount", "--bind", str(shim), root + SHIM_INSIDE]),
-            "exec " + shlex.join(["chroot", root, "env", "-i",
-                                  *[f"{k}={v}" for k, v in inside_env.items()], *argv])])
-        return ["unshare", "--pid", "--fork", "--mount", "sh", "-c", script]
+        """argv in a container of this root, with the socket directory and the shim bind-mounted."""
+        return chrooted(self.path, argv, binds=[(socket_dir, "/run/nvshare"), (shim, SHIM_INSIDE)],
+                        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **env})
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +105,7 @@ def old_root(tmp_path_factory) -> OldGlibcRoot:
 
 
 @needs_root
-@pytest.mark.parametrize("shim,loads", [(PORTABLE_SHIM, True), (HOST_SHIM, False)],
+@pytest.mark.parametrize("shim,loads", [(PORTABLE_SHIM, True), (SHIM, False)],
                          ids=["portable", "host-build"])
 def test_a_process_that_never_uses_cuda_runs_unchanged_under_an_old_glibc(old_root, world, shim, loads):
     argv = old_root.containerised(["sh", "-c", "echo hello; ls /run/nvshare >/dev/null"],
