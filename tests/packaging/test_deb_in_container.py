@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,6 +23,8 @@ import pytest
 from bookworm_container import Container, ensure_root_tarball, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+from test_man_pages import OPTION, mentions, rendered  # noqa: E402
 SHIM = "/usr/lib/x86_64-linux-gnu/libnvshare.so"
 PORTABLE_SHIM = "/usr/lib/x86_64-linux-gnu/nvshare/libnvshare-portable.so"
 BUS = ["io.github.nvshare.Scheduler1", "/io/github/nvshare/Scheduler1",
@@ -119,19 +122,18 @@ def test_the_units_documentation_and_the_readme_links_resolve(container):
         assert container.path(f"/usr/share/doc/nvshare/{link}").is_file(), link
 
 
-def test_manual_pages_are_installed_and_name_every_option_of_the_installed_programs(container):
+def test_manual_pages_are_installed_and_name_every_option_of_the_installed_programs(container, tmp_path):
     # tests/test_man_pages.py checks the pages against the checkout; this is
-    # bookworm's typer and argparse, as installed, against the installed pages.
-    option = r"(?<![\w-])--?[A-Za-z][\w-]*"
+    # bookworm's typer and argparse, as installed, against the installed pages,
+    # read the same way.
     for program, page in (("nvsharectl", "/usr/share/man/man1/nvsharectl.1.gz"),
                           ("nvshare-agent", "/usr/share/man/man8/nvshare-agent.8.gz")):
-        source = gzip.decompress(container.path(page).read_bytes()).decode()
-        # The roff source, less its font changes (\fB, \fP) and with \- as -.
-        text = re.sub(r"\\f(?:\[\w*\]|\(..|.)", "", source).replace("\\-", "-")
-        accepted = set(re.findall(option, container.run([program, "--help"]).stdout))
+        source = tmp_path / Path(page).stem
+        source.write_bytes(gzip.decompress(container.path(page).read_bytes()))
+        text = rendered(source)
+        accepted = set(OPTION.findall(container.run([program, "--help"]).stdout))
         assert "--help" in accepted, program
-        missing = [name for name in sorted(accepted)
-                   if not re.search(r"(?<![\w-])" + re.escape(name) + r"(?![\w-])", text)]
+        missing = [name for name in sorted(accepted) if not mentions(text, name)]
         assert missing == [], f"{page} does not name {missing}"
 
 
