@@ -62,8 +62,15 @@ struct allocation_map nvshare_handle_map;
 struct allocation_map nvshare_vmm_mapping_map;
 static struct gpu_memory gpus[NVSHARE_MAX_GPUS];
 
-/* The prefetch stream of each GPU and context, created on the client thread. */
-static CUstream prefetch_streams[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS];
+/* A grant's prefetch may be split into chunks spread over several streams
+ * (an experiment: bench/gpu/prefetch_split.py builds the shim with other values). */
+#ifndef NVSHARE_PREFETCH_STREAMS
+#define NVSHARE_PREFETCH_STREAMS 1
+#endif
+#define PREFETCH_CHUNK_BYTES (256ULL << 20)
+
+/* The prefetch streams of each GPU and context, created on the client thread. */
+static CUstream prefetch_streams[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS][NVSHARE_PREFETCH_STREAMS];
 
 static void count(int gpu, enum allocation_kind kind, uint64_t bytes, int adding)
 {
@@ -461,21 +468,31 @@ void nvshare_memory_prefetch(int gpu, int slot, void *unused)
         return;
     }
     double started = nvshare_now_ms();
-    CUstream *stream = &prefetch_streams[gpu][slot];
-    if (*stream == NULL && nvshare_driver.stream_create(stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
-        *stream = NULL;
+    CUstream *streams = prefetch_streams[gpu][slot];
+    int stream_count = 0;
+    while (stream_count < NVSHARE_PREFETCH_STREAMS &&
+           (streams[stream_count] != NULL ||
+            nvshare_driver.stream_create(&streams[stream_count], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS))
+        stream_count++;
     uint64_t bytes = 0;
-    for (size_t i = 0; *stream != NULL && i < count; i++) {
+    int next_stream = 0;
+    for (size_t i = 0; stream_count > 0 && i < count; i++) {
         CUmemLocation location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = gpu};
-        /* A range freed since the snapshot only makes this call fail. */
-        CUresult result = prefetch_v2 != NULL
-                              ? prefetch_v2(ranges[i].start, ranges[i].bytes, location, 0, *stream)
-                              : prefetch_v1(ranges[i].start, ranges[i].bytes, gpu, *stream);
-        if (result == CUDA_SUCCESS)
-            bytes += ranges[i].bytes;
+        uint64_t chunk = stream_count > 1 ? PREFETCH_CHUNK_BYTES : ranges[i].bytes;
+        for (uint64_t offset = 0; offset < ranges[i].bytes; offset += chunk) {
+            CUdeviceptr start = ranges[i].start + offset;
+            uint64_t length = ranges[i].bytes - offset < chunk ? ranges[i].bytes - offset : chunk;
+            CUstream stream = streams[next_stream];
+            next_stream = (next_stream + 1) % stream_count;
+            /* A range freed since the snapshot only makes this call fail. */
+            CUresult result = prefetch_v2 != NULL ? prefetch_v2(start, length, location, 0, stream)
+                                                  : prefetch_v1(start, length, gpu, stream);
+            if (result == CUDA_SUCCESS)
+                bytes += length;
+        }
     }
-    if (*stream != NULL)
-        nvshare_driver.stream_synchronize(*stream);
+    for (int i = 0; i < stream_count; i++)
+        nvshare_driver.stream_synchronize(streams[i]);
     double elapsed_ms = nvshare_now_ms() - started;
     nvshare_debug("prefetch gpu=%d allocations=%zu bytes=%llu ms=%.2f GB/s=%.1f", gpu, count,
                   (unsigned long long)bytes, elapsed_ms,
@@ -485,7 +502,7 @@ void nvshare_memory_prefetch(int gpu, int slot, void *unused)
 
 void nvshare_memory_forget_context(int gpu, int slot)
 {
-    prefetch_streams[gpu][slot] = NULL;     /* freed with its context */
+    memset(prefetch_streams[gpu][slot], 0, sizeof prefetch_streams[gpu][slot]);     /* freed with its context */
     pthread_mutex_lock(&nvshare_memory_mutex);
     size_t gone = 0;
     uint64_t *keys = malloc((nvshare_pointer_map.used + 1) * sizeof *keys);

@@ -6,6 +6,7 @@
 #   bench/gpu/run.sh --jax-allocators [RESULTS_DIR]                    (jax_allocators.py)
 #   bench/gpu/run.sh --launch-pairs [PAIRS] [RESULTS_DIR]              (launch_pairs.py)
 #   bench/gpu/run.sh --hook-cost [PROCESSES] [RESULTS_DIR]             (hook_cost.py)
+#   bench/gpu/run.sh --prefetch-split [RESULTS_DIR] [OPTIONS]          (prefetch_split.py)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -21,5 +22,6 @@ case "${1:-}" in
     --jax-allocators) script=jax_allocators.py; shift ;;
     --launch-pairs) script=launch_pairs.py; shift ;;
     --hook-cost) script=hook_cost.py; shift ;;
+    --prefetch-split) script=prefetch_split.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"
