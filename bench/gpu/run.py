@@ -384,6 +384,46 @@ def environment() -> dict:
             "torch": torch.__version__, "python": sys.version.split()[0]}
 
 
+class GpuClockSampler:
+    """nvidia-smi's SM clock, power, temperature and clock-event reasons every 200 ms while a phase
+    runs: whether the GPU itself slowed down (power or heat) explains a step that took longer."""
+
+    FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
+
+    def __init__(self):
+        # A file, not a pipe, so a long phase cannot fill it; stdbuf so every line reaches it.
+        self.output = tempfile.TemporaryFile(mode="w+")
+        self.process = subprocess.Popen(
+            ["stdbuf", "-oL", "nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
+             "-lms", "200"], stdout=self.output, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> dict:
+        stop_process(self.process)
+        self.output.seek(0)
+        lines = self.output.read().splitlines()
+        self.output.close()
+        return gpu_clock_summary(lines)
+
+
+def gpu_clock_summary(lines) -> dict:
+    """GpuClockSampler's lines (clock MHz, power W, temperature C, reasons bitmask in hex)."""
+    rows = []
+    for line in lines:
+        fields = [field.strip() for field in line.split(",")]
+        try:
+            rows.append((float(fields[0]), float(fields[1]), float(fields[2]), int(fields[3], 16)))
+        except (ValueError, IndexError):
+            continue  # a "[N/A]", a cut-off last line
+    if not rows:
+        return {}
+    reasons = 0
+    for row in rows:
+        reasons |= row[3]
+    return {"samples": len(rows), "sm_mhz_median": statistics.median(r[0] for r in rows),
+            "sm_mhz_min": min(r[0] for r in rows), "power_w_median": statistics.median(r[1] for r in rows),
+            "temperature_c_max": max(r[2] for r in rows), "clock_event_reasons": hex(reasons)}
+
+
 def run_phases(phases, results: dict, results_file: pathlib.Path, extra=()) -> None:
     """Runs the (name, function) phases that NVSHARE_BENCH_ONLY picks (all but the extra ones by
     default), saving the results after each."""
@@ -393,10 +433,12 @@ def run_phases(phases, results: dict, results_file: pathlib.Path, extra=()) -> N
         if not selected:
             continue
         started = time.monotonic()
+        clocks = GpuClockSampler()
         try:
             results[name] = phase()
         except Exception as error:  # one failed phase must not lose the others' numbers
             results[name] = {"error": str(error)[-2000:]}
+        results[name]["gpu_clocks"] = clocks.stop()
         results[name]["phase_seconds"] = round(time.monotonic() - started, 1)
         print(f"bench: {name} done in {results[name]['phase_seconds']} s", flush=True)
         results_file.write_text(json.dumps(results, indent=2))
@@ -439,6 +481,15 @@ def print_table(results: dict) -> None:
         value = results.get(phase, {}).get(key)
         return "n/a" if value is None else fmt.format(value)
 
+    def step_ms(phase):
+        value = results.get(phase, {}).get("gpu_step_s")
+        values = value if isinstance(value, list) else [] if value is None else [value]
+        return ", ".join(f"{1000 * v:.1f}" for v in values) or "n/a"
+
+    def clock(phase, key, fmt):
+        value = results.get(phase, {}).get("gpu_clocks", {}).get(key)
+        return "n/a" if value is None else fmt.format(value)
+
     def vs_solo(phase, solo_phase="solo"):
         alone = results.get(solo_phase, {}).get("steps_per_s")
         rate = results.get(phase, {}).get("aggregate_steps_per_s")
@@ -468,6 +519,11 @@ def print_table(results: dict) -> None:
         ("3 two trainers, anti-thrash off: aggregate vs solo", vs_solo("pair_off"), "(compare)"),
         ("3 GPU busy fraction: solo / TQ 2",
          " / ".join(get(p, "gpu_busy_fraction", "{:.3f}") for p in ("solo", "pair_tq2")), "(why)"),
+        ("3 GPU time per step ms: solo / TQ 2 (each)", step_ms("solo") + " / " + step_ms("pair_tq2"), "(why)"),
+        ("3 SM clock MHz, median: solo / TQ 2",
+         " / ".join(clock(p, "sm_mhz_median", "{:.0f}") for p in ("solo", "pair_tq2")), "(why)"),
+        ("3 power W, median: solo / TQ 2",
+         " / ".join(clock(p, "power_w_median", "{:.0f}") for p in ("solo", "pair_tq2")), "(why)"),
         ("4 warm-up GB/s, bulk prefetch", get("warmup", "prefetch_gb_per_s", "{:.1f}"), ">= 45"),
         ("4 warm-up GB/s, page faults", get("warmup", "page_fault_gb_per_s", "{:.1f}"), "(~8.5)"),
         ("4 prefetch / page faults", get("warmup", "speedup", "{:.1f}x"), ">= 5x"),

@@ -98,3 +98,15 @@ def test_hook_cost_pairs_each_block_with_its_neighbour_through_the_driver():
     assert 100 < low <= 120 <= high < 140
     assert measures["ctx_get_current_ns"] == 5.0
     assert measures["locked_add_ns_median"] == pytest.approx(150)
+
+
+def test_gpu_clock_summary_takes_medians_and_every_clock_event_reason_seen():
+    lines = ["1980, 650.5, 40, 0x0000000000000000",
+             "1755, 699.0, 55, 0x0000000000000004",   # power cap
+             "1830, 690.0, 58, 0x0000000000000020",   # thermal slowdown
+             "[N/A], [N/A], 58, [N/A]",
+             "1980, 6"]                               # cut off when the sampler stopped
+    summary = run.gpu_clock_summary(lines)
+    assert summary == {"samples": 3, "sm_mhz_median": 1830, "sm_mhz_min": 1755, "power_w_median": 690.0,
+                       "temperature_c_max": 58, "clock_event_reasons": "0x24"}
+    assert run.gpu_clock_summary(["[N/A], [N/A], [N/A], [N/A]"]) == {}
