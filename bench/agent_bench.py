@@ -11,9 +11,10 @@ Handoff latency: one holder's RELEASED sent -> the next client's LOCK_GRANT
 received (leases are numbered in grant order, so release of lease L pairs with
 the grant of lease L+1; CLOCK_MONOTONIC is shared by all processes).
 Finally it connects --idle-clients clients (each says hello and queues for the
-GPU) and reads the agent's VmRSS.
+GPU) and reads the agent's VmRSS, and again after --churn connections have come and
+gone in two halves (growth over the second half would be a leak).
 
-    .venv/bin/python bench/agent_bench.py                 # 10 and 100 clients, RSS at 1,000
+    .venv/bin/python bench/agent_bench.py                 # 10 and 100 clients, RSS at 1,000 and after 20,000 come and go
     .venv/bin/python bench/agent_bench.py --json out.json
 """
 
@@ -147,6 +148,26 @@ def rss_with_idle_clients(path: str, agent_pid: int, clients: int) -> dict:
     return {"clients": clients, "rss_before_mb": round(before / 2**20, 1), "rss_mb": round(after / 2**20, 1)}
 
 
+def rss_after_churn(path: str, agent_pid: int, connections: int) -> dict:
+    """Connections that come and go (hello, request, grant, release, close), in two equal batches:
+    an agent that keeps anything per connection grows between the first batch and the second."""
+    request = protocol.encode_lock(MessageType.LOCK_REQUEST, GPU)
+    rss = [rss_bytes(agent_pid)]
+    started = time.monotonic()
+    for _ in range(2):
+        for i in range(connections // 2):
+            client = BlockingClient(path, f"churn{i}")
+            client.sock.sendall(request)
+            grant = client.next()
+            client.sock.sendall(protocol.encode_lock(MessageType.RELEASED, GPU, grant.lease))
+            client.sock.close()
+        time.sleep(0.5)  # the agent sees the last ones go
+        rss.append(rss_bytes(agent_pid))
+    return {"connections": connections // 2 * 2, "per_s": round(connections / (time.monotonic() - started)),
+            "rss_mb": [round(value / 2**20, 1) for value in rss],
+            "growth_second_batch_kb": round((rss[2] - rss[1]) / 1024)}
+
+
 def rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -164,6 +185,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--seconds", type=float, default=5.0, help="measuring time per client count")
     parser.add_argument("--idle-clients", type=int, default=1000)
+    parser.add_argument("--churn", type=int, default=20000,
+                        help="connections that come and go, for the agent's RSS after them (0: skip)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--baseline", action="store_true",
                         help="run the clients against bench/minimal_relay.py instead of the agent: the floor "
@@ -207,6 +230,12 @@ def main() -> int:
             results["rss"] = r
             print(f"{r['clients']:5d} clients connected: agent RSS {r['rss_mb']} MB "
                   f"(idle: {r['rss_before_mb']} MB)")
+        if args.churn:
+            r = rss_after_churn(str(sock_path), agent.pid, args.churn)
+            results["churn"] = r
+            print(f"{r['connections']:5d} connections came and went ({r['per_s']}/s): agent RSS "
+                  f"{' -> '.join(str(v) for v in r['rss_mb'])} MB, second half "
+                  f"{r['growth_second_batch_kb']:+d} KiB")
         if args.json:
             args.json.write_text(json.dumps(results, indent=2) + "\n")
     finally:
