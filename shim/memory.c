@@ -66,6 +66,8 @@ static struct gpu_memory gpus[NVSHARE_MAX_GPUS];
  * (an experiment: bench/gpu/prefetch_split.py builds the shim with other values). */
 #ifndef NVSHARE_PREFETCH_STREAMS
 #define NVSHARE_PREFETCH_STREAMS 1
+#elif NVSHARE_PREFETCH_STREAMS < 1
+#error "NVSHARE_PREFETCH_STREAMS must be at least 1"
 #endif
 #define PREFETCH_CHUNK_BYTES (256ULL << 20)
 

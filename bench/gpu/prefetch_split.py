@@ -11,7 +11,6 @@ and the shim's own prefetch timings (its debug log) as JSON.
 """
 import argparse
 import json
-import os
 import pathlib
 import statistics
 import subprocess
@@ -42,7 +41,11 @@ def main() -> None:
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("results_dir", nargs="?", default=None)
     args = parser.parse_args()
-    results_dir = pathlib.Path(args.results_dir or tempfile.mkdtemp())
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if not all(1 <= n <= 64 for n in args.streams):
+        parser.error("--streams takes counts from 1 to 64")
+    results_dir = pathlib.Path(args.results_dir or "results/gpu")
     results_dir.mkdir(parents=True, exist_ok=True)
     run.check_memory()
 
