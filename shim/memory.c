@@ -69,7 +69,9 @@ static struct gpu_memory gpus[NVSHARE_MAX_GPUS];
 #elif NVSHARE_PREFETCH_STREAMS < 1
 #error "NVSHARE_PREFETCH_STREAMS must be at least 1"
 #endif
-#define PREFETCH_CHUNK_BYTES (256ULL << 20)
+#ifndef NVSHARE_PREFETCH_CHUNK_BYTES
+#define NVSHARE_PREFETCH_CHUNK_BYTES (256ULL << 20)
+#endif
 
 /* The prefetch streams of each GPU and context, created on the client thread. */
 static CUstream prefetch_streams[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS][NVSHARE_PREFETCH_STREAMS];
@@ -472,15 +474,18 @@ void nvshare_memory_prefetch(int gpu, int slot, void *unused)
     double started = nvshare_now_ms();
     CUstream *streams = prefetch_streams[gpu][slot];
     int stream_count = 0;
-    while (stream_count < NVSHARE_PREFETCH_STREAMS &&
-           (streams[stream_count] != NULL ||
-            nvshare_driver.stream_create(&streams[stream_count], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS))
-        stream_count++;
+    for (; stream_count < NVSHARE_PREFETCH_STREAMS; stream_count++) {
+        CUstream *stream = &streams[stream_count];
+        if (*stream == NULL && nvshare_driver.stream_create(stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+            *stream = NULL;     /* whatever a failed call left there is no stream */
+            break;
+        }
+    }
     uint64_t bytes = 0;
     int next_stream = 0;
     for (size_t i = 0; stream_count > 0 && i < count; i++) {
         CUmemLocation location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = gpu};
-        uint64_t chunk = stream_count > 1 ? PREFETCH_CHUNK_BYTES : ranges[i].bytes;
+        uint64_t chunk = stream_count > 1 ? NVSHARE_PREFETCH_CHUNK_BYTES : ranges[i].bytes;
         for (uint64_t offset = 0; offset < ranges[i].bytes; offset += chunk) {
             CUdeviceptr start = ranges[i].start + offset;
             uint64_t length = ranges[i].bytes - offset < chunk ? ranges[i].bytes - offset : chunk;
@@ -504,7 +509,8 @@ void nvshare_memory_prefetch(int gpu, int slot, void *unused)
 
 void nvshare_memory_forget_context(int gpu, int slot)
 {
-    memset(prefetch_streams[gpu][slot], 0, sizeof prefetch_streams[gpu][slot]);     /* freed with its context */
+    /* Freed with their context. */
+    memset(prefetch_streams[gpu][slot], 0, sizeof prefetch_streams[gpu][slot]);
     pthread_mutex_lock(&nvshare_memory_mutex);
     size_t gone = 0;
     uint64_t *keys = malloc((nvshare_pointer_map.used + 1) * sizeof *keys);

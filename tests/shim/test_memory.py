@@ -2,10 +2,11 @@
 passed through; cuMemGetInfo and the per-process limit behave as on a GPU of one's own."""
 
 import re
+import subprocess
 
 import pytest
 
-from shim_harness import CLIENTS, STANDIN_GPU
+from shim_harness import CLIENTS, REPO, STANDIN_GPU
 
 GIB = 1 << 30
 
@@ -130,3 +131,23 @@ def test_prefetch_can_be_turned_off(world, agent):
     client = world.client("linked", "--loops", 2, "--sleep-ms", 400, NVSHARE_PREFETCH=0)
     client.finish_ok()
     assert prefetches(world, client.pid) == []
+
+
+def test_a_shim_built_to_split_the_prefetch_covers_each_buffer_in_chunks_over_its_streams(world, agent, tmp_path):
+    """The build option bench/gpu/prefetch_split.py measures (the product's build makes one call)."""
+    build = tmp_path / "split"
+    subprocess.run(["make", "-s", "-C", str(REPO / "shim"), f"BUILD={build}",
+                    "CPPFLAGS=-DNVSHARE_PREFETCH_STREAMS=4 -DNVSHARE_PREFETCH_CHUNK_BYTES=262144"], check=True)
+    client = world.client("linked", "--loops", 2, "--sleep-ms", 400, "--ints", 1 << 18,
+                          env=world.env() | {"LD_PRELOAD": str(build / "libnvshare.so")})
+    client.finish_ok()
+    world.settled(agent, client)
+    buffer = int(world.calls(client.pid, "cuMemAllocManaged")[0].fields["ptr"], 16)
+    chunks = [c for c in prefetches(world, client.pid)
+              if buffer <= int(c.fields["ptr"], 16) < buffer + (1 << 20)]
+    assert len(chunks) >= 8 and len(chunks) % 4 == 0, f"{len(chunks)} chunks for two grants or more"
+    for grant in range(len(chunks) // 4):
+        one_grant = chunks[4 * grant:4 * grant + 4]
+        assert [int(c.fields["ptr"], 16) - buffer for c in one_grant] == [0, 1 << 18, 2 << 18, 3 << 18]
+        assert all(c.fields["bytes"] == str(1 << 18) and c.fields["result"] == "0" for c in one_grant)
+        assert len({c.fields["stream"] for c in one_grant}) == 4, "one chunk per stream"
