@@ -4,6 +4,7 @@ and the real agent as a subprocess on that bus and a temp socket.
 
 Everything waits for conditions with generous timeouts; nothing sleeps to time."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -242,3 +243,10 @@ def set_property(address: str, prop_name: str, typed_value: str, user: list | No
 def get_property(address: str, prop_name: str, user: list | None = None) -> str:
     """The value as busctl prints it, e.g. 'u 30' or 'b true'."""
     return busctl_on_agent(address, "get-property", prop_name, user=user).stdout.strip()
+
+
+def property_data(address: str, prop_name: str):
+    """The value as busctl's JSON gives it: numbers, strings, and lists for arrays and structs."""
+    result = busctl(address, "--json=short", "get-property", names.BUS_NAME, names.OBJECT_PATH,
+                    names.INTERFACE, prop_name)
+    return json.loads(result.stdout)["data"]

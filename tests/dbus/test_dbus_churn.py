@@ -3,7 +3,6 @@ leaves, many of them by crashing.  After a thousand connections that leave in ev
 there is, the agent holds the file descriptors it held before, shows no client and no
 GPU it learned from them on the bus, and its log has no traceback."""
 
-import json
 import os
 import sys
 import uuid
@@ -15,15 +14,9 @@ from nvshare_agent import dbus_names as names  # noqa: E402
 from nvshare_agent import protocol  # noqa: E402
 from nvshare_agent.protocol import MessageType  # noqa: E402
 
-from dbus_harness import busctl, wait_for  # noqa: E402
+from dbus_harness import property_data, wait_for  # noqa: E402
 
 ROUNDS = 150  # seven connections each
-
-
-def _live(address: str, prop_name: str):
-    result = busctl(address, "--json=short", "get-property", names.BUS_NAME, names.OBJECT_PATH,
-                    names.INTERFACE, prop_name)
-    return json.loads(result.stdout)["data"]
 
 
 def _open_fds(pid: int) -> int:
@@ -85,15 +78,15 @@ def test_a_thousand_clients_leaving_every_way_leave_nothing_behind(agent, bus):
     # The GPU inventory is read by a child process whose pipes close when it is done.
     wait_for(lambda: "no GPU inventory" in agent.log() or "gpu uuid=" in agent.log(), "the GPU inventory")
     fds_before = _open_fds(pid)
-    gpus_before = _live(bus.address, names.PROP_GPUS)
+    gpus_before = property_data(bus.address, names.PROP_GPUS)
 
     for _ in range(ROUNDS):
         _one_round(agent.socket_path)
 
     wait_for(lambda: _sockets_on(pid, agent.socket_path) == 1, "every connection to be closed")
     agent.assert_alive()
-    assert _live(bus.address, names.PROP_CLIENTS) == []
-    assert _live(bus.address, names.PROP_GPUS) == gpus_before
+    assert property_data(bus.address, names.PROP_CLIENTS) == []
+    assert property_data(bus.address, names.PROP_GPUS) == gpus_before
     assert _open_fds(pid) == fds_before
     # Still serving: the next client gets the lock at once.
     with ShimClient(agent.socket_path, command="after") as after:

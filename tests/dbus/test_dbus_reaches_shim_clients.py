@@ -2,7 +2,6 @@
 agent's socket, and their state shows in the live-state properties."""
 
 import asyncio
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,13 +16,7 @@ from nvshare_agent import dbus_names as names  # noqa: E402
 from nvshare_agent import protocol  # noqa: E402
 from nvshare_agent.protocol import MessageType  # noqa: E402
 
-from dbus_harness import busctl, busctl_on_agent, wait_for  # noqa: E402
-
-
-def _live(address: str, prop_name: str):
-    result = busctl(address, "--json=short", "get-property", names.BUS_NAME, names.OBJECT_PATH,
-                    names.INTERFACE, prop_name)
-    return json.loads(result.stdout)["data"]
+from dbus_harness import busctl_on_agent, property_data, wait_for  # noqa: E402
 
 
 def _frames_until(client: ShimClient, msg_type: int) -> list:
@@ -44,13 +37,13 @@ def _holder_and_waiter(agent, bus):
     grant = holder.wait_grant()
     waiter.request()
     me = os.getpid()  # both fake shims live in this process
-    wait_for(lambda: any(gpu[4] == [me] for gpu in _live(bus.address, "Gpus")), "the waiter queued")
+    wait_for(lambda: any(gpu[4] == [me] for gpu in property_data(bus.address, "Gpus")), "the waiter queued")
     return holder, grant, waiter
 
 
 def test_anti_thrash_off_over_dbus_grants_a_queued_waiter_at_once(agent, bus):
     holder, _, waiter = _holder_and_waiter(agent, bus)
-    states = sorted(entry[1] for client in _live(bus.address, "Clients") for entry in client[4])
+    states = sorted(entry[1] for client in property_data(bus.address, "Clients") for entry in client[4])
     assert states == ["holding", "waiting"]
     gpu = busctl_on_agent(bus.address, "call", names.METHOD_GET_GPU, "s",
                           protocol.format_uuid(GPU0)).stdout.split()
@@ -64,7 +57,7 @@ def test_anti_thrash_off_over_dbus_grants_a_queued_waiter_at_once(agent, bus):
     assert frames[-1].gpu == GPU0
     pushed = holder.expect(MessageType.SETTINGS)
     assert pushed.anti_thrash is False
-    assert sorted(entry[1] for client in _live(bus.address, "Clients")
+    assert sorted(entry[1] for client in property_data(bus.address, "Clients")
                   for entry in client[4]) == ["holding", "holding"]
     holder.close()
     waiter.close()
