@@ -110,3 +110,17 @@ def test_gpu_clock_summary_takes_medians_and_every_clock_event_reason_seen():
     assert summary == {"samples": 3, "sm_mhz_median": 1830, "sm_mhz_min": 1755, "power_w_median": 690.0,
                        "temperature_c_max": 58, "clock_event_reasons": "0x24"}
     assert run.gpu_clock_summary(["[N/A], [N/A], [N/A], [N/A]"]) == {}
+
+
+def test_unsampled_phases_run_without_querying_the_gpu(tmp_path, monkeypatch):
+    # No nvidia-smi (nor stdbuf) on PATH: starting the sampler would raise.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("NVSHARE_BENCH_ONLY", raising=False)
+    results = {}
+    run.run_phases([("overhead", lambda: {"launch_us_delta": 0.01}), ("pausing", lambda: {})], results,
+                   tmp_path / "gpu.json", extra={"pausing"}, unsampled={"overhead"})
+    assert set(results) == {"overhead"}
+    assert results["overhead"]["launch_us_delta"] == 0.01
+    assert "gpu_clocks" not in results["overhead"] and "error" not in results["overhead"]
+    with pytest.raises(FileNotFoundError):
+        run.run_phases([("solo", dict)], results, tmp_path / "gpu.json")
