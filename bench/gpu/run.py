@@ -13,10 +13,12 @@ asking for more can hang a shared GPU.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pathlib
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -51,9 +53,12 @@ class Agent:
     """The real agent on a temporary socket, configured through its config file (tests/gpu uses
     it too).  base_env: the environment it starts from (os.environ by default)."""
 
+    started = itertools.count()
+
     def __init__(self, workdir: pathlib.Path, time_quantum_s=30, anti_thrash=True, idle_release_ms=1000,
                  debug=False, base_env=None):
-        self.dir = pathlib.Path(tempfile.mkdtemp(dir=workdir, prefix="agent-"))
+        # Numbered, so a phase's logs are kept in the order its agents started (keep_agent_logs).
+        self.dir = pathlib.Path(tempfile.mkdtemp(dir=workdir, prefix=f"agent-{next(Agent.started):04d}-"))
         (self.dir / "state").mkdir()
         config = self.dir / "nvshare.conf"
         config.write_text(f"[scheduler]\ntime_quantum = {time_quantum_s}\n"
@@ -437,11 +442,20 @@ def gpu_clock_summary(lines) -> dict:
             "temperature_c_max": max(r[2] for r in rows), "clock_event_reasons": hex(reasons)}
 
 
-def run_phases(phases, results: dict, results_file: pathlib.Path, extra=(), unsampled=()) -> None:
+def keep_agent_logs(workdir: pathlib.Path, logs_dir: pathlib.Path, phase: str, kept: set) -> None:
+    """Copies the logs of the agents a phase started (workdir/agent-*) to logs_dir/PHASE[-N].log."""
+    for number, agent_dir in enumerate(sorted(set(workdir.glob("agent-*")) - kept)):
+        kept.add(agent_dir)
+        logs_dir.mkdir(exist_ok=True)
+        shutil.copyfile(agent_dir / "agent.log", logs_dir / f"{phase}{f'-{number + 1}' if number else ''}.log")
+
+
+def run_phases(phases, results: dict, results_file: pathlib.Path, extra=(), unsampled=(), workdir=None) -> None:
     """Runs the (name, function) phases that NVSHARE_BENCH_ONLY picks (all but the extra ones by
-    default), saving the results after each; every phase but the unsampled ones under a
-    GpuClockSampler."""
+    default), saving the results after each, and the logs of the agents in workdir beside them;
+    every phase but the unsampled ones under a GpuClockSampler."""
     only = set(os.environ.get("NVSHARE_BENCH_ONLY", "").split(",")) - {""}
+    kept_logs = set()
     for name, phase in phases:
         selected = name in only if only else name not in extra
         if not selected:
@@ -457,6 +471,8 @@ def run_phases(phases, results: dict, results_file: pathlib.Path, extra=(), unsa
         results[name]["phase_seconds"] = round(time.monotonic() - started, 1)
         print(f"bench: {name} done in {results[name]['phase_seconds']} s", flush=True)
         results_file.write_text(json.dumps(results, indent=2))
+        if workdir is not None:
+            keep_agent_logs(workdir, results_file.parent / "agent-logs", name, kept_logs)
 
 
 def main() -> None:
@@ -489,7 +505,7 @@ def main() -> None:
     extra = {"solo_pausing", "pair_pausing_tq2", "pair_pausing_off"}
     # nvidia-smi's polling goes through the driver every 200 ms; the overhead phase resolves
     # tenths of a microsecond per launch, so nothing else queries the GPU while it runs.
-    run_phases(phases, results, results_dir / "gpu.json", extra, unsampled={"overhead"})
+    run_phases(phases, results, results_dir / "gpu.json", extra, unsampled={"overhead"}, workdir=workdir)
     print_table(results)
 
 

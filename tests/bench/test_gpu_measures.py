@@ -124,3 +124,28 @@ def test_unsampled_phases_run_without_querying_the_gpu(tmp_path, monkeypatch):
     assert "gpu_clocks" not in results["overhead"] and "error" not in results["overhead"]
     with pytest.raises(FileNotFoundError):
         run.run_phases([("solo", dict)], results, tmp_path / "gpu.json")
+
+
+
+def test_each_phase_keeps_the_logs_of_the_agents_it_started(tmp_path, monkeypatch):
+    monkeypatch.delenv("NVSHARE_BENCH_ONLY", raising=False)
+    workdir, results_dir = tmp_path / "work", tmp_path / "results"
+    workdir.mkdir(), results_dir.mkdir()
+    logs = {}
+
+    def phase_starting(name, agents):
+        def phase():
+            for number in range(agents):
+                agent = run.Agent(workdir, time_quantum_s=number + 1)
+                agent.stop()
+                logs[f"{name}{f'-{number + 1}' if number else ''}.log"] = agent.log()
+            return {}
+        return name, phase
+
+    run.run_phases([phase_starting("first", 1), phase_starting("none", 0), phase_starting("second", 2)],
+                   {}, results_dir / "gpu.json", unsampled={"first", "none", "second"}, workdir=workdir)
+    kept = {path.name: path.read_text() for path in (results_dir / "agent-logs").iterdir()}
+    assert set(kept) == {"first.log", "second.log", "second-2.log"}
+    assert kept == logs
+    # In the order they started: the second agent of a phase had TQ 2 s.
+    assert "time_quantum_s=1 " in kept["second.log"] and "time_quantum_s=2 " in kept["second-2.log"]
