@@ -10,6 +10,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -66,7 +67,10 @@ def test_one_process_over_two_gpus_takes_both_locks_and_trains_as_alone(start_ag
     agent = start_agent(time_quantum_s=1, anti_thrash=True)
     beside = bench.start_json(training("--seconds", "20"),
                               env=shim_env(agent, CUDA_VISIBLE_DEVICES="1", **PCI_ORDER))
-    agent.wait_for_grant(beside, timeout=60)    # the trainer on GPU 1 holds it first
+    deadline = time.monotonic() + 60
+    while not agent.events("grant"):    # the trainer on GPU 1 holds it first
+        assert beside.poll() is None and time.monotonic() < deadline, "the trainer on GPU 1 got no grant"
+        time.sleep(0.2)
     shared, stderr = run_json_program(training(*split), shim_env(agent, **PCI_ORDER))
     beside_result = bench.finish_json(beside)
     assert shared["managed"] and beside_result["managed"], stderr[-2000:]
