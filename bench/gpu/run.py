@@ -122,6 +122,17 @@ def finish_json(process, timeout=300) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def wait_for_file(path: pathlib.Path, process: subprocess.Popen, timeout=120) -> None:
+    """Returns once process (started by start_json) has created path."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args} stopped before creating {path}:\n{process.stderr.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{process.args} did not create {path} in {timeout} s")
+        time.sleep(0.1)
+
+
 def trainer(*args) -> list[str]:
     return [sys.executable, str(HERE / "trainer.py"), *args]
 
@@ -353,8 +364,11 @@ def notebook_beside_trainer(workdir, time_quantum_s, seconds) -> dict:
     agent = Agent(workdir, time_quantum_s=time_quantum_s)
     try:
         # The trainer outlives the notebook (it is stopped afterwards), so every burst competes with it.
-        training = start_json(trainer("--seconds", str(seconds + 120)), env=agent.env())
-        time.sleep(8)  # the trainer holds the GPU and is busy
+        ready = agent.dir / "trainer-ready"
+        training = start_json(trainer("--seconds", str(seconds + 120), "--ready-file", str(ready)), env=agent.env())
+        # Its first step, not its first grant: in its setup it leaves the GPU idle for seconds
+        # (the shim gives the lock back), and a notebook starting then finds the GPU free.
+        wait_for_file(ready, training)
         notebook = start_json([sys.executable, str(HERE / "notebook.py"), "--seconds", str(seconds)],
                               env=agent.env())
         bursts = finish_json(notebook, timeout=seconds + 120)

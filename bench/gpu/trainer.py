@@ -9,6 +9,7 @@ times steps were queued).  --pause-every N --pause-s S waits S seconds on the
 CPU after every N steps (an evaluation or a checkpoint), leaving the GPU idle."""
 import argparse
 import json
+import pathlib
 import time
 
 import torch
@@ -23,6 +24,7 @@ def main() -> None:
     parser.add_argument("--sync-every", type=int, default=1, help="read the loss every N steps")
     parser.add_argument("--pause-every", type=int, default=0, help="pause after every N steps")
     parser.add_argument("--pause-s", type=float, default=0.0, help="for this long, GPU idle")
+    parser.add_argument("--ready-file", help="created once the first step is done (the setup is over)")
     parser.add_argument("--gpu-spans", action="store_true",
                         help="also time each step on the GPU (first kernel to last), to see idle gaps")
     args = parser.parse_args()
@@ -51,6 +53,8 @@ def main() -> None:
         if len(step_times) % args.sync_every == 0:
             loss_value = loss.item()  # a sync, as real loops log the loss
         step_times.append(time.time())
+        if args.ready_file and len(step_times) == 1:
+            pathlib.Path(args.ready_file).touch()
         if args.gpu_spans:
             spans.append(begin.elapsed_time(end) / 1000)
         if args.pause_every and len(step_times) % args.pause_every == 0:

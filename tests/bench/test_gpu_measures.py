@@ -149,3 +149,22 @@ def test_each_phase_keeps_the_logs_of_the_agents_it_started(tmp_path, monkeypatc
     assert kept == logs
     # In the order they started: the second agent of a phase had TQ 2 s.
     assert "time_quantum_s=1 " in kept["second.log"] and "time_quantum_s=2 " in kept["second-2.log"]
+
+
+@pytest.mark.parametrize("script, error", [
+    ("import pathlib, sys, time; time.sleep(0.3); pathlib.Path(sys.argv[1]).touch(); time.sleep(30)", None),
+    ("import sys; sys.exit('no GPU here')", "stopped before creating .*\n.*no GPU here"),
+    ("import time; time.sleep(30)", "did not create .* in 1 s"),
+])
+def test_wait_for_file_returns_once_the_process_made_it_or_says_why_not(tmp_path, script, error):
+    ready = tmp_path / "trainer-ready"
+    process = run.start_json([sys.executable, "-c", script, str(ready)])
+    try:
+        if error is None:
+            run.wait_for_file(ready, process, timeout=30)
+            assert ready.exists() and process.poll() is None
+        else:
+            with pytest.raises(RuntimeError, match=error):
+                run.wait_for_file(ready, process, timeout=1)
+    finally:
+        run.stop_process(process)
