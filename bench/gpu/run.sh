@@ -7,6 +7,7 @@
 #   bench/gpu/run.sh --launch-pairs [PAIRS] [RESULTS_DIR]              (launch_pairs.py)
 #   bench/gpu/run.sh --hook-cost [PROCESSES] [RESULTS_DIR]             (hook_cost.py)
 #   bench/gpu/run.sh --prefetch-split [RESULTS_DIR] [OPTIONS]          (prefetch_split.py)
+#   bench/gpu/run.sh --startup [PAIRS] [RESULTS_DIR]                   (startup.py)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -23,5 +24,6 @@ case "${1:-}" in
     --launch-pairs) script=launch_pairs.py; shift ;;
     --hook-cost) script=hook_cost.py; shift ;;
     --prefetch-split) script=prefetch_split.py; shift ;;
+    --startup) script=startup.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"

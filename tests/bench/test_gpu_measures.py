@@ -10,6 +10,7 @@ import hook_cost  # noqa: E402
 import launch_pairs  # noqa: E402
 import original  # noqa: E402
 import run  # noqa: E402
+import startup  # noqa: E402
 
 
 def alternating(turn_s=1.0, step_s=0.1, turns=10):
@@ -78,6 +79,8 @@ def test_launch_delta_interval_holds_the_true_shift_and_excludes_zero_only_when_
     (launch_pairs, "1", "launch_pairs: PAIRS must be at least 2"),
     (hook_cost, "x", "hook_cost: PROCESSES must be a whole number, not 'x'"),
     (hook_cost, "0", "hook_cost: PROCESSES must be at least 1"),
+    (startup, "five", "startup: PAIRS must be a whole number, not 'five'"),
+    (startup, "0", "startup: PAIRS must be at least 1"),
 ])
 def test_side_scripts_refuse_a_bad_count_in_one_line(script, count, error):
     done = subprocess.run([sys.executable, script.__file__, count], capture_output=True, text=True)
@@ -168,3 +171,11 @@ def test_wait_for_file_returns_once_the_process_made_it_or_says_why_not(tmp_path
                 run.wait_for_file(ready, process, timeout=1)
     finally:
         run.stop_process(process)
+
+
+def test_startup_measures_compare_medians_and_pair_each_start():
+    measures = startup.startup_measures([11.0, 13.0, 12.0], [11.5, 12.0, 12.6], [2, 2, 3])
+    assert measures["plain_median_s"] == 12.0 and measures["shim_median_s"] == 12.0
+    assert measures["shim_over_plain"] == 1.0
+    assert measures["paired_delta_s"] == pytest.approx([0.5, -1.0, 0.6])
+    assert measures["grants_per_start"] == [2, 2, 3]

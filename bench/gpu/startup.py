@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""What the shim adds to a CUDA process's start.
+
+The reference trainer's time from spawn to its first step, without and with the shim, in
+interleaved pairs (the order flipping each pair), and the grants each start under the shim
+took: in its setup the trainer leaves the GPU idle for seconds while it loads its kernels,
+so the shim gives the lock back and asks again.  Full numbers go to RESULTS/startup.json.
+
+    bench/gpu/run.sh --startup [PAIRS] [RESULTS]
+"""
+from __future__ import annotations
+
+import collections
+import json
+import pathlib
+import statistics
+import tempfile
+import time
+
+from run import Agent, count_and_results_dir, run_json, trainer
+
+
+def seconds_to_first_step(env) -> float:
+    spawned = time.time()
+    return run_json(trainer("--steps", "3"), env=env)["step_times"][0] - spawned
+
+
+def startup_measures(plain_s, shim_s, grants_per_start) -> dict:
+    """Medians of both sides, their ratio, and each pair's difference (shim - plain)."""
+    plain, shim = statistics.median(plain_s), statistics.median(shim_s)
+    return {"plain_s": plain_s, "shim_s": shim_s, "plain_median_s": plain, "shim_median_s": shim,
+            "shim_over_plain": shim / plain, "paired_delta_s": [s - p for s, p in zip(shim_s, plain_s)],
+            "grants_per_start": grants_per_start}
+
+
+def main() -> None:
+    pairs, results_dir = count_and_results_dir("startup", "PAIRS", default=5, minimum=1)
+    agent = Agent(pathlib.Path(tempfile.mkdtemp(prefix="nvshare-startup-")))
+    plain_s, shim_s = [], []
+    try:
+        for pair in range(pairs):
+            for shimmed in (False, True) if pair % 2 == 0 else (True, False):
+                (shim_s if shimmed else plain_s).append(seconds_to_first_step(agent.env() if shimmed else None))
+        # Only the processes under the shim talk to the agent, in the order they started.
+        grants = collections.Counter(event["pid"] for event in agent.events("grant"))
+    finally:
+        agent.stop()
+    measures = startup_measures(plain_s, shim_s, list(grants.values()))
+    (results_dir / "startup.json").write_text(json.dumps(measures, indent=1))
+    print(f"spawn to first step, plain: median {measures['plain_median_s']:.2f} s "
+          f"({min(plain_s):.2f}-{max(plain_s):.2f})")
+    print(f"spawn to first step, shim:  median {measures['shim_median_s']:.2f} s "
+          f"({min(shim_s):.2f}-{max(shim_s):.2f}); shim / plain {measures['shim_over_plain']:.3f}")
+    print(f"grants per start under the shim (3 steps): {measures['grants_per_start']}")
+
+
+if __name__ == "__main__":
+    main()
