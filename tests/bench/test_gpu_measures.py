@@ -178,4 +178,7 @@ def test_startup_measures_compare_medians_and_pair_each_start():
     assert measures["plain_median_s"] == 12.0 and measures["shim_median_s"] == 12.0
     assert measures["shim_over_plain"] == 1.0
     assert measures["paired_delta_s"] == pytest.approx([0.5, -1.0, 0.6])
+    assert measures["mean_paired_delta_s"] == pytest.approx(0.1 / 3)
+    low, high = measures["mean_paired_delta_95_s"]
+    assert -1.0 <= low < 0 < high <= 0.6
     assert measures["grants_per_start"] == [2, 2, 3]
