@@ -467,7 +467,7 @@ def run_phases(phases, results: dict, results_file: pathlib.Path, extra=(), unsa
             results[name] = phase()
         except Exception as error:  # one failed phase must not lose the others' numbers
             results[name] = {"error": str(error)[-2000:]}
-        if clocks:
+        if clocks is not None:
             results[name]["gpu_clocks"] = clocks.stop()
         results[name]["phase_seconds"] = round(time.monotonic() - started, 1)
         print(f"bench: {name} done in {results[name]['phase_seconds']} s", flush=True)

@@ -3,8 +3,8 @@
 
 The reference trainer's time from spawn to its first step, without and with the shim, in
 interleaved pairs (the order flipping each pair), and the grants each start under the shim
-took: in its setup the trainer leaves the GPU idle for seconds while it loads its kernels,
-so the shim gives the lock back and asks again.  Full numbers go to RESULTS/startup.json.
+took: between copying its weights and its first kernel the trainer leaves the GPU idle for
+seconds, so the shim gives the lock back and asks again.  Full numbers go to RESULTS/startup.json.
 
     bench/gpu/run.sh --startup [PAIRS] [RESULTS]
 """
@@ -39,12 +39,12 @@ def startup_measures(plain_s, shim_s, grants_per_start) -> dict:
 
 
 def main() -> None:
-    pairs, results_dir = count_and_results_dir("startup", "PAIRS", default=5, minimum=1)
+    pairs, results_dir = count_and_results_dir("startup", "PAIRS", default=10, minimum=1)
     agent = Agent(pathlib.Path(tempfile.mkdtemp(prefix="nvshare-startup-")))
     plain_s, shim_s = [], []
-    # Not counted: the first start on a machine reads PyTorch and CUDA from disk (12 s against 8).
-    seconds_to_first_step(None)
     try:
+        # Not counted: the first start on a machine reads PyTorch and CUDA from disk (12 s against 8).
+        seconds_to_first_step(None)
         for pair in range(pairs):
             for shimmed in (False, True) if pair % 2 == 0 else (True, False):
                 (shim_s if shimmed else plain_s).append(seconds_to_first_step(agent.env() if shimmed else None))
