@@ -129,7 +129,6 @@ def test_unsampled_phases_run_without_querying_the_gpu(tmp_path, monkeypatch):
         run.run_phases([("solo", dict)], results, tmp_path / "gpu.json")
 
 
-
 def test_each_phase_keeps_the_logs_of_the_agents_it_started(tmp_path, monkeypatch):
     monkeypatch.delenv("NVSHARE_BENCH_ONLY", raising=False)
     workdir, results_dir = tmp_path / "work", tmp_path / "results"
