@@ -73,11 +73,10 @@ class Agent:
                 [sys.executable, "-m", "nvshare_agent", "--socket", str(self.socket), "--bus", "none",
                  "--config", str(config), "--state-dir", str(self.dir / "state"), *(["--debug"] if debug else [])],
                 stdout=log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 20
-        while not self.socket.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("agent did not start:\n" + self.log_path.read_text())
-            time.sleep(0.05)
+        try:
+            wait_for_file(self.socket, self.process, timeout=20, poll_s=0.05)
+        except RuntimeError:
+            raise RuntimeError("agent did not start:\n" + self.log_path.read_text()) from None
 
     def env(self, **extra) -> dict:
         env = dict(os.environ, LD_PRELOAD=str(SHIM), NVSHARE_SOCKET=str(self.socket))
@@ -122,15 +121,16 @@ def finish_json(process, timeout=300) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def wait_for_file(path: pathlib.Path, process: subprocess.Popen, timeout=120) -> None:
-    """Returns once process (started by start_json) has created path."""
+def wait_for_file(path: pathlib.Path, process: subprocess.Popen, timeout=120, poll_s=0.1) -> None:
+    """Returns once process has created path (the agent its socket, a trainer its ready file)."""
     deadline = time.monotonic() + timeout
     while not path.exists():
         if process.poll() is not None:
-            raise RuntimeError(f"{process.args} stopped before creating {path}:\n{process.stderr.read()[-3000:]}")
+            output = process.stderr.read()[-3000:] if process.stderr else ""
+            raise RuntimeError(f"{process.args} stopped before creating {path}:\n{output}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"{process.args} did not create {path} in {timeout} s")
-        time.sleep(0.1)
+        time.sleep(poll_s)
 
 
 def trainer(*args) -> list[str]:

@@ -1,4 +1,5 @@
 """The GPU benchmark's measures, on made-up step times and log lines (no GPU needed)."""
+import os
 import pathlib
 import subprocess
 import sys
@@ -181,3 +182,13 @@ def test_startup_measures_compare_medians_and_pair_each_start():
     low, high = measures["mean_paired_delta_95_s"]
     assert -1.0 <= low < 0 < high <= 0.6
     assert measures["grants_per_start"] == [2, 2, 3]
+
+
+def test_an_agent_that_cannot_start_says_so_with_its_log(tmp_path):
+    # An nvshare_agent ahead of the real one on the path, which exits before making its socket.
+    broken = tmp_path / "path" / "nvshare_agent"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("")
+    (broken / "__main__.py").write_text("raise SystemExit('broken agent')\n")
+    with pytest.raises(RuntimeError, match="agent did not start:\nbroken agent"):
+        run.Agent(tmp_path, base_env=dict(os.environ, PYTHONPATH=str(tmp_path / "path")))
