@@ -5,6 +5,7 @@
 #   bench/gpu/run.sh --against-original ORIGINAL_BUILD [RESULTS_DIR]   (original.py)
 #   bench/gpu/run.sh --jax-allocators [RESULTS_DIR]                    (jax_allocators.py)
 #   bench/gpu/run.sh --launch-pairs [PAIRS] [RESULTS_DIR]              (launch_pairs.py)
+#   bench/gpu/run.sh --launch-spread [PROCESSES] [RESULTS_DIR]         (launch_spread.py)
 #   bench/gpu/run.sh --hook-cost [PROCESSES] [RESULTS_DIR]             (hook_cost.py)
 #   bench/gpu/run.sh --prefetch-split [RESULTS_DIR] [OPTIONS]          (prefetch_split.py)
 #   bench/gpu/run.sh --startup [PAIRS] [RESULTS_DIR]                   (startup.py)
@@ -22,6 +23,7 @@ case "${1:-}" in
     --against-original) script=original.py; shift ;;
     --jax-allocators) script=jax_allocators.py; shift ;;
     --launch-pairs) script=launch_pairs.py; shift ;;
+    --launch-spread) script=launch_spread.py; shift ;;
     --hook-cost) script=hook_cost.py; shift ;;
     --prefetch-split) script=prefetch_split.py; shift ;;
     --startup) script=startup.py; shift ;;

@@ -9,6 +9,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu"))
 import hook_cost  # noqa: E402
 import launch_pairs  # noqa: E402
+import launch_spread  # noqa: E402
 import original  # noqa: E402
 import run  # noqa: E402
 import startup  # noqa: E402
@@ -82,11 +83,23 @@ def test_launch_delta_interval_holds_the_true_shift_and_excludes_zero_only_when_
     (hook_cost, "0", "hook_cost: PROCESSES must be at least 1"),
     (startup, "five", "startup: PAIRS must be a whole number, not 'five'"),
     (startup, "0", "startup: PAIRS must be at least 1"),
+    (launch_spread, "1", "launch_spread: PROCESSES must be at least 2"),
 ])
 def test_side_scripts_refuse_a_bad_count_in_one_line(script, count, error):
     done = subprocess.run([sys.executable, script.__file__, count], capture_output=True, text=True)
     assert done.returncode != 0 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [error]
+
+
+def test_launch_spread_separates_the_spread_between_processes_from_the_spread_inside_one():
+    processes = [{"rounds_us": [9.0, 4.0, 4.5, 4.2], "enqueue_us": [8.9, 4.0, 4.5, 4.2]},
+                 {"rounds_us": [5.0, 3.6, 3.7, 3.5], "enqueue_us": [5.0, 3.5, 3.7, 3.5]},
+                 {"rounds_us": [4.4, 4.3, 4.4, 4.6], "enqueue_us": [2.2, 2.15, 2.2, 2.3]}]
+    measures = launch_spread.spread_measures(processes)
+    assert measures["fastest_median"] == 4.0 and measures["fastest_range"] == [3.5, 4.3]
+    # The first round (9.0, warming up) is left out: rounds 2-4 spread by 0.5, 0.2 and 0.3.
+    assert measures["within_process_spread_median"] == pytest.approx(0.3)
+    assert measures["enqueue_share_median"] == pytest.approx(1.0)
 
 
 def test_hook_cost_pairs_each_block_with_its_neighbour_through_the_driver():
