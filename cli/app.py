@@ -129,7 +129,9 @@ def clients(ctx: typer.Context, json_output: Optional[bool] = JSON_OPTION,
         typer.echo(render.clients_text(status_now["clients"], status_now["gpus"]))
 
 
-@app.command("set-tq")
+# ignore_unknown_options: so `set-tq -5` reaches the range check as a number
+# instead of being taken for an option.
+@app.command("set-tq", context_settings={"ignore_unknown_options": True})
 def set_tq(ctx: typer.Context,
            seconds: int = typer.Argument(..., metavar="SECONDS", help="1..86400"),
            json_output: Optional[bool] = JSON_OPTION, bus: Optional[str] = BUS_OPTION):

@@ -65,18 +65,31 @@ def test_values_the_agent_rejects_exit_2_with_its_sentence(agent, bus):
                            (["-T", "-3"], "time quantum must be 1..86400 seconds, got -3"),
                            (["-T", "100000"], "time quantum must be 1..86400 seconds, got 100000"),
                            (["set-tq", "99999999999"],
-                            "time quantum must be 1..86400 seconds, got 99999999999")):
+                            "time quantum must be 1..86400 seconds, got 99999999999"),
+                           # A negative number is a value, not an unknown option.
+                           (["set-tq", "-5"], "time quantum must be 1..86400 seconds, got -5")):
         result = nvsharectl(bus.address, *args)
         assert result.returncode == 2, (args, result.stderr)
         assert result.stderr == f"nvsharectl: invalid value: {sentence}\n"
     assert get_property(bus.address, "TimeQuantum") == "u 30"
 
 
-def test_bad_usage_exits_2(agent, bus):
-    for args in (["-S", "maybe"], ["anti-thrash", "sometimes"], ["set-tq", "ten"],
-                 ["set-tq"], ["no-such-command"], ["-T", "5", "status"]):
+def test_bad_usage_exits_2_with_one_line(agent, bus):
+    for args, line in (
+            (["-S", "maybe"], "nvsharectl: Invalid value for '-S' / '--anti-thrash': 'maybe' is not "
+                              "one of 'on', 'off'; see 'nvsharectl --help'"),
+            (["anti-thrash", "sometimes"], "nvsharectl: Invalid value for 'on|off': 'sometimes' is "
+                                           "not one of 'on', 'off'; see 'nvsharectl anti-thrash --help'"),
+            (["set-tq", "ten"], "nvsharectl: Invalid value for 'SECONDS': 'ten' is not a valid "
+                                "integer; see 'nvsharectl set-tq --help'"),
+            (["set-tq"], "nvsharectl: Missing argument 'SECONDS'; see 'nvsharectl set-tq --help'"),
+            (["no-such-command"], "nvsharectl: No such command 'no-such-command'; see 'nvsharectl --help'"),
+            (["status", "--frobnicate"], "nvsharectl: No such option: --frobnicate; "
+                                         "see 'nvsharectl status --help'"),
+            (["-T", "5", "status"], "nvsharectl: -T/-S cannot be combined with a command")):
         result = nvsharectl(bus.address, *args)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert (result.stdout, result.stderr) == ("", line + "\n"), args
     assert get_property(bus.address, "AntiThrash") == "b true"
 
 
