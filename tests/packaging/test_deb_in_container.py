@@ -241,6 +241,85 @@ def test_operator_preload_switch_survives_an_upgrade(container, stage):
     assert "enabled" in container.run(["nvsharectl", "preload", "status"]).stdout
 
 
+# Connects to the agent's socket every 10 ms until /root/probe-stop exists; prints
+# how many connects failed and why.
+SOCKET_PROBE = """
+import collections, os, socket, time
+failed = collections.Counter()
+while not os.path.exists('/root/probe-stop'):
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect('/run/nvshare/scheduler.sock')
+    except OSError as error:
+        failed[error.strerror] += 1
+    finally:
+        probe.close()
+    time.sleep(0.01)
+print(sum(failed.values()), dict(failed))
+"""
+
+
+def test_an_upgrade_keeps_the_socket_listening_and_restarts_the_agent(container, stage):
+    container.run(["python3", "-c", "import socket; socket.socket(socket.AF_UNIX)"
+                   ".connect('/run/nvshare/scheduler.sock')"])
+    wait_for(lambda: unit_property(container, "nvshare.service", "ActiveState") == "active",
+             60, "nvshare.service to become active")
+    old_pid = unit_property(container, "nvshare.service", "MainPID")
+    container.path("/root/probe-stop").unlink(missing_ok=True)
+    probe = container.popen(["python3", "-c", SOCKET_PROBE], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        with stage("apt reinstall while a client connects every 10 ms"):
+            container.run(["apt-get", "install", "-y", "--reinstall", "/root/nvshare.deb"], timeout=300)
+        container.path("/root/probe-stop").touch()
+        out, err = probe.communicate(timeout=60)
+    finally:
+        if probe.poll() is None:
+            probe.kill()
+            probe.wait()
+    assert out.split()[0] == "0", f"connects failed during the upgrade: {out} {err[-500:]}"
+    # The agent that ran the old code was replaced; the socket stayed up throughout.
+    wait_for(lambda: unit_property(container, "nvshare.service", "ActiveState") == "active",
+             60, "nvshare.service to be active again")
+    assert unit_property(container, "nvshare.service", "MainPID") not in (old_pid, "0")
+    assert unit_property(container, "nvshare.socket", "ActiveState") == "active"
+
+
+def test_someone_elses_broken_preload_entry_does_not_block_ours(container):
+    preload = container.path("/etc/ld.so.preload")
+    container.run(["nvsharectl", "preload", "disable"])
+    before = preload.read_text() if preload.exists() else ""
+    preload.write_text(before + "/opt/gone/libfoo.so\n")
+    try:
+        # Every program now complains about /opt/gone/libfoo.so; the dry run of ours must
+        # not count that against the shim (nor the postinst's, which runs the same helper).
+        result = container.run(["nvsharectl", "preload", "enable"], check=False)
+        assert result.returncode == 0, result.stderr
+        assert preload.read_text().split() == before.split() + ["/opt/gone/libfoo.so", SHIM]
+    finally:
+        container.run(["/usr/lib/nvshare/preload-entry", "remove", "/opt/gone/libfoo.so"])
+    assert preload.read_text().split().count(SHIM) == 1
+
+
+def test_a_removal_called_off_after_the_prerm_puts_the_entry_back(container):
+    # dpkg runs `prerm remove`, and when the removal fails afterwards, `postinst abort-remove`
+    # (likewise deconfigure / abort-deconfigure); the package then stays installed.
+    preload = container.path("/etc/ld.so.preload")
+    for prerm, postinst in (("remove", "abort-remove"), ("deconfigure", "abort-deconfigure")):
+        container.run(["/var/lib/dpkg/info/nvshare.prerm", prerm])
+        assert not preload.exists() or SHIM not in preload.read_text().split()
+        container.run(["/var/lib/dpkg/info/nvshare.postinst", postinst])
+        assert preload.read_text().split().count(SHIM) == 1, postinst
+    # An operator who disabled the preload keeps it off.
+    container.run(["nvsharectl", "preload", "disable"])
+    container.run(["/var/lib/dpkg/info/nvshare.prerm", "remove"])
+    container.run(["/var/lib/dpkg/info/nvshare.postinst", "abort-remove"])
+    assert not preload.exists() or SHIM not in preload.read_text().split()
+    container.run(["nvsharectl", "preload", "enable"])
+    # The prerm stopped the socket (a removal); the abort started it again.
+    assert unit_property(container, "nvshare.socket", "ActiveState") == "active"
+
+
 def test_purge_leaves_nothing_behind(container, stage):
     # Another entry of the operator's must survive the purge untouched.
     preload = container.path("/etc/ld.so.preload")
