@@ -33,6 +33,7 @@
 #include "log.h"
 #include "memory.h"
 #include "nvshare_protocol.h"
+#include "queue_bound.h"
 #include "wire.h"
 
 /* The one instance, by a short name. */
@@ -303,7 +304,8 @@ static void send_memory_reports(void)
 }
 
 /* Early release: a held, exclusive GPU whose gate saw no passage for
- * idle_release_ms.  Returns the poll timeout until the next look. */
+ * idle_release_ms, and where no work this process queued is still running.
+ * Returns the poll timeout until the next look. */
 static int release_idle_gpus(void)
 {
     pthread_mutex_lock(&client.mutex);
@@ -324,8 +326,19 @@ static int release_idle_gpus(void)
         }
     }
     pthread_mutex_unlock(&client.mutex);
-    for (int i = 0; i < idle_count; i++)
+    for (int i = 0; i < idle_count; i++) {
+        /* No passage, but the GPU still runs what was queued (a thread may be
+         * waiting for it in the queue bound, making no passage meanwhile): not
+         * idle yet.  The idle time counts from when that work is done.  Asked
+         * without client.mutex: it takes the contexts' mutex. */
+        if (nvshare_queue_work_pending(idle[i])) {
+            pthread_mutex_lock(&client.mutex);
+            client.locks[idle[i]].activity_changed_at_ms = nvshare_now_ms();
+            pthread_mutex_unlock(&client.mutex);
+            continue;
+        }
         release(idle[i], RELEASE_IDLE);
+    }
     if (exclusive_holds == 0)
         return -1;
     int step = (int)(idle_ms / 4);

@@ -186,6 +186,34 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
     nvshare_capture_restore(capture_mode);
 }
 
+static void note_pending_mark(int gpu, int slot, void *pending)
+{
+    pthread_mutex_t *mutex = &queue_mutexes[gpu][slot];
+    if (pthread_mutex_trylock(mutex) != 0) {
+        *(int *)pending = 1;    /* a launching thread is taking a mark right now */
+        return;
+    }
+    struct launch_queue *queue = &queues[gpu][slot];
+    for (unsigned mark = queue->tail; mark != queue->head && !*(int *)pending;) {
+        mark--;
+        if (nvshare_driver.event_query(queue->ring[mark % RING_SLOTS].event) == CUDA_ERROR_NOT_READY)
+            *(int *)pending = 1;
+    }
+    pthread_mutex_unlock(mutex);
+}
+
+int nvshare_queue_work_pending(int gpu)
+{
+    if (nvshare_config()->max_queued_ms == 0 || nvshare_driver.event_query == NULL)
+        return 0;           /* no marks are recorded */
+    pthread_once(&queues_once, init_queues);
+    int pending = 0;
+    /* Under the contexts' mutex, so no context (and none of its events) is
+     * freed while its marks are queried. */
+    nvshare_in_each_context(gpu, note_pending_mark, &pending);
+    return pending;
+}
+
 void nvshare_queue_forget_context(int gpu, int slot)
 {
     pthread_once(&queues_once, init_queues);

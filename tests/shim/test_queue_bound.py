@@ -46,3 +46,25 @@ def test_marks_are_rare_for_tiny_kernels_and_every_8_launches_for_long_ones(worl
     long_marks = len(world.calls(long.pid, "cuEventRecord")) - 2
     assert 4000 // 256 <= tiny_marks <= 4000 // 64, tiny_marks
     assert 400 // 8 - 2 <= long_marks <= 400 // 8, long_marks
+
+
+LONG_KERNELS = ("--loops", 1, "--launches", 16, "--stream", "--launch", "kernel")
+
+
+def test_a_thread_waiting_in_the_bound_keeps_the_gpu_it_keeps_busy(world):
+    # Kernels of 100 ms: every 8th launch the thread waits in the bound for up to 1.6 s of
+    # its own queued work, passing no gate meanwhile. The GPU is busy with that work all the
+    # while, so the idle release (300 ms) must not give it away: one grant each, in turn.
+    agent = world.start_agent(config="[scheduler]\ntime_quantum = 30\nanti_thrash = on\n"
+                                     "idle_release_ms = 300\n")
+    first = world.client("linked", *LONG_KERNELS, kernel_us=100_000, NVSHARE_MAX_QUEUED_MS=50,
+                         NVSHARE_DEBUG=1)
+    agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={first.pid}\b")
+    second = world.client("linked", *LONG_KERNELS, kernel_us=100_000, NVSHARE_MAX_QUEUED_MS=50)
+    first.finish_ok()
+    second.finish_ok()
+    log = world.settled(agent, first, second)
+    granted = [int(pid) for pid in re.findall(rf"grant gpu={STANDIN_GPU} pid=(\d+)", log)]
+    assert granted == [first.pid, second.pid], f"{granted}\n{first.describe()}"
+    # The first process's only idle release came after its work: none while it waited.
+    assert re.findall(r"release gpu=0 lease=\d+ reason=idle", first.stderr) == [], first.describe()
