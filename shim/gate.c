@@ -76,6 +76,13 @@ void nvshare_wait_for_gate(int gpu)
     int saved_errno = errno;
     struct nvshare_gate *gate = &nvshare_gates[gpu];
     struct gpu_lock *lock = &client.locks[gpu];
+    /* The waits below are cancellation points, and a thread cancelled while
+     * it holds the mutex (a request timed out, a worker shut down) would leave
+     * it locked for the client thread and every later call.  So cancellation
+     * is held off while the mutex is held, and acted on between waits: at most
+     * a second late.  (pthread_cleanup_push would need glibc 2.34's symbols.) */
+    int cancel_state;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     pthread_mutex_lock(&client.mutex);
     while (!atomic_load(&gate->open) && atomic_load(&nvshare_client_running)) {
         if (lock->state == LOCK_IDLE) {
@@ -89,8 +96,16 @@ void nvshare_wait_for_gate(int gpu)
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_sec += 1;
         pthread_cond_timedwait(&client.changed, &client.mutex, &until);
+        if (cancel_state == PTHREAD_CANCEL_ENABLE) {
+            pthread_mutex_unlock(&client.mutex);
+            pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+            pthread_testcancel();
+            pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+            pthread_mutex_lock(&client.mutex);
+        }
     }
     pthread_mutex_unlock(&client.mutex);
+    pthread_setcancelstate(cancel_state, NULL);
     errno = saved_errno;
 }
 

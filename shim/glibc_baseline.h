@@ -23,5 +23,6 @@ NVSHARE_ORIGINAL_VERSION(pthread_create);
 NVSHARE_ORIGINAL_VERSION(pthread_once);
 NVSHARE_ORIGINAL_VERSION(pthread_mutex_trylock);
 NVSHARE_ORIGINAL_VERSION(pthread_sigmask);
+NVSHARE_ORIGINAL_VERSION(pthread_testcancel);
 
 #endif

@@ -258,3 +258,13 @@ def test_gpus_are_gated_independently(world, agent):
     agent.wait_for_log(rf"grant gpu={gpu1} pid={on_gpu1.pid}\b")
     assert not re.search(rf"grant gpu={gpu0} pid={on_gpu1.pid}\b", agent.log()), "GPU 1's client locked GPU 0"
     agent.wait_for_log(rf"grant gpu={gpu0} pid={on_gpu0.pid}\b")
+
+
+def test_a_thread_cancelled_while_it_waits_at_the_gate_leaves_the_process_working(world, agent):
+    # pthread_cond_timedwait is a cancellation point: a thread cancelled there must not
+    # leave the client mutex locked, or the process's next GPU call hangs for good.
+    holder = world.client("linked", "--loops", 1, "--launches", 20, "--stream", "--launch", "kernel",
+                          kernel_us=100_000)
+    agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={holder.pid}\b")
+    world.client("cancel").finish_ok(timeout=60)
+    holder.finish_ok()
