@@ -176,9 +176,9 @@ void *nvshare_hook_for(void *real, const char *name, int cuda_version, unsigned 
     return real;
 }
 
-/* The interposed dlsym.  RTLD_NEXT is relative to the caller, which glibc
- * finds from the return address: that case is a tail call, so glibc sees the
- * application's return address, not the shim's.  gcc emits tail calls only
+/* The interposed dlsym.  RTLD_NEXT (and RTLD_DEFAULT's scope) is relative to
+ * the caller, which glibc finds from the return address: those calls are tail
+ * calls, so glibc sees the application's return address, not the shim's.  gcc emits tail calls only
  * when optimising (tests/shim/test_dlsym_versions.py checks the behaviour). */
 #ifndef __OPTIMIZE__
 #error "interpose.c needs optimisation (-O1 or more): dlsym(RTLD_NEXT) relies on a tail call"
@@ -217,8 +217,13 @@ NOT_SANITIZED static void *interposed_dlsym(void *handle, const char *name)
         name[1] != 'u' || !in_charge(lookup))
         return lookup ? lookup(handle, name) : NULL;
     void *found = lookup(handle, name);
-    if (found == NULL)
-        return NULL;
+    if (found == NULL) {
+        /* Asked by the shim, RTLD_DEFAULT searched the shim's scope; a library
+         * loaded with RTLD_LOCAL that needs libcuda has it in its own scope
+         * only.  Ask again as a tail call, so glibc sees the caller.  A name
+         * the shim hooks is exported, so the first lookup never misses it. */
+        return lookup(handle, name);
+    }
     if (atomic_load_explicit(&driver_state, memory_order_acquire) == 0) {
         /* Never load libcuda for a non-CUDA "cu..." name (cuserid): resolve
          * only when the driver is already in the process. */

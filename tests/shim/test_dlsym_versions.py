@@ -54,3 +54,49 @@ def test_both_dlsym_versions_hook_and_rtld_next_stays_relative_to_the_caller(tmp
     assert result["new"] == str(SHIM)
     assert result["old"] == str(SHIM)
     assert result["unhooked"].endswith("libcuda.so.1")
+
+
+# A library that needs libcuda, loaded with RTLD_LOCAL (as Python loads extension modules):
+# libcuda is in its own scope, not the global one. Its dlsym(RTLD_DEFAULT, ...) searches
+# the caller's scope, so the shim must not make glibc see the shim as the caller.
+PLUGIN = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+extern int cuDriverGetVersion(int *);
+int plugin_driver_version(void) { int v = 0; cuDriverGetVersion(&v); return v; }
+void *plugin_lookup(const char *name) {
+    void *volatile found = dlsym(RTLD_DEFAULT, name);   /* volatile: no tail call here */
+    return found;
+}
+"""
+
+LOADER = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+static const char *owner(void *p) { Dl_info i; return p && dladdr(p, &i) ? i.dli_fname : "none"; }
+int main(int argc, char **argv) {
+    void *plugin = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (plugin == NULL) { printf("error=%s\n", dlerror()); return 1; }
+    void *(*lookup)(const char *) = (void *(*)(const char *))dlsym(plugin, "plugin_lookup");
+    printf("unhooked=%s\n", owner(lookup("cuDeviceGetName")));
+    printf("hooked=%s\n", owner(lookup("cuLaunchKernel")));
+    return 0;
+}
+"""
+
+
+def test_rtld_default_lookups_from_a_locally_loaded_library_find_its_libcuda(tmp_path):
+    (tmp_path / "plugin.c").write_text(PLUGIN)
+    (tmp_path / "loader.c").write_text(LOADER)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "libplugin.so", tmp_path / "plugin.c",
+                    f"-L{STANDIN_BUILD}", "-lcuda", "-ldl"], check=True)
+    subprocess.run(["gcc", "-o", tmp_path / "loader", tmp_path / "loader.c", "-ldl"], check=True)
+    env = clean_env(LD_LIBRARY_PATH=str(STANDIN_BUILD), NVSHARE_SOCKET=str(tmp_path / "none.sock"),
+                    LD_PRELOAD=str(SHIM))
+    done = subprocess.run([tmp_path / "loader", tmp_path / "libplugin.so"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = dict(line.split("=", 1) for line in done.stdout.splitlines())
+    assert result["unhooked"].endswith("libcuda.so.1"), result
+    assert result["hooked"] == str(SHIM), result
