@@ -210,6 +210,15 @@ static int in_charge(dlsym_fn lookup)
     return role > 0;
 }
 
+static int is_own_hook(const void *function)
+{
+    for (size_t row = 0; row < NVSHARE_HOOK_COUNT; row++) {
+        if (nvshare_hooks[row].hook == function)
+            return 1;
+    }
+    return 0;
+}
+
 NOT_SANITIZED static void *interposed_dlsym(void *handle, const char *name)
 {
     dlsym_fn lookup = real_dlsym();
@@ -233,7 +242,10 @@ NOT_SANITIZED static void *interposed_dlsym(void *handle, const char *name)
             dlclose(loaded);
         errno = saved_errno;
         if (loaded == NULL)
-            return found;
+            /* Without the driver, one of the shim's own exports answers only
+             * because the shim is preloaded: a program probing for CUDA
+             * ("is cuInit there?") must see what it would see without it. */
+            return is_own_hook(found) ? NULL : found;
     }
     return nvshare_hook_for(found, name, 0, 0);
 }

@@ -43,6 +43,7 @@ def test_non_cuda_program_is_untouched(world, agent, settings):
     assert after["libnvshare"] == "1", "the preload did not happen at all"
     assert after["libcuda"] == "0", "the shim loaded libcuda in a process that never used CUDA"
     assert after["threads"] == before["threads"] == "1"
+    assert after["cuInit_found"] == before["cuInit_found"] == "0", "a probe for CUDA found the shim's cuInit"
     assert after["fds"] == before["fds"]
     assert after["env"] == before["env"]
     assert no_client_connected(world, agent)

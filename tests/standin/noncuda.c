@@ -1,9 +1,11 @@
 /* A program that never touches CUDA.  Under the shim's preload it must see
  * exactly what it sees without it: it prints its own thread count, open file
- * descriptors, whether any libcuda or libnvshare is mapped, and its
+ * descriptors, whether any libcuda or libnvshare is mapped, whether probing
+ * for the driver (dlsym(RTLD_DEFAULT, "cuInit")) finds it, and its
  * environment, so the test can compare the two runs. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +45,7 @@ static int mapped(const char *needle)
 
 int main(void)
 {
+    printf("cuInit_found=%d\n", dlsym(RTLD_DEFAULT, "cuInit") != NULL);
     printf("threads=%d\n", count_entries("/proc/self/task", 0));
     printf("fds=");
     count_entries("/proc/self/fd", 1);
