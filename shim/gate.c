@@ -152,8 +152,11 @@ void nvshare_client_start(void)
     if (atomic_load(&nvshare_client_running) || nvshare_driver.device_get_count == NULL ||
         nvshare_driver.device_get_count(&count) != CUDA_SUCCESS)
         goto out;           /* before cuInit: try again at the next call */
-    if (count > NVSHARE_MAX_GPUS)
+    if (count > NVSHARE_MAX_GPUS) {
+        NVSHARE_WARN_ONCE("this process sees %d GPUs; nvshare schedules the first %d, work on "
+                          "the others runs unscheduled", count, NVSHARE_MAX_GPUS);
         count = NVSHARE_MAX_GPUS;
+    }
     for (int gpu = 0; gpu < count; gpu++) {
         CUuuid uuid = {{0}};
         if (nvshare_driver.device_get_uuid != NULL)

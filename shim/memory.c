@@ -155,7 +155,7 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct gpu_memory *memory = &gpus[gpu];
     uint64_t in_use = memory->managed_bytes + memory->unmanaged_bytes + memory->reserved_bytes;
-    if (!nvshare_config()->single_oversub && total != 0 && in_use + bytes > total) {
+    if (!nvshare_config()->single_oversub && total != 0 && (in_use > total || bytes > total - in_use)) {
         pthread_mutex_unlock(&nvshare_memory_mutex);
         /* Parked blocks are held only for reuse: they give way first. */
         if (nvshare_parking_free(gpu, in_use + bytes - total) > 0)
