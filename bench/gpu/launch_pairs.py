@@ -30,14 +30,17 @@ def main() -> None:
     launch_loop = build_launch_loop(workdir)
     agent = Agent(workdir)
     try:
-        plain, shim = launch_pairs(launch_loop, agent.env(), pairs)
+        launches = launch_pairs(launch_loop, agent.env(), pairs)
     finally:
         agent.stop()
+    plain, shim = launches["plain"], launches["tool"]
     low, high = bootstrap_delta(plain, shim)
     delta = statistics.median(shim) - statistics.median(plain)
     paired = [s - p for s, p in zip(shim, plain)]
     (results_dir / "launch_pairs.json").write_text(json.dumps(
-        {"pairs": pairs, "launch_us_plain": plain, "launch_us_shim": shim, "delta_of_medians": delta,
+        {"pairs": pairs, "launch_us_plain": plain, "launch_us_shim": shim,
+         "launch_us_plain_100k": launches["plain_100k"], "launch_us_shim_100k": launches["tool_100k"],
+         "delta_of_medians": delta,
          "bootstrap_95": [low, high], "mean_paired_delta": statistics.mean(paired)}, indent=1))
     print(f"plain  median {statistics.median(plain):.3f} µs/launch (runs {min(plain):.2f}-{max(plain):.2f})")
     print(f"shim   median {statistics.median(shim):.3f} µs/launch (runs {min(shim):.2f}-{max(shim):.2f})")
