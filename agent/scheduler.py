@@ -10,6 +10,9 @@ Per GPU, with anti-thrash on: at most one exclusive holder and a first-come
 first-served queue.  The time quantum counts from the grant; once it is over
 and someone waits, the holder is asked to drop; if it has not released
 drop_grace after that, its lease is revoked and the next waiter is granted.
+A revoke only ever makes room for a waiter: if everyone who waited has left
+(withdrawn or disconnected), the drop request stays pending but nothing is
+revoked until someone waits again.
 With anti-thrash off every request is granted at once, shared.  Switching it
 back on asks the shared holders to drop and grants exclusively only when the
 GPU is free again (released or revoked), so no one waits on anyone forever.
@@ -291,10 +294,12 @@ class Scheduler:
         grace = self.settings.drop_grace_ms / 1000.0
         deadline = None
         for gpu in self.gpus.values():
+            if not gpu.waiters:
+                continue  # no one to make room for: no drop request, no revoke
             for held in gpu.holders.values():
                 if held.drop_requested_at is not None:
                     due = held.drop_requested_at + grace
-                elif gpu.waiters and self.settings.anti_thrash:
+                elif self.settings.anti_thrash:
                     due = held.granted_at + quantum
                 else:
                     continue
@@ -317,7 +322,11 @@ class Scheduler:
     def _update(self, gpu: GpuState, now: float, actions: list) -> None:
         """Bring one GPU up to date at `now`: revoke, ask to drop, grant."""
         settings = self.settings
-        if gpu.holders:
+        # Revoking makes room for a waiter; with none left (the only one
+        # withdrew or exited after the drop request) it would only cut a
+        # holder off for nothing.  The drop request stays pending, so a new
+        # waiter does not have to wait another grace for an overdue holder.
+        if gpu.holders and gpu.waiters:
             grace = settings.drop_grace_ms / 1000.0
             for client, held in list(gpu.holders.items()):
                 if held.drop_requested_at is not None and now >= held.drop_requested_at + grace:

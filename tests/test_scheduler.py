@@ -107,6 +107,51 @@ def test_quantum_counts_from_the_grant_and_drop_then_grace_then_revoke():
     assert s.next_deadline() is None
 
 
+def test_holder_is_not_revoked_when_the_only_waiter_withdraws_after_the_drop_request():
+    s = make()
+    lease = grant_of(s.request(1, G0, 0.0)).lease
+    s.request(2, G0, 1.0)
+    assert of(AskToDrop, s.tick(TQ))
+    assert s.release(2, G0, 0, TQ + 0.1) == [Withdrawn(2, 102, G0)]
+    assert s.next_deadline() is None  # no timer armed for a revoke that must not come
+    assert s.tick(TQ + GRACE * 10) == []
+    assert s.gpus[G0].holders[1].number == lease
+
+
+def test_holder_is_not_revoked_when_the_only_waiter_exits_after_the_drop_request():
+    s = make()
+    lease = grant_of(s.request(1, G0, 0.0)).lease
+    s.request(2, G0, 1.0)
+    s.tick(TQ)
+    assert s.disconnect(2, TQ + 0.1) == [Gone(2, 102, True)]
+    assert s.next_deadline() is None
+    assert s.tick(TQ + GRACE * 10) == []
+    assert s.gpus[G0].holders[1].number == lease
+
+
+def test_new_waiter_after_the_waiters_left_gets_an_overdue_holder_revoked_at_once():
+    # The drop request stays pending: the holder has had its grace already.
+    s = make()
+    lease = grant_of(s.request(1, G0, 0.0)).lease
+    s.request(2, G0, 1.0)
+    s.tick(TQ)
+    s.release(2, G0, 0, TQ + 0.1)
+    actions = s.request(3, G0, TQ + GRACE * 10)
+    assert of(Revoke, actions) == [Revoke(1, 101, G0, lease, TQ + GRACE * 10)]
+    grant_of(actions, 3)
+
+
+def test_new_waiter_within_the_grace_waits_for_the_original_deadline():
+    s = make()
+    grant_of(s.request(1, G0, 0.0))
+    s.request(2, G0, 1.0)
+    s.tick(TQ)
+    s.release(2, G0, 0, TQ + 0.1)
+    assert of(Queued, s.request(3, G0, TQ + 0.2))
+    assert s.next_deadline() == TQ + GRACE
+    grant_of(s.tick(TQ + GRACE), 3)
+
+
 def test_holder_past_quantum_is_asked_to_drop_as_soon_as_someone_queues():
     s = make()
     s.request(1, G0, 0.0)
@@ -268,6 +313,19 @@ def test_switching_on_with_nobody_waiting_and_everyone_releasing_leaves_the_gpu_
     assert grant_of(s.request(2, G0, 2.0), 2).exclusive
 
 
+def test_switching_on_with_nobody_waiting_revokes_no_one_until_someone_waits():
+    s = make(3, settings=OFF)
+    leases = {c: grant_of(s.request(c, G0, 0.0)).lease for c in (1, 2)}
+    s.change_settings(SETTINGS, 1.0)
+    assert s.next_deadline() is None
+    assert s.tick(1.0 + GRACE * 10) == []
+    assert set(s.gpus[G0].holders) == {1, 2}
+    # The first waiter makes room: the overdue shared holders go, it gets the GPU alone.
+    actions = s.request(3, G0, 1.0 + GRACE * 10)
+    assert sorted(r.lease for r in of(Revoke, actions)) == sorted(leases.values())
+    assert grant_of(actions, 3).exclusive
+
+
 def test_lone_exclusive_holder_keeps_its_lease_across_off_and_on():
     s = make()
     s.request(1, G0, 0.0)
@@ -355,6 +413,9 @@ def test_random_event_sequences_keep_the_invariants(seed):
         for g in of(Grant, actions):
             assert g.lease not in leases
             leases.add(g.lease)
+        for r in of(Revoke, actions):
+            # A revoke only ever makes room for someone who waits.
+            assert s.gpus[r.gpu].waiters or any(g.gpu == r.gpu for g in of(Grant, actions)), actions
         _check_invariants(s)
     # Drain: every holder releases (or is revoked by time); every waiter ends up granted.
     for _ in range(1000):

@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from agent_harness import GPU0, GPU1, AsyncShimClient
+from agent_harness import GPU0, GPU1, AsyncShimClient, ShimClient
+from nvshare_agent import protocol
 from nvshare_agent.protocol import GrantFlags, MessageType
 from nvshare_agent.settings import Settings, SettingsError
 
@@ -76,6 +77,29 @@ async def test_holder_that_ignores_drop_is_revoked_after_grace(start_inproc_agen
     await _until(lambda: len(agent.snapshot().gpus[0].queue_pids) == 1)  # a waits: b kept its lease
     assert len(agent.snapshot().gpus[0].holder_pids) == 1
     assert await a.nothing_within(0.05)
+
+
+@pytest.mark.parametrize("waiter_leaves_by", ["withdrawing", "exiting"])
+def test_holder_is_not_revoked_once_the_only_waiter_has_left(start_agent, waiter_leaves_by):
+    """The real agent process (quantum 1 s, grace 300 ms): a revoke only makes room for a waiter."""
+    agent = start_agent()
+    with ShimClient(agent.socket_path, command="holder") as holder:
+        holder.request()
+        grant = holder.wait_grant()
+        waiter = ShimClient(agent.socket_path, command="waiter")
+        waiter.request()
+        holder.expect(MessageType.DROP_REQUEST)
+        if waiter_leaves_by == "withdrawing":
+            waiter.send_raw(protocol.encode_lock(MessageType.RELEASED, GPU0, 0))
+            agent.wait_for_log(r"withdraw gpu=")
+        else:
+            waiter.close()
+            agent.wait_for_log(r"disconnect pid=")
+        assert holder.nothing_within(1.5), "the holder heard from the agent with no one waiting"
+        holder.release(grant)
+        agent.wait_for_log(rf"release gpu=\S+ pid=\d+ lease={grant.lease} ")
+        waiter.close()
+    assert " revoke " not in agent.log()
 
 
 async def test_no_drop_request_while_nobody_waits(start_inproc_agent):
