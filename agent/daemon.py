@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import nvml, protocol, systemd
+from .listener import Listener
 from .scheduler import Scheduler
 from .snapshot import AgentSnapshot
 from .server import SocketServer, gpu_name
-from .settings import Settings, SettingsError, SettingsStore
+from .settings import Settings, SettingsError, SettingsNotSaved, SettingsStore
 
 from .eventlog import events as log
 
@@ -49,26 +50,31 @@ class Agent:
         return self._core.settings
 
     def change_settings(self, *, time_quantum_s: int | None = None, anti_thrash: bool | None = None) -> Settings:
-        """Validate and apply; raises SettingsError (one human sentence) and changes nothing then."""
+        """Validate, save, apply.  Raises SettingsError (a bad value) or
+        SettingsNotSaved (the state file cannot be written), each one human
+        sentence, and changes nothing then."""
         changes = {}
         if time_quantum_s is not None:
             changes["time_quantum_s"] = time_quantum_s
         if anti_thrash is not None:
             changes["anti_thrash"] = anti_thrash
         new = self.settings.replaced(**changes)
-        old = self.settings
-        if new != old:
+        # Save before applying: a change that only lasts until the next restart,
+        # reported as done, would silently undo itself later.  Persist even an
+        # unchanged value: the admin chose it explicitly.
+        overrides = {**self._overrides, **changes}
+        try:
+            self._store.save_overrides(overrides)
+        except OSError as e:
+            reason = f"settings not changed: could not save them to {self._store.path}: {e.strerror or e}"
+            log.error("%s", reason)
+            raise SettingsNotSaved(reason) from None
+        self._overrides = overrides
+        if new != self.settings:
             self.server.execute(self._core.change_settings(new, self._loop.time()))
             log.info("settings time_quantum_s=%d anti_thrash=%s idle_release_ms=%d drop_grace_ms=%d",
                      new.time_quantum_s, "on" if new.anti_thrash else "off", new.idle_release_ms,
                      new.drop_grace_ms)
-        # Persist even an unchanged value: the admin chose it explicitly.
-        self._overrides.update(changes)
-        try:
-            self._store.save_overrides(self._overrides)
-        except OSError as e:
-            log.error("cannot save settings to %s: %s; the change holds until restart",
-                      self._store.path, e.strerror or e)
         self._changed()
         return new
 
@@ -102,13 +108,20 @@ class Agent:
                 log.error("change subscriber failed: %s: %s", type(e).__name__, e)
 
 
-def status_line(snapshot: AgentSnapshot) -> str:
-    """One line for systemd's STATUS=: clients, and who holds each GPU."""
+def status_line(snapshot: AgentSnapshot, max_bytes: int = systemd.STATUS_MAX_BYTES) -> str:
+    """One line for systemd's STATUS=: clients, and who holds each GPU; only
+    counts when that would be longer than max_bytes (clients may name GPUs
+    and hold them shared by the hundred)."""
     parts = [f"{len(snapshot.clients)} clients"]
     for gpu in snapshot.gpus:
         holders = ",".join(str(p) for p in gpu.holder_pids) or "none"
         parts.append(f"{gpu.uuid[:12]} holder={holders} waiting={len(gpu.queue_pids)}")
-    return "; ".join(parts)
+    line = "; ".join(parts)
+    if len(line.encode()) <= max_bytes:
+        return line
+    held = sum(1 for gpu in snapshot.gpus if gpu.holder_pids)
+    waiting = sum(len(gpu.queue_pids) for gpu in snapshot.gpus)
+    return f"{len(snapshot.clients)} clients; {len(snapshot.gpus)} GPUs, {held} held, {waiting} waiting"
 
 
 @dataclass
@@ -137,8 +150,8 @@ def open_listening_socket(socket_path: Path | None) -> tuple[socket.socket, Path
 async def run(options: Options, listening: socket.socket, bound_path: Path | None) -> None:
     loop = asyncio.get_running_loop()
     agent = Agent(options.settings, options.store, options.overrides, loop)
-    listening.setblocking(False)
-    server = await loop.create_unix_server(agent.server.protocol_factory, sock=listening, backlog=1024)
+    listener = Listener(listening, agent.server)
+    listener.start()
     notifier = systemd.Notifier()
 
     stop = asyncio.Event()
@@ -170,7 +183,7 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
     await stop.wait()
     log.info("stopping")
     notifier.stopping()
-    server.close()
+    listener.close()
     agent.server.cancel_timer()
     agent.server.close_all()
     for task in tasks:
@@ -223,4 +236,5 @@ async def _export_on_bus(agent: Agent, address: str) -> None:
         log.warning("D-Bus API stopped (%s); serving the shim only", e)
 
 
-__all__ = ["Agent", "AgentSnapshot", "Options", "Settings", "SettingsError", "run", "open_listening_socket"]
+__all__ = ["Agent", "AgentSnapshot", "Options", "Settings", "SettingsError", "SettingsNotSaved", "run",
+           "open_listening_socket"]

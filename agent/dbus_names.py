@@ -44,6 +44,7 @@ ERROR_PREFIX = INTERFACE + ".Error."
 ERROR_INVALID_ARGUMENT = ERROR_PREFIX + "InvalidArgument"
 ERROR_ACCESS_DENIED = ERROR_PREFIX + "AccessDenied"
 ERROR_UNKNOWN_GPU = ERROR_PREFIX + "UnknownGpu"
+ERROR_SAVE_FAILED = ERROR_PREFIX + "SaveFailed"  # the change could not be saved: nothing changed
 ERROR_FAILED = ERROR_PREFIX + "Failed"
 
 # Who may change settings, besides root.  The policy file grants the same

@@ -23,6 +23,7 @@ from dbus_next.service import PropertyAccess, ServiceInterface, dbus_property, m
 
 from . import dbus_names as names
 from .dbus_connection import connect_bus
+from .settings import SettingsNotSaved
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,8 @@ class SchedulerInterface(ServiceInterface):
             self._agent.change_settings(**setting)
         except ValueError as error:  # SettingsError: str() is the human sentence
             raise DBusError(names.ERROR_INVALID_ARGUMENT, str(error)) from None
+        except SettingsNotSaved as error:
+            raise DBusError(names.ERROR_SAVE_FAILED, str(error)) from None
 
     # PropertiesChanged.
 

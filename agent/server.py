@@ -3,7 +3,9 @@
 One asyncio.BufferedProtocol per connection.  Identity comes from the kernel
 (SO_PEERCRED), never from a frame.  Anything malformed closes that one
 connection with an ERROR frame (best effort) and one log line; the agent and
-every other client carry on.  Writes to a peer that has vanished are handled by
+every other client carry on.  So does a connection that sends no HELLO in
+time, or one over the connection limits (connection_limits.py; listener.py
+accepts the connections).  Writes to a peer that has vanished are handled by
 asyncio's transport (EPIPE/ECONNRESET end that connection); SIGPIPE is ignored
 by the process (see __main__), so many clients exiting at once cannot kill us.
 """
@@ -12,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import resource
 import socket
 import struct
 
 from . import protocol
 from .protocol import ErrorCode, FrameReader, LockMessage, MessageType, ProtocolError
 from . import scheduler as core
+from .connection_limits import REPEAT_LOG_INTERVAL_S, ConnectionCounts, LogThrottle
 from .eventlog import events as log
 from .text import printable
 
@@ -30,6 +34,9 @@ _UCRED = struct.Struct("iII")
 FLOOD_FRAMES_PER_SECOND = 20_000
 # A peer that stops reading while we queue frames for it is dropped past this.
 MAX_UNSENT_BYTES = 1 << 20
+# A shim sends HELLO right after connect(); a peer that has not within this
+# long only holds an fd (and a place under the connection limits).
+HELLO_TIMEOUT_S = 10.0
 
 _GRANT_FLAGS = {True: int(protocol.GrantFlags.EXCLUSIVE), False: int(protocol.GrantFlags.SHARED)}
 # Plain ints: comparing with enum members costs an attribute lookup per frame.
@@ -59,6 +66,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.greeted = False
         self.closing = False
         self.transport: asyncio.Transport | None = None
+        self.hello_timer: asyncio.TimerHandle | None = None
         self._reader = FrameReader()
         self._window_start = 0.0
         self._window_frames = 0
@@ -125,11 +133,12 @@ class ClientConnection(asyncio.BufferedProtocol):
             transport.abort()
             self.server.detach(self)
 
-    def fail(self, code: int, reason: str) -> None:
+    def fail(self, code: int, reason: str, *, logged: bool = True) -> None:
         """Tell the peer why (best effort), close, and forget it at once."""
         if self.closing:
             return
-        log.info("closing pid=%d code=%s reason=%s", self.pid, ErrorCode(code).name, reason)
+        if logged:
+            log.info("closing pid=%d code=%s reason=%s", self.pid, ErrorCode(code).name, reason)
         try:
             self.transport.write(protocol.encode_error(code, reason))
         except Exception:
@@ -150,6 +159,8 @@ class SocketServer:
         self._last_client_id = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        self.connection_counts = ConnectionCounts()
+        self._refusal_log = LogThrottle(REPEAT_LOG_INTERVAL_S)
         self._execute = {
             core.Grant: self._grant, core.AskToDrop: self._ask_to_drop, core.Revoke: self._revoke,
             core.LockReleased: self._log_release, core.Queued: self._log_queued,
@@ -164,18 +175,45 @@ class SocketServer:
     # ------------------------------------------------------------ connections
 
     def attach(self, conn: ClientConnection) -> None:
+        # Read each time: an admin may change the limit of the running agent (prlimit).
+        fd_soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        refusal = self.connection_counts.refusal(conn.uid, fd_soft_limit)
+        if refusal is not None:
+            self._refuse_over_limit(conn, refusal)
+            return
         self._last_client_id += 1
         conn.client_id = self._last_client_id
         self.connections[conn.client_id] = conn
+        self.connection_counts.add(conn.uid)
+        conn.hello_timer = self.loop.call_later(HELLO_TIMEOUT_S, self._hello_overdue, conn)
         self.core.connect(conn.client_id, conn.pid, conn.uid, conn.gid)
+
+    def _refuse_over_limit(self, conn: ClientConnection, reason: str) -> None:
+        """The ERROR frame tells the shim; one log line a minute per uid tells the admin."""
+        conn.fail(ErrorCode.FLOOD, reason, logged=False)
+        held_back = self._refusal_log.allow(conn.uid, self.loop.time())
+        if held_back is not None:
+            more = f" ({held_back} more refused since the last such line)" if held_back else ""
+            log.warning("refusing connection pid=%d uid=%d reason=%s%s", conn.pid, conn.uid, reason, more)
+
+    def _hello_overdue(self, conn: ClientConnection) -> None:
+        conn.hello_timer = None
+        if not conn.greeted:
+            conn.fail(ErrorCode.PROTOCOL, f"no HELLO within {HELLO_TIMEOUT_S:g} s of connecting")
 
     def detach(self, conn: ClientConnection) -> None:
         if self.connections.pop(conn.client_id, None) is not None:
+            self.connection_counts.remove(conn.uid)
+            if conn.hello_timer is not None:
+                conn.hello_timer.cancel()
+                conn.hello_timer = None
             self.execute(self.core.disconnect(conn.client_id, self.loop.time()))
 
     def close_all(self) -> None:
         for conn in list(self.connections.values()):
             conn.closing = True
+            if conn.hello_timer is not None:
+                conn.hello_timer.cancel()
             conn.transport.close()
         self.connections.clear()
 
@@ -306,6 +344,9 @@ class SocketServer:
         conn = self.connections.get(a.client)
         if conn is not None:
             conn.greeted = True
+            if conn.hello_timer is not None:
+                conn.hello_timer.cancel()
+                conn.hello_timer = None
         log.info("connect pid=%d uid=%d gid=%d command=%s gpus=%s", a.pid, a.uid, a.gid,
                  a.command.replace(" ", "_") or "-", ",".join(gpu_name(g) for g in a.gpus) or "-")
 

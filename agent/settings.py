@@ -30,6 +30,11 @@ class SettingsError(ValueError):
     """A setting out of range or a config file we cannot read; str() is one human sentence."""
 
 
+class SettingsNotSaved(Exception):
+    """A run-time change refused because the state file could not be written
+    (disk full, read-only, I/O error); str() is one human sentence."""
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     time_quantum_s: int = 30

@@ -21,7 +21,14 @@ from .eventlog import events as log
 
 SD_LISTEN_FDS_START = 3
 DEFAULT_SOCKET_PATH = Path("/run/nvshare/scheduler.sock")
-LISTEN_BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
+# The listen() backlog, whether the agent binds the socket or systemd passes
+# it: clients that connect while the agent is busy (or out of fds) wait here.
+# The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 4096
+# systemd ignores a notify datagram that does not fit its buffer
+# (NOTIFY_BUFFER_MAX = PIPE_BUF, 4096 bytes), and `systemctl status` keeps
+# showing the last line it took: keep STATUS= well below that.
+STATUS_MAX_BYTES = 1024
 # A watchdog of a few microseconds cannot be met anyway; petting it that often
 # would be a busy loop.  Any WatchdogSec= of 20 ms or more is still met.
 MIN_WATCHDOG_INTERVAL_S = 0.01
@@ -53,6 +60,12 @@ def socket_from_systemd() -> socket.socket | None:
     if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
         raise SocketSetupError(f"fd {SD_LISTEN_FDS_START} from systemd is not a UNIX stream socket")
     os.set_inheritable(sock.fileno(), False)
+    # The unit's Backlog= holds while no agent runs; from now on the same
+    # backlog as a socket we bind ourselves.
+    try:
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as e:
+        raise SocketSetupError(f"cannot listen on fd {SD_LISTEN_FDS_START} from systemd ({e.strerror})") from None
     return sock
 
 

@@ -21,7 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_harness import AgentProcess  # noqa: E402
 from nvshare_agent.daemon import Agent  # noqa: E402
+from nvshare_agent.listener import Listener  # noqa: E402
 from nvshare_agent.settings import Settings, SettingsStore  # noqa: E402
+from nvshare_agent.systemd import bind_socket  # noqa: E402
 
 FAST_SETTINGS = Settings(time_quantum_s=1, anti_thrash=True, idle_release_ms=100, drop_grace_ms=300)
 
@@ -48,13 +50,13 @@ async def start_inproc_agent(tmp_path):
         loop = asyncio.get_running_loop()
         agent = Agent(settings, SettingsStore(tmp_path / "state"), loop=loop)
         path = tmp_path / f"inproc{len(servers)}.sock"
-        server = await loop.create_unix_server(agent.server.protocol_factory, path=str(path))
-        servers.append((server, agent))
+        listener = Listener(bind_socket(path), agent.server)  # the daemon's own accept path
+        listener.start()
+        servers.append((listener, agent))
         return agent, path
 
     yield start
-    for server, agent in servers:
-        server.close()
+    for listener, agent in servers:
+        listener.close()
         agent.server.cancel_timer()
         agent.server.close_all()
-        await server.wait_closed()

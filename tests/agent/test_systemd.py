@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -16,7 +17,8 @@ import pytest
 from agent_harness import FAST_CONFIG, GPU0, TIMEOUT_S, AgentProcess, ShimClient, wait_until
 from nvshare_agent.daemon import Agent
 from nvshare_agent.settings import Settings, SettingsStore
-from nvshare_agent.systemd import MIN_WATCHDOG_INTERVAL_S, watchdog_interval_s
+from nvshare_agent.systemd import (LISTEN_BACKLOG, MIN_WATCHDOG_INTERVAL_S, STATUS_MAX_BYTES,
+                                   watchdog_interval_s)
 
 
 def agent_args(tmp_path):
@@ -87,6 +89,100 @@ def test_sd_notify_ready_status_watchdog_and_stopping(tmp_path):
     finally:
         agent.stop()
         listener.close()
+
+
+def test_sd_notify_status_stays_short_when_clients_name_many_gpus(tmp_path):
+    # systemd ignores a notify datagram over 4096 bytes; clients may name 16 GPUs
+    # each, made up or not, and hold them by the hundred with anti-thrash off.
+    notify_path = tmp_path / "notify.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(notify_path))
+    listener.settimeout(TIMEOUT_S)
+    long_quantum = FAST_CONFIG.replace("time_quantum = 1\n", "time_quantum = 3600\n")
+    agent = AgentProcess(tmp_path / "a", config=long_quantum, env={"NOTIFY_SOCKET": str(notify_path)})
+    clients = []
+    try:
+        agent.start()
+        clients = [ShimClient(agent.socket_path, gpus=[GPU0, *(os.urandom(16) for _ in range(15))])
+                   for _ in range(10)]
+        clients[0].request(GPU0)
+        clients[0].wait_grant(GPU0)
+        clients[1].request(GPU0)
+        longest = 0
+        while True:
+            message = listener.recv(65536).decode()
+            if message.startswith("STATUS="):
+                longest = max(longest, len(message.encode()))
+                if message == "STATUS=10 clients; 151 GPUs, 1 held, 1 waiting":
+                    break
+        assert longest <= len("STATUS=") + STATUS_MAX_BYTES
+    finally:
+        for c in clients:
+            c.close()
+        agent.stop()
+        listener.close()
+
+
+def serves(socket_path) -> bool:
+    try:
+        ShimClient(socket_path).close()
+        return True
+    except OSError:
+        return False
+
+
+def queued_connections(socket_path, at_most: int) -> int:
+    """How many connect()s the socket's backlog takes while no one accepts."""
+    sockets = []
+    try:
+        while len(sockets) < at_most:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            sockets.append(sock)
+            try:
+                sock.connect(str(socket_path))
+            except BlockingIOError:  # the backlog is full
+                return len(sockets) - 1
+        return len(sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@pytest.mark.parametrize("socket_from", ["bind", "systemd"])
+def test_the_listen_backlog_is_listen_backlog_either_way(tmp_path, socket_from):
+    expected = min(LISTEN_BACKLOG, int(open("/proc/sys/net/core/somaxconn").read()))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < expected + 200:
+        pytest.skip(f"needs an fd hard limit of {expected + 200}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, expected + 200), hard))
+    sock_path = tmp_path / "scheduler.sock"
+    args = agent_args(tmp_path)
+    held_by_systemd = None
+    if socket_from == "bind":
+        proc = subprocess.Popen([*args, "--socket", str(sock_path)], stderr=subprocess.DEVNULL)
+    else:
+        # Like systemd with the unit's Backlog=: a small one, which the agent replaces.
+        held_by_systemd = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        held_by_systemd.bind(str(sock_path))
+        held_by_systemd.listen(16)
+        script = f'exec 3<&{held_by_systemd.fileno()}; LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"'
+        proc = subprocess.Popen(["bash", "-c", script, "bash", *args], pass_fds=(held_by_systemd.fileno(),),
+                                stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: serves(sock_path), what="the agent to serve")
+        proc.send_signal(signal.SIGSTOP)  # accepts nothing: connections queue in the backlog
+        try:
+            queued = queued_connections(sock_path, expected + 100)
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        assert queued in (expected, expected + 1)  # Linux queues backlog + 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(TIMEOUT_S) == 0
+        if held_by_systemd is not None:
+            held_by_systemd.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_bad_config_is_one_line_and_exit_code_2(tmp_path):

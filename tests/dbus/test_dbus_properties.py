@@ -1,6 +1,7 @@
 """Settings and live state through the real bus, with busctl, dbus-send and dbus-next."""
 
 import asyncio
+import json
 import subprocess
 
 import pytest
@@ -9,8 +10,8 @@ from dbus_next.aio import MessageBus
 
 from nvshare_agent import dbus_names as names
 
-from dbus_harness import (NOBODY, busctl, busctl_on_agent, dbus_send, get_property, set_property,
-                          wait_for)
+from dbus_harness import (NOBODY, busctl, busctl_on_agent, dbus_send, get_property, nvsharectl,
+                          set_property, wait_for)
 
 
 def test_introspection_shows_typed_settings_state_and_methods(agent, bus):
@@ -175,3 +176,25 @@ def test_unknown_property_interface_or_path_is_a_plain_error_not_a_logged_traceb
     busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "11")
     wait_for(lambda: "dbus set TimeQuantum=11" in agent.log(), "the agent to log the change")
     assert " ERROR " not in agent.log() and "Traceback" not in agent.log(), agent.log()[-3000:]
+
+
+def test_a_change_that_cannot_be_saved_is_refused_and_changes_nothing(agent, bus):
+    # A directory where the state file belongs: the save fails even for root,
+    # which ignores mode bits (as a full or read-only disk would fail it).
+    blocker = agent.state_dir / "settings.json"
+    blocker.mkdir(parents=True)
+    result = set_property(bus.address, "TimeQuantum", "uint32:12")
+    assert result.returncode != 0
+    assert (f"Error {names.ERROR_SAVE_FAILED}: settings not changed: could not save them to "
+            f"{blocker}: Is a directory") in result.stderr
+    assert get_property(bus.address, "TimeQuantum") == "u 30"
+    cli = nvsharectl(bus.address, "anti-thrash", "off")
+    assert cli.returncode == 1 and cli.stdout == ""
+    assert cli.stderr.count("\n") == 1 and "settings not changed: could not save them" in cli.stderr
+    assert get_property(bus.address, "AntiThrash") == "b true"
+    wait_for(lambda: "ERROR settings not changed: could not save them" in agent.log(), "the agent's log line")
+    # Once the disk is fixed, the same change goes through and is saved.
+    blocker.rmdir()
+    assert set_property(bus.address, "TimeQuantum", "uint32:12").returncode == 0
+    assert get_property(bus.address, "TimeQuantum") == "u 12"
+    assert json.loads(blocker.read_text()) == {"time_quantum_s": 12}
