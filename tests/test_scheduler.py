@@ -107,24 +107,17 @@ def test_quantum_counts_from_the_grant_and_drop_then_grace_then_revoke():
     assert s.next_deadline() is None
 
 
-def test_holder_is_not_revoked_when_the_only_waiter_withdraws_after_the_drop_request():
+@pytest.mark.parametrize("leaves_by", ["withdrawing", "exiting"])
+def test_holder_is_not_revoked_when_the_only_waiter_leaves_after_the_drop_request(leaves_by):
     s = make()
     lease = grant_of(s.request(1, G0, 0.0)).lease
     s.request(2, G0, 1.0)
     assert of(AskToDrop, s.tick(TQ))
-    assert s.release(2, G0, 0, TQ + 0.1) == [Withdrawn(2, 102, G0)]
+    if leaves_by == "withdrawing":
+        assert s.release(2, G0, 0, TQ + 0.1) == [Withdrawn(2, 102, G0)]
+    else:
+        assert s.disconnect(2, TQ + 0.1) == [Gone(2, 102, True)]
     assert s.next_deadline() is None  # no timer armed for a revoke that must not come
-    assert s.tick(TQ + GRACE * 10) == []
-    assert s.gpus[G0].holders[1].number == lease
-
-
-def test_holder_is_not_revoked_when_the_only_waiter_exits_after_the_drop_request():
-    s = make()
-    lease = grant_of(s.request(1, G0, 0.0)).lease
-    s.request(2, G0, 1.0)
-    s.tick(TQ)
-    assert s.disconnect(2, TQ + 0.1) == [Gone(2, 102, True)]
-    assert s.next_deadline() is None
     assert s.tick(TQ + GRACE * 10) == []
     assert s.gpus[G0].holders[1].number == lease
 
