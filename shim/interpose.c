@@ -178,8 +178,9 @@ void *nvshare_hook_for(void *real, const char *name, int cuda_version, unsigned 
 
 /* The interposed dlsym.  RTLD_NEXT (and RTLD_DEFAULT's scope) is relative to
  * the caller, which glibc finds from the return address: those calls are tail
- * calls, so glibc sees the application's return address, not the shim's.  gcc emits tail calls only
- * when optimising (tests/shim/test_dlsym_versions.py checks the behaviour). */
+ * calls, so glibc sees the application's return address, not the shim's.  gcc
+ * emits tail calls only when optimising (tests/shim/test_dlsym_versions.py
+ * checks the behaviour). */
 #ifndef __OPTIMIZE__
 #error "interpose.c needs optimisation (-O1 or more): dlsym(RTLD_NEXT) relies on a tail call"
 #endif
