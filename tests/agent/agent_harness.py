@@ -23,14 +23,18 @@ tests tree is not a package:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from nvshare_agent import protocol
 from nvshare_agent.protocol import MessageType
@@ -59,6 +63,20 @@ def wait_until(predicate, timeout: float = TIMEOUT_S, what: str = "a condition",
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def fd_limit_at_least(wanted: int):
+    """Lets this test process hold `wanted` fds (client sockets by the thousand); skips the
+    test where the hard limit is lower, and puts the old limit back afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"needs an fd hard limit of {wanted}, this one is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 class AgentProcess:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_harness import GPU0, TIMEOUT_S, AgentProcess, ShimClient, wait_until
+from agent_harness import GPU0, TIMEOUT_S, AgentProcess, ShimClient, fd_limit_at_least, wait_until
 from nvshare_agent import protocol
 from nvshare_agent.connection_limits import (FD_RESERVE, PER_UID_LIMIT, TOTAL_LIMIT, ConnectionCounts,
                                              LogThrottle, total_limit)
@@ -29,13 +29,8 @@ HELLO = protocol.encode_hello([GPU0], "crowd")
 @pytest.fixture
 def many_fds():
     """Enough fds in this test process for a thousand and more client sockets."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = PER_UID_LIMIT + 256
-    if hard != resource.RLIM_INFINITY and hard < wanted:
-        pytest.skip(f"needs an fd hard limit of {wanted}, this one is {hard}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with fd_limit_at_least(PER_UID_LIMIT + 256):
+        yield
 
 
 @pytest.fixture

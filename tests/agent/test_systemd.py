@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import signal
 import socket
@@ -14,7 +13,7 @@ import sys
 
 import pytest
 
-from agent_harness import FAST_CONFIG, GPU0, TIMEOUT_S, AgentProcess, ShimClient, wait_until
+from agent_harness import FAST_CONFIG, GPU0, TIMEOUT_S, AgentProcess, ShimClient, fd_limit_at_least, wait_until
 from nvshare_agent.daemon import Agent
 from nvshare_agent.settings import Settings, SettingsStore
 from nvshare_agent.systemd import (LISTEN_BACKLOG, MIN_WATCHDOG_INTERVAL_S, STATUS_MAX_BYTES,
@@ -152,10 +151,14 @@ def queued_connections(socket_path, at_most: int) -> int:
 @pytest.mark.parametrize("socket_from", ["bind", "systemd"])
 def test_the_listen_backlog_is_listen_backlog_either_way(tmp_path, socket_from):
     expected = min(LISTEN_BACKLOG, int(open("/proc/sys/net/core/somaxconn").read()))
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < expected + 200:
-        pytest.skip(f"needs an fd hard limit of {expected + 200}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, expected + 200), hard))
+    with fd_limit_at_least(expected + 200):
+        queued = queued_behind_a_stopped_agent(tmp_path, socket_from, expected + 100)
+    assert queued in (expected, expected + 1)  # Linux queues backlog + 1
+
+
+def queued_behind_a_stopped_agent(tmp_path, socket_from, at_most: int) -> int:
+    """Starts the agent on a socket it binds or one "systemd" passes, stops it (SIGSTOP), and
+    counts the connect()s its backlog takes."""
     sock_path = tmp_path / "scheduler.sock"
     args = agent_args(tmp_path)
     held_by_systemd = None
@@ -173,16 +176,15 @@ def test_the_listen_backlog_is_listen_backlog_either_way(tmp_path, socket_from):
         wait_until(lambda: serves(sock_path), what="the agent to serve")
         proc.send_signal(signal.SIGSTOP)  # accepts nothing: connections queue in the backlog
         try:
-            queued = queued_connections(sock_path, expected + 100)
+            queued = queued_connections(sock_path, at_most)
         finally:
             proc.send_signal(signal.SIGCONT)
-        assert queued in (expected, expected + 1)  # Linux queues backlog + 1
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(TIMEOUT_S) == 0
         if held_by_systemd is not None:
             held_by_systemd.close()
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return queued
 
 
 def test_bad_config_is_one_line_and_exit_code_2(tmp_path):
