@@ -12,12 +12,15 @@
  * up when it is destroyed: cuCtxDestroy, cuDevicePrimaryCtxReset, or
  * cuDevicePrimaryCtxRelease of its last reference.
  *
- * The mutex is held while the client thread works in the contexts (release,
- * prefetch) and while a context is destroyed, so neither sees the other half
- * done.  Taking a slot also takes it, but only when a thread's current
- * context changes (gate.c caches the answer).  It is recursive: should the
- * driver call back into a hook on the destroying thread, that thread must not
- * wait for itself.
+ * Each GPU has a mutex, held while the shim works in its contexts (a
+ * release's synchronisation, a grant's prefetch, on that GPU's worker in
+ * lock_client.c) and while one of them is destroyed, so neither sees the
+ * other half done.  Per GPU, so that a long release on one GPU holds up
+ * nothing on another.  Taking a slot also takes it, but only when a thread's
+ * current context changes (gate.c caches the answer).  cuCtxDestroy does not
+ * say the context's GPU, so it takes every GPU's, in order.  They are
+ * recursive: should the driver call back into a hook on the destroying
+ * thread, that thread must not wait for itself.
  */
 #define _GNU_SOURCE
 #include "contexts.h"
@@ -35,14 +38,29 @@
 #include "queue_bound.h"
 
 struct gpu_contexts {
+    pthread_mutex_t mutex;
     CUcontext slots[NVSHARE_CONTEXT_SLOTS];   /* NULL: free */
     int newest;                               /* the slot taken last (free if none is taken) */
     CUcontext primary;                        /* from cuDevicePrimaryCtxRetain; NULL: not seen */
 };
 
-static pthread_mutex_t contexts_mutex = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
-static struct gpu_contexts gpus[NVSHARE_MAX_GPUS];
+#define RECURSIVE PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP
+static struct gpu_contexts gpus[NVSHARE_MAX_GPUS] = {
+    [0 ... NVSHARE_MAX_GPUS - 1] = {.mutex = RECURSIVE},
+};
 atomic_uint nvshare_context_generation = 1;
+
+static void lock_all(void)
+{
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
+        pthread_mutex_lock(&gpus[gpu].mutex);
+}
+
+static void unlock_all(void)
+{
+    for (int gpu = NVSHARE_MAX_GPUS - 1; gpu >= 0; gpu--)
+        pthread_mutex_unlock(&gpus[gpu].mutex);
+}
 
 int nvshare_context_slot(int gpu, CUcontext context)
 {
@@ -50,7 +68,7 @@ int nvshare_context_slot(int gpu, CUcontext context)
         return -1;
     struct gpu_contexts *contexts = &gpus[gpu];
     int slot = -1, free_slot = -1;
-    pthread_mutex_lock(&contexts_mutex);
+    pthread_mutex_lock(&contexts->mutex);
     for (int i = 0; i < NVSHARE_CONTEXT_SLOTS && slot < 0; i++) {
         if (contexts->slots[i] == context)
             slot = i;
@@ -62,7 +80,7 @@ int nvshare_context_slot(int gpu, CUcontext context)
         contexts->slots[slot] = context;
         contexts->newest = slot;
     }
-    pthread_mutex_unlock(&contexts_mutex);
+    pthread_mutex_unlock(&contexts->mutex);
     if (slot >= 0 && slot == free_slot)
         nvshare_debug("context new gpu=%d slot=%d context=%p", gpu, slot, (void *)context);
     if (slot < 0)
@@ -83,31 +101,31 @@ static int run_in(int gpu, int slot, void (*fn)(int gpu, int slot, void *arg), v
 
 void nvshare_in_each_context(int gpu, void (*fn)(int gpu, int slot, void *arg), void *arg)
 {
-    pthread_mutex_lock(&contexts_mutex);
+    pthread_mutex_lock(&gpus[gpu].mutex);
     for (int slot = 0; slot < NVSHARE_CONTEXT_SLOTS; slot++) {
         if (gpus[gpu].slots[slot] != NULL)
             run_in(gpu, slot, fn, arg);
     }
-    pthread_mutex_unlock(&contexts_mutex);
+    pthread_mutex_unlock(&gpus[gpu].mutex);
 }
 
 int nvshare_in_one_context(int gpu, void (*fn)(int gpu, int slot, void *arg), void *arg)
 {
-    pthread_mutex_lock(&contexts_mutex);
+    pthread_mutex_lock(&gpus[gpu].mutex);
     int slot = gpus[gpu].newest;
     int ran = gpus[gpu].slots[slot] != NULL && run_in(gpu, slot, fn, arg);
-    pthread_mutex_unlock(&contexts_mutex);
+    pthread_mutex_unlock(&gpus[gpu].mutex);
     return ran;
 }
 
-/* The driver has just freed context: drop all that belongs to it.  Called
- * with the mutex held. */
-static void forget(CUcontext context)
+/* The driver has just freed context, of a GPU in [first, last]: drop all
+ * that belongs to it.  Called with those GPUs' mutexes held. */
+static void forget(CUcontext context, int first, int last)
 {
     if (context == NULL)
         return;
     nvshare_capture_forget_context(context);
-    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
+    for (int gpu = first; gpu <= last; gpu++) {
         struct gpu_contexts *contexts = &gpus[gpu];
         for (int slot = 0; slot < NVSHARE_CONTEXT_SLOTS; slot++) {
             if (contexts->slots[slot] != context)
@@ -132,11 +150,11 @@ NVSHARE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     cuCtxDestroy_v2_fn real = NVSHARE_REAL_OR_ERROR(cuCtxDestroy_v2, cuCtxDestroy_v2_fn, &error);
     if (real == NULL)
         return error;
-    pthread_mutex_lock(&contexts_mutex);
+    lock_all();
     CUresult result = real(ctx);
     if (result == CUDA_SUCCESS)
-        forget(ctx);
-    pthread_mutex_unlock(&contexts_mutex);
+        forget(ctx, 0, NVSHARE_MAX_GPUS - 1);
+    unlock_all();
     return result;
 }
 
@@ -150,9 +168,9 @@ NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         return error;
     CUresult result = real(pctx, dev);
     if (result == CUDA_SUCCESS && dev >= 0 && dev < NVSHARE_MAX_GPUS) {
-        pthread_mutex_lock(&contexts_mutex);
+        pthread_mutex_lock(&gpus[dev].mutex);
         gpus[dev].primary = *pctx;
-        pthread_mutex_unlock(&contexts_mutex);
+        pthread_mutex_unlock(&gpus[dev].mutex);
         nvshare_debug("primary context retained gpu=%d primary=%p", (int)dev, (void *)*pctx);
     }
     return result;
@@ -164,19 +182,21 @@ enum primary_end { PRIMARY_RESET, PRIMARY_RELEASE };
 
 static CUresult end_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real, enum primary_end how)
 {
-    pthread_mutex_lock(&contexts_mutex);
+    if (dev < 0 || dev >= NVSHARE_MAX_GPUS)
+        return real(dev);   /* not a GPU the shim tracks: the driver answers */
+    pthread_mutex_lock(&gpus[dev].mutex);
     CUresult result = real(dev);
     unsigned flags;
     int active = 0;
-    if (result == CUDA_SUCCESS && dev >= 0 && dev < NVSHARE_MAX_GPUS &&
+    if (result == CUDA_SUCCESS &&
         (how == PRIMARY_RESET ||
          (nvshare_driver.primary_ctx_get_state != NULL &&
           nvshare_driver.primary_ctx_get_state(dev, &flags, &active) == CUDA_SUCCESS && !active)))
-        forget(gpus[dev].primary);
+        forget(gpus[dev].primary, dev, dev);
     nvshare_debug("primary context %s gpu=%d result=%d still_active=%d primary=%p",
                   how == PRIMARY_RESET ? "reset" : "release", (int)dev, (int)result, active,
-                  dev >= 0 && dev < NVSHARE_MAX_GPUS ? (void *)gpus[dev].primary : NULL);
-    pthread_mutex_unlock(&contexts_mutex);
+                  (void *)gpus[dev].primary);
+    pthread_mutex_unlock(&gpus[dev].mutex);
     return result;
 }
 
@@ -198,7 +218,8 @@ DEFINE_PRIMARY_END(cuDevicePrimaryCtxReset_v2, PRIMARY_RESET)
 
 void nvshare_contexts_forget_after_fork(void)
 {
-    contexts_mutex = (pthread_mutex_t)PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
     memset(gpus, 0, sizeof gpus);
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
+        gpus[gpu].mutex = (pthread_mutex_t)RECURSIVE;
     atomic_fetch_add(&nvshare_context_generation, 1);
 }

@@ -31,6 +31,7 @@ atomic_int nvshare_client_running;
 struct lock_client nvshare_lock_client = {
     .mutex = PTHREAD_MUTEX_INITIALIZER,
     .changed = PTHREAD_COND_INITIALIZER,
+    .workers = {[0 ... NVSHARE_MAX_GPUS - 1] = {.wake = PTHREAD_COND_INITIALIZER}},
     .socket_fd = -1,
     .wake_fd = -1,
 };
@@ -131,6 +132,8 @@ static void forget_after_fork(void)
     client.inbox.used = 0;
     memset(client.locks, 0, sizeof client.locks);
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
+        client.workers[gpu].started = 0;    /* the parent's workers are not in the child */
+        client.workers[gpu].wake = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
         atomic_store(&nvshare_gates[gpu].open, 0);
         atomic_store(&nvshare_gates[gpu].inflight, 0);
     }

@@ -17,6 +17,8 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -39,7 +41,15 @@
 /* The one instance, by a short name. */
 #define client nvshare_lock_client
 
-/* ---- lock transitions (client thread) -------------------------------------------------- */
+/* ---- lock transitions ------------------------------------------------------------------ */
+
+/* A grant's prefetch and a release's drain wait for the GPU: seconds for a
+ * large working set or a long kernel.  Each GPU's wait runs on a worker
+ * thread of that GPU, started at its first transition, so the client thread
+ * goes on serving the process's other GPUs meanwhile (their grants, drops and
+ * requests).  The socket stays the client thread's: a worker that has
+ * drained its GPU marks the lock drained, and the client thread sends
+ * RELEASED. */
 
 enum release_reason { RELEASE_IDLE, RELEASE_DROP };
 
@@ -57,13 +67,42 @@ static void open_gate(int gpu)
     atomic_store(&nvshare_gates[gpu].open, 1);
 }
 
-static void reopen_after_aborted_release(int gpu)
+/* Called with the mutex held: is the job named ticket still the lock's? */
+static int job_current(int gpu, unsigned ticket)
 {
+    return client.locks[gpu].job_ticket == ticket && client.locks[gpu].state == LOCK_HELD;
+}
+
+static void job_done(int gpu)
+{
+    struct gpu_lock *lock = &client.locks[gpu];
+    lock->job = JOB_NONE;
+    lock->job_taken = 0;
+    lock->drop_requested = 0;
+}
+
+/* An idle release found the GPU busy after all.  Returns 1 when it goes on
+ * as a drop instead: one came meanwhile, and the worker is the one to honour
+ * it (the client thread only posts a drop while no job runs). */
+static int abort_idle_release(int gpu, unsigned ticket, int gate_closed)
+{
+    int drop = 0;
     pthread_mutex_lock(&client.mutex);
-    if (client.locks[gpu].state == LOCK_HELD)
-        open_gate(gpu);
+    if (job_current(gpu, ticket)) {
+        drop = client.locks[gpu].drop_requested;
+        if (!drop) {
+            job_done(gpu);
+            if (gate_closed)
+                open_gate(gpu);
+            else
+                client.locks[gpu].activity_changed_at_ms = nvshare_now_ms();
+        }
+    }
     pthread_cond_broadcast(&client.changed);
     pthread_mutex_unlock(&client.mutex);
+    if (!drop)
+        nvshare_client_wake();      /* its idle watch goes on */
+    return drop;
 }
 
 /* The driver refuses cuCtxSynchronize during a capture of any mode, from any
@@ -71,8 +110,10 @@ static void reopen_after_aborted_release(int gpu)
  * not past the agent's drop grace: by then the lock is revoked anyway. */
 static void wait_for_captures_to_end(void)
 {
-    double deadline = nvshare_now_ms() +
-                      (client.have_settings ? client.settings.drop_grace_ms : 5000);
+    pthread_mutex_lock(&client.mutex);
+    double grace_ms = client.have_settings ? client.settings.drop_grace_ms : 5000;
+    pthread_mutex_unlock(&client.mutex);
+    double deadline = nvshare_now_ms() + grace_ms;
     while (atomic_load(&nvshare_active_captures) > 0 && nvshare_now_ms() < deadline) {
         struct timespec pause = {.tv_nsec = 1000000};
         nanosleep(&pause, NULL);
@@ -86,15 +127,28 @@ static void synchronize_context(int gpu, int slot, void *unused)
 }
 
 /* Close the gate, let submissions in progress leave it, wait for the GPU to
- * finish what was submitted, then tell the agent.  Never called on an
- * application thread, so no application launch ever synchronises. */
-static void release(int gpu, enum release_reason reason)
+ * finish what was submitted, then mark the lock drained.  Runs on the GPU's
+ * worker (never an application thread: no application launch ever
+ * synchronises). */
+static void drain(int gpu, enum release_reason reason, unsigned ticket)
 {
     struct nvshare_gate *gate = &nvshare_gates[gpu];
     struct gpu_lock *lock = &client.locks[gpu];
     double started = nvshare_now_ms();
 
+    /* No passage, but the GPU still runs what was queued (a thread may be
+     * waiting for it in the queue bound, making no passage meanwhile): not
+     * idle yet.  The idle time counts from when that work is done. */
+    if (reason == RELEASE_IDLE && nvshare_queue_work_pending(gpu)) {
+        if (!abort_idle_release(gpu, ticket, 0))
+            return;
+        reason = RELEASE_DROP;
+    }
     pthread_mutex_lock(&client.mutex);
+    if (!job_current(gpu, ticket)) {
+        pthread_mutex_unlock(&client.mutex);
+        return;
+    }
     unsigned idle_activity = lock->seen_activity;
     atomic_store(&gate->open, 0);
     pthread_mutex_unlock(&client.mutex);
@@ -103,35 +157,162 @@ static void release(int gpu, enum release_reason reason)
         struct timespec pause = {.tv_nsec = spins < 100 ? 20000 : 1000000};
         nanosleep(&pause, NULL);
     }
-    if (reason == RELEASE_IDLE && atomic_load(&gate->activity) != idle_activity) {
-        /* A launch got in just before the gate closed: not idle after all. */
-        reopen_after_aborted_release(gpu);
-        return;
-    }
-    if (reason == RELEASE_IDLE && atomic_load(&nvshare_active_captures) > 0) {
-        reopen_after_aborted_release(gpu);
-        return;
+    /* A launch got in just before the gate closed (not idle after all), or
+     * a capture is open (its end would be waited for). */
+    if (reason == RELEASE_IDLE && (atomic_load(&gate->activity) != idle_activity ||
+                                   atomic_load(&nvshare_active_captures) > 0)) {
+        if (!abort_idle_release(gpu, ticket, 1))
+            return;
+        reason = RELEASE_DROP;
     }
     wait_for_captures_to_end();
     nvshare_in_each_context(gpu, synchronize_context, NULL);
     double drained = nvshare_now_ms();
 
     pthread_mutex_lock(&client.mutex);
+    int current = job_current(gpu, ticket);
     uint64_t lease = lock->lease;
     double held_ms = drained - lock->granted_at_ms;
-    int again = lock->want_again;
-    memset(lock, 0, sizeof *lock);
-    if (again)
-        lock->state = LOCK_WANTED;
+    if (current)
+        lock->drained = 1;
     pthread_mutex_unlock(&client.mutex);
-    if (again)
-        nvshare_client_wake();      /* the main loop sends the new request at once */
-
+    if (!current)
+        return;
     nvshare_debug("release gpu=%d lease=%llu reason=%s held_ms=%.1f drain_ms=%.2f", gpu,
                   (unsigned long long)lease, reason == RELEASE_IDLE ? "idle" : "drop", held_ms,
                   drained - started);
-    if (nvshare_send_lock_message(NVSHARE_MSG_RELEASED, gpu, lease) != 0)
-        nvshare_lose_agent("release not sent");
+    nvshare_client_wake();      /* the client thread sends RELEASED */
+}
+
+static void prefetch_then_open(int gpu, unsigned ticket)
+{
+    nvshare_in_one_context(gpu, nvshare_memory_prefetch, NULL);
+    pthread_mutex_lock(&client.mutex);
+    struct gpu_lock *lock = &client.locks[gpu];
+    int current = job_current(gpu, ticket), drop = current && lock->drop_requested;
+    uint64_t lease = lock->lease;
+    double since_grant_ms = nvshare_now_ms() - lock->granted_at_ms;
+    if (current && !drop) {
+        job_done(gpu);
+        open_gate(gpu);
+    }
+    if (drop)
+        lock->job = JOB_RELEASE_DROP;   /* a drop came during the prefetch */
+    pthread_cond_broadcast(&client.changed);
+    pthread_mutex_unlock(&client.mutex);
+    if (current)
+        nvshare_debug("gate gpu=%d lease=%llu %s ms_after_grant=%.2f", gpu, (unsigned long long)lease,
+                      drop ? "stays closed for a drop" : "open", since_grant_ms);
+    if (current && !drop)
+        nvshare_client_wake();      /* its idle watch starts now */
+    if (drop)
+        drain(gpu, RELEASE_DROP, ticket);
+}
+
+static void run_job(int gpu, enum lock_job job, unsigned ticket)
+{
+    if (job == JOB_PREFETCH)
+        prefetch_then_open(gpu, ticket);
+    else
+        drain(gpu, job == JOB_RELEASE_IDLE ? RELEASE_IDLE : RELEASE_DROP, ticket);
+}
+
+static void *gpu_worker_main(void *argument)
+{
+    int gpu = (int)(intptr_t)argument;
+    char name[16];
+    snprintf(name, sizeof name, "nvshare-gpu%d", gpu);
+    prctl(PR_SET_NAME, name, 0, 0, 0);
+    /* Its driver calls are the shim's own (prefetches, synchronisations):
+     * none may invalidate an application's capture. */
+    nvshare_capture_relax();
+    pthread_mutex_lock(&client.mutex);
+    for (;;) {
+        struct gpu_lock *lock = &client.locks[gpu];
+        if (lock->job == JOB_NONE || lock->job_taken) {
+            pthread_cond_wait(&client.workers[gpu].wake, &client.mutex);
+            continue;
+        }
+        lock->job_taken = 1;
+        enum lock_job job = lock->job;
+        unsigned ticket = lock->job_ticket;
+        pthread_mutex_unlock(&client.mutex);
+        run_job(gpu, job, ticket);
+        pthread_mutex_lock(&client.mutex);
+    }
+    return NULL;
+}
+
+static int start_worker(int gpu)
+{
+    sigset_t all, previous;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &previous);     /* the thread takes no signals */
+    pthread_attr_t attributes;
+    pthread_attr_init(&attributes);
+    pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+    pthread_t thread;
+    int failed = pthread_create(&thread, &attributes, gpu_worker_main, (void *)(intptr_t)gpu);
+    pthread_attr_destroy(&attributes);
+    pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    return failed;
+}
+
+/* Called with the mutex held, by the client thread: hands job to gpu's
+ * worker.  Returns the job's ticket when no worker could be started, and
+ * the caller runs it itself once it has let go of the mutex; 0 otherwise. */
+static unsigned post_job(int gpu, enum lock_job job)
+{
+    struct gpu_lock *lock = &client.locks[gpu];
+    struct gpu_worker *worker = &client.workers[gpu];
+    if (++worker->last_ticket == 0)
+        worker->last_ticket = 1;    /* 0 names no job */
+    lock->job = job;
+    lock->job_ticket = worker->last_ticket;
+    lock->job_taken = 0;
+    lock->drop_requested = 0;
+    if (!worker->started && start_worker(gpu) == 0)
+        worker->started = 1;
+    if (worker->started) {
+        pthread_cond_signal(&worker->wake);
+        return 0;
+    }
+    NVSHARE_WARN_ONCE("cannot start a GPU worker thread: lock transitions wait on the client thread");
+    lock->job_taken = 1;
+    return lock->job_ticket;
+}
+
+/* Locks whose GPU a worker has drained: forget them and tell the agent. */
+static void send_releases(void)
+{
+    struct {
+        int gpu;
+        uint64_t lease;
+    } released[NVSHARE_MAX_GPUS];
+    int count = 0, again = 0;
+    pthread_mutex_lock(&client.mutex);
+    for (int gpu = 0; gpu < client.gpu_count; gpu++) {
+        struct gpu_lock *lock = &client.locks[gpu];
+        if (!lock->drained)
+            continue;
+        released[count].gpu = gpu;
+        released[count++].lease = lock->lease;
+        int wanted = lock->want_again;
+        memset(lock, 0, sizeof *lock);
+        if (wanted) {
+            lock->state = LOCK_WANTED;   /* asked again right after RELEASED */
+            again = 1;
+        }
+    }
+    pthread_mutex_unlock(&client.mutex);
+    for (int i = 0; i < count; i++) {
+        if (nvshare_send_lock_message(NVSHARE_MSG_RELEASED, released[i].gpu, released[i].lease) != 0) {
+            nvshare_lose_agent("release not sent");
+            return;
+        }
+    }
+    if (again)
+        nvshare_client_wake();
 }
 
 static void on_grant(int gpu, uint64_t lease, uint32_t flags)
@@ -152,30 +333,37 @@ static void on_grant(int gpu, uint64_t lease, uint32_t flags)
     lock->lease = lease;
     lock->shared = (flags & NVSHARE_GRANT_SHARED) != 0;
     lock->granted_at_ms = now;
+    int shared = lock->shared;
     double waited_ms = now - lock->requested_at_ms;
-    pthread_mutex_unlock(&client.mutex);
-
-    if (nvshare_config()->prefetch)
-        nvshare_in_one_context(gpu, nvshare_memory_prefetch, NULL);
-
-    pthread_mutex_lock(&client.mutex);
-    if (lock->state == LOCK_HELD && lock->lease == lease)
+    unsigned inline_ticket = 0;
+    if (nvshare_config()->prefetch) {
+        inline_ticket = post_job(gpu, JOB_PREFETCH);   /* the worker opens the gate */
+    } else {
         open_gate(gpu);
-    pthread_cond_broadcast(&client.changed);
+        pthread_cond_broadcast(&client.changed);
+    }
     pthread_mutex_unlock(&client.mutex);
-    nvshare_debug("grant gpu=%d lease=%llu mode=%s waited_ms=%.2f", gpu,
-                  (unsigned long long)lease, lock->shared ? "shared" : "exclusive", waited_ms);
+    nvshare_debug("grant gpu=%d lease=%llu mode=%s waited_ms=%.2f", gpu, (unsigned long long)lease,
+                  shared ? "shared" : "exclusive", waited_ms);
+    if (inline_ticket)
+        run_job(gpu, JOB_PREFETCH, inline_ticket);
 }
 
 static void on_drop_request(int gpu, uint64_t lease)
 {
+    struct gpu_lock *lock = &client.locks[gpu];
+    unsigned inline_ticket = 0;
     pthread_mutex_lock(&client.mutex);
-    int ours = client.locks[gpu].state == LOCK_HELD && client.locks[gpu].lease == lease;
+    int ours = lock->state == LOCK_HELD && lock->lease == lease;
+    if (ours && lock->job == JOB_NONE)
+        inline_ticket = post_job(gpu, JOB_RELEASE_DROP);
+    else if (ours)
+        lock->drop_requested = 1;   /* the running job ends in a release */
     pthread_mutex_unlock(&client.mutex);
     nvshare_debug("drop gpu=%d lease=%llu%s", gpu, (unsigned long long)lease,
                   ours ? "" : " (stale, ignored)");
-    if (ours)
-        release(gpu, RELEASE_DROP);
+    if (inline_ticket)
+        run_job(gpu, JOB_RELEASE_DROP, inline_ticket);
 }
 
 static void on_revoked(int gpu, uint64_t lease)
@@ -304,13 +492,14 @@ static void send_memory_reports(void)
 }
 
 /* Early release: a held, exclusive GPU whose gate saw no passage for
- * idle_release_ms, and where no work this process queued is still running.
- * Returns the poll timeout until the next look. */
+ * idle_release_ms (its worker then checks that no work this process queued
+ * is still running).  Returns the poll timeout until the next look. */
 static int release_idle_gpus(void)
 {
     pthread_mutex_lock(&client.mutex);
     unsigned idle_ms = client.have_settings ? client.settings.idle_release_ms : 0;
-    int exclusive_holds = 0, idle[NVSHARE_MAX_GPUS], idle_count = 0;
+    int exclusive_holds = 0, inline_gpus[NVSHARE_MAX_GPUS], inline_count = 0;
+    unsigned inline_tickets[NVSHARE_MAX_GPUS];
     double now = nvshare_now_ms();
     for (int gpu = 0; gpu < client.gpu_count && idle_ms > 0; gpu++) {
         struct gpu_lock *lock = &client.locks[gpu];
@@ -321,24 +510,17 @@ static int release_idle_gpus(void)
         if (activity != lock->seen_activity) {
             lock->seen_activity = activity;
             lock->activity_changed_at_ms = now;
-        } else if (now - lock->activity_changed_at_ms >= idle_ms) {
-            idle[idle_count++] = gpu;
+        } else if (lock->job == JOB_NONE && now - lock->activity_changed_at_ms >= idle_ms) {
+            unsigned ticket = post_job(gpu, JOB_RELEASE_IDLE);
+            if (ticket) {
+                inline_gpus[inline_count] = gpu;
+                inline_tickets[inline_count++] = ticket;
+            }
         }
     }
     pthread_mutex_unlock(&client.mutex);
-    for (int i = 0; i < idle_count; i++) {
-        /* No passage, but the GPU still runs what was queued (a thread may be
-         * waiting for it in the queue bound, making no passage meanwhile): not
-         * idle yet.  The idle time counts from when that work is done.  Asked
-         * without client.mutex: it takes the contexts' mutex. */
-        if (nvshare_queue_work_pending(idle[i])) {
-            pthread_mutex_lock(&client.mutex);
-            client.locks[idle[i]].activity_changed_at_ms = nvshare_now_ms();
-            pthread_mutex_unlock(&client.mutex);
-            continue;
-        }
-        release(idle[i], RELEASE_IDLE);
-    }
+    for (int i = 0; i < inline_count; i++)
+        run_job(inline_gpus[i], JOB_RELEASE_IDLE, inline_tickets[i]);
     if (exclusive_holds == 0)
         return -1;
     int step = (int)(idle_ms / 4);
@@ -355,6 +537,8 @@ void *nvshare_client_main(void *unused)
     nvshare_connect_to_agent(1);
     for (;;) {
         int timeout = -1;
+        if (client.socket_fd >= 0)
+            send_releases();
         if (client.socket_fd >= 0) {
             send_wanted_requests();
             send_memory_reports();

@@ -19,6 +19,10 @@ enum lock_state {
     LOCK_HELD           /* granted (gate open), or being released (gate closed) */
 };
 
+/* The slow half of a transition, which runs on the GPU's worker thread
+ * (lock_client.c): a grant's prefetch, a release's drain. */
+enum lock_job { JOB_NONE = 0, JOB_PREFETCH, JOB_RELEASE_IDLE, JOB_RELEASE_DROP };
+
 struct gpu_lock {
     enum lock_state state;
     uint64_t lease;
@@ -28,6 +32,18 @@ struct gpu_lock {
     double granted_at_ms;
     unsigned seen_activity;         /* idle detection: gate activity at the last look */
     double activity_changed_at_ms;
+    enum lock_job job;              /* posted to the GPU's worker, or running there */
+    unsigned job_ticket;            /* names that posting: a worker drops the results of a job
+                                       its lock no longer has (revoked, agent lost) */
+    int job_taken;                  /* the worker has started it */
+    int drop_requested;             /* a drop request came while a job ran */
+    int drained;                    /* released on the GPU: the client thread sends RELEASED */
+};
+
+struct gpu_worker {
+    pthread_cond_t wake;            /* a job was posted */
+    int started;
+    unsigned last_ticket;
 };
 
 struct lock_client {
@@ -40,6 +56,7 @@ struct lock_client {
     struct nvshare_settings settings;
     int have_settings;
     struct gpu_lock locks[NVSHARE_MAX_GPUS];
+    struct gpu_worker workers[NVSHARE_MAX_GPUS];
     double retry_at_ms;             /* client thread only */
     struct nvshare_inbox inbox;     /* client thread only */
 };

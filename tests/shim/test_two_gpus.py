@@ -1,0 +1,54 @@
+"""One process, two GPUs: what one GPU's lock transition waits for must not hold up the other.
+
+A grant's prefetch waits for the working set to arrive, a release's drain for the GPU to
+finish what was queued: seconds with a large working set or a long kernel.  The shim waits
+on a worker thread of that GPU, so the process's other GPU is still asked for, granted
+and released meanwhile.  Before, the one client thread waited, and a thread starting work
+on the other GPU waited with it (tests/standin/client_two_gpus.c)."""
+
+import re
+
+# Long drop grace: the drained GPU's lock is released, not revoked, while its kernel runs.
+PATIENT_CONFIG = """\
+[scheduler]
+time_quantum = 1
+anti_thrash = on
+idle_release_ms = 100
+drop_grace_ms = 20000
+"""
+
+
+def times(client) -> dict[str, float]:
+    result = client.finish_ok()
+    return {key: float(result[key]) for key in ("a_launched", "a_done", "b_launched", "b_done")}
+
+
+def test_a_long_prefetch_on_one_gpu_does_not_hold_up_the_other(world, agent):
+    # GPU 0's grant prefetches for 3 s; thread B asks for GPU 1 0.5 s in and has nothing
+    # to prefetch: it is granted, runs and finishes while GPU 0's prefetch goes on.
+    client = world.client("two_gpus", 500, kernel_us=1000, STANDIN_DEVICE_COUNT=2,
+                          STANDIN_PREFETCH_US=3_000_000, NVSHARE_DEBUG=1)
+    seen = times(client)
+    assert "prefetch gpu=0 allocations=1" in client.stderr, client.describe()
+    assert seen["b_done"] < seen["a_launched"], \
+        f"GPU 1's work waited for GPU 0's prefetch: {seen}\n{client.describe()}"
+
+
+def test_a_long_drain_on_one_gpu_does_not_hold_up_the_other(world):
+    world.start_agent(config=PATIENT_CONFIG)
+    # Thread A's 4 s kernel holds GPU 0, and the shim drains GPU 0 until the kernel ends:
+    # at the idle release (A's thread only waits), or, should that wait for the queue
+    # bound's mark, at the drop request the agent sends after the 1 s quantum, as a second
+    # process asks for GPU 0.  Thread B asks for GPU 1 2 s in, during that drain.
+    client = world.client("two_gpus", 2000, kernel_us=4_000_000, STANDIN_DEVICE_COUNT=2, NVSHARE_DEBUG=1)
+    world.agent.wait_for_log(rf"grant gpu=\S+ pid={client.pid}\b")
+    rival = world.client("linked", "--loops", 1, "--launches", 1, kernel_us=1000, STANDIN_DEVICE_COUNT=2)
+    seen = times(client)
+    rival.finish_ok()
+    log = world.settled(world.agent, client, rival)
+    drains = [float(ms) for ms in re.findall(r"release gpu=0 lease=\d+ reason=\w+ held_ms=[\d.]+ drain_ms=([\d.]+)",
+                                           client.stderr)]
+    assert drains and drains[0] > 2000, f"GPU 0 was not drained while its kernel ran\n{client.describe()}"
+    assert "revoke" not in log, log
+    assert seen["b_launched"] < seen["a_done"] - 1.0, \
+        f"GPU 1's work waited for GPU 0's drain: {seen}\n{client.describe()}\n{log}"
