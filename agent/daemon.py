@@ -33,7 +33,7 @@ STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 class Agent:
-    """The facade contracts.md promises: settings, change_settings, snapshot, subscribe."""
+    """What the adapters (socket server, D-Bus) see of the daemon: settings, change_settings, snapshot, subscribe."""
 
     def __init__(self, settings: Settings, store: SettingsStore, overrides: dict | None = None,
                  loop: asyncio.AbstractEventLoop | None = None):

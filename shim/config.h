@@ -1,4 +1,4 @@
-/* The shim's environment (contracts.md, "Shim"), read once with secure_getenv
+/* The shim's environment (shim/README.md, "Environment"), read once with secure_getenv
  * at the first CUDA call, never at load time. */
 #ifndef NVSHARE_CONFIG_H
 #define NVSHARE_CONFIG_H

@@ -1,4 +1,4 @@
-/* Diagnostics on stderr, every line prefixed "[nvshare] " (contracts.md). */
+/* Diagnostics on stderr, every line prefixed "[nvshare] ". */
 #ifndef NVSHARE_LOG_H
 #define NVSHARE_LOG_H
 
