@@ -6,8 +6,21 @@ import asyncio
 from dbus_next import AuthError, BusType, DBusError, MessageType
 from dbus_next.aio import MessageBus
 
+# Error replies longer than this are cut.  dbus-next's own errors quote what
+# the caller sent (a property, interface or object path of any length); a reply
+# past the bus's message limit (32 MiB on the system bus) makes dbus-daemon
+# drop the connection that sent it: the agent, and every client's view with it.
+MAX_ERROR_TEXT = 512
+
 
 class _MessageBus(MessageBus):
+    def send(self, msg):
+        if (msg.message_type == MessageType.ERROR and msg.signature == "s"
+                and len(msg.body[0]) > MAX_ERROR_TEXT):
+            text = msg.body[0]
+            msg.body = [f"{text[:MAX_ERROR_TEXT]}... ({len(text) - MAX_ERROR_TEXT} more characters)"]
+        return super().send(msg)
+
     def _process_message(self, msg) -> None:
         try:
             super()._process_message(msg)

@@ -24,6 +24,7 @@ from dbus_next.service import PropertyAccess, ServiceInterface, dbus_property, m
 from . import dbus_names as names
 from .dbus_connection import connect_bus
 from .settings import SettingsNotSaved
+from .text import excerpt
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,8 @@ _INTEGER_TYPES = frozenset("ynqiuxt")
 # view with it: the last line of defence clamps instead.
 _UNSIGNED_MAX = {"u": 2**32 - 1, "t": 2**64 - 1}
 _PROPERTIES_INTERFACE = "org.freedesktop.DBus.Properties"
+# Clients may report GPUs of their own: an error lists a few, not all.
+_KNOWN_GPUS_SHOWN = 8
 
 
 def may_change_settings(uid: int, group_name: str = names.ADMIN_GROUP) -> bool:
@@ -136,9 +139,11 @@ class SchedulerInterface(ServiceInterface):
         for gpu in gpus:
             if gpu.uuid == uuid:
                 return gpu_to_dbus(gpu)
-        known = ", ".join(gpu.uuid for gpu in gpus) or "none"
+        known = ", ".join(gpu.uuid for gpu in gpus[:_KNOWN_GPUS_SHOWN]) or "none"
+        if len(gpus) > _KNOWN_GPUS_SHOWN:
+            known += f" and {len(gpus) - _KNOWN_GPUS_SHOWN} more"
         raise DBusError(names.ERROR_UNKNOWN_GPU,
-                        f"no GPU with UUID {uuid!r} on this node (known: {known})")
+                        f"no GPU with UUID {excerpt(uuid)} on this node (known: {known})")
 
     def apply(self, prop_name: str, value: Variant) -> None:
         """Change one setting for an already authorised caller."""
@@ -152,13 +157,13 @@ class SchedulerInterface(ServiceInterface):
             if value.signature != "b":
                 raise DBusError(names.ERROR_INVALID_ARGUMENT,
                                 f"anti-thrash must be on or off (D-Bus type 'b'), "
-                                f"got {value.value!r} of type '{value.signature}'")
+                                f"got {excerpt(value.value)} of type '{value.signature}'")
             self._change(anti_thrash=value.value)
         elif prop_name in (names.PROP_GPUS, names.PROP_CLIENTS):
             raise DBusError(ErrorType.PROPERTY_READ_ONLY, f"{prop_name} is read-only live state")
         else:
             raise DBusError(ErrorType.UNKNOWN_PROPERTY,
-                            f"{names.INTERFACE} has no property {prop_name!r}")
+                            f"{names.INTERFACE} has no property {excerpt(prop_name)}")
 
     def _change(self, **setting) -> None:
         try:
