@@ -9,6 +9,7 @@ from dbus_next import Message, MessageType, Variant
 from dbus_next.aio import MessageBus
 
 from nvshare_agent import dbus_names as names
+from nvshare_agent.dbus_connection import read_machine_id
 
 from dbus_harness import (NOBODY, busctl, busctl_on_agent, dbus_send, get_property, nvsharectl,
                           set_property, wait_for)
@@ -198,3 +199,25 @@ def test_a_change_that_cannot_be_saved_is_refused_and_changes_nothing(agent, bus
     assert set_property(bus.address, "TimeQuantum", "uint32:12").returncode == 0
     assert get_property(bus.address, "TimeQuantum") == "u 12"
     assert json.loads(blocker.read_text()) == {"time_quantum_s": 12}
+
+
+def test_peer_methods_answer_at_once_and_log_nothing(agent, bus):
+    # dbus-next 0.2.3 forwarded GetMachineId to the bus daemon, which the system
+    # policy refuses; its error reply was malformed: the caller timed out and the
+    # agent logged a traceback, for any user's call.
+    for member, expected in (("Ping", ""), ("GetMachineId", f's "{read_machine_id()}"')):
+        result = busctl(bus.address, "--timeout=5", "call", names.BUS_NAME, names.OBJECT_PATH,
+                        "org.freedesktop.DBus.Peer", member, user=NOBODY, check=False)
+        assert (result.returncode, result.stdout.strip()) == (0, expected), (member, result.stderr)
+    busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "11")
+    wait_for(lambda: "dbus set TimeQuantum=11" in agent.log(), "the agent to log the change")
+    assert " ERROR " not in agent.log() and "Traceback" not in agent.log(), agent.log()[-3000:]
+
+
+def test_machine_id_comes_from_the_first_file_that_holds_one(tmp_path):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.write_text("0123456789abcdef0123456789abcdef\n")
+    bad.write_text("not an id\n")
+    assert read_machine_id([tmp_path / "absent", bad, good]) == "0123456789abcdef0123456789abcdef"
+    with pytest.raises(OSError, match="holds no machine id"):
+        read_machine_id([bad])
