@@ -1,14 +1,15 @@
 """Anyone reads; only root and group nvshare-admin change settings.  Checked
 twice: by the bus policy file and by the agent itself, and the two agree."""
 
+import json
 import os
 import xml.etree.ElementTree as ElementTree
 
 from nvshare_agent import dbus_names as names
 from nvshare_agent.dbus_service import may_change_settings
 
-from dbus_harness import (ACTIVATION_FILE, NOBODY, POLICY_FILE, busctl_on_agent, get_property,
-                          nvsharectl, set_property)
+from dbus_harness import (ACTIVATION_FILE, NOBODY, POLICY_FILE, busctl, busctl_on_agent, dbus_send,
+                          get_property, nvsharectl, set_property)
 
 
 def test_unprivileged_user_reads_settings_and_state(agent, bus):
@@ -102,3 +103,20 @@ def test_activation_file_names_the_bus_name_and_the_systemd_unit():
     assert lines["SystemdService"] == "nvshare.service"
     assert lines["User"] == "root"
     assert os.path.isabs(lines["Exec"].split()[0])
+
+
+def test_every_method_introspection_offers_but_set_is_open_to_everyone(agent, bus):
+    # The policy and the introspection data must agree: a method offered to all
+    # but refused by the policy is a trap for tools.  Called without arguments,
+    # a method the policy lets through gets the agent's answer or a wrong-
+    # signature error; the policy's refusal is AccessDenied.
+    xml = json.loads(busctl(bus.address, "--json=short", "call", names.BUS_NAME, names.OBJECT_PATH,
+                            "org.freedesktop.DBus.Introspectable", "Introspect").stdout)["data"][0]
+    offered = [(interface.get("name"), method.get("name"))
+               for interface in ElementTree.fromstring(xml).findall("interface")
+               for method in interface.findall("method")]
+    assert ("org.freedesktop.DBus.ObjectManager", "GetManagedObjects") in offered
+    refused = [(interface, member) for interface, member in offered
+               if "org.freedesktop.DBus.Error.AccessDenied"
+               in dbus_send(bus.address, member, interface=interface, user=NOBODY).stderr]
+    assert refused == [("org.freedesktop.DBus.Properties", "Set")]
