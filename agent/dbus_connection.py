@@ -34,13 +34,24 @@ def read_machine_id(files=MACHINE_ID_FILES) -> str:
     raise OSError(problem)
 
 
+def _retrieve_exception(future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class _MessageBus(MessageBus):
     def send(self, msg):
         if (msg.message_type == MessageType.ERROR and msg.signature == "s"
                 and len(msg.body[0]) > MAX_ERROR_TEXT):
             text = msg.body[0]
             msg.body = [f"{text[:MAX_ERROR_TEXT]}... ({len(text) - MAX_ERROR_TEXT} more characters)"]
-        return super().send(msg)
+        sent = super().send(msg)
+        # Nobody awaits this future.  When the connection closes, every write
+        # still queued fails with it, and asyncio would log "Future exception
+        # was never retrieved" for each; the loss itself reaches
+        # wait_for_disconnect() and the pending calls.
+        sent.add_done_callback(_retrieve_exception)
+        return sent
 
     def _process_message(self, msg) -> None:
         try:

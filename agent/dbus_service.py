@@ -262,8 +262,14 @@ class CallGate:
             log.info("dbus set %s=%r uid=%d", prop_name, value.value, uid)
         except DBusError as error:
             reply = Message.new_error(msg, error.type, error.text)
-        except Exception as error:  # a bug must not leave the caller hanging
-            log.exception("dbus set %s failed", prop_name)
+        except Exception as error:
+            if not self._bus.connected:
+                # Stopping, or the bus went away, while we asked who calls:
+                # nothing changed, and the bus tells the caller NoReply.
+                log.info("dbus set %s dropped: the bus connection closed", excerpt(prop_name))
+                return
+            # A bug must not leave the caller hanging.
+            log.exception("dbus set %s failed", excerpt(prop_name))
             reply = Message.new_error(msg, names.ERROR_FAILED, f"internal error: {error}")
         if self._bus.connected:
             self._bus.send(reply)

@@ -1,17 +1,44 @@
 """The agent keeps serving the shim without a bus, and comes back on the bus
 when it (re)appears."""
 
+import asyncio
+import contextlib
+import gc
+import logging
 import os
+import signal
 import socket
 import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
 from agent_harness import ShimClient  # noqa: E402
+from dbus_next import Message, Variant  # noqa: E402
+from nvshare_agent import dbus_names as names  # noqa: E402
+from nvshare_agent.dbus_connection import connect_bus  # noqa: E402
+from nvshare_agent.dbus_service import CallGate, SchedulerInterface  # noqa: E402
+from nvshare_agent.settings import Settings  # noqa: E402
+from nvshare_agent.snapshot import AgentSnapshot  # noqa: E402
 
-from dbus_harness import (AgentProcess, DbusDaemon, busctl_on_agent,  # noqa: E402
+from dbus_harness import (TIMEOUT_S, AgentProcess, DbusDaemon, busctl_on_agent,  # noqa: E402
                           get_property, nvsharectl, wait_for)
+
+
+class _StubAgent:
+    """What SchedulerInterface uses of the agent facade; records changes."""
+
+    def __init__(self):
+        self.settings = Settings()
+        self.changes = []
+
+    def snapshot(self):
+        return AgentSnapshot(gpus=(), clients=())
+
+    def change_settings(self, **setting):
+        self.changes.append(setting)
 
 
 def test_agent_survives_bus_restart_and_reclaims_its_name(agent, bus):
@@ -111,3 +138,51 @@ def test_nvsharectl_on_a_bus_that_hangs_up_during_auth_exits_1(world_dir):
     assert result.stderr.startswith(f"nvsharectl: cannot connect to the bus at {fake_bus.address}")
     assert "closed the connection during authentication" in result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def _break_for_writes(connection, daemon):
+    # With dbus-daemon paused, nothing comes back to read: the next write fails
+    # (BrokenPipeError) before any reader sees the end.
+    os.kill(daemon.process.pid, signal.SIGSTOP)
+    connection._sock.shutdown(socket.SHUT_WR)
+
+
+# How the connection ends under a pending Set: the agent stopping, or a write
+# failing on a broken connection.
+CONNECTION_ENDS = {
+    "disconnect": lambda connection, daemon: connection.disconnect(),
+    "broken-write": _break_for_writes,
+}
+
+
+@pytest.mark.parametrize("end_connection", CONNECTION_ENDS.values(), ids=CONNECTION_ENDS.keys())
+async def test_a_set_cut_off_by_the_bus_closing_is_dropped_quietly(bus, caplog, end_connection):
+    # Nothing changes, no reply can be sent, and nothing alarming is logged (it
+    # was an ERROR with a traceback, and asyncio's "Future exception was never
+    # retrieved" for the failed write).
+    loop = asyncio.get_running_loop()
+    unhandled = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context["message"]))
+    agent = _StubAgent()
+    service = await connect_bus(bus.address, TIMEOUT_S)
+    gate = CallGate(service, SchedulerInterface(agent))
+    call = Message(destination=names.BUS_NAME, path=names.OBJECT_PATH,
+                   interface="org.freedesktop.DBus.Properties", member="Set", signature="ssv",
+                   body=[names.INTERFACE, names.PROP_TIME_QUANTUM, Variant("u", 5)],
+                   sender=":1.999", serial=7)
+    try:
+        assert gate(call) is True  # taken: it runs as a task, asking the bus for the uid
+        end_connection(service, bus)
+        while gate._pending:
+            await asyncio.sleep(0.01)
+        with contextlib.suppress(OSError, EOFError):  # the agent's reconnect loop hears of it here
+            await asyncio.wait_for(service.wait_for_disconnect(), TIMEOUT_S)
+    finally:
+        os.kill(bus.process.pid, signal.SIGCONT)
+    # asyncio reports a never-retrieved exception when the future is collected:
+    # the agent drops a closed bus, and so does the test.
+    del service, gate
+    gc.collect()
+    assert agent.changes == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert unhandled == []
