@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from . import daemon, eventlog, settings, systemd
+from .bus_address import EXAMPLE, bus_address_problem, system_bus_problem
+from .text import excerpt
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -33,6 +35,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                              f"{settings.DEFAULT_STATE_DIR})")
     parser.add_argument("--debug", action="store_true", help="log every request and ignored frame")
     return parser.parse_args(argv)
+
+
+def bus_option_problem(bus: str) -> str | None:
+    """A mistyped address would be retried forever: it is bad usage instead."""
+    if bus == "none":
+        return None
+    if bus == "system":
+        return system_bus_problem()
+    if not bus:
+        return "--bus needs system, none or a D-Bus address"
+    problem = bus_address_problem(bus)
+    return problem and (f"--bus {excerpt(bus)} is not a D-Bus address ({problem}); "
+                        f"use system, none or an address such as {EXAMPLE}")
 
 
 def raise_fd_limit() -> None:
@@ -57,8 +72,9 @@ def main(argv=None) -> int:
         return 2
     if warning:
         log.warning("%s", warning)
-    if args.bus != "none" and not args.bus:
-        print("nvshare-agent: error: --bus needs system, none or a D-Bus address", file=sys.stderr)
+    bus_problem = bus_option_problem(args.bus)
+    if bus_problem:
+        print(f"nvshare-agent: error: {bus_problem}", file=sys.stderr)
         return 2
 
     # Python already ignores SIGPIPE, but say so: a client that exits while we

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from agent_harness import FAST_CONFIG, GPU0, TIMEOUT_S, AgentProcess, ShimClient, fd_limit_at_least, wait_until
+from nvshare_agent.bus_address import bus_address_problem
 from nvshare_agent.daemon import Agent
 from nvshare_agent.settings import Settings, SettingsStore
 from nvshare_agent.systemd import (LISTEN_BACKLOG, MIN_WATCHDOG_INTERVAL_S, STATUS_MAX_BYTES,
@@ -205,6 +206,36 @@ def test_bad_config_is_one_line_and_exit_code_2(tmp_path):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("nvshare-agent: error: config "), result.stderr
         assert message in lines[0]
+
+
+@pytest.mark.parametrize("bus, env, message", [
+    ("sytem", {}, "--bus 'sytem' is not a D-Bus address (no transport, such as unix:); use system, none"),
+    ("unix:path=/run/x\nsecond line", {}, "(control or non-ASCII characters)"),
+    ("unix:", {}, "(unix: needs path= or abstract=)"),
+    ("launchd:env=X", {}, "(transport 'launchd' is not unix: or tcp:)"),
+    ("tcp:host=localhost,port=http", {}, "(port='http' is not a number)"),
+    ("unix:path=/run/a b", {}, "(the value of path= holds characters that must be %-escaped)"),
+    ("system", {"DBUS_SYSTEM_BUS_ADDRESS": "sytem"}, "DBUS_SYSTEM_BUS_ADDRESS='sytem' is not a D-Bus address"),
+], ids=["no-transport", "newline", "no-path", "launchd", "port", "space", "environment"])
+def test_unusable_bus_address_is_one_line_and_exit_code_2(tmp_path, bus, env, message):
+    # A mistyped address used to be retried forever, at debug level after the
+    # first warning; systemd's RestartPreventExitStatus=2 stops on this one.
+    result = subprocess.run([sys.executable, "-m", "nvshare_agent", "--bus", bus,
+                             "--socket", str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "state"),
+                             "--config", str(tmp_path / "absent.conf")],
+                            capture_output=True, text=True, timeout=10, env={**os.environ, **env})
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nvshare-agent: error: "), result.stderr
+    assert message in lines[0]
+    assert not (tmp_path / "s.sock").exists()
+
+
+@pytest.mark.parametrize("address", ["unix:path=/run/dbus/system_bus_socket", "unix:abstract=/tmp/dbus-x",
+                                     "unix:path=/tmp/a%20b,guid=0123", "tcp:host=localhost,port=4000",
+                                     "unix:path=/nowhere;unix:path=/run/x"])
+def test_addresses_dbus_next_can_use_pass_the_check(address):
+    assert bus_address_problem(address) is None
 
 
 def test_socket_is_world_connectable_and_removed_on_stop(start_agent):
