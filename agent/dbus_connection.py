@@ -40,6 +40,13 @@ def _retrieve_exception(future) -> None:
 
 
 class _MessageBus(MessageBus):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A connection's end is also reported to every pending call; where no
+        # one waits for the end itself (nvsharectl), asyncio would log
+        # "Future exception was never retrieved" for it.
+        self._disconnect_future.add_done_callback(_retrieve_exception)
+
     def send(self, msg):
         if (msg.message_type == MessageType.ERROR and msg.signature == "s"
                 and len(msg.body[0]) > MAX_ERROR_TEXT):

@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from . import render
-from .client import EXIT_FAILED, EXIT_USAGE, CliError, connect
+from .client import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CliError, connect
 
 app = typer.Typer(
     help="Watch and change the nvshare GPU-sharing agent (over D-Bus).",
@@ -54,6 +54,9 @@ def _run(coroutine):
     except CliError as error:
         typer.echo(f"nvsharectl: {error}", err=True)
         raise typer.Exit(error.exit_code) from None
+    except KeyboardInterrupt:  # before click makes it "Aborted!" after an empty line
+        typer.echo("nvsharectl: interrupted", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def _print_json(value) -> None:

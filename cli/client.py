@@ -14,6 +14,7 @@ CALL_TIMEOUT_S = 25.0  # the bus may be starting nvshare.service for us
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 _PROPERTIES = "org.freedesktop.DBus.Properties"
 _AGENT_MISSING = {
@@ -26,6 +27,8 @@ _AGENT_MISSING = {
 }
 _DENIED = {"org.freedesktop.DBus.Error.AccessDenied", names.ERROR_ACCESS_DENIED}
 _BAD_VALUE = {names.ERROR_INVALID_ARGUMENT, names.ERROR_UNKNOWN_GPU}
+_NO_ANSWER = "the nvshare agent did not answer in time: see journalctl -u nvshare.service"
+_AGENT_STOPPED = "the nvshare agent stopped before it answered: see journalctl -u nvshare.service"
 
 
 class CliError(Exception):
@@ -48,21 +51,30 @@ def _error_from_reply(reply: Message) -> CliError:
     if reply.error_name in _BAD_VALUE:
         return CliError(f"invalid value: {text}", EXIT_USAGE)
     if reply.error_name == "org.freedesktop.DBus.Error.NoReply":
-        return CliError("the nvshare agent did not answer in time: "
-                        "see journalctl -u nvshare.service")
+        # dbus-daemon says NoReply both when its reply timeout passes and when
+        # the callee leaves the bus without answering ("Message recipient
+        # disconnected from message bus without replying").
+        return CliError(_AGENT_STOPPED if "disconnected" in text else _NO_ANSWER)
     return CliError(f"the agent refused: {text} ({reply.error_name})")
 
 
 class AgentClient:
-    def __init__(self, bus: MessageBus):
+    def __init__(self, bus: MessageBus, where: str):
         self._bus = bus
+        self._where = where
 
     async def _call(self, message: Message) -> Message:
         try:
-            reply = await asyncio.wait_for(self._bus.call(message), CALL_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            raise CliError("the nvshare agent did not answer in time: "
-                           "see journalctl -u nvshare.service") from None
+            # asyncio.timeout, not wait_for: 3.11's wait_for can turn the
+            # cancellation of Ctrl-C into a TimeoutError.
+            async with asyncio.timeout(CALL_TIMEOUT_S):
+                reply = await self._bus.call(message)
+        except TimeoutError:  # before OSError, its base class
+            raise CliError(_NO_ANSWER) from None
+        except (EOFError, OSError) as error:  # dbus-next fails pending calls with the connection's end
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else "it closed"
+            raise CliError(f"lost the connection to {self._where} during the call ({reason}): "
+                           "is dbus running?") from None
         if reply.message_type == MessageType.ERROR:
             raise _error_from_reply(reply)
         return reply
@@ -110,6 +122,7 @@ async def connect(address: str):
     except Exception as error:  # dbus-next raises bare Exceptions for bad addresses, auth
         raise CliError(f"cannot connect to {where}: {error}") from None
     try:
-        yield AgentClient(bus)
+        yield AgentClient(bus, where)
     finally:
-        bus.disconnect()
+        if bus.connected:  # else dbus-next logs a traceback for the socket it cannot shut down
+            bus.disconnect()
