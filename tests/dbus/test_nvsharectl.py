@@ -1,14 +1,18 @@
 """nvsharectl end to end: the real CLI against the real agent on a private bus."""
 
 import json
+import os
+import subprocess
+import sys
 
+import pytest
 from dbus_next import Message
 
 from nvshare_agent import dbus_names as names
 from nvshare_cli import render
 from nvshare_cli.client import _error_from_reply
 
-from dbus_harness import get_property, nvsharectl
+from dbus_harness import TIMEOUT_S, get_property, nvsharectl
 
 
 def test_status_shows_settings_and_fits_80_columns(agent, bus):
@@ -83,6 +87,9 @@ def test_bad_usage_exits_2_with_one_line(agent, bus):
             (["set-tq", "ten"], "nvsharectl: Invalid value for 'SECONDS': 'ten' is not a valid "
                                 "integer; see 'nvsharectl set-tq --help'"),
             (["set-tq"], "nvsharectl: Missing argument 'SECONDS'; see 'nvsharectl set-tq --help'"),
+            # Click words this one over four lines.
+            (["anti-thrash"], "nvsharectl: Missing argument 'on|off'. Choose from: on, off; "
+                              "see 'nvsharectl anti-thrash --help'"),
             (["no-such-command"], "nvsharectl: No such command 'no-such-command'; see 'nvsharectl --help'"),
             (["status", "--frobnicate"], "nvsharectl: No such option: --frobnicate; "
                                          "see 'nvsharectl status --help'"),
@@ -91,6 +98,27 @@ def test_bad_usage_exits_2_with_one_line(agent, bus):
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert (result.stdout, result.stderr) == ("", line + "\n"), args
     assert get_property(bus.address, "AntiThrash") == "b true"
+
+
+def test_output_that_cannot_be_written_is_one_line(agent, bus):
+    for args in (["status"], ["--help"]):
+        with open("/dev/full", "w") as full:
+            result = subprocess.run([sys.executable, "-m", "nvshare_cli", "--bus", bus.address, *args],
+                                    stdout=full, stderr=subprocess.PIPE, text=True, timeout=TIMEOUT_S)
+        assert result.returncode == 1, args
+        assert result.stderr == "nvsharectl: cannot write the output: No space left on device\n", args
+
+
+@pytest.mark.parametrize("shell, home, line", [
+    ("bash", "/dev/null", "cannot install shell completion: /dev/null: File exists"),
+    ("pwsh", None, "cannot install shell completion: pwsh: No such file or directory"),
+])
+def test_shell_completion_that_cannot_be_installed_is_one_line(tmp_path, shell, home, line):
+    # PATH without pwsh; HOME /dev/null, where no rc file can be written.
+    env = {**os.environ, "PATH": str(tmp_path), "HOME": home or str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "nvshare_cli", "--install-completion", shell],
+                            capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", f"nvsharectl: {line}\n")
 
 
 def test_agent_not_running_says_what_to_check(bus):
