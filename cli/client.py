@@ -8,7 +8,9 @@ from dbus_next import Message, MessageType, Variant
 from dbus_next.aio import MessageBus
 
 from nvshare_agent import dbus_names as names
+from nvshare_agent.bus_address import EXAMPLE, bus_address_problem, system_bus_problem
 from nvshare_agent.dbus_connection import connect_bus
+from nvshare_agent.text import excerpt
 
 CALL_TIMEOUT_S = 25.0  # the bus may be starting nvshare.service for us
 
@@ -111,8 +113,13 @@ class AgentClient:
 async def connect(address: str):
     """`address` is "system" or a D-Bus address such as unix:path=/run/x."""
     if not address:  # dbus-next would take "" for the session bus
-        raise CliError("--bus needs 'system' or a D-Bus address such as "
-                       "unix:path=/run/dbus/system_bus_socket", EXIT_USAGE)
+        raise CliError(f"--bus needs 'system' or a D-Bus address such as {EXAMPLE}", EXIT_USAGE)
+    problem = system_bus_problem() if address == "system" else bus_address_problem(address)
+    if problem and address == "system":
+        raise CliError(problem, EXIT_USAGE)
+    if problem:  # the address is quoted, so a newline in it cannot make a second line
+        raise CliError(f"--bus {excerpt(address)} is not a D-Bus address ({problem}); "
+                       f"use 'system' or an address such as {EXAMPLE}", EXIT_USAGE)
     where = "the system bus" if address == "system" else f"the bus at {address}"
     try:
         bus = await connect_bus(address, CALL_TIMEOUT_S)

@@ -162,6 +162,22 @@ def test_empty_bus_address_is_bad_usage_not_the_session_bus(world_dir):
     assert result.returncode == 2, result.stderr
 
 
+@pytest.mark.parametrize("bus, env, line", [
+    ("unix:path=/run/x\nsecond line", {},
+     "--bus 'unix:path=/run/x\\nsecond line' is not a D-Bus address (control or non-ASCII characters); "
+     "use 'system' or an address such as unix:path=/run/dbus/system_bus_socket"),
+    ("sytem", {}, "--bus 'sytem' is not a D-Bus address (no transport, such as unix:); "
+                  "use 'system' or an address such as unix:path=/run/dbus/system_bus_socket"),
+    ("system", {"DBUS_SYSTEM_BUS_ADDRESS": "sytem"},
+     "DBUS_SYSTEM_BUS_ADDRESS='sytem' is not a D-Bus address (no transport, such as unix:)"),
+], ids=["newline", "typo", "environment"])
+def test_a_bus_address_that_is_no_address_is_bad_usage_in_one_line(bus, env, line):
+    # A newline in the address used to make the error two lines.
+    result = subprocess.run([sys.executable, "-m", "nvshare_cli", "--bus", bus, "status"],
+                            capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, **env})
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", f"nvsharectl: {line}\n")
+
+
 def test_an_agent_error_with_a_traceback_is_still_one_line():
     # dbus-next puts the traceback of an unexpected exception into the error text.
     call = Message(destination=names.BUS_NAME, path=names.OBJECT_PATH, member="GetAll", serial=1)
