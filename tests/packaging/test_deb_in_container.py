@@ -103,6 +103,15 @@ def test_apt_installs_the_package_and_enables_the_socket(container, stage):
     assert container.run(["getent", "group", "nvshare-admin"]).returncode == 0
 
 
+def test_the_admin_group_exists_before_dbus_reads_the_policy_naming_it(container):
+    # dbus-daemon reloads its configuration as soon as the policy file is
+    # unpacked; with the group made only in the postinst, it dropped the
+    # admin rule then, and refused its members until some later reload.
+    dbus_log = container.run(["journalctl", "--no-pager", "-o", "cat", "-u", "dbus.service"]).stdout
+    assert "Reloaded configuration" in dbus_log
+    assert 'Unknown group "nvshare-admin"' not in dbus_log, dbus_log
+
+
 def test_installed_units_pass_systemd_analyze_verify(container):
     result = container.run(["systemd-analyze", "verify", "/lib/systemd/system/nvshare.socket",
                             "/lib/systemd/system/nvshare.service"], check=False)
