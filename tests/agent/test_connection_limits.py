@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent_harness import GPU0, TIMEOUT_S, AgentProcess, ShimClient, fd_limit_at_least, wait_until
+from other_users import other_user_env, python_as
 from nvshare_agent import protocol
 from nvshare_agent.connection_limits import (FD_RESERVE, PER_UID_LIMIT, TOTAL_LIMIT, ConnectionCounts,
                                              LogThrottle, total_limit)
@@ -152,9 +153,9 @@ def connect_as_nobody(agent: AgentProcess):
     script = ("import socket, sys; s = socket.socket(socket.AF_UNIX); s.settimeout(15); "
               "s.connect(sys.argv[1]); s.sendall(bytes.fromhex(sys.argv[2])); "
               "sys.stdout.write(s.recv(4096).hex())")
-    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
-                             "-c", script, str(agent.socket_path), HELLO.hex()],
-                            capture_output=True, text=True, timeout=TIMEOUT_S)
+    result = subprocess.run(python_as(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"],
+                                      "-c", script, str(agent.socket_path), HELLO.hex()),
+                            capture_output=True, text=True, timeout=TIMEOUT_S, env=other_user_env())
     assert result.returncode == 0, result.stderr
     return protocol.FrameReader().feed(bytes.fromhex(result.stdout))[0]
 

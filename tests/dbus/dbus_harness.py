@@ -17,6 +17,9 @@ import pytest
 
 from nvshare_agent import dbus_names as names
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
+from other_users import other_user_env, python_as  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 POLICY_FILE = REPO / "systemd" / f"{names.BUS_NAME}.conf"
 ACTIVATION_FILE = REPO / "systemd" / f"{names.BUS_NAME}.service"
@@ -132,9 +135,12 @@ def busctl_on_agent(address: str, verb: str, *args: str, **kwargs):
 
 
 def nvsharectl(address: str, *args: str, user: list | None = None):
-    command = [*(user or []), sys.executable, "-m", "nvshare_cli", "--bus", address, *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    if user:    # another user may not enter the checkout (other_users.py)
+        command, env = python_as(user, "-m", "nvshare_cli", "--bus", address, *args), other_user_env()
+    else:
+        command = [sys.executable, "-m", "nvshare_cli", "--bus", address, *args]
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
 
 
 class AgentProcess:

@@ -12,6 +12,7 @@ from dbus_next import Message
 AGENT_TESTS = Path(__file__).resolve().parents[1] / "agent"
 sys.path.insert(0, str(AGENT_TESTS))
 from agent_harness import GPU0, ShimClient  # noqa: E402
+from other_users import other_user_env, python_as  # noqa: E402
 from nvshare_agent import dbus_names as names  # noqa: E402
 from nvshare_agent.dbus_connection import connect_bus  # noqa: E402
 from nvshare_agent.dbus_service import SchedulerInterface, clients_to_dbus  # noqa: E402
@@ -39,14 +40,13 @@ def test_memory_report_beyond_64_bits_is_refused_and_the_others_still_show(agent
 
 
 def test_client_with_ids_past_2_31_shows_as_they_are(agent, bus):
-    script = (f"import sys; sys.path.insert(0, {str(AGENT_TESTS)!r})\n"
-              "from agent_harness import ShimClient\n"
+    script = ("import sys\nfrom agent_harness import ShimClient\n"
               f"client = ShimClient({str(agent.socket_path)!r}, command='high-ids')\n"
               "print('ready', flush=True)\n"
               "sys.stdin.readline()\n")
-    shim = subprocess.Popen(["setpriv", f"--reuid={HIGH_ID}", f"--regid={HIGH_ID}", "--clear-groups",
-                             sys.executable, "-c", script],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    shim = subprocess.Popen(python_as(["setpriv", f"--reuid={HIGH_ID}", f"--regid={HIGH_ID}", "--clear-groups"],
+                                      "-c", script),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=other_user_env())
     try:
         assert shim.stdout.readline() == "ready\n"
         with ShimClient(agent.socket_path, command="bystander"):
