@@ -506,6 +506,11 @@ static int release_idle_gpus(void)
         if (lock->state != LOCK_HELD || lock->shared || !atomic_load(&nvshare_gates[gpu].open))
             continue;
         exclusive_holds++;
+        /* While a job is posted, seen_activity stays what the idle decision saw:
+         * its worker may start late (waiting for the contexts' mutex) and must
+         * count the passages made since the decision, not since this look. */
+        if (lock->job != JOB_NONE)
+            continue;
         unsigned activity = atomic_load(&nvshare_gates[gpu].activity);
         if (activity != lock->seen_activity) {
             lock->seen_activity = activity;

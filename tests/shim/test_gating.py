@@ -153,6 +153,35 @@ def test_a_thread_that_waited_through_the_grant_prefetch_asks_for_the_gpu_once(w
     assert grants(agent).count(client.pid) == 1, log
 
 
+PATIENT_IDLE_CONFIG = """\
+[scheduler]
+time_quantum = 60
+anti_thrash = on
+idle_release_ms = 1000
+drop_grace_ms = 20000
+"""
+
+
+def test_an_idle_release_carried_out_late_is_dropped_when_launches_came_since_it_was_decided(world):
+    # The idle release is decided ~1 s after burst A; its worker first takes the contexts
+    # mutex, which another thread's cuCtxDestroy holds from 0.8 s to 3.8 s.  Burst B
+    # launches from 1.7 s to 3.7 s.  The worker used to compare the gate's activity with
+    # what the client thread had seen at its latest look (during B), so it released the
+    # GPU as idle at 3.8 s, mid-work; it must compare with what the decision saw.
+    agent = world.start_agent(config=PATIENT_IDLE_CONFIG)
+    client = world.client("late_idle", 800, 1700, 3700, 2500, STANDIN_CTX_DESTROY_US=3_000_000)
+    seen = {key: float(value) for key, value in client.finish_ok().items()
+            if key in ("a", "last_launch", "destroy_started", "destroy_done")}
+    log = world.settled(agent, client)
+    # The scene happened as planned: the destroy held the mutexes across burst B.
+    assert seen["destroy_started"] < seen["a"] + 1.0 and seen["destroy_done"] > seen["last_launch"], seen
+    releases = [t for t in release_times(agent, client.pid) if t > seen["a"]]
+    assert releases, log
+    # The agent's stamps are truncated to the millisecond.
+    assert releases[0] - seen["last_launch"] >= 1.0 - 0.01, \
+        f"released {releases[0] - seen['last_launch']:.3f} s after the last launch\n{log}"
+
+
 def test_two_busy_clients_alternate_on_drop_requests(world, agent):
     # TQ 1 s.  Short kernels keep each client's gate busy (the shim's queue bound
     # spreads the launches over the burst), so neither goes idle: only drop

@@ -33,6 +33,7 @@ int standin_launch_noop(void);
  * (widens the window in which a launch is between the shim's gate and the GPU). */
 unsigned standin_launch_us(void);
 unsigned standin_prefetch_us(void);   /* each cuMemPrefetchAsync call takes this long */
+unsigned standin_ctx_destroy_us(void);   /* and each cuCtxDestroy (freeing its memory) */
 
 struct CUctx_st {
     uint32_t magic;

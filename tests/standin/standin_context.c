@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "standin.h"
 
@@ -282,6 +283,8 @@ STANDIN_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         }
     }
     retire(ctx);
+    if (standin_ctx_destroy_us() > 0)
+        usleep(standin_ctx_destroy_us());  /* a real driver frees the context's memory */
     return CUDA_SUCCESS;
 }
 

@@ -25,6 +25,7 @@ static unsigned kernel_us;
 static int launch_noop;
 static unsigned launch_us;
 static unsigned prefetch_us;
+static unsigned ctx_destroy_us;
 static int log_fd = -1;
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
 
@@ -53,6 +54,7 @@ static void read_config(void)
     total_mem = (size_t)env_number("STANDIN_TOTAL_MEM", 16ull << 30);
     kernel_us = (unsigned)env_number("STANDIN_KERNEL_US", 0);
     prefetch_us = (unsigned)env_number("STANDIN_PREFETCH_US", 0);
+    ctx_destroy_us = (unsigned)env_number("STANDIN_CTX_DESTROY_US", 0);
     launch_noop = env_number("STANDIN_LAUNCH_NOOP", 0) != 0;
     launch_us = (unsigned)env_number("STANDIN_LAUNCH_US", 0);
     const char *path = getenv("STANDIN_LOG");
@@ -70,6 +72,7 @@ unsigned standin_kernel_us(void) { configure(); return kernel_us; }
 int standin_launch_noop(void) { configure(); return launch_noop; }
 unsigned standin_launch_us(void) { configure(); return launch_us; }
 unsigned standin_prefetch_us(void) { configure(); return prefetch_us; }
+unsigned standin_ctx_destroy_us(void) { configure(); return ctx_destroy_us; }
 
 void standin_log(const char *function, const char *fmt, ...)
 {
