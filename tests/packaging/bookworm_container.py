@@ -12,6 +12,7 @@ and --keep-unit (no systemd on the host to make a scope).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shlex
@@ -48,6 +49,16 @@ def ensure_root_tarball(log, suite: str = SUITE, include: tuple[str, ...] = INCL
     if tarball.exists():
         return tarball
     (CACHE_DIR / "debs").mkdir(parents=True, exist_ok=True)
+    # One debootstrap at a time: two test runs at once (two checkouts) share debs/, and
+    # when two made the same root together both failed.
+    with open(CACHE_DIR / "debootstrap.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if tarball.exists():  # made by the run we waited for
+            return tarball
+        return _debootstrap_root(log, tarball, suite, include)
+
+
+def _debootstrap_root(log, tarball: Path, suite: str, include: tuple[str, ...]) -> Path:
     work = Path(tempfile.mkdtemp(prefix="debootstrap-", dir=CACHE_DIR))
     try:
         root = work / "root"
