@@ -50,6 +50,19 @@ static struct gpu_contexts gpus[NVSHARE_MAX_GPUS] = {
 };
 atomic_uint nvshare_context_generation = 1;
 
+/* A thread cancelled while it holds a GPU's mutex would leave it locked for
+ * every later context call of the process, and the driver calls made under it
+ * (a context's destruction) may reach cancellation points.  So cancellation
+ * is held off until the mutex is given back, and acted on at the thread's
+ * next cancellation point.  (pthread_cleanup_push would need glibc 2.34's
+ * symbols, as in gate.c.) */
+static int hold_off_cancellation(void)
+{
+    int cancel_state;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+    return cancel_state;
+}
+
 static void lock_all(void)
 {
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
@@ -150,11 +163,13 @@ NVSHARE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     cuCtxDestroy_v2_fn real = NVSHARE_REAL_OR_ERROR(cuCtxDestroy_v2, cuCtxDestroy_v2_fn, &error);
     if (real == NULL)
         return error;
+    int cancel_state = hold_off_cancellation();
     lock_all();
     CUresult result = real(ctx);
     if (result == CUDA_SUCCESS)
         forget(ctx, 0, NVSHARE_MAX_GPUS - 1);
     unlock_all();
+    pthread_setcancelstate(cancel_state, NULL);
     return result;
 }
 
@@ -184,6 +199,7 @@ static CUresult end_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real, en
 {
     if (dev < 0 || dev >= NVSHARE_MAX_GPUS)
         return real(dev);   /* not a GPU the shim tracks: the driver answers */
+    int cancel_state = hold_off_cancellation();
     pthread_mutex_lock(&gpus[dev].mutex);
     CUresult result = real(dev);
     unsigned flags;
@@ -197,6 +213,7 @@ static CUresult end_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real, en
                   how == PRIMARY_RESET ? "reset" : "release", (int)dev, (int)result, active,
                   (void *)gpus[dev].primary);
     pthread_mutex_unlock(&gpus[dev].mutex);
+    pthread_setcancelstate(cancel_state, NULL);
     return result;
 }
 

@@ -1,6 +1,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -11,10 +12,13 @@
 
 /* One write(2) per line so lines of several threads and processes do not
  * interleave, and no stdio: stderr's FILE lock and buffer belong to the
- * application. */
+ * application.  write(2) is a cancellation point, and the shim logs while it
+ * holds its mutexes: a thread cancelled there would leave them locked, so
+ * cancellation waits for the thread's next cancellation point of its own. */
 static void write_line(const char *prefix, const char *fmt, va_list args)
 {
-    int saved_errno = errno;
+    int saved_errno = errno, cancel_state;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     char line[768];
     int used = snprintf(line, sizeof line, "[nvshare] %s", prefix);
     int wrote = vsnprintf(line + used, sizeof line - (size_t)used - 1, fmt, args);
@@ -26,6 +30,7 @@ static void write_line(const char *prefix, const char *fmt, va_list args)
     line[length++] = '\n';
     ssize_t ignored = write(STDERR_FILENO, line, length);
     (void)ignored;
+    pthread_setcancelstate(cancel_state, NULL);
     errno = saved_errno;
 }
 

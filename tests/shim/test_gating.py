@@ -297,3 +297,10 @@ def test_a_thread_cancelled_while_it_waits_at_the_gate_leaves_the_process_workin
     agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={holder.pid}\b")
     world.client("cancel").finish_ok(timeout=60)
     holder.finish_ok()
+
+
+def test_a_thread_cancelled_while_it_destroys_a_context_leaves_the_process_working(world, agent):
+    # The shim holds every GPU's contexts mutex across cuCtxDestroy, and the driver may reach
+    # a cancellation point in it (the stand-in sleeps there); so may the shim's debug log.
+    # A thread cancelled there left the mutexes locked: the next context call hung.
+    world.client("cancel", "--in-destroy", STANDIN_CTX_DESTROY_US=2_000_000, NVSHARE_DEBUG=1).finish_ok(timeout=60)
