@@ -77,16 +77,15 @@ int main(int argc, char **argv)
     long b_start_ms = atol(argv[2]), b_end_ms = atol(argv[3]), tail_ms = atol(argv[4]);
     struct destroyer d = {.mutex = PTHREAD_MUTEX_INITIALIZER, .started = PTHREAD_COND_INITIALIZER,
                           .destroy_at_ms = atol(argv[1])};
-    CUdevice device;
     CUcontext primary;
+    CUdevice device;
     CUmodule module;
     CUfunction spin;
     CUdeviceptr buffer;
-    CHECK(cuInit(0));
+    CLIENT_OPEN_PRIMARY_CONTEXT("late_idle", &primary);
     CHECK(cuDeviceGet(&device, 0));
-    /* Created here, destroyed by the other thread: cuCtxCreate also makes it current. */
+    /* Destroyed by the other thread; cuCtxCreate also makes it current. */
     CHECK(cuCtxCreate_v2(&d.context, 0, device));
-    CHECK(cuDevicePrimaryCtxRetain(&primary, device));
     CHECK(cuCtxSetCurrent(primary));
     CHECK(cuMemAlloc_v2(&buffer, 4096));
     CHECK(cuModuleLoadData(&module, "standin fake image"));
