@@ -8,7 +8,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <signal.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -175,16 +174,7 @@ void nvshare_client_start(void)
     atomic_fetch_add(&nvshare_context_generation, 1);   /* GPUs now count: look again */
 
     client.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    sigset_t all, previous;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &previous);     /* the thread takes no signals */
-    pthread_attr_t attributes;
-    pthread_attr_init(&attributes);
-    pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
-    pthread_t thread;
-    int failed = client.wake_fd < 0 || pthread_create(&thread, &attributes, nvshare_client_main, NULL);
-    pthread_attr_destroy(&attributes);
-    pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    int failed = client.wake_fd < 0 || nvshare_start_shim_thread(nvshare_client_main, NULL) != 0;
     if (failed) {
         nvshare_warn("cannot start the nvshare client thread: running unscheduled");
         nvshare_set_all_gates(1);

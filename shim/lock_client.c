@@ -243,16 +243,16 @@ static void *gpu_worker_main(void *argument)
     return NULL;
 }
 
-static int start_worker(int gpu)
+int nvshare_start_shim_thread(void *(*thread_main)(void *), void *arg)
 {
     sigset_t all, previous;
     sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &previous);     /* the thread takes no signals */
+    pthread_sigmask(SIG_SETMASK, &all, &previous);     /* the thread inherits this mask */
     pthread_attr_t attributes;
     pthread_attr_init(&attributes);
     pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
     pthread_t thread;
-    int failed = pthread_create(&thread, &attributes, gpu_worker_main, (void *)(intptr_t)gpu);
+    int failed = pthread_create(&thread, &attributes, thread_main, arg);
     pthread_attr_destroy(&attributes);
     pthread_sigmask(SIG_SETMASK, &previous, NULL);
     return failed;
@@ -271,7 +271,7 @@ static unsigned post_job(int gpu, enum lock_job job)
     lock->job_ticket = worker->last_ticket;
     lock->job_taken = 0;
     lock->drop_requested = 0;
-    if (!worker->started && start_worker(gpu) == 0)
+    if (!worker->started && nvshare_start_shim_thread(gpu_worker_main, (void *)(intptr_t)gpu) == 0)
         worker->started = 1;
     if (worker->started) {
         pthread_cond_signal(&worker->wake);
