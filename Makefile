@@ -3,7 +3,15 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: all shim shim-asan standin deps venv check deb install clean
+# The C that clang-format keeps in shape, and the shim's sources for clang-tidy.
+C_FILES := $(wildcard shim/*.[ch] tests/standin/*.[ch] tests/gpu/*.c)
+SHIM_SOURCES := $(wildcard shim/*.c)
+SHIM_TIDY_FLAGS := -std=gnu11 -O2 -pthread -D_GNU_SOURCE -include shim/glibc_baseline.h -Ishim
+# mypy reads the packages under their installed names: the folders agent/ and
+# cli/ are nvshare_agent and nvshare_cli (pyproject.toml), so link them so.
+TYPECHECK_ROOT := build/typecheck
+
+.PHONY: all shim shim-asan standin deps lint-deps venv lint-venv lint format check check-fast deb install clean
 
 all: shim
 
@@ -20,7 +28,10 @@ standin:
 
 # System packages the build and the tests need (Debian 12); a no-op when present.
 deps:
-	packaging/install-deps.sh
+	packaging/install-deps.sh deps.txt
+
+lint-deps:
+	packaging/install-deps.sh deps-lint.txt
 
 $(VENV)/.installed: pyproject.toml tests/requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +39,30 @@ $(VENV)/.installed: pyproject.toml tests/requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
+$(VENV)/.lint-installed: $(VENV)/.installed tests/requirements-lint.txt
+	$(PY) -m pip install -q --disable-pip-version-check -r tests/requirements-lint.txt
+	touch $@
+
 venv: $(VENV)/.installed
+
+lint-venv: $(VENV)/.lint-installed
+
+# Formatting, lint, types and the shim's static checks; changes nothing.
+lint: lint-deps lint-venv
+	$(PY) -m ruff format --check --quiet .
+	$(PY) -m ruff check --quiet .
+	mkdir -p $(TYPECHECK_ROOT)
+	ln -sfn ../../agent $(TYPECHECK_ROOT)/nvshare_agent
+	ln -sfn ../../cli $(TYPECHECK_ROOT)/nvshare_cli
+	cd $(TYPECHECK_ROOT) && ../../$(PY) -m mypy --config-file ../../pyproject.toml -p nvshare_agent -p nvshare_cli
+	clang-format --dry-run --Werror $(C_FILES)
+	clang-tidy --quiet $(SHIM_SOURCES) -- $(SHIM_TIDY_FLAGS)
+
+# Rewrites the files lint would complain about, where a tool can.
+format: lint-venv
+	$(PY) -m ruff format --quiet .
+	$(PY) -m ruff check --quiet --fix .
+	clang-format -i $(C_FILES)
 
 # The whole suite.  pytest exits 5 when it collects nothing, which fails here too.
 check: deps shim shim-asan standin venv

@@ -19,20 +19,37 @@ from .text import excerpt
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="nvshare-agent",
-                                     description="Schedule GPU locks for processes running under libnvshare.")
-    parser.add_argument("--socket", type=Path, default=None,
-                        help="bind this path instead of taking systemd's socket or binding "
-                             f"{systemd.DEFAULT_SOCKET_PATH}")
-    parser.add_argument("--bus", default="system",
-                        help="where to publish the D-Bus API: system (default), none, or a D-Bus address")
-    parser.add_argument("--config", type=Path, default=settings.DEFAULT_CONFIG_PATH,
-                        help=f"config file (default {settings.DEFAULT_CONFIG_PATH})")
-    parser.add_argument("--state-dir", type=Path,
-                        default=Path(os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-                                     or settings.DEFAULT_STATE_DIR),
-                        help="where run-time setting changes persist (default $STATE_DIRECTORY or "
-                             f"{settings.DEFAULT_STATE_DIR})")
+    parser = argparse.ArgumentParser(
+        prog="nvshare-agent",
+        description="Schedule GPU locks for processes running under libnvshare.",
+    )
+    parser.add_argument(
+        "--socket",
+        type=Path,
+        default=None,
+        help="bind this path instead of taking systemd's socket or binding "
+        f"{systemd.DEFAULT_SOCKET_PATH}",
+    )
+    parser.add_argument(
+        "--bus",
+        default="system",
+        help="where to publish the D-Bus API: system (default), none, or a D-Bus address",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=settings.DEFAULT_CONFIG_PATH,
+        help=f"config file (default {settings.DEFAULT_CONFIG_PATH})",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(
+            os.environ.get("STATE_DIRECTORY", "").split(":")[0] or settings.DEFAULT_STATE_DIR
+        ),
+        help="where run-time setting changes persist (default $STATE_DIRECTORY or "
+        f"{settings.DEFAULT_STATE_DIR})",
+    )
     parser.add_argument("--debug", action="store_true", help="log every request and ignored frame")
     return parser.parse_args(argv)
 
@@ -46,8 +63,10 @@ def bus_option_problem(bus: str) -> str | None:
     if not bus:
         return "--bus needs system, none or a D-Bus address"
     problem = bus_address_problem(bus)
-    return problem and (f"--bus {excerpt(bus)} is not a D-Bus address ({problem}); "
-                        f"use system, none or an address such as {EXAMPLE}")
+    return problem and (
+        f"--bus {excerpt(bus)} is not a D-Bus address ({problem}); "
+        f"use system, none or an address such as {EXAMPLE}"
+    )
 
 
 def raise_fd_limit() -> None:
@@ -90,8 +109,14 @@ def main(argv=None) -> int:
     except systemd.SocketSetupError as e:
         print(f"nvshare-agent: error: {e}", file=sys.stderr)
         return 1
-    options = daemon.Options(socket_path=args.socket, bus=args.bus, state_dir=args.state_dir,
-                             settings=current, overrides=overrides, store=store)
+    options = daemon.Options(
+        socket_path=args.socket,
+        bus=args.bus,
+        state_dir=args.state_dir,
+        settings=current,
+        overrides=overrides,
+        store=store,
+    )
     asyncio.run(daemon.run(options, listening, bound_path))
     return 0
 

@@ -41,8 +41,9 @@ def bus_address_problem(address: str) -> str | None:
             if not _VALUE.fullmatch(value) or _BAD_ESCAPE.search(value):
                 return f"the value of {key}= holds characters that must be %-escaped"
             values[key] = value
-        if transport == "unix" and not values.keys() & {"path", "abstract"} \
-                or transport == "tcp" and not {"host", "port"} <= values.keys():
+        if (transport == "unix" and not values.keys() & {"path", "abstract"}) or (
+            transport == "tcp" and not {"host", "port"} <= values.keys()
+        ):
             return f"{transport}: needs {_NEEDS[transport]}"
         if transport == "tcp" and not values["port"].isdigit():
             return f"port={excerpt(values['port'])} is not a number"
@@ -54,4 +55,6 @@ def system_bus_problem(environ=os.environ) -> str | None:
     reads it): the sentence saying why that value cannot work, or None."""
     address = environ.get("DBUS_SYSTEM_BUS_ADDRESS")
     problem = None if address is None else bus_address_problem(address)
-    return problem and f"DBUS_SYSTEM_BUS_ADDRESS={excerpt(address)} is not a D-Bus address ({problem})"
+    return (
+        problem and f"DBUS_SYSTEM_BUS_ADDRESS={excerpt(address)} is not a D-Bus address ({problem})"
+    )

@@ -46,8 +46,10 @@ class ConnectionCounts:
             return f"too many connections to the agent ({self.total} open, the limit is {limit})"
         open_for_uid = self.by_uid.get(uid, 0)
         if open_for_uid >= self.per_uid_limit:
-            return (f"too many connections from uid {uid} ({open_for_uid} open, "
-                    f"the limit per uid is {self.per_uid_limit})")
+            return (
+                f"too many connections from uid {uid} ({open_for_uid} open, "
+                f"the limit per uid is {self.per_uid_limit})"
+            )
         return None
 
     def add(self, uid: int) -> None:

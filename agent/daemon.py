@@ -17,13 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import nvml, protocol, systemd
+from .eventlog import events as log
 from .listener import Listener
 from .scheduler import Scheduler
-from .snapshot import AgentSnapshot
 from .server import SocketServer, gpu_name
 from .settings import Settings, SettingsError, SettingsNotSaved, SettingsStore
-
-from .eventlog import events as log
+from .snapshot import AgentSnapshot
 
 # Subscribers hear about changes at most this often: a busy node hands locks
 # over thousands of times a second, and D-Bus watchers need not see each one.
@@ -33,10 +32,16 @@ STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 class Agent:
-    """What the adapters (socket server, D-Bus) see of the daemon: settings, change_settings, snapshot, subscribe."""
+    """What the adapters (socket server, D-Bus) see of the daemon: settings,
+    change_settings, snapshot, subscribe."""
 
-    def __init__(self, settings: Settings, store: SettingsStore, overrides: dict | None = None,
-                 loop: asyncio.AbstractEventLoop | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        store: SettingsStore,
+        overrides: dict | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ):
         self._loop = loop or asyncio.get_running_loop()
         self._store = store
         self._overrides = dict(overrides or {})
@@ -49,7 +54,9 @@ class Agent:
     def settings(self) -> Settings:
         return self._core.settings
 
-    def change_settings(self, *, time_quantum_s: int | None = None, anti_thrash: bool | None = None) -> Settings:
+    def change_settings(
+        self, *, time_quantum_s: int | None = None, anti_thrash: bool | None = None
+    ) -> Settings:
         """Validate, save, apply.  Raises SettingsError (a bad value) or
         SettingsNotSaved (the state file cannot be written), each one human
         sentence, and changes nothing then."""
@@ -72,9 +79,13 @@ class Agent:
         self._overrides = overrides
         if new != self.settings:
             self.server.execute(self._core.change_settings(new, self._loop.time()))
-            log.info("settings time_quantum_s=%d anti_thrash=%s idle_release_ms=%d drop_grace_ms=%d",
-                     new.time_quantum_s, "on" if new.anti_thrash else "off", new.idle_release_ms,
-                     new.drop_grace_ms)
+            log.info(
+                "settings time_quantum_s=%d anti_thrash=%s idle_release_ms=%d drop_grace_ms=%d",
+                new.time_quantum_s,
+                "on" if new.anti_thrash else "off",
+                new.idle_release_ms,
+                new.drop_grace_ms,
+            )
         self._changed()
         return new
 
@@ -88,6 +99,7 @@ class Agent:
         def unsubscribe():
             if callback in self._subscribers:
                 self._subscribers.remove(callback)
+
         return unsubscribe
 
     def add_gpus(self, gpus: list[nvml.GpuInfo]) -> None:
@@ -162,9 +174,14 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     s = agent.settings
-    log.info("serving time_quantum_s=%d anti_thrash=%s idle_release_ms=%d drop_grace_ms=%d state_dir=%s",
-             s.time_quantum_s, "on" if s.anti_thrash else "off", s.idle_release_ms, s.drop_grace_ms,
-             options.state_dir)
+    log.info(
+        "serving time_quantum_s=%d anti_thrash=%s idle_release_ms=%d drop_grace_ms=%d state_dir=%s",
+        s.time_quantum_s,
+        "on" if s.anti_thrash else "off",
+        s.idle_release_ms,
+        s.drop_grace_ms,
+        options.state_dir,
+    )
     # Everything allocated so far (modules, cffi types, the loop) lives as long
     # as the process: take it out of the collector's scans, which otherwise
     # walk it again and again while the hot path churns small objects.
@@ -172,8 +189,10 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
     gc.freeze()
     notifier.ready()
     notifier.status(status_line(agent.snapshot()))
-    tasks = [asyncio.create_task(_inventory(agent)),
-             asyncio.create_task(_report_status(agent, notifier))]
+    tasks = [
+        asyncio.create_task(_inventory(agent)),
+        asyncio.create_task(_report_status(agent, notifier)),
+    ]
     watchdog = systemd.watchdog_interval_s()
     if watchdog:
         tasks.append(asyncio.create_task(_pet_watchdog(notifier, watchdog)))
@@ -204,8 +223,12 @@ async def _inventory(agent: Agent) -> None:
         return
     agent.add_gpus(gpus)
     for gpu in gpus:
-        log.info("gpu uuid=%s name=%s memory_total_bytes=%d", gpu_name(gpu.uuid), gpu.name.replace(" ", "_"),
-                 gpu.memory_total_bytes)
+        log.info(
+            "gpu uuid=%s name=%s memory_total_bytes=%d",
+            gpu_name(gpu.uuid),
+            gpu.name.replace(" ", "_"),
+            gpu.memory_total_bytes,
+        )
 
 
 async def _report_status(agent: Agent, notifier: systemd.Notifier) -> None:
@@ -236,5 +259,13 @@ async def _export_on_bus(agent: Agent, address: str) -> None:
         log.warning("D-Bus API stopped (%s); serving the shim only", e)
 
 
-__all__ = ["Agent", "AgentSnapshot", "Options", "Settings", "SettingsError", "SettingsNotSaved", "run",
-           "open_listening_socket"]
+__all__ = [
+    "Agent",
+    "AgentSnapshot",
+    "Options",
+    "Settings",
+    "SettingsError",
+    "SettingsNotSaved",
+    "open_listening_socket",
+    "run",
+]

@@ -4,8 +4,8 @@ nvsharectl both use, so fixes to dbus-next 0.2.3 apply to both."""
 import asyncio
 
 from dbus_next import AuthError, BusType, DBusError, Message, MessageType
-from dbus_next.constants import ErrorType
 from dbus_next.aio import MessageBus
+from dbus_next.constants import ErrorType
 
 # Error replies longer than this are cut.  dbus-next's own errors quote what
 # the caller sent (a property, interface or object path of any length); a reply
@@ -48,10 +48,15 @@ class _MessageBus(MessageBus):
         self._disconnect_future.add_done_callback(_retrieve_exception)
 
     def send(self, msg):
-        if (msg.message_type == MessageType.ERROR and msg.signature == "s"
-                and len(msg.body[0]) > MAX_ERROR_TEXT):
+        if (
+            msg.message_type == MessageType.ERROR
+            and msg.signature == "s"
+            and len(msg.body[0]) > MAX_ERROR_TEXT
+        ):
             text = msg.body[0]
-            msg.body = [f"{text[:MAX_ERROR_TEXT]}... ({len(text) - MAX_ERROR_TEXT} more characters)"]
+            msg.body = [
+                f"{text[:MAX_ERROR_TEXT]}... ({len(text) - MAX_ERROR_TEXT} more characters)"
+            ]
         sent = super().send(msg)
         # Nobody awaits this future.  When the connection closes, every write
         # still queued fails with it, and asyncio would log "Future exception
@@ -101,8 +106,9 @@ async def connect_bus(address: str, timeout_s: float) -> MessageBus:
     """`address` is "system" or a D-Bus address such as unix:path=/run/x.
     Raises what dbus-next raises (OSError, AuthError, ValueError, Exception)
     or asyncio.TimeoutError."""
-    if address == "system":
-        bus = _MessageBus(bus_type=BusType.SYSTEM)
-    else:
-        bus = _MessageBus(bus_address=address)
+    bus = (
+        _MessageBus(bus_type=BusType.SYSTEM)
+        if address == "system"
+        else _MessageBus(bus_address=address)
+    )
     return await asyncio.wait_for(bus.connect(), timeout_s)

@@ -22,12 +22,26 @@ METHOD_GET_GPU = "GetGpu"  # (s uuid) -> GPU_SIGNATURE
 
 # The structs, field by field: D-Bus type and the name that the agent's
 # snapshot attributes and nvsharectl's --json keys both use.
-GPU_FIELDS = (("uuid", "s"), ("name", "s"), ("memory_total_bytes", "t"),
-              ("holder_pids", "au"), ("queue_pids", "au"))  # queue in FCFS order
-CLIENT_GPU_FIELDS = (("uuid", "s"), ("state", "s"),  # idle / waiting / holding / draining
-                     ("allocated_bytes", "t"), ("holding_seconds", "d"))
-CLIENT_FIELDS = (("pid", "u"), ("uid", "u"), ("gid", "u"), ("command", "s"),
-                 ("gpus", "a(" + "".join(t for _, t in CLIENT_GPU_FIELDS) + ")"))
+GPU_FIELDS = (
+    ("uuid", "s"),
+    ("name", "s"),
+    ("memory_total_bytes", "t"),
+    ("holder_pids", "au"),
+    ("queue_pids", "au"),
+)  # queue in FCFS order
+CLIENT_GPU_FIELDS = (
+    ("uuid", "s"),
+    ("state", "s"),  # idle / waiting / holding / draining
+    ("allocated_bytes", "t"),
+    ("holding_seconds", "d"),
+)
+CLIENT_FIELDS = (
+    ("pid", "u"),
+    ("uid", "u"),
+    ("gid", "u"),
+    ("command", "s"),
+    ("gpus", "a(" + "".join(t for _, t in CLIENT_GPU_FIELDS) + ")"),
+)
 
 
 def _struct(fields) -> str:

@@ -142,28 +142,36 @@ class SchedulerInterface(ServiceInterface):
         known = ", ".join(gpu.uuid for gpu in gpus[:_KNOWN_GPUS_SHOWN]) or "none"
         if len(gpus) > _KNOWN_GPUS_SHOWN:
             known += f" and {len(gpus) - _KNOWN_GPUS_SHOWN} more"
-        raise DBusError(names.ERROR_UNKNOWN_GPU,
-                        f"no GPU with UUID {excerpt(uuid)} on this node (known: {known})")
+        raise DBusError(
+            names.ERROR_UNKNOWN_GPU,
+            f"no GPU with UUID {excerpt(uuid)} on this node (known: {known})",
+        )
 
     def apply(self, prop_name: str, value: Variant) -> None:
         """Change one setting for an already authorised caller."""
         if prop_name == names.PROP_TIME_QUANTUM:
             if value.signature not in _INTEGER_TYPES:
-                raise DBusError(names.ERROR_INVALID_ARGUMENT,
-                                f"time quantum must be a whole number of seconds (D-Bus type 'u'), "
-                                f"got type '{value.signature}'")
+                raise DBusError(
+                    names.ERROR_INVALID_ARGUMENT,
+                    f"time quantum must be a whole number of seconds (D-Bus type 'u'), "
+                    f"got type '{value.signature}'",
+                )
             self._change(time_quantum_s=value.value)
         elif prop_name == names.PROP_ANTI_THRASH:
             if value.signature != "b":
-                raise DBusError(names.ERROR_INVALID_ARGUMENT,
-                                f"anti-thrash must be on or off (D-Bus type 'b'), "
-                                f"got {excerpt(value.value)} of type '{value.signature}'")
+                raise DBusError(
+                    names.ERROR_INVALID_ARGUMENT,
+                    f"anti-thrash must be on or off (D-Bus type 'b'), "
+                    f"got {excerpt(value.value)} of type '{value.signature}'",
+                )
             self._change(anti_thrash=value.value)
         elif prop_name in (names.PROP_GPUS, names.PROP_CLIENTS):
             raise DBusError(ErrorType.PROPERTY_READ_ONLY, f"{prop_name} is read-only live state")
         else:
-            raise DBusError(ErrorType.UNKNOWN_PROPERTY,
-                            f"{names.INTERFACE} has no property {excerpt(prop_name)}")
+            raise DBusError(
+                ErrorType.UNKNOWN_PROPERTY,
+                f"{names.INTERFACE} has no property {excerpt(prop_name)}",
+            )
 
     def _change(self, **setting) -> None:
         try:
@@ -184,8 +192,11 @@ class SchedulerInterface(ServiceInterface):
     def _emit_changes(self) -> None:
         self._emit_pending = False
         values = self._current_values()
-        changed = {name: value for name, value in values.items()
-                   if _comparable(name, value) != _comparable(name, self._last_published[name])}
+        changed = {
+            name: value
+            for name, value in values.items()
+            if _comparable(name, value) != _comparable(name, self._last_published[name])
+        }
         self._last_published = values
         if not changed:
             return
@@ -216,7 +227,9 @@ def _comparable(prop_name, value):
 
 
 def _gate_bypassed() -> DBusError:
-    return DBusError(names.ERROR_ACCESS_DENIED, "settings can only be changed through the checked path")
+    return DBusError(
+        names.ERROR_ACCESS_DENIED, "settings can only be changed through the checked path"
+    )
 
 
 class CallGate:
@@ -235,16 +248,25 @@ class CallGate:
     def __call__(self, msg: Message):
         if msg.message_type != MessageType.METHOD_CALL or msg.path != names.OBJECT_PATH:
             return None
-        if (msg.interface == _PROPERTIES_INTERFACE and msg.member == "Set"
-                and msg.signature == "ssv" and msg.body[0] == names.INTERFACE):
+        if (
+            msg.interface == _PROPERTIES_INTERFACE
+            and msg.member == "Set"
+            and msg.signature == "ssv"
+            and msg.body[0] == names.INTERFACE
+        ):
             task = asyncio.ensure_future(self._set(msg))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
             return True
-        if msg.interface == names.INTERFACE and msg.member == names.METHOD_GET_GPU and msg.signature == "s":
+        if (
+            msg.interface == names.INTERFACE
+            and msg.member == names.METHOD_GET_GPU
+            and msg.signature == "s"
+        ):
             try:
-                return Message.new_method_return(msg, names.GPU_SIGNATURE,
-                                                 [self._interface.find_gpu(msg.body[0])])
+                return Message.new_method_return(
+                    msg, names.GPU_SIGNATURE, [self._interface.find_gpu(msg.body[0])]
+                )
             except DBusError as error:
                 return Message.new_error(msg, error.type, error.text)
         return None
@@ -254,9 +276,11 @@ class CallGate:
         try:
             uid = await self._caller_uid(msg.sender)
             if not may_change_settings(uid):
-                raise DBusError(names.ERROR_ACCESS_DENIED,
-                                f"changing nvshare settings needs root or group {names.ADMIN_GROUP} "
-                                f"(caller uid {uid})")
+                raise DBusError(
+                    names.ERROR_ACCESS_DENIED,
+                    f"changing nvshare settings needs root or group {names.ADMIN_GROUP} "
+                    f"(caller uid {uid})",
+                )
             self._interface.apply(prop_name, value)
             reply = Message.new_method_return(msg)
             log.info("dbus set %s=%r uid=%d", prop_name, value.value, uid)
@@ -275,12 +299,20 @@ class CallGate:
             self._bus.send(reply)
 
     async def _caller_uid(self, sender: str) -> int:
-        reply = await self._bus.call(Message(
-            destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
-            interface="org.freedesktop.DBus", member="GetConnectionUnixUser",
-            signature="s", body=[sender]))
+        reply = await self._bus.call(
+            Message(
+                destination="org.freedesktop.DBus",
+                path="/org/freedesktop/DBus",
+                interface="org.freedesktop.DBus",
+                member="GetConnectionUnixUser",
+                signature="s",
+                body=[sender],
+            )
+        )
         if reply.message_type != MessageType.METHOD_RETURN:
-            raise DBusError(names.ERROR_ACCESS_DENIED, f"could not identify the caller: {reply.body}")
+            raise DBusError(
+                names.ERROR_ACCESS_DENIED, f"could not identify the caller: {reply.body}"
+            )
         return reply.body[0]
 
 
@@ -300,8 +332,9 @@ async def _publish(agent, address: str, subscribers: list) -> MessageBus:
     return bus
 
 
-async def export_on_bus(agent, address: str = "system", *,
-                        first_retry_s: float = 0.5, max_retry_s: float = 30.0) -> None:
+async def export_on_bus(
+    agent, address: str = "system", *, first_retry_s: float = 0.5, max_retry_s: float = 30.0
+) -> None:
     """Publish `agent` on the bus at `address` ("system" or a D-Bus address)
     until cancelled.  When the bus is missing or goes away, retry with
     exponential backoff; the agent keeps serving the shim meanwhile."""
@@ -342,8 +375,13 @@ async def _stay_on_bus(agent, address, subscribers, first_retry_s, max_retry_s) 
             failures += 1
             # Once per outage at warning level; the retries after it at debug.
             level = logging.WARNING if failures == 1 else logging.DEBUG
-            log.log(level, "dbus unavailable address=%s error=%s retry_in_s=%.1f",
-                    address, str(error) or type(error).__name__, retry_s)
+            log.log(
+                level,
+                "dbus unavailable address=%s error=%s retry_in_s=%.1f",
+                address,
+                str(error) or type(error).__name__,
+                retry_s,
+            )
         finally:
             subscribers.clear()
         await asyncio.sleep(retry_s)

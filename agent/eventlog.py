@@ -2,15 +2,16 @@
 
 The logging module costs ~10-40 us per record (LogRecord, caller lookup, a
 flush per record); the agent writes two lines per lock handoff and must do
-thousands of handoffs a second on a small machine.  So event lines are
-formatted only when their level is on, buffered, and written with one
-os.write at most every FLUSH_INTERVAL_S (a busy agent would otherwise pay a
-write syscall per handoff; the price is that a crash may lose the last 20 ms).  Records from the logging module (other
-modules, libraries) go through the same buffer via LoggingBridge, so the
-order of lines is kept.
+thousands of handoffs a second on a small machine. So event lines are
+formatted only when their level is on, buffered, and written with one os.write
+at most every FLUSH_INTERVAL_S (a busy agent would otherwise pay a write
+syscall per handoff; the price is that a crash may lose the last 20 ms).
+Records from the logging module (other modules, libraries) go through the same
+buffer via LoggingBridge, so the order of lines is kept.
 
 Under systemd (JOURNAL_STREAM set) lines carry a <N> priority prefix, which
-journald turns into the record's priority, and no timestamp (journald adds it).
+journald turns into the record's priority, and no timestamp (journald adds
+it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ import os
 import time
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
-_NAMES = {DEBUG: "DEBUG", INFO: "INFO", WARNING: "WARNING", ERROR: "ERROR", logging.CRITICAL: "CRITICAL"}
+_NAMES = {
+    DEBUG: "DEBUG",
+    INFO: "INFO",
+    WARNING: "WARNING",
+    ERROR: "ERROR",
+    logging.CRITICAL: "CRITICAL",
+}
 _SYSLOG_PRIORITY = {DEBUG: 7, INFO: 6, WARNING: 4, ERROR: 3, logging.CRITICAL: 2}
 FLUSH_INTERVAL_S = 0.02
 
@@ -103,7 +110,9 @@ class LoggingBridge(logging.Handler):
         try:
             message = record.getMessage()
             if record.exc_info:
-                message += " " + " | ".join(logging.Formatter().formatException(record.exc_info).splitlines())
+                message += " " + " | ".join(
+                    logging.Formatter().formatException(record.exc_info).splitlines()
+                )
             self.events.emit(record.levelno, " ".join(message.split("\n")))
         except Exception:
             self.handleError(record)

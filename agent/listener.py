@@ -72,9 +72,15 @@ class Listener:
         held_back = self._error_log.allow("accept", self._loop.time())
         if held_back is not None:
             more = f" ({held_back} more since the last such line)" if held_back else ""
-            log.error("cannot accept connections: %s (%d open, fd limit %d); new clients wait in the "
-                      "backlog, retrying every %g s%s", error.strerror or error, len(self._server.connections),
-                      resource.getrlimit(resource.RLIMIT_NOFILE)[0], ACCEPT_RETRY_S, more)
+            log.error(
+                "cannot accept connections: %s (%d open, fd limit %d); new clients wait in the "
+                "backlog, retrying every %g s%s",
+                error.strerror or error,
+                len(self._server.connections),
+                resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                ACCEPT_RETRY_S,
+                more,
+            )
 
     def _resume(self) -> None:
         self._retry = None

@@ -35,13 +35,19 @@ async def read_inventory(timeout_s: float = READ_TIMEOUT_S) -> tuple[list[GpuInf
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     try:
         child = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", __name__, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+            sys.executable,
+            "-m",
+            __name__,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
     except OSError as e:
         return [], f"could not start the NVML reader: {e}"
     try:
         out, err = await asyncio.wait_for(child.communicate(), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return [], f"NVML did not answer within {timeout_s:g} s"
     finally:
         if child.returncode is None:  # timed out, or the agent is stopping
@@ -49,8 +55,10 @@ async def read_inventory(timeout_s: float = READ_TIMEOUT_S) -> tuple[list[GpuInf
             await child.wait()
     try:
         answer = json.loads(out.decode().strip().splitlines()[-1])
-        gpus = [GpuInfo(bytes.fromhex(g["uuid"]), g["name"], int(g["memory_total_bytes"]))
-                for g in answer["gpus"]]
+        gpus = [
+            GpuInfo(bytes.fromhex(g["uuid"]), g["name"], int(g["memory_total_bytes"]))
+            for g in answer["gpus"]
+        ]
         return gpus, answer["problem"]
     except (ValueError, LookupError, TypeError):
         last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
@@ -81,8 +89,13 @@ def read_inventory_here() -> tuple[list[GpuInfo], str | None]:
                 uuid = parse_uuid(uuid_text)
             except ValueError:
                 continue  # MIG instances print "MIG-..."; the shim names whole GPUs
-            gpus.append(GpuInfo(uuid, _text(pynvml.nvmlDeviceGetName(handle)),
-                                int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)))
+            gpus.append(
+                GpuInfo(
+                    uuid,
+                    _text(pynvml.nvmlDeviceGetName(handle)),
+                    int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                )
+            )
         return gpus, None
     except Exception as e:
         return [], f"NVML query failed: {e}"

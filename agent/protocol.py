@@ -26,7 +26,7 @@ END_MARKER = "/* END NVSHARE WIRE FORMAT */"
 def _read_wire_format() -> str:
     text = importlib.resources.files(__package__).joinpath("nvshare_protocol.h").read_text()
     start = text.index(BEGIN_MARKER) + len(BEGIN_MARKER)
-    return text[start:text.index(END_MARKER)]
+    return text[start : text.index(END_MARKER)]
 
 
 ffi = cffi.FFI()
@@ -44,7 +44,7 @@ HEADER_BYTES: int = ffi.sizeof("struct nvshare_header")
 
 
 def _enum_from_c(name: str, c_enum: str, prefix: str) -> type[enum.IntEnum]:
-    members = {k[len(prefix):]: v for k, v in ffi.typeof(c_enum).relements.items()}
+    members = {k[len(prefix) :]: v for k, v in ffi.typeof(c_enum).relements.items()}
     return enum.IntEnum(name, sorted(members.items(), key=lambda kv: kv[1]))
 
 
@@ -52,8 +52,13 @@ MessageType = _enum_from_c("MessageType", "enum nvshare_message_type", "NVSHARE_
 GrantFlags = _enum_from_c("GrantFlags", "enum nvshare_grant_flags", "NVSHARE_GRANT_")
 ErrorCode = _enum_from_c("ErrorCode", "enum nvshare_error_code", "NVSHARE_ERR_")
 
-_LOCK_TYPES = (MessageType.LOCK_REQUEST, MessageType.LOCK_GRANT, MessageType.DROP_REQUEST,
-               MessageType.RELEASED, MessageType.REVOKED)
+_LOCK_TYPES = (
+    MessageType.LOCK_REQUEST,
+    MessageType.LOCK_GRANT,
+    MessageType.DROP_REQUEST,
+    MessageType.RELEASED,
+    MessageType.REVOKED,
+)
 
 #: The C struct that each message type carries.
 PAYLOAD_STRUCT: dict[int, str] = {
@@ -96,8 +101,10 @@ def derived_struct(c_type: str) -> struct.Struct:
     return result
 
 
-HEADER_STRUCT = derived_struct("struct nvshare_header")          # magic, version, type, payload_bytes, reserved
-LOCK_STRUCT = derived_struct("struct nvshare_lock_message")      # gpu, lease, flags, reserved
+HEADER_STRUCT = derived_struct(
+    "struct nvshare_header"
+)  # magic, version, type, payload_bytes, reserved
+LOCK_STRUCT = derived_struct("struct nvshare_lock_message")  # gpu, lease, flags, reserved
 _LOCK_TYPE_SET = frozenset(int(t) for t in _LOCK_TYPES)
 _LOCK_PAYLOAD_BYTES = LOCK_STRUCT.size
 _REPORT_GPU_OFFSET = ffi.offsetof("struct nvshare_memory_report", "gpu")
@@ -116,6 +123,7 @@ class ProtocolError(Exception):
 
 # ---------------------------------------------------------------- GPU UUIDs
 
+
 def format_uuid(raw: bytes) -> str:
     """16 raw bytes -> "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as NVML prints it."""
     h = raw.hex()
@@ -132,6 +140,7 @@ def parse_uuid(text: str) -> bytes:
 
 
 # ---------------------------------------------------------------- messages
+
 
 @dataclass(frozen=True, slots=True)
 class Hello:
@@ -150,6 +159,7 @@ class Settings:
 @dataclass(slots=True)  # not frozen: built for every lock frame, and frozen init is slower
 class LockMessage:
     """LOCK_REQUEST, LOCK_GRANT, DROP_REQUEST, RELEASED or REVOKED."""
+
     type: int
     gpu: bytes
     lease: int
@@ -171,8 +181,15 @@ class Error:
 
 # ---------------------------------------------------------------- encoding
 
-def encode_header(msg_type: int, payload_bytes: int, *, magic: int = MAGIC,
-                  version: int = VERSION, reserved: int = 0) -> bytes:
+
+def encode_header(
+    msg_type: int,
+    payload_bytes: int,
+    *,
+    magic: int = MAGIC,
+    version: int = VERSION,
+    reserved: int = 0,
+) -> bytes:
     """A raw header; the keyword arguments exist so tests can forge bad ones."""
     h = ffi.new("struct nvshare_header *")
     h.magic, h.version, h.type = magic, version, msg_type
@@ -200,11 +217,16 @@ def encode_hello(gpus, command: str) -> bytes:
     return _frame(MessageType.HELLO, p)
 
 
-def encode_settings(*, anti_thrash: bool, time_quantum_ms: int, idle_release_ms: int,
-                    drop_grace_ms: int) -> bytes:
+def encode_settings(
+    *, anti_thrash: bool, time_quantum_ms: int, idle_release_ms: int, drop_grace_ms: int
+) -> bytes:
     p = ffi.new("struct nvshare_settings *")
     p.anti_thrash = 1 if anti_thrash else 0
-    p.time_quantum_ms, p.idle_release_ms, p.drop_grace_ms = time_quantum_ms, idle_release_ms, drop_grace_ms
+    p.time_quantum_ms, p.idle_release_ms, p.drop_grace_ms = (
+        time_quantum_ms,
+        idle_release_ms,
+        drop_grace_ms,
+    )
     return _frame(MessageType.SETTINGS, p)
 
 
@@ -223,11 +245,12 @@ def encode_error(code: int, text: str) -> bytes:
     p = ffi.new("struct nvshare_error *")
     p.code = code
     # Keep room for the terminating NUL the header promises.
-    p.text = text.encode(errors="replace")[:ERROR_TEXT_BYTES - 1]
+    p.text = text.encode(errors="replace")[: ERROR_TEXT_BYTES - 1]
     return _frame(MessageType.ERROR, p)
 
 
 # ---------------------------------------------------------------- decoding
+
 
 def _c_string(char_array) -> str:
     return ffi.string(char_array).decode(errors="replace")
@@ -242,8 +265,9 @@ def decode_payload(msg_type: int, payload: bytes, offset: int = 0):
     if msg_type == MessageType.HELLO:
         m = ffi.cast("struct nvshare_hello *", start)
         if m.gpu_count > MAX_GPUS:
-            raise ProtocolError(ErrorCode.BAD_FRAME,
-                                f"hello lists {m.gpu_count} GPUs, at most {MAX_GPUS} allowed")
+            raise ProtocolError(
+                ErrorCode.BAD_FRAME, f"hello lists {m.gpu_count} GPUs, at most {MAX_GPUS} allowed"
+            )
         gpus = tuple(ffi.buffer(m.gpus[i].bytes)[:] for i in range(m.gpu_count))
         return Hello(gpus, _c_string(m.command))
     if msg_type == MessageType.SETTINGS:
@@ -252,7 +276,9 @@ def decode_payload(msg_type: int, payload: bytes, offset: int = 0):
     if msg_type == MessageType.MEMORY_REPORT:
         m = ffi.cast("struct nvshare_memory_report *", start)
         gpu_at = offset + _REPORT_GPU_OFFSET
-        return MemoryReport(payload[gpu_at:gpu_at + UUID_BYTES], m.managed_bytes, m.unmanaged_bytes)
+        return MemoryReport(
+            payload[gpu_at : gpu_at + UUID_BYTES], m.managed_bytes, m.unmanaged_bytes
+        )
     if msg_type == MessageType.ERROR:
         m = ffi.cast("struct nvshare_error *", start)
         return Error(m.code, _c_string(m.text))
@@ -284,12 +310,18 @@ class FrameReader:
         try:
             while size - offset >= HEADER_BYTES:
                 magic, version, msg_type, payload_bytes, _reserved = unpack_header(data, offset)
-                if msg_type in _LOCK_TYPE_SET and payload_bytes == _LOCK_PAYLOAD_BYTES \
-                        and magic == MAGIC and version == VERSION:
+                if (
+                    msg_type in _LOCK_TYPE_SET
+                    and payload_bytes == _LOCK_PAYLOAD_BYTES
+                    and magic == MAGIC
+                    and version == VERSION
+                ):
                     end = offset + HEADER_BYTES + _LOCK_PAYLOAD_BYTES
                     if end > size:
                         break
-                    gpu, lease, flags, _reserved = LOCK_STRUCT.unpack_from(data, offset + HEADER_BYTES)
+                    gpu, lease, flags, _reserved = LOCK_STRUCT.unpack_from(
+                        data, offset + HEADER_BYTES
+                    )
                     messages.append(LockMessage(msg_type, gpu, lease, flags))
                     offset = end
                     continue
@@ -312,8 +344,9 @@ def check_header(magic: int, version: int, msg_type: int, payload_bytes: int) ->
     if magic != MAGIC:
         raise ProtocolError(ErrorCode.BAD_MAGIC, f"bad magic 0x{magic:08x}, not an nvshare peer")
     if version != VERSION:
-        raise ProtocolError(ErrorCode.VERSION_MISMATCH,
-                            f"protocol version {version}, this agent speaks {VERSION}")
+        raise ProtocolError(
+            ErrorCode.VERSION_MISMATCH, f"protocol version {version}, this agent speaks {VERSION}"
+        )
     expected = PAYLOAD_BYTES.get(msg_type)
     if expected is None:
         raise ProtocolError(ErrorCode.BAD_FRAME, f"unknown message type {msg_type}")
@@ -321,7 +354,9 @@ def check_header(magic: int, version: int, msg_type: int, payload_bytes: int) ->
         if payload_bytes > MAX_PAYLOAD_BYTES:
             reason = f"payload of {payload_bytes} bytes, the limit is {MAX_PAYLOAD_BYTES}"
         else:
-            reason = (f"{MessageType(msg_type).name} payload of {payload_bytes} bytes,"
-                      f" expected {expected}")
+            reason = (
+                f"{MessageType(msg_type).name} payload of {payload_bytes} bytes,"
+                f" expected {expected}"
+            )
         raise ProtocolError(ErrorCode.BAD_FRAME, reason)
     return expected

@@ -36,6 +36,7 @@ MAX_BYTES = 2**64 - 1
 # Plain (not frozen) slotted dataclasses: frozen ones cost a few microseconds
 # more to build, and the hot path builds two or three per handoff.
 
+
 @dataclass(slots=True)
 class Grant:
     client: int
@@ -67,6 +68,7 @@ class Revoke:
 @dataclass(slots=True)
 class LockReleased:
     """Log only. reason: "released" (the client said so) or "disconnect"."""
+
     client: int
     pid: int
     gpu: bytes
@@ -79,6 +81,7 @@ class LockReleased:
 @dataclass(slots=True)
 class Queued:
     """Log only: a request that has to wait; position counts from 1."""
+
     client: int
     pid: int
     gpu: bytes
@@ -88,6 +91,7 @@ class Queued:
 @dataclass(slots=True)
 class Withdrawn:
     """Log only: a waiter left the queue (RELEASED with lease 0 while waiting)."""
+
     client: int
     pid: int
     gpu: bytes
@@ -96,6 +100,7 @@ class Withdrawn:
 @dataclass(slots=True)
 class Ignored:
     """Log only (debug): a harmless frame with no effect, e.g. a duplicate request."""
+
     client: int
     pid: int
     gpu: bytes
@@ -105,6 +110,7 @@ class Ignored:
 @dataclass(slots=True)
 class SendSettings:
     """client None means every client that has said hello."""
+
     client: int | None
     settings: Settings
 
@@ -112,6 +118,7 @@ class SendSettings:
 @dataclass(slots=True)
 class Refuse:
     """A valid frame at the wrong time: the adapter sends ERROR and closes."""
+
     client: int
     reason: str
 
@@ -135,6 +142,7 @@ class Gone:
 
 # ---------------------------------------------------------------- state
 
+
 @dataclass(slots=True)
 class Lease:
     number: int
@@ -149,9 +157,9 @@ class GpuState:
     name: str = ""
     memory_total_bytes: int = 0
     from_inventory: bool = False
-    holders: dict[int, Lease] = field(default_factory=dict)     # client -> lease, grant order
-    waiters: dict[int, float] = field(default_factory=dict)     # client -> requested at, FCFS
-    users: set[int] = field(default_factory=set)                # clients that named this GPU
+    holders: dict[int, Lease] = field(default_factory=dict)  # client -> lease, grant order
+    waiters: dict[int, float] = field(default_factory=dict)  # client -> requested at, FCFS
+    users: set[int] = field(default_factory=set)  # clients that named this GPU
 
 
 @dataclass(slots=True)
@@ -161,13 +169,12 @@ class ClientState:
     gid: int
     greeted: bool = False
     command: str = ""
-    gpus: dict[bytes, None] = field(default_factory=dict)       # ordered set
-    memory: dict[bytes, int] = field(default_factory=dict)      # gpu -> bytes allocated
+    gpus: dict[bytes, None] = field(default_factory=dict)  # ordered set
+    memory: dict[bytes, int] = field(default_factory=dict)  # gpu -> bytes allocated
 
 
 class Scheduler:
-    def __init__(self, settings: Settings, *, max_gpus_per_client: int = 16,
-                 format_gpu=bytes.hex):
+    def __init__(self, settings: Settings, *, max_gpus_per_client: int = 16, format_gpu=bytes.hex):
         self.settings = settings
         self.max_gpus_per_client = max_gpus_per_client
         self._format_gpu = format_gpu  # only for snapshots: the core keeps raw ids
@@ -197,8 +204,10 @@ class Scheduler:
             refusal = self._use_gpu(client, state, uuid)
             if refusal:
                 return [refusal]
-        return [Greeted(client, state.pid, state.uid, state.gid, command, tuple(state.gpus)),
-                SendSettings(client, self.settings)]
+        return [
+            Greeted(client, state.pid, state.uid, state.gid, command, tuple(state.gpus)),
+            SendSettings(client, self.settings),
+        ]
 
     def request(self, client: int, uuid: bytes, now: float) -> list:
         state = self.clients[client]
@@ -227,9 +236,20 @@ class Scheduler:
         held = gpu.holders.get(client) if gpu else None
         if held is not None and held.number == lease:
             del gpu.holders[client]
-            drop_to_release = None if held.drop_requested_at is None else now - held.drop_requested_at
-            actions: list = [LockReleased(client, state.pid, uuid, lease, now - held.granted_at,
-                                          drop_to_release, "released")]
+            drop_to_release = (
+                None if held.drop_requested_at is None else now - held.drop_requested_at
+            )
+            actions: list = [
+                LockReleased(
+                    client,
+                    state.pid,
+                    uuid,
+                    lease,
+                    now - held.granted_at,
+                    drop_to_release,
+                    "released",
+                )
+            ]
             self._update(gpu, now, actions)
             return actions
         if gpu and lease == 0 and client in gpu.waiters:
@@ -237,7 +257,9 @@ class Scheduler:
             return [Withdrawn(client, state.pid, uuid)]
         return [Ignored(client, state.pid, uuid, f"stale release lease={lease}")]
 
-    def memory_report(self, client: int, uuid: bytes, managed_bytes: int, unmanaged_bytes: int) -> list:
+    def memory_report(
+        self, client: int, uuid: bytes, managed_bytes: int, unmanaged_bytes: int
+    ) -> list:
         state = self.clients[client]
         if not state.greeted:
             return [Refuse(client, "MEMORY_REPORT before HELLO")]
@@ -261,8 +283,17 @@ class Scheduler:
             gpu.users.discard(client)
             held = gpu.holders.pop(client, None)
             if held is not None:
-                actions.append(LockReleased(client, state.pid, uuid, held.number, now - held.granted_at,
-                                            None, "disconnect"))
+                actions.append(
+                    LockReleased(
+                        client,
+                        state.pid,
+                        uuid,
+                        held.number,
+                        now - held.granted_at,
+                        None,
+                        "disconnect",
+                    )
+                )
                 self._update(gpu, now, actions)
             if not gpu.users and not gpu.from_inventory:
                 del self.gpus[uuid]  # learned from clients only: forget it with them
@@ -331,8 +362,15 @@ class Scheduler:
             for client, held in list(gpu.holders.items()):
                 if held.drop_requested_at is not None and now >= held.drop_requested_at + grace:
                     del gpu.holders[client]
-                    actions.append(Revoke(client, self.clients[client].pid, gpu.uuid, held.number,
-                                          now - held.granted_at))
+                    actions.append(
+                        Revoke(
+                            client,
+                            self.clients[client].pid,
+                            gpu.uuid,
+                            held.number,
+                            now - held.granted_at,
+                        )
+                    )
         if not settings.anti_thrash:
             while gpu.waiters:
                 self._grant_first_waiter(gpu, now, SHARED, actions)
@@ -346,16 +384,31 @@ class Scheduler:
             client, held = next(iter(gpu.holders.items()))
             if held.drop_requested_at is None and now >= held.granted_at + settings.time_quantum_s:
                 held.drop_requested_at = now
-                actions.append(AskToDrop(client, self.clients[client].pid, gpu.uuid, held.number,
-                                         now - held.granted_at))
+                actions.append(
+                    AskToDrop(
+                        client,
+                        self.clients[client].pid,
+                        gpu.uuid,
+                        held.number,
+                        now - held.granted_at,
+                    )
+                )
 
     def _grant_first_waiter(self, gpu: GpuState, now: float, mode: str, actions: list) -> None:
         client = next(iter(gpu.waiters))
         requested_at = gpu.waiters.pop(client)
         self._last_lease += 1
         gpu.holders[client] = Lease(self._last_lease, mode, now)
-        actions.append(Grant(client, self.clients[client].pid, gpu.uuid, self._last_lease,
-                             mode == EXCLUSIVE, now - requested_at))
+        actions.append(
+            Grant(
+                client,
+                self.clients[client].pid,
+                gpu.uuid,
+                self._last_lease,
+                mode == EXCLUSIVE,
+                now - requested_at,
+            )
+        )
 
     def _drain_shared_holders(self, gpu: GpuState, now: float, actions: list) -> None:
         """Anti-thrash just came on: shared holders must all leave before anyone
@@ -367,18 +420,30 @@ class Scheduler:
         for client, held in holders.items():
             if held.drop_requested_at is None:
                 held.drop_requested_at = now
-                actions.append(AskToDrop(client, self.clients[client].pid, gpu.uuid, held.number,
-                                         now - held.granted_at))
+                actions.append(
+                    AskToDrop(
+                        client,
+                        self.clients[client].pid,
+                        gpu.uuid,
+                        held.number,
+                        now - held.granted_at,
+                    )
+                )
 
     # ------------------------------------------------------------ status
 
     def snapshot(self, now: float) -> AgentSnapshot:
         fmt = self._format_gpu
         gpus = tuple(
-            GpuSnapshot(fmt(g.uuid), g.name, g.memory_total_bytes,
-                        tuple(self.clients[c].pid for c in g.holders),
-                        tuple(self.clients[c].pid for c in g.waiters))
-            for g in self.gpus.values())
+            GpuSnapshot(
+                fmt(g.uuid),
+                g.name,
+                g.memory_total_bytes,
+                tuple(self.clients[c].pid for c in g.holders),
+                tuple(self.clients[c].pid for c in g.waiters),
+            )
+            for g in self.gpus.values()
+        )
         clients = []
         for client, state in self.clients.items():
             if not state.greeted:
@@ -393,6 +458,10 @@ class Scheduler:
                 else:
                     status = "waiting" if client in gpu.waiters else "idle"
                     holding = 0.0
-                per_gpu.append(ClientGpuSnapshot(fmt(uuid), status, state.memory.get(uuid, 0), holding))
-            clients.append(ClientSnapshot(state.pid, state.uid, state.gid, state.command, tuple(per_gpu)))
+                per_gpu.append(
+                    ClientGpuSnapshot(fmt(uuid), status, state.memory.get(uuid, 0), holding)
+                )
+            clients.append(
+                ClientSnapshot(state.pid, state.uid, state.gid, state.command, tuple(per_gpu))
+            )
         return AgentSnapshot(gpus, tuple(clients))

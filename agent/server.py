@@ -19,10 +19,10 @@ import socket
 import struct
 
 from . import protocol
-from .protocol import ErrorCode, FrameReader, LockMessage, MessageType, ProtocolError
 from . import scheduler as core
 from .connection_limits import REPEAT_LOG_INTERVAL_S, ConnectionCounts, LogThrottle
 from .eventlog import events as log
+from .protocol import ErrorCode, FrameReader, LockMessage, MessageType, ProtocolError
 from .text import printable
 
 # struct ucred from <sys/socket.h> (pid_t, uid_t, gid_t): the kernel's layout, not ours.
@@ -59,7 +59,7 @@ def gpu_name(raw: bytes) -> str:
 class ClientConnection(asyncio.BufferedProtocol):
     """One shim process (or anything else that connects)."""
 
-    def __init__(self, server: "SocketServer"):
+    def __init__(self, server: SocketServer):
         self.server = server
         self.client_id = 0
         self.pid = self.uid = self.gid = -1
@@ -127,8 +127,11 @@ class ClientConnection(asyncio.BufferedProtocol):
         transport = self.transport
         transport.write(frame)
         if transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
-            log.info("closing pid=%d reason=peer stopped reading (%d bytes unsent)",
-                     self.pid, transport.get_write_buffer_size())
+            log.info(
+                "closing pid=%d reason=peer stopped reading (%d bytes unsent)",
+                self.pid,
+                transport.get_write_buffer_size(),
+            )
             self.closing = True
             transport.abort()
             self.server.detach(self)
@@ -162,11 +165,17 @@ class SocketServer:
         self.connection_counts = ConnectionCounts()
         self._refusal_log = LogThrottle(REPEAT_LOG_INTERVAL_S)
         self._execute = {
-            core.Grant: self._grant, core.AskToDrop: self._ask_to_drop, core.Revoke: self._revoke,
-            core.LockReleased: self._log_release, core.Queued: self._log_queued,
-            core.Withdrawn: self._log_withdrawn, core.Ignored: self._log_ignored,
-            core.SendSettings: self._send_settings, core.Refuse: self._refuse,
-            core.Greeted: self._greeted, core.Gone: self._gone,
+            core.Grant: self._grant,
+            core.AskToDrop: self._ask_to_drop,
+            core.Revoke: self._revoke,
+            core.LockReleased: self._log_release,
+            core.Queued: self._log_queued,
+            core.Withdrawn: self._log_withdrawn,
+            core.Ignored: self._log_ignored,
+            core.SendSettings: self._send_settings,
+            core.Refuse: self._refuse,
+            core.Greeted: self._greeted,
+            core.Gone: self._gone,
         }
 
     def protocol_factory(self) -> ClientConnection:
@@ -194,7 +203,9 @@ class SocketServer:
         held_back = self._refusal_log.allow(conn.uid, self.loop.time())
         if held_back is not None:
             more = f" ({held_back} more refused since the last such line)" if held_back else ""
-            log.warning("refusing connection pid=%d uid=%d reason=%s%s", conn.pid, conn.uid, reason, more)
+            log.warning(
+                "refusing connection pid=%d uid=%d reason=%s%s", conn.pid, conn.uid, reason, more
+            )
 
     def _hello_overdue(self, conn: ClientConnection) -> None:
         conn.hello_timer = None
@@ -230,14 +241,21 @@ class SocketServer:
             elif message.type == _RELEASED:
                 actions = self.core.release(cid, message.gpu, message.lease, now)
             else:
-                conn.fail(ErrorCode.PROTOCOL, f"{MessageType(message.type).name} is sent by the agent only")
+                conn.fail(
+                    ErrorCode.PROTOCOL,
+                    f"{MessageType(message.type).name} is sent by the agent only",
+                )
                 return
         elif type(message) is protocol.Hello:
             actions = self.core.hello(cid, message.gpus, printable(message.command), now)
         elif type(message) is protocol.MemoryReport:
-            actions = self.core.memory_report(cid, message.gpu, message.managed_bytes, message.unmanaged_bytes)
+            actions = self.core.memory_report(
+                cid, message.gpu, message.managed_bytes, message.unmanaged_bytes
+            )
         else:
-            conn.fail(ErrorCode.PROTOCOL, f"{type(message).__name__.upper()} is sent by the agent only")
+            conn.fail(
+                ErrorCode.PROTOCOL, f"{type(message).__name__.upper()} is sent by the agent only"
+            )
             return
         for action in actions:
             self._execute[type(action)](action)
@@ -279,7 +297,9 @@ class SocketServer:
 
     # ------------------------------------------------------------ actions out
 
-    def _send_lock(self, client: int, msg_type: int, gpu: bytes, lease: int, flags: int = 0) -> None:
+    def _send_lock(
+        self, client: int, msg_type: int, gpu: bytes, lease: int, flags: int = 0
+    ) -> None:
         conn = self.connections.get(client)
         if conn is not None:
             conn.send(protocol.encode_lock(msg_type, gpu, lease, flags))
@@ -287,17 +307,35 @@ class SocketServer:
     def _grant(self, a: core.Grant) -> None:
         self._send_lock(a.client, MessageType.LOCK_GRANT, a.gpu, a.lease, _GRANT_FLAGS[a.exclusive])
         if log.info_enabled:
-            log.info("grant gpu=%s pid=%d lease=%d mode=%s waited_ms=%.2f", gpu_name(a.gpu), a.pid, a.lease,
-                     "exclusive" if a.exclusive else "shared", a.waited_s * 1e3)
+            log.info(
+                "grant gpu=%s pid=%d lease=%d mode=%s waited_ms=%.2f",
+                gpu_name(a.gpu),
+                a.pid,
+                a.lease,
+                "exclusive" if a.exclusive else "shared",
+                a.waited_s * 1e3,
+            )
 
     def _ask_to_drop(self, a: core.AskToDrop) -> None:
         self._send_lock(a.client, MessageType.DROP_REQUEST, a.gpu, a.lease)
-        log.info("drop gpu=%s pid=%d lease=%d held_ms=%.1f", gpu_name(a.gpu), a.pid, a.lease, a.held_s * 1e3)
+        log.info(
+            "drop gpu=%s pid=%d lease=%d held_ms=%.1f",
+            gpu_name(a.gpu),
+            a.pid,
+            a.lease,
+            a.held_s * 1e3,
+        )
 
     def _revoke(self, a: core.Revoke) -> None:
         self._send_lock(a.client, MessageType.REVOKED, a.gpu, a.lease)
-        log.warning("revoke gpu=%s pid=%d lease=%d held_ms=%.1f reason=no release within %d ms of the drop request",
-                    gpu_name(a.gpu), a.pid, a.lease, a.held_s * 1e3, self.core.settings.drop_grace_ms)
+        log.warning(
+            "revoke gpu=%s pid=%d lease=%d held_ms=%.1f reason=no release within %d ms of the drop request",
+            gpu_name(a.gpu),
+            a.pid,
+            a.lease,
+            a.held_s * 1e3,
+            self.core.settings.drop_grace_ms,
+        )
 
     def _log_release(self, a: core.LockReleased) -> None:
         if not log.info_enabled:
@@ -307,8 +345,14 @@ class SocketServer:
             extra = f" drop_to_release_ms={a.drop_to_release_s * 1e3:.1f}"
         if a.reason != "released":
             extra += f" reason={a.reason}"
-        log.info("release gpu=%s pid=%d lease=%d held_ms=%.2f%s", gpu_name(a.gpu), a.pid, a.lease,
-                 a.held_s * 1e3, extra)
+        log.info(
+            "release gpu=%s pid=%d lease=%d held_ms=%.2f%s",
+            gpu_name(a.gpu),
+            a.pid,
+            a.lease,
+            a.held_s * 1e3,
+            extra,
+        )
 
     def _log_queued(self, a: core.Queued) -> None:
         if log.debug_enabled:
@@ -324,8 +368,12 @@ class SocketServer:
 
     def _send_settings(self, a: core.SendSettings) -> None:
         s = a.settings
-        frame = protocol.encode_settings(anti_thrash=s.anti_thrash, time_quantum_ms=s.time_quantum_s * 1000,
-                                         idle_release_ms=s.idle_release_ms, drop_grace_ms=s.drop_grace_ms)
+        frame = protocol.encode_settings(
+            anti_thrash=s.anti_thrash,
+            time_quantum_ms=s.time_quantum_s * 1000,
+            idle_release_ms=s.idle_release_ms,
+            drop_grace_ms=s.drop_grace_ms,
+        )
         if a.client is not None:
             conn = self.connections.get(a.client)
             if conn is not None:
@@ -347,8 +395,14 @@ class SocketServer:
             if conn.hello_timer is not None:
                 conn.hello_timer.cancel()
                 conn.hello_timer = None
-        log.info("connect pid=%d uid=%d gid=%d command=%s gpus=%s", a.pid, a.uid, a.gid,
-                 a.command.replace(" ", "_") or "-", ",".join(gpu_name(g) for g in a.gpus) or "-")
+        log.info(
+            "connect pid=%d uid=%d gid=%d command=%s gpus=%s",
+            a.pid,
+            a.uid,
+            a.gid,
+            a.command.replace(" ", "_") or "-",
+            ",".join(gpu_name(g) for g in a.gpus) or "-",
+        )
 
     def _gone(self, a: core.Gone) -> None:
         if a.greeted:

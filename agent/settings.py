@@ -42,10 +42,12 @@ class Settings:
     idle_release_ms: int = 1000
     drop_grace_ms: int = 5000
 
-    def validated(self) -> "Settings":
+    def validated(self) -> Settings:
         lo, hi = TIME_QUANTUM_RANGE_S
         if type(self.time_quantum_s) is not int or not lo <= self.time_quantum_s <= hi:
-            raise SettingsError(f"time quantum must be {lo}..{hi} seconds, got {self.time_quantum_s!r}")
+            raise SettingsError(
+                f"time quantum must be {lo}..{hi} seconds, got {self.time_quantum_s!r}"
+            )
         if type(self.anti_thrash) is not bool:
             raise SettingsError(f"anti-thrash must be on or off, got {self.anti_thrash!r}")
         for name in ("idle_release_ms", "drop_grace_ms"):
@@ -55,7 +57,7 @@ class Settings:
                 raise SettingsError(f"{name} must be {lo}..{hi} milliseconds, got {value!r}")
         return self
 
-    def replaced(self, **changes) -> "Settings":
+    def replaced(self, **changes) -> Settings:
         return dataclasses.replace(self, **changes).validated()
 
 
@@ -67,8 +69,16 @@ _CONFIG_KEYS = {
     "idle_release_ms": "idle_release_ms",
     "drop_grace_ms": "drop_grace_ms",
 }
-_BOOLEAN_WORDS = {"on": True, "off": False, "true": True, "false": False,
-                  "yes": True, "no": False, "1": True, "0": False}
+_BOOLEAN_WORDS = {
+    "on": True,
+    "off": False,
+    "true": True,
+    "false": False,
+    "yes": True,
+    "no": False,
+    "1": True,
+    "0": False,
+}
 
 
 def load_config(path: Path) -> Settings:
@@ -80,7 +90,9 @@ def load_config(path: Path) -> Settings:
     except FileNotFoundError:
         return Settings()
     except configparser.MissingSectionHeaderError as e:
-        raise SettingsError(f"config {path}: line {e.lineno} comes before any [scheduler] header") from None
+        raise SettingsError(
+            f"config {path}: line {e.lineno} comes before any [scheduler] header"
+        ) from None
     except configparser.ParsingError as e:
         line = e.errors[0][0] if e.errors else "?"
         raise SettingsError(f"config {path}: line {line} is not 'key = value'") from None
@@ -94,14 +106,18 @@ def load_config(path: Path) -> Settings:
     if parser.defaults():
         unknown_sections.insert(0, parser.default_section)
     if unknown_sections:
-        raise SettingsError(f"config {path}: unknown section [{unknown_sections[0]}] (only [scheduler])")
+        raise SettingsError(
+            f"config {path}: unknown section [{unknown_sections[0]}] (only [scheduler])"
+        )
     changes = {}
     if parser.has_section("scheduler"):
         for key, text in parser.items("scheduler"):
             field = _CONFIG_KEYS.get(key)
             if field is None:
-                raise SettingsError(f"config {path}: unknown key {key!r} in [scheduler]"
-                                    f" (known: {', '.join(_CONFIG_KEYS)})")
+                raise SettingsError(
+                    f"config {path}: unknown key {key!r} in [scheduler]"
+                    f" (known: {', '.join(_CONFIG_KEYS)})"
+                )
             changes[field] = _parse_value(path, key, field, text.strip())
     try:
         return Settings().replaced(**changes)
@@ -126,6 +142,7 @@ def _one_line(e: Exception) -> str:
 
 
 # ---------------------------------------------------------------- run-time changes
+
 
 class SettingsStore:
     """The run-time overrides, one JSON object in <state_dir>/settings.json."""

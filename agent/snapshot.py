@@ -1,4 +1,5 @@
 """What the scheduler shows of itself: frozen, read by D-Bus properties and the status line."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

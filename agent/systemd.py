@@ -16,7 +16,6 @@ from pathlib import Path
 
 import sdnotify
 
-
 from .eventlog import events as log
 
 SD_LISTEN_FDS_START = 3
@@ -56,7 +55,9 @@ def socket_from_systemd() -> socket.socket | None:
     try:
         sock = socket.socket(fileno=SD_LISTEN_FDS_START)
     except OSError as e:  # closed, or a file: a unit or wrapper that got LISTEN_FDS wrong
-        raise SocketSetupError(f"fd {SD_LISTEN_FDS_START} from systemd is not a socket ({e.strerror})") from None
+        raise SocketSetupError(
+            f"fd {SD_LISTEN_FDS_START} from systemd is not a socket ({e.strerror})"
+        ) from None
     if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
         raise SocketSetupError(f"fd {SD_LISTEN_FDS_START} from systemd is not a UNIX stream socket")
     os.set_inheritable(sock.fileno(), False)
@@ -65,7 +66,9 @@ def socket_from_systemd() -> socket.socket | None:
     try:
         sock.listen(LISTEN_BACKLOG)
     except OSError as e:
-        raise SocketSetupError(f"cannot listen on fd {SD_LISTEN_FDS_START} from systemd ({e.strerror})") from None
+        raise SocketSetupError(
+            f"cannot listen on fd {SD_LISTEN_FDS_START} from systemd ({e.strerror})"
+        ) from None
     return sock
 
 
@@ -75,8 +78,9 @@ def bind_socket(path: Path) -> socket.socket:
     path = Path(path)
     # bind() would say only "AF_UNIX path too long", without an errno.
     if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
-        raise SocketSetupError(f"cannot listen on {path}: a UNIX socket path has at most "
-                               f"{MAX_SOCKET_PATH_BYTES} bytes")
+        raise SocketSetupError(
+            f"cannot listen on {path}: a UNIX socket path has at most {MAX_SOCKET_PATH_BYTES} bytes"
+        )
     try:
         path.parent.mkdir(parents=True, mode=0o755)
         os.chmod(path.parent, 0o755)  # mkdir's mode is filtered by the umask

@@ -14,7 +14,8 @@ Finally it connects --idle-clients clients (each says hello and queues for the
 GPU) and reads the agent's VmRSS, and again after --churn connections have come and
 gone in two halves (growth over the second half would be a leak).
 
-    .venv/bin/python bench/agent_bench.py                 # 10 and 100 clients, RSS at 1,000 and after 20,000 come and go
+    .venv/bin/python bench/agent_bench.py                 # 10 and 100 clients; RSS at 1,000, and after
+    #                                                       20,000 come and go
     .venv/bin/python bench/agent_bench.py --json out.json
 """
 
@@ -97,7 +98,10 @@ def run_cycle(path: str, clients: int, seconds: float, agent_pid: int) -> dict:
     ctx = mp.get_context("fork")
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     stop_at = ctx.Value("q", 0)
-    procs = [ctx.Process(target=cycling_client, args=(path, i, ready, go, stop_at, results)) for i in range(clients)]
+    procs = [
+        ctx.Process(target=cycling_client, args=(path, i, ready, go, stop_at, results))
+        for i in range(clients)
+    ]
     for p in procs:
         p.start()
     for _ in procs:
@@ -114,7 +118,9 @@ def run_cycle(path: str, clients: int, seconds: float, agent_pid: int) -> dict:
     agent_cpu = cpu_seconds(agent_pid) - cpu_before
     for p in procs:
         p.join()
-    latencies = sorted(grant_at[lease + 1] - sent for lease, sent in release_at.items() if lease + 1 in grant_at)
+    latencies = sorted(
+        grant_at[lease + 1] - sent for lease, sent in release_at.items() if lease + 1 in grant_at
+    )
     times = sorted(grant_at.values())
     span = (times[-1] - times[0]) / 1e9
     return {
@@ -129,7 +135,7 @@ def run_cycle(path: str, clients: int, seconds: float, agent_pid: int) -> dict:
 
 
 def rss_with_idle_clients(path: str, agent_pid: int, clients: int) -> dict:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     before = rss_bytes(agent_pid)
     held = []
@@ -145,7 +151,11 @@ def rss_with_idle_clients(path: str, agent_pid: int, clients: int) -> dict:
     after = rss_bytes(agent_pid)
     for c in held:
         c.sock.close()
-    return {"clients": clients, "rss_before_mb": round(before / 2**20, 1), "rss_mb": round(after / 2**20, 1)}
+    return {
+        "clients": clients,
+        "rss_before_mb": round(before / 2**20, 1),
+        "rss_mb": round(after / 2**20, 1),
+    }
 
 
 def rss_after_churn(path: str, agent_pid: int, connections: int) -> dict:
@@ -163,9 +173,12 @@ def rss_after_churn(path: str, agent_pid: int, connections: int) -> dict:
             client.sock.close()
         time.sleep(0.5)  # the agent sees the last ones go
         rss.append(rss_bytes(agent_pid))
-    return {"connections": connections // 2 * 2, "per_s": round(connections / (time.monotonic() - started)),
-            "rss_mb": [round(value / 2**20, 1) for value in rss],
-            "growth_second_batch_kb": round((rss[2] - rss[1]) / 1024)}
+    return {
+        "connections": connections // 2 * 2,
+        "per_s": round(connections / (time.monotonic() - started)),
+        "rss_mb": [round(value / 2**20, 1) for value in rss],
+        "growth_second_batch_kb": round((rss[2] - rss[1]) / 1024),
+    }
 
 
 def rss_bytes(pid: int) -> int:
@@ -183,19 +196,34 @@ def main() -> int:
     global LOG_PATH
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[10, 100])
-    parser.add_argument("--seconds", type=float, default=5.0, help="measuring time per client count")
+    parser.add_argument(
+        "--seconds", type=float, default=5.0, help="measuring time per client count"
+    )
     parser.add_argument("--idle-clients", type=int, default=1000)
-    parser.add_argument("--churn", type=int, default=20000,
-                        help="connections that come and go, for the agent's RSS after them (0: skip)")
+    parser.add_argument(
+        "--churn",
+        type=int,
+        default=20000,
+        help="connections that come and go, for the agent's RSS after them (0: skip)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--baseline", action="store_true",
-                        help="run the clients against bench/minimal_relay.py instead of the agent: the floor "
-                             "this machine and these clients allow")
-    parser.add_argument("--python", default=sys.executable,
-                        help="interpreter command line for the server, e.g. 'python3 -S' to leave out the start-up "
-                             "hooks (.pth files) of a crowded site-packages")
-    parser.add_argument("--pin", action="store_true",
-                        help="agent on the first CPU, clients on the others (less preemption noise)")
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="run the clients against bench/minimal_relay.py instead of the agent: the floor "
+        "this machine and these clients allow",
+    )
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="interpreter command line for the server, e.g. 'python3 -S' to leave out the start-up "
+        "hooks (.pth files) of a crowded site-packages",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="agent on the first CPU, clients on the others (less preemption noise)",
+    )
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="nvshare-bench-"))
@@ -203,10 +231,27 @@ def main() -> int:
     (workdir / "nvshare.conf").write_text(CONFIG)
     LOG_PATH = str(workdir / "agent.log")
     with open(LOG_PATH, "wb") as log:
-        server = ([str(Path(__file__).with_name("minimal_relay.py"))] if args.baseline else ["-m", "nvshare_agent"])
-        agent = subprocess.Popen([*shlex.split(args.python), *server, "--socket", str(sock_path), "--bus", "none",
-                                  "--state-dir", str(workdir / "state"), "--config", str(workdir / "nvshare.conf")],
-                                 stdout=log, stderr=subprocess.STDOUT)
+        server = (
+            [str(Path(__file__).with_name("minimal_relay.py"))]
+            if args.baseline
+            else ["-m", "nvshare_agent"]
+        )
+        agent = subprocess.Popen(
+            [
+                *shlex.split(args.python),
+                *server,
+                "--socket",
+                str(sock_path),
+                "--bus",
+                "none",
+                "--state-dir",
+                str(workdir / "state"),
+                "--config",
+                str(workdir / "nvshare.conf"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     cpus = sorted(os.sched_getaffinity(0))
     if args.pin and len(cpus) > 1:
         os.sched_setaffinity(agent.pid, {cpus[0]})
@@ -217,25 +262,36 @@ def main() -> int:
             if agent.poll() is not None or time.monotonic() > deadline:
                 sys.exit(f"agent did not start; log in {LOG_PATH}")
             time.sleep(0.05)
-        results = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "cycles": [],
-                   "server": "minimal_relay" if args.baseline else "nvshare-agent"}
+        results = {
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": machine(),
+            "cycles": [],
+            "server": "minimal_relay" if args.baseline else "nvshare-agent",
+        }
         for n in args.clients:
             r = run_cycle(str(sock_path), n, args.seconds, agent.pid)
             results["cycles"].append(r)
-            print(f"{n:5d} clients: handoff p50 {r['p50_us']:7.1f} us  p99 {r['p99_us']:7.1f} us  "
-                  f"{r['handoffs_per_s']:6d} handoffs/s  ({r['handoffs']} handoffs, "
-                  f"agent CPU {r['agent_cpu_us_per_handoff']} us each)", flush=True)
+            print(
+                f"{n:5d} clients: handoff p50 {r['p50_us']:7.1f} us  p99 {r['p99_us']:7.1f} us  "
+                f"{r['handoffs_per_s']:6d} handoffs/s  ({r['handoffs']} handoffs, "
+                f"agent CPU {r['agent_cpu_us_per_handoff']} us each)",
+                flush=True,
+            )
         if args.idle_clients:
             r = rss_with_idle_clients(str(sock_path), agent.pid, args.idle_clients)
             results["rss"] = r
-            print(f"{r['clients']:5d} clients connected: agent RSS {r['rss_mb']} MB "
-                  f"(idle: {r['rss_before_mb']} MB)")
+            print(
+                f"{r['clients']:5d} clients connected: agent RSS {r['rss_mb']} MB "
+                f"(idle: {r['rss_before_mb']} MB)"
+            )
         if args.churn:
             r = rss_after_churn(str(sock_path), agent.pid, args.churn)
             results["churn"] = r
-            print(f"{r['connections']:5d} connections came and went ({r['per_s']}/s): agent RSS "
-                  f"{' -> '.join(str(v) for v in r['rss_mb'])} MB, second half "
-                  f"{r['growth_second_batch_kb']:+d} KiB")
+            print(
+                f"{r['connections']:5d} connections came and went ({r['per_s']}/s): agent RSS "
+                f"{' -> '.join(str(v) for v in r['rss_mb'])} MB, second half "
+                f"{r['growth_second_batch_kb']:+d} KiB"
+            )
         if args.json:
             args.json.write_text(json.dumps(results, indent=2) + "\n")
     finally:
@@ -253,7 +309,8 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+    system = f"{platform.system()} {platform.release()}"
+    return f"{model}, {os.cpu_count()} CPUs, {system}, Python {platform.python_version()}"
 
 
 if __name__ == "__main__":

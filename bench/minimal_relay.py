@@ -51,11 +51,19 @@ class Relay(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes):
         data, offset = bytes(BUFFER[:nbytes]), 0
         while offset + protocol.HEADER_BYTES <= len(data):
-            msg_type = int.from_bytes(data[offset + _TYPE_AT:offset + _TYPE_AT + 2], sys.byteorder)
-            size = int.from_bytes(data[offset + _SIZE_AT:offset + _SIZE_AT + 4], sys.byteorder)
+            msg_type = int.from_bytes(
+                data[offset + _TYPE_AT : offset + _TYPE_AT + 2], sys.byteorder
+            )
+            size = int.from_bytes(data[offset + _SIZE_AT : offset + _SIZE_AT + 4], sys.byteorder)
             if msg_type == MessageType.HELLO:
-                self.transport.write(protocol.encode_settings(anti_thrash=True, time_quantum_ms=1000,
-                                                              idle_release_ms=1000, drop_grace_ms=1000))
+                self.transport.write(
+                    protocol.encode_settings(
+                        anti_thrash=True,
+                        time_quantum_ms=1000,
+                        idle_release_ms=1000,
+                        drop_grace_ms=1000,
+                    )
+                )
             elif msg_type == MessageType.LOCK_REQUEST:
                 if LOCK.holder is None:
                     LOCK.grant(self.transport)

@@ -28,13 +28,28 @@ from run import hook_cost_measures  # noqa: E402
 
 
 def measure(shim: Path, blocks: int, per_block: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "NVSHARE_", "STANDIN_"))}
-    env.update(LD_PRELOAD=str(shim), LD_LIBRARY_PATH=str(STANDIN), STANDIN_LAUNCH_NOOP="1",
-               NVSHARE_SOCKET="/nonexistent/nvshare.sock")
-    done = subprocess.run([str(STANDIN / "client_launch_cost"), str(blocks), str(per_block)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LD_PRELOAD", "NVSHARE_", "STANDIN_"))
+    }
+    env.update(
+        LD_PRELOAD=str(shim),
+        LD_LIBRARY_PATH=str(STANDIN),
+        STANDIN_LAUNCH_NOOP="1",
+        NVSHARE_SOCKET="/nonexistent/nvshare.sock",
+    )
+    done = subprocess.run(
+        [str(STANDIN / "client_launch_cost"), str(blocks), str(per_block)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     if done.returncode != 0:
-        raise SystemExit(f"client_launch_cost failed: {(done.stdout + done.stderr).strip().splitlines()[-1]}")
+        raise SystemExit(
+            f"client_launch_cost failed: {(done.stdout + done.stderr).strip().splitlines()[-1]}"
+        )
     return hook_cost_measures(json.loads(done.stdout))
 
 
@@ -54,9 +69,11 @@ def main() -> int:
     m = measure(args.shim, args.blocks, args.per_block)
     low, high = m["delta_ns_mean_95"]
     print(f"shim: {args.shim}")
-    print(f"driver {m['driver_ns_median']:.1f} ns  hook {m['hook_ns_median']:.1f} ns per launch (medians); "
-          f"hook - driver: median {m['delta_ns_median']:+.1f} ns, mean {m['delta_ns_mean']:+.1f} "
-          f"({low:+.1f} .. {high:+.1f}), {args.blocks} blocks of {args.per_block}")
+    print(
+        f"driver {m['driver_ns_median']:.1f} ns  hook {m['hook_ns_median']:.1f} ns per launch (medians); "
+        f"hook - driver: median {m['delta_ns_median']:+.1f} ns, mean {m['delta_ns_mean']:+.1f} "
+        f"({low:+.1f} .. {high:+.1f}), {args.blocks} blocks of {args.per_block}"
+    )
     return 0
 
 

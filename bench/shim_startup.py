@@ -39,7 +39,7 @@ def measure(argv: list[str], runs: int, shim: Path) -> tuple[float, float]:
     base["NVSHARE_SOCKET"] = "/nonexistent/nvshare.sock"
     preloaded = dict(base, LD_PRELOAD=str(shim))
     plain_times, shim_times = [], []
-    for _ in range(3):                      # warm the page cache for both
+    for _ in range(3):  # warm the page cache for both
         spawn_seconds(argv, base)
         spawn_seconds(argv, preloaded)
     for _ in range(runs):
@@ -51,7 +51,9 @@ def measure(argv: list[str], runs: int, shim: Path) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=300, help="runs of /bin/true per variant")
-    parser.add_argument("--python-runs", type=int, default=60, help="runs of python3 -c pass per variant")
+    parser.add_argument(
+        "--python-runs", type=int, default=60, help="runs of python3 -c pass per variant"
+    )
     parser.add_argument("--shim", type=Path, default=REPO / "shim" / "build" / "libnvshare.so")
     args = parser.parse_args()
     if not args.shim.exists():
@@ -63,7 +65,9 @@ def main() -> int:
     print(f"{'program':<28} {'runs':>5} {'plain ms':>10} {'preload ms':>11} {'ratio':>7}")
     for argv, runs in cases:
         plain, shim = measure(argv, runs, args.shim)
-        print(f"{' '.join(argv):<28} {runs:>5} {plain * 1e3:>10.3f} {shim * 1e3:>11.3f} {shim / plain:>7.3f}")
+        print(
+            f"{' '.join(argv):<28} {runs:>5} {plain * 1e3:>10.3f} {shim * 1e3:>11.3f} {shim / plain:>7.3f}"
+        )
     return 0
 
 

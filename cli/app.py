@@ -32,8 +32,13 @@ class Switch(str, enum.Enum):
 # Accepted both before and after the command (`nvsharectl --json status`,
 # `nvsharectl status --json`); the command's own value wins when given.
 JSON_OPTION = typer.Option(None, "--json", help="Print JSON for scripts.", show_default=False)
-BUS_OPTION = typer.Option(None, "--bus", metavar="ADDRESS", show_default=False,
-                          help='D-Bus address of the agent\'s bus (default: the system bus).')
+BUS_OPTION = typer.Option(
+    None,
+    "--bus",
+    metavar="ADDRESS",
+    show_default=False,
+    help="D-Bus address of the agent's bus (default: the system bus).",
+)
 
 
 class Options:
@@ -44,8 +49,10 @@ class Options:
 
 def _options(ctx: typer.Context, json_output: Optional[bool], bus: Optional[str]) -> Options:
     parent: Options = ctx.find_object(Options) or Options(False, "system")
-    return Options(parent.json_output if json_output is None else json_output,
-                   parent.bus if bus is None else bus)
+    return Options(
+        parent.json_output if json_output is None else json_output,
+        parent.bus if bus is None else bus,
+    )
 
 
 def _run(coroutine):
@@ -82,22 +89,35 @@ async def _change(options: Options, time_quantum_s=None, anti_thrash=None) -> No
             await client.set_anti_thrash(anti_thrash)
         status = render.status_as_dict(await client.properties())
     settings = {key: status[key] for key in ("time_quantum_s", "anti_thrash")}
-    typer.echo(json.dumps(settings, sort_keys=True) if options.json_output
-               else render.settings_text(status))
+    typer.echo(
+        json.dumps(settings, sort_keys=True)
+        if options.json_output
+        else render.settings_text(status)
+    )
 
 
 @app.callback(invoke_without_command=True)
 def main_options(
     ctx: typer.Context,
     time_quantum: Optional[int] = typer.Option(
-        None, "-T", "--time-quantum", metavar="SECONDS", show_default=False,
-        help="Set the time quantum (as the original nvsharectl -T)."),
+        None,
+        "-T",
+        "--time-quantum",
+        metavar="SECONDS",
+        show_default=False,
+        help="Set the time quantum (as the original nvsharectl -T).",
+    ),
     anti_thrash: Optional[Switch] = typer.Option(
-        None, "-S", "--anti-thrash", show_default=False,
-        help="Turn anti-thrash on or off (as the original nvsharectl -S)."),
+        None,
+        "-S",
+        "--anti-thrash",
+        show_default=False,
+        help="Turn anti-thrash on or off (as the original nvsharectl -S).",
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
-    bus: str = typer.Option("system", "--bus", metavar="ADDRESS",
-                            help="D-Bus address of the agent's bus, or 'system'."),
+    bus: str = typer.Option(
+        "system", "--bus", metavar="ADDRESS", help="D-Bus address of the agent's bus, or 'system'."
+    ),
 ):
     """Without a command: apply -T/-S if given, else show the status."""
     ctx.obj = Options(json_output, bus)
@@ -109,20 +129,27 @@ def main_options(
     if time_quantum is None and anti_thrash is None:
         _run(_status(ctx.obj))
     else:
-        _run(_change(ctx.obj, time_quantum_s=time_quantum,
-                     anti_thrash=None if anti_thrash is None else anti_thrash is Switch.on))
+        _run(
+            _change(
+                ctx.obj,
+                time_quantum_s=time_quantum,
+                anti_thrash=None if anti_thrash is None else anti_thrash is Switch.on,
+            )
+        )
 
 
 @app.command()
-def status(ctx: typer.Context, json_output: Optional[bool] = JSON_OPTION,
-           bus: Optional[str] = BUS_OPTION):
+def status(
+    ctx: typer.Context, json_output: Optional[bool] = JSON_OPTION, bus: Optional[str] = BUS_OPTION
+):
     """Settings, GPUs (holder, queue) and clients."""
     _run(_status(_options(ctx, json_output, bus)))
 
 
 @app.command()
-def clients(ctx: typer.Context, json_output: Optional[bool] = JSON_OPTION,
-            bus: Optional[str] = BUS_OPTION):
+def clients(
+    ctx: typer.Context, json_output: Optional[bool] = JSON_OPTION, bus: Optional[str] = BUS_OPTION
+):
     """The processes connected to the agent, one row per GPU they use."""
     options = _options(ctx, json_output, bus)
     status_now = _run(_status(options, print_status=False))
@@ -135,18 +162,23 @@ def clients(ctx: typer.Context, json_output: Optional[bool] = JSON_OPTION,
 # ignore_unknown_options: so `set-tq -5` reaches the range check as a number
 # instead of being taken for an option.
 @app.command("set-tq", context_settings={"ignore_unknown_options": True})
-def set_tq(ctx: typer.Context,
-           seconds: int = typer.Argument(..., metavar="SECONDS", help="1..86400"),
-           json_output: Optional[bool] = JSON_OPTION, bus: Optional[str] = BUS_OPTION):
+def set_tq(
+    ctx: typer.Context,
+    seconds: int = typer.Argument(..., metavar="SECONDS", help="1..86400"),
+    json_output: Optional[bool] = JSON_OPTION,
+    bus: Optional[str] = BUS_OPTION,
+):
     """Set the time quantum: how long a holder keeps a GPU while others wait."""
     _run(_change(_options(ctx, json_output, bus), time_quantum_s=seconds))
 
 
 @app.command("anti-thrash")
-def anti_thrash_command(ctx: typer.Context,
-                        switch: Switch = typer.Argument(..., metavar="on|off"),
-                        json_output: Optional[bool] = JSON_OPTION,
-                        bus: Optional[str] = BUS_OPTION):
+def anti_thrash_command(
+    ctx: typer.Context,
+    switch: Switch = typer.Argument(..., metavar="on|off"),
+    json_output: Optional[bool] = JSON_OPTION,
+    bus: Optional[str] = BUS_OPTION,
+):
     """Turn anti-thrash on (one process per GPU at a time) or off (all at once)."""
     _run(_change(_options(ctx, json_output, bus), anti_thrash=switch is Switch.on))
 
@@ -155,8 +187,11 @@ def _preload(action: str) -> None:
     try:
         from . import preload
     except ImportError:
-        typer.echo("nvsharectl: preload management is not in this build (nvshare_cli.preload "
-                   "is missing); edit /etc/ld.so.preload by hand", err=True)
+        typer.echo(
+            "nvsharectl: preload management is not in this build (nvshare_cli.preload "
+            "is missing); edit /etc/ld.so.preload by hand",
+            err=True,
+        )
         raise typer.Exit(EXIT_FAILED) from None
     try:
         result = getattr(preload, action)()

@@ -48,8 +48,10 @@ def _error_from_reply(reply: Message) -> CliError:
     if reply.error_name in _AGENT_MISSING:
         return CliError(f"the nvshare agent is not running ({text}): {names.START_HINT}")
     if reply.error_name in _DENIED:
-        return CliError(f"permission denied: changing nvshare settings needs root or group "
-                        f"{names.ADMIN_GROUP} (try sudo)")
+        return CliError(
+            f"permission denied: changing nvshare settings needs root or group "
+            f"{names.ADMIN_GROUP} (try sudo)"
+        )
     if reply.error_name in _BAD_VALUE:
         return CliError(f"invalid value: {text}", EXIT_USAGE)
     if reply.error_name == "org.freedesktop.DBus.Error.NoReply":
@@ -73,17 +75,29 @@ class AgentClient:
                 reply = await self._bus.call(message)
         except TimeoutError:  # before OSError, its base class
             raise CliError(_NO_ANSWER) from None
-        except (EOFError, OSError) as error:  # dbus-next fails pending calls with the connection's end
-            reason = error.strerror if isinstance(error, OSError) and error.strerror else "it closed"
-            raise CliError(f"lost the connection to {self._where} during the call ({reason}): "
-                           "is dbus running?") from None
+        except (
+            EOFError,
+            OSError,
+        ) as error:  # dbus-next fails pending calls with the connection's end
+            reason = (
+                error.strerror if isinstance(error, OSError) and error.strerror else "it closed"
+            )
+            raise CliError(
+                f"lost the connection to {self._where} during the call ({reason}): is dbus running?"
+            ) from None
         if reply.message_type == MessageType.ERROR:
             raise _error_from_reply(reply)
         return reply
 
     def _message(self, interface, member, signature="", body=()):
-        return Message(destination=names.BUS_NAME, path=names.OBJECT_PATH,
-                       interface=interface, member=member, signature=signature, body=list(body))
+        return Message(
+            destination=names.BUS_NAME,
+            path=names.OBJECT_PATH,
+            interface=interface,
+            member=member,
+            signature=signature,
+            body=list(body),
+        )
 
     async def properties(self) -> dict:
         """All properties of the interface, plain Python values by name."""
@@ -94,15 +108,19 @@ class AgentClient:
         # 'u' is the property's type; a value outside u32 goes as int64 so
         # that the agent, not the marshaller, answers with its range sentence.
         signature = "u" if 0 <= seconds <= 0xFFFFFFFF else "x"
-        if signature == "x" and not -(2 ** 63) <= seconds < 2 ** 63:
-            raise CliError(f"invalid value: time quantum {seconds} seconds is out of range", EXIT_USAGE)
+        if signature == "x" and not -(2**63) <= seconds < 2**63:
+            raise CliError(
+                f"invalid value: time quantum {seconds} seconds is out of range", EXIT_USAGE
+            )
         await self._set(names.PROP_TIME_QUANTUM, Variant(signature, seconds))
 
     async def set_anti_thrash(self, enabled: bool) -> None:
         await self._set(names.PROP_ANTI_THRASH, Variant("b", enabled))
 
     async def _set(self, prop_name: str, value: Variant) -> None:
-        await self._call(self._message(_PROPERTIES, "Set", "ssv", [names.INTERFACE, prop_name, value]))
+        await self._call(
+            self._message(_PROPERTIES, "Set", "ssv", [names.INTERFACE, prop_name, value])
+        )
 
     async def gpu(self, uuid: str) -> list:
         reply = await self._call(self._message(names.INTERFACE, names.METHOD_GET_GPU, "s", [uuid]))
@@ -118,12 +136,15 @@ async def connect(address: str):
     if problem and address == "system":
         raise CliError(problem, EXIT_USAGE)
     if problem:  # the address is quoted, so a newline in it cannot make a second line
-        raise CliError(f"--bus {excerpt(address)} is not a D-Bus address ({problem}); "
-                       f"use 'system' or an address such as {EXAMPLE}", EXIT_USAGE)
+        raise CliError(
+            f"--bus {excerpt(address)} is not a D-Bus address ({problem}); "
+            f"use 'system' or an address such as {EXAMPLE}",
+            EXIT_USAGE,
+        )
     where = "the system bus" if address == "system" else f"the bus at {address}"
     try:
         bus = await connect_bus(address, CALL_TIMEOUT_S)
-    except (OSError, asyncio.TimeoutError, ValueError) as error:
+    except (TimeoutError, OSError, ValueError) as error:
         detail = str(error) or type(error).__name__
         raise CliError(f"cannot connect to {where} ({detail}): is dbus running?") from None
     except Exception as error:  # dbus-next raises bare Exceptions for bad addresses, auth

@@ -20,22 +20,27 @@ from pathlib import Path
 
 PRELOAD_FILE = Path("/etc/ld.so.preload")
 # The shim's multiarch path, as the package installs it (DEB_HOST_MULTIARCH).
-SHIM_PATH = Path("/usr/lib") / (sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu") \
+SHIM_PATH = (
+    Path("/usr/lib")
+    / (sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu")
     / "libnvshare.so"
+)
 DISABLED_MARKER = Path("/etc/nvshare/preload-disabled")
 INSTALLED_HELPER = Path("/usr/lib/nvshare/preload-entry")
 # A checkout (editable install): cli/ sits beside packaging/.
 CHECKOUT_HELPER = Path(__file__).resolve().parent.parent / "packaging" / "preload-entry"
 
-MARKER_TEXT = ("# Written by `nvsharectl preload disable`: while this file exists, the nvshare\n"
-               "# package leaves libnvshare.so out of /etc/ld.so.preload, upgrades included.\n"
-               "# `nvsharectl preload enable` removes it.\n")
+MARKER_TEXT = (
+    "# Written by `nvsharectl preload disable`: while this file exists, the nvshare\n"
+    "# package leaves libnvshare.so out of /etc/ld.so.preload, upgrades included.\n"
+    "# `nvsharectl preload enable` removes it.\n"
+)
 
 
 @dataclass(frozen=True)
 class PreloadStatus:
-    chosen: bool   # the operator's choice: on unless disabled
-    listed: bool   # the shim is in the preload file now
+    chosen: bool  # the operator's choice: on unless disabled
+    listed: bool  # the shim is in the preload file now
     shim_path: Path
     preload_file: Path
 
@@ -48,8 +53,12 @@ def _helper() -> Path:
 
 
 def _run_helper(action: str, shim_path: Path, preload_file: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["/bin/sh", str(_helper()), action, str(shim_path), str(preload_file)],
-                          capture_output=True, text=True, check=False)
+    return subprocess.run(
+        ["/bin/sh", str(_helper()), action, str(shim_path), str(preload_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 def _require_writable(directory: Path) -> None:
@@ -66,17 +75,29 @@ def _change(action: str, shim_path: Path, preload_file: Path) -> None:
         raise RuntimeError(reason.removeprefix("preload-entry: "))
 
 
-def read_status(*, shim_path: Path = SHIM_PATH, preload_file: Path = PRELOAD_FILE,
-                disabled_marker: Path = DISABLED_MARKER) -> PreloadStatus:
+def read_status(
+    *,
+    shim_path: Path = SHIM_PATH,
+    preload_file: Path = PRELOAD_FILE,
+    disabled_marker: Path = DISABLED_MARKER,
+) -> PreloadStatus:
     result = _run_helper("has", shim_path, preload_file)
     if result.returncode not in (0, 1):
         raise RuntimeError(result.stderr.strip() or f"cannot read {preload_file}")
-    return PreloadStatus(chosen=not disabled_marker.exists(), listed=result.returncode == 0,
-                         shim_path=shim_path, preload_file=preload_file)
+    return PreloadStatus(
+        chosen=not disabled_marker.exists(),
+        listed=result.returncode == 0,
+        shim_path=shim_path,
+        preload_file=preload_file,
+    )
 
 
-def enable(*, shim_path: Path = SHIM_PATH, preload_file: Path = PRELOAD_FILE,
-           disabled_marker: Path = DISABLED_MARKER) -> str:
+def enable(
+    *,
+    shim_path: Path = SHIM_PATH,
+    preload_file: Path = PRELOAD_FILE,
+    disabled_marker: Path = DISABLED_MARKER,
+) -> str:
     """Lists the shim in the preload file and forgets an earlier `disable`."""
     # Add first: if the shim cannot be preloaded, the operator's old choice stays.
     _change("add", shim_path, preload_file)
@@ -84,29 +105,45 @@ def enable(*, shim_path: Path = SHIM_PATH, preload_file: Path = PRELOAD_FILE,
     return f"preload enabled: new processes load {shim_path} (via {preload_file})"
 
 
-def disable(*, shim_path: Path = SHIM_PATH, preload_file: Path = PRELOAD_FILE,
-            disabled_marker: Path = DISABLED_MARKER) -> str:
+def disable(
+    *,
+    shim_path: Path = SHIM_PATH,
+    preload_file: Path = PRELOAD_FILE,
+    disabled_marker: Path = DISABLED_MARKER,
+) -> str:
     """Removes the shim from the preload file and remembers that across upgrades."""
-    _require_writable(disabled_marker.parent if disabled_marker.parent.exists()
-                      else disabled_marker.parent.parent)
+    _require_writable(
+        disabled_marker.parent if disabled_marker.parent.exists() else disabled_marker.parent.parent
+    )
     # Remember first: an upgrade running between the two steps must not re-add it.
     disabled_marker.parent.mkdir(parents=True, exist_ok=True)
     disabled_marker.write_text(MARKER_TEXT)
     _change("remove", shim_path, preload_file)
-    return (f"preload disabled: new processes no longer load {shim_path}; "
-            "running ones keep it until they exit")
+    return (
+        f"preload disabled: new processes no longer load {shim_path}; "
+        "running ones keep it until they exit"
+    )
 
 
-def status(*, shim_path: Path = SHIM_PATH, preload_file: Path = PRELOAD_FILE,
-           disabled_marker: Path = DISABLED_MARKER) -> str:
-    now = read_status(shim_path=shim_path, preload_file=preload_file,
-                      disabled_marker=disabled_marker)
+def status(
+    *,
+    shim_path: Path = SHIM_PATH,
+    preload_file: Path = PRELOAD_FILE,
+    disabled_marker: Path = DISABLED_MARKER,
+) -> str:
+    now = read_status(
+        shim_path=shim_path, preload_file=preload_file, disabled_marker=disabled_marker
+    )
     if now.chosen and now.listed:
         return f"preload enabled: {shim_path} is listed in {preload_file}"
     if not now.chosen and not now.listed:
         return "preload disabled (by `nvsharectl preload disable`)"
     if now.chosen:
-        return (f"preload enabled, but {shim_path} is missing from {preload_file}: "
-                "run `nvsharectl preload enable`")
-    return (f"preload disabled, but {shim_path} is still listed in {preload_file}: "
-            "run `nvsharectl preload disable`")
+        return (
+            f"preload enabled, but {shim_path} is missing from {preload_file}: "
+            "run `nvsharectl preload enable`"
+        )
+    return (
+        f"preload disabled, but {shim_path} is still listed in {preload_file}: "
+        "run `nvsharectl preload disable`"
+    )

@@ -2,6 +2,7 @@
 from nvshare_agent.dbus_names) and as human text that fits 80 columns."""
 
 from nvshare_agent import dbus_names as names
+
 # Commands come from any process on the node; the agent cleans them too, but
 # nvsharectl may be talking to another agent.
 from nvshare_agent.text import printable
@@ -46,30 +47,37 @@ def size(num_bytes: int) -> str:
 
 
 def _fit(line: str) -> str:
-    return line if len(line) <= WIDTH else line[:WIDTH - 1] + "…"
+    return line if len(line) <= WIDTH else line[: WIDTH - 1] + "…"
 
 
 def settings_text(status: dict) -> str:
-    return (f"time quantum: {status['time_quantum_s']} s    "
-            f"anti-thrash: {on_off(status['anti_thrash'])}")
+    return (
+        f"time quantum: {status['time_quantum_s']} s    "
+        f"anti-thrash: {on_off(status['anti_thrash'])}"
+    )
 
 
 def status_text(status: dict) -> str:
     commands = {client["pid"]: printable(client["command"]) for client in status["clients"]}
 
     def who(pids) -> str:
-        return ", ".join(f"{pid} ({commands[pid]})" if commands.get(pid) else str(pid)
-                         for pid in pids) or "-"
+        return (
+            ", ".join(f"{pid} ({commands[pid]})" if commands.get(pid) else str(pid) for pid in pids)
+            or "-"
+        )
 
     lines = [settings_text(status)]
     if not status["gpus"]:
         lines.append("no GPUs")
     for index, gpu in enumerate(status["gpus"]):
         memory = size(gpu["memory_total_bytes"]) if gpu["memory_total_bytes"] else "memory unknown"
-        lines += ["", f"GPU {index}  {gpu['uuid']}  {memory}",
-                  f"  name:    {gpu['name'] or 'unknown'}",
-                  f"  holding: {who(gpu['holder_pids'])}",
-                  f"  waiting: {who(gpu['queue_pids'])}"]
+        lines += [
+            "",
+            f"GPU {index}  {gpu['uuid']}  {memory}",
+            f"  name:    {gpu['name'] or 'unknown'}",
+            f"  holding: {who(gpu['holder_pids'])}",
+            f"  waiting: {who(gpu['queue_pids'])}",
+        ]
     lines += ["", *clients_text(status["clients"], status["gpus"]).split("\n")]
     return "\n".join(_fit(line) for line in lines)
 
@@ -80,17 +88,27 @@ def clients_text(clients: list, gpus: list) -> str:
     index_of = {gpu["uuid"]: str(i) for i, gpu in enumerate(gpus)}
     rows = [("PID", "UID", "GPU", "STATE", "MEMORY", "HELD", "COMMAND")]
     for client in clients:
-        entries = client["gpus"] or [{"uuid": "", "state": "-", "allocated_bytes": 0,
-                                      "holding_seconds": 0.0}]
+        entries = client["gpus"] or [
+            {"uuid": "", "state": "-", "allocated_bytes": 0, "holding_seconds": 0.0}
+        ]
         for entry in entries:
-            rows.append((str(client["pid"]), str(client["uid"]),
-                         index_of.get(entry["uuid"], entry["uuid"][:12] or "-"),
-                         entry["state"], size(entry["allocated_bytes"]),
-                         f"{entry['holding_seconds']:.1f}s", printable(client["command"])))
+            rows.append(
+                (
+                    str(client["pid"]),
+                    str(client["uid"]),
+                    index_of.get(entry["uuid"], entry["uuid"][:12] or "-"),
+                    entry["state"],
+                    size(entry["allocated_bytes"]),
+                    f"{entry['holding_seconds']:.1f}s",
+                    printable(client["command"]),
+                )
+            )
     widths = [max(len(row[i]) for row in rows) for i in range(6)]
     lines = []
     for row in rows:
-        cells = [row[i].rjust(widths[i]) if i in (0, 1, 4, 5) else row[i].ljust(widths[i])
-                 for i in range(6)]
+        cells = [
+            row[i].rjust(widths[i]) if i in (0, 1, 4, 5) else row[i].ljust(widths[i])
+            for i in range(6)
+        ]
         lines.append(_fit("  ".join(cells + [row[6]])))
     return "\n".join(lines)

@@ -1,11 +1,15 @@
 #!/bin/sh
-# Installs the Debian packages that building nvshare and running its tests
-# need, when any is missing.  One package a line in packaging/deps.txt.
+# Installs the Debian packages that the named lists (files in packaging/, one
+# package a line; default deps.txt) ask for, when any is missing.
+#   packaging/install-deps.sh [LIST...]
 set -eu
 here=$(dirname "$0")
+[ $# -gt 0 ] || set -- deps.txt
 missing=""
-for pkg in $(grep -v '^#' "$here/deps.txt"); do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing="$missing $pkg"
+for list in "$@"; do
+    for pkg in $(grep -v '^#' "$here/$list"); do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing="$missing $pkg"
+    done
 done
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" != 0 ]; then

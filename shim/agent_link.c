@@ -21,7 +21,7 @@
 #include "wire.h"
 
 #define RECONNECT_INTERVAL_MS 1000.0
-#define SEND_TIMEOUT_S 2
+#define SEND_TIMEOUT_S        2
 
 /* The one instance, by a short name. */
 #define client nvshare_lock_client
@@ -74,7 +74,8 @@ static void run_unscheduled(const char *why)
 void nvshare_lose_agent(const char *why)
 {
     NVSHARE_WARN_ONCE("lost the nvshare agent (%s): running unscheduled, reconnecting in "
-                      "the background", why);
+                      "the background",
+                      why);
     run_unscheduled(why);
 }
 
@@ -90,7 +91,8 @@ void nvshare_connect_to_agent(int first_attempt)
             close(fd);
         if (first_attempt) {
             NVSHARE_WARN_ONCE("cannot reach the nvshare agent at %s (%s): running unscheduled, "
-                              "retrying in the background", path, strerror(why));
+                              "retrying in the background",
+                              path, strerror(why));
             run_unscheduled("no agent");
         }
         client.retry_at_ms = nvshare_now_ms() + RECONNECT_INTERVAL_MS;

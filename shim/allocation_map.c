@@ -4,7 +4,7 @@
 
 static size_t slot_of(uint64_t key, size_t capacity)
 {
-    key ^= key >> 33;               /* addresses share low zero bits: mix them */
+    key ^= key >> 33; /* addresses share low zero bits: mix them */
     key *= 0xff51afd7ed558ccdULL;
     key ^= key >> 33;
     return (size_t)key & (capacity - 1);

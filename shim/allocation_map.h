@@ -8,29 +8,29 @@
 #include <stdint.h>
 
 enum allocation_kind {
-    ALLOCATION_CONVERTED = 1,       /* a device allocation the shim made managed */
-    ALLOCATION_APP_MANAGED,         /* the application's own cuMemAllocManaged */
-    ALLOCATION_VMM,                 /* cuMemCreate: passed through, stays on the GPU */
-    ALLOCATION_IPC,                 /* cuIpcOpenMemHandle: passed through */
-    ALLOCATION_PARKED               /* converted, freed by cuMemFreeAsync, kept for reuse (parking.c) */
+    ALLOCATION_CONVERTED = 1, /* a device allocation the shim made managed */
+    ALLOCATION_APP_MANAGED,   /* the application's own cuMemAllocManaged */
+    ALLOCATION_VMM,           /* cuMemCreate: passed through, stays on the GPU */
+    ALLOCATION_IPC,           /* cuIpcOpenMemHandle: passed through */
+    ALLOCATION_PARKED         /* converted, freed by cuMemFreeAsync, kept for reuse (parking.c) */
 };
 
 struct allocation {
-    uint64_t key;                   /* 0 marks an empty slot */
+    uint64_t key; /* 0 marks an empty slot */
     uint64_t bytes;
     int gpu;
-    int context_slot;               /* the context it was made in (contexts.c); -1: unknown */
+    int context_slot; /* the context it was made in (contexts.c); -1: unknown */
     enum allocation_kind kind;
     /* IPC: opens not yet closed (the driver maps a handle once); VMM: the
      * handle's references (its own, each cuMemRetainAllocationHandle's) plus its
      * mappings: the driver frees it when all are gone. */
     unsigned opens;
-    uint64_t vmm_handle;            /* a VMM mapping's handle */
+    uint64_t vmm_handle; /* a VMM mapping's handle */
 };
 
 struct allocation_map {
     struct allocation *slots;
-    size_t capacity;                /* a power of two, or 0 */
+    size_t capacity; /* a power of two, or 0 */
     size_t used;
 };
 

@@ -31,8 +31,8 @@ enum { CAPTURE_MODE_RELAXED = 2 };
 struct open_capture {
     int in_use;
     CUstream stream;
-    CUcontext context;      /* the stream's */
-    unsigned long owner;    /* nvshare_thread_serial() of the thread that began it */
+    CUcontext context;   /* the stream's */
+    unsigned long owner; /* nvshare_thread_serial() of the thread that began it */
 };
 
 atomic_int nvshare_active_captures;
@@ -83,7 +83,7 @@ int nvshare_capture_takes_slow(CUstream stream, int hook_id)
         return 1;
     stream = nvshare_actual_stream(stream, nvshare_hook_per_thread(hook_id));
     if (stream == NULL || stream == NVSHARE_CU_STREAM_LEGACY)
-        return 0;           /* the legacy stream is never captured */
+        return 0; /* the legacy stream is never captured */
     int saved_errno = errno;
     int capturing = stream_capturing(stream);
     errno = saved_errno;
@@ -111,7 +111,8 @@ static CUcontext context_of(CUstream stream)
     if (stream != NVSHARE_CU_STREAM_PER_THREAD && nvshare_driver.stream_get_ctx != NULL &&
         nvshare_driver.stream_get_ctx(stream, &context) == CUDA_SUCCESS)
         return context;
-    if (nvshare_driver.ctx_get_current == NULL || nvshare_driver.ctx_get_current(&context) != CUDA_SUCCESS)
+    if (nvshare_driver.ctx_get_current == NULL ||
+        nvshare_driver.ctx_get_current(&context) != CUDA_SUCCESS)
         context = NULL;
     return context;
 }
@@ -126,8 +127,10 @@ static CUresult began(CUresult result, CUstream stream, int per_thread)
     pthread_mutex_lock(&captures_mutex);
     for (int i = 0; i < OPEN_CAPTURES; i++) {
         if (!open_captures[i].in_use) {
-            open_captures[i] = (struct open_capture){
-                .in_use = 1, .stream = stream, .context = context, .owner = nvshare_thread_serial()};
+            open_captures[i] = (struct open_capture){.in_use = 1,
+                                                     .stream = stream,
+                                                     .context = context,
+                                                     .owner = nvshare_thread_serial()};
             break;
         }
     }
@@ -161,7 +164,7 @@ static void ended(CUstream stream)
     if (found != NULL)
         forget(found);
     else if (atomic_load(&nvshare_active_captures) > 0)
-        atomic_fetch_sub(&nvshare_active_captures, 1);  /* one past OPEN_CAPTURES */
+        atomic_fetch_sub(&nvshare_active_captures, 1); /* one past OPEN_CAPTURES */
     pthread_mutex_unlock(&captures_mutex);
 }
 
@@ -189,18 +192,18 @@ void nvshare_capture_forget_context(CUcontext context)
     pthread_mutex_unlock(&captures_mutex);
 }
 
-#define BEGIN_CAPTURE(name, per_thread, fn_type, params, args)          \
-    NVSHARE_EXPORT CUresult name params                                 \
-    {                                                                   \
-        CUresult error;                                                 \
-        fn_type real = NVSHARE_REAL_OR_ERROR(name, fn_type, &error);    \
-        if (real == NULL)                                               \
-            return error;                                               \
-        return began(real args, hStream, per_thread);                   \
+#define BEGIN_CAPTURE(name, per_thread, fn_type, params, args)       \
+    NVSHARE_EXPORT CUresult name params                              \
+    {                                                                \
+        CUresult error;                                              \
+        fn_type real = NVSHARE_REAL_OR_ERROR(name, fn_type, &error); \
+        if (real == NULL)                                            \
+            return error;                                            \
+        return began(real args, hStream, per_thread);                \
     }
 
-#define TO_GRAPH_PARAMS                                                                    \
-    (CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,                    \
+#define TO_GRAPH_PARAMS                                                 \
+    (CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies, \
      const void *dependencyData, size_t numDependencies, int mode)
 #define TO_GRAPH_ARGS (hStream, hGraph, dependencies, dependencyData, numDependencies, mode)
 

@@ -9,7 +9,7 @@
 
 #include "log.h"
 
-#define DEFAULT_SOCKET "/run/nvshare/scheduler.sock"
+#define DEFAULT_SOCKET        "/run/nvshare/scheduler.sock"
 #define DEFAULT_MAX_QUEUED_MS 50
 
 static struct nvshare_config config;

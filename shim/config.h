@@ -6,11 +6,11 @@
 #include <sys/un.h>
 
 struct nvshare_config {
-    char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];  /* NVSHARE_SOCKET */
-    int debug;                      /* NVSHARE_DEBUG=1 */
-    int prefetch;                   /* NVSHARE_PREFETCH (default 1) */
-    int single_oversub;             /* NVSHARE_ENABLE_SINGLE_OVERSUB=1 */
-    unsigned max_queued_ms;         /* NVSHARE_MAX_QUEUED_MS (default 50, 0 = unbounded) */
+    char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* NVSHARE_SOCKET */
+    int debug;                                                     /* NVSHARE_DEBUG=1 */
+    int prefetch;           /* NVSHARE_PREFETCH (default 1) */
+    int single_oversub;     /* NVSHARE_ENABLE_SINGLE_OVERSUB=1 */
+    unsigned max_queued_ms; /* NVSHARE_MAX_QUEUED_MS (default 50, 0 = unbounded) */
 };
 
 const struct nvshare_config *nvshare_config(void);

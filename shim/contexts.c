@@ -39,9 +39,9 @@
 
 struct gpu_contexts {
     pthread_mutex_t mutex;
-    CUcontext slots[NVSHARE_CONTEXT_SLOTS];   /* NULL: free */
-    int newest;                               /* the slot taken last (free if none is taken) */
-    CUcontext primary;                        /* from cuDevicePrimaryCtxRetain; NULL: not seen */
+    CUcontext slots[NVSHARE_CONTEXT_SLOTS]; /* NULL: free */
+    int newest;                             /* the slot taken last (free if none is taken) */
+    CUcontext primary;                      /* from cuDevicePrimaryCtxRetain; NULL: not seen */
 };
 
 #define RECURSIVE PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP
@@ -98,7 +98,8 @@ int nvshare_context_slot(int gpu, CUcontext context)
         nvshare_debug("context new gpu=%d slot=%d context=%p", gpu, slot, (void *)context);
     if (slot < 0)
         NVSHARE_WARN_ONCE("more than %d CUDA contexts on GPU %d: a release does not wait for "
-                          "the work of the others", NVSHARE_CONTEXT_SLOTS, gpu);
+                          "the work of the others",
+                          NVSHARE_CONTEXT_SLOTS, gpu);
     return slot;
 }
 
@@ -147,7 +148,8 @@ static void forget(CUcontext context, int first, int last)
             nvshare_parking_forget_context(gpu, slot);
             nvshare_memory_forget_context(gpu, slot);
             contexts->slots[slot] = NULL;
-            for (int other = 0; contexts->newest == slot && other < NVSHARE_CONTEXT_SLOTS; other++) {
+            for (int other = 0; contexts->newest == slot && other < NVSHARE_CONTEXT_SLOTS;
+                 other++) {
                 if (contexts->slots[other] != NULL)
                     contexts->newest = other;
             }
@@ -198,7 +200,7 @@ enum primary_end { PRIMARY_RESET, PRIMARY_RELEASE };
 static CUresult end_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real, enum primary_end how)
 {
     if (dev < 0 || dev >= NVSHARE_MAX_GPUS)
-        return real(dev);   /* not a GPU the shim tracks: the driver answers */
+        return real(dev); /* not a GPU the shim tracks: the driver answers */
     int cancel_state = hold_off_cancellation();
     pthread_mutex_lock(&gpus[dev].mutex);
     CUresult result = real(dev);
@@ -220,13 +222,13 @@ static CUresult end_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real, en
 /* The version-1 names too: cudart of CUDA 13 asks cuGetProcAddress for them
  * with cudaVersion 7000 (measured on the H100), and cudaDeviceReset resets
  * through cuDevicePrimaryCtxReset. */
-#define DEFINE_PRIMARY_END(name, how)                                                    \
-    NVSHARE_EXPORT CUresult name(CUdevice dev)                                           \
-    {                                                                                    \
-        CUresult error;                                                                  \
-        cuDevicePrimaryCtxReset_v2_fn real =                                             \
-            NVSHARE_REAL_OR_ERROR(name, cuDevicePrimaryCtxReset_v2_fn, &error);          \
-        return real == NULL ? error : end_primary(dev, real, how);                       \
+#define DEFINE_PRIMARY_END(name, how)                                           \
+    NVSHARE_EXPORT CUresult name(CUdevice dev)                                  \
+    {                                                                           \
+        CUresult error;                                                         \
+        cuDevicePrimaryCtxReset_v2_fn real =                                    \
+            NVSHARE_REAL_OR_ERROR(name, cuDevicePrimaryCtxReset_v2_fn, &error); \
+        return real == NULL ? error : end_primary(dev, real, how);              \
     }
 DEFINE_PRIMARY_END(cuDevicePrimaryCtxRelease, PRIMARY_RELEASE)
 DEFINE_PRIMARY_END(cuDevicePrimaryCtxRelease_v2, PRIMARY_RELEASE)

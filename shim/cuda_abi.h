@@ -29,7 +29,7 @@ enum {
 
 typedef uint32_t cuuint32_t;
 typedef uint64_t cuuint64_t;
-typedef unsigned long long CUdeviceptr;          /* CUdeviceptr_v2: 64 bits on every 64-bit host */
+typedef unsigned long long CUdeviceptr; /* CUdeviceptr_v2: 64 bits on every 64-bit host */
 typedef int CUdevice;
 typedef unsigned long long CUmemGenericAllocationHandle;
 
@@ -56,7 +56,7 @@ typedef struct CUlaunchAttribute_st CUlaunchAttribute;
 typedef void (*CUhostFn)(void *userData);
 
 /* Special stream handles (cuda.h: CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
-#define NVSHARE_CU_STREAM_LEGACY ((CUstream)0x1)
+#define NVSHARE_CU_STREAM_LEGACY     ((CUstream)0x1)
 #define NVSHARE_CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 typedef struct CUuuid_st {
@@ -68,20 +68,17 @@ typedef struct CUipcMemHandle_st {
     char reserved[64];
 } CUipcMemHandle;
 
-enum {
-    CU_MEM_LOCATION_TYPE_INVALID = 0,
-    CU_MEM_LOCATION_TYPE_DEVICE = 1
-};
+enum { CU_MEM_LOCATION_TYPE_INVALID = 0, CU_MEM_LOCATION_TYPE_DEVICE = 1 };
 /* Passed by value to cuMemPrefetchAsync_v2 (8 bytes: one register). */
 typedef struct CUmemLocation_st {
-    int type;                       /* CUmemLocationType */
+    int type; /* CUmemLocationType */
     int id;
 } CUmemLocation;
 
 /* cuMemCreate's description of a VMM allocation; the shim reads location. */
 typedef struct CUmemAllocationProp_st {
-    int type;                       /* CUmemAllocationType */
-    int requestedHandleTypes;       /* CUmemAllocationHandleType */
+    int type;                 /* CUmemAllocationType */
+    int requestedHandleTypes; /* CUmemAllocationHandleType */
     CUmemLocation location;
     void *win32HandleMetaData;
     struct {
@@ -106,7 +103,8 @@ enum { CU_MEM_ATTACH_GLOBAL = 0x1 };
 enum { CU_STREAM_NON_BLOCKING = 0x1 };
 enum { CU_EVENT_DEFAULT = 0x0, CU_EVENT_DISABLE_TIMING = 0x2 };
 
-typedef int CUdriverProcAddressQueryResult;     /* 0 success, 1 symbol not found, 2 version not sufficient */
+typedef int
+    CUdriverProcAddressQueryResult; /* 0 success, 1 symbol not found, 2 version not sufficient */
 
 /* Signatures of the driver functions the shim itself calls (beyond the gated
  * ones, whose signatures live with their hooks in hooks.c). */
@@ -164,7 +162,8 @@ typedef CUresult (*cuMemRelease_fn)(CUmemGenericAllocationHandle handle);
 typedef CUresult (*cuMemMap_fn)(CUdeviceptr ptr, size_t size, size_t offset,
                                 CUmemGenericAllocationHandle handle, unsigned long long flags);
 typedef CUresult (*cuMemUnmap_fn)(CUdeviceptr ptr, size_t size);
-typedef CUresult (*cuMemRetainAllocationHandle_fn)(CUmemGenericAllocationHandle *handle, void *addr);
+typedef CUresult (*cuMemRetainAllocationHandle_fn)(CUmemGenericAllocationHandle *handle,
+                                                   void *addr);
 typedef CUresult (*cuIpcOpenMemHandle_fn)(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                           unsigned int Flags);
 typedef CUresult (*cuIpcCloseMemHandle_fn)(CUdeviceptr dptr);

@@ -89,7 +89,7 @@ void nvshare_wait_for_gate(int gpu)
             lock->state = LOCK_WANTED;
             nvshare_client_wake();
         } else if (lock->state == LOCK_HELD) {
-            lock->want_again = 1;       /* being released: ask again right after */
+            lock->want_again = 1; /* being released: ask again right after */
         }
         /* The timeout only guards against a lost wake-up; waking is by broadcast. */
         struct timespec until;
@@ -131,7 +131,7 @@ static void forget_after_fork(void)
     client.inbox.used = 0;
     memset(client.locks, 0, sizeof client.locks);
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
-        client.workers[gpu].started = 0;    /* the parent's workers are not in the child */
+        client.workers[gpu].started = 0; /* the parent's workers are not in the child */
         client.workers[gpu].wake = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
         atomic_store(&nvshare_gates[gpu].open, 0);
         atomic_store(&nvshare_gates[gpu].inflight, 0);
@@ -153,10 +153,11 @@ void nvshare_client_start(void)
     int count = 0;
     if (atomic_load(&nvshare_client_running) || nvshare_driver.device_get_count == NULL ||
         nvshare_driver.device_get_count(&count) != CUDA_SUCCESS)
-        goto out;           /* before cuInit: try again at the next call */
+        goto out; /* before cuInit: try again at the next call */
     if (count > NVSHARE_MAX_GPUS) {
         NVSHARE_WARN_ONCE("this process sees %d GPUs; nvshare schedules the first %d, work on "
-                          "the others runs unscheduled", count, NVSHARE_MAX_GPUS);
+                          "the others runs unscheduled",
+                          count, NVSHARE_MAX_GPUS);
         count = NVSHARE_MAX_GPUS;
     }
     for (int gpu = 0; gpu < count; gpu++) {
@@ -171,7 +172,7 @@ void nvshare_client_start(void)
         pthread_atfork(NULL, NULL, forget_after_fork);
         fork_handler_installed = 1;
     }
-    atomic_fetch_add(&nvshare_context_generation, 1);   /* GPUs now count: look again */
+    atomic_fetch_add(&nvshare_context_generation, 1); /* GPUs now count: look again */
 
     client.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     int failed = client.wake_fd < 0 || nvshare_start_shim_thread(nvshare_client_main, NULL) != 0;

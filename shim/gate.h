@@ -21,9 +21,9 @@
 #include "nvshare_protocol.h"
 
 struct nvshare_gate {
-    atomic_int open;                /* 1: held, shared, or unscheduled (no agent) */
-    atomic_int inflight;            /* submissions between gate and driver right now */
-    atomic_uint activity;           /* bumped per passage; idle = unchanged */
+    atomic_int open;      /* 1: held, shared, or unscheduled (no agent) */
+    atomic_int inflight;  /* submissions between gate and driver right now */
+    atomic_uint activity; /* bumped per passage; idle = unchanged */
 } __attribute__((aligned(64)));
 
 extern struct nvshare_gate nvshare_gates[NVSHARE_MAX_GPUS];
@@ -51,16 +51,16 @@ void nvshare_wait_for_gate(int gpu);
 static inline struct nvshare_gate *nvshare_gate_enter(CUstream stream, int hook_id)
 {
     if (nvshare_capture_takes(stream, hook_id))
-        return 0;           /* capturing: calls record graph nodes, nothing runs */
+        return 0; /* capturing: calls record graph nodes, nothing runs */
     if (!atomic_load_explicit(&nvshare_client_running, memory_order_acquire)) {
         nvshare_client_start();
         if (!atomic_load_explicit(&nvshare_client_running, memory_order_acquire))
-            return 0;       /* no usable driver yet: the call fails in the driver as it would */
+            return 0; /* no usable driver yet: the call fails in the driver as it would */
     }
     CUcontext context;
     int gpu = nvshare_current_gpu(&context);
     if (gpu < 0)
-        return 0;           /* no context: the driver reports the error itself */
+        return 0; /* no context: the driver reports the error itself */
     struct nvshare_gate *gate = &nvshare_gates[gpu];
     for (;;) {
         atomic_fetch_add(&gate->inflight, 1);

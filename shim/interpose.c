@@ -39,7 +39,7 @@ static struct pointer_to_hook hook_map[NVSHARE_HOOK_COUNT];
 static size_t hook_map_size;
 
 static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
-static atomic_int driver_state;     /* 0 unresolved, 1 resolved, -1 libcuda missing */
+static atomic_int driver_state; /* 0 unresolved, 1 resolved, -1 libcuda missing */
 
 /* Sanitizer runtimes call dlsym while they initialise, before their shadow
  * memory exists: the code on that path must not be instrumented. */
@@ -172,7 +172,8 @@ void *nvshare_hook_for(void *real, const char *name, int cuda_version, unsigned 
         return hook_map[low].hook;
     if (name != NULL && nvshare_config()->debug && family_is_hooked(name))
         nvshare_debug("%s (cudaVersion %d, flags %llu) resolved to a function the hook table "
-                      "does not know; it runs ungated", name, cuda_version, flags);
+                      "does not know; it runs ungated",
+                      name, cuda_version, flags);
     return real;
 }
 
@@ -194,7 +195,7 @@ void *nvshare_hook_for(void *real, const char *name, int cuda_version, unsigned 
 static const char own_marker = 1;
 NVSHARE_EXPORT extern const char nvshare_shim_marker __attribute__((alias("own_marker")));
 
-static atomic_int copy_role;        /* 0 not known yet, 1 in charge, -1 stays out */
+static atomic_int copy_role; /* 0 not known yet, 1 in charge, -1 stays out */
 
 static int in_charge(dlsym_fn lookup)
 {
@@ -223,8 +224,8 @@ static int is_own_hook(const void *function)
 NOT_SANITIZED static void *interposed_dlsym(void *handle, const char *name)
 {
     dlsym_fn lookup = real_dlsym();
-    if (handle == RTLD_NEXT || lookup == NULL || name == NULL || name[0] != 'c' ||
-        name[1] != 'u' || !in_charge(lookup))
+    if (handle == RTLD_NEXT || lookup == NULL || name == NULL || name[0] != 'c' || name[1] != 'u' ||
+        !in_charge(lookup))
         return lookup ? lookup(handle, name) : NULL;
     void *found = lookup(handle, name);
     if (found == NULL) {

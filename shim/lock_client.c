@@ -101,7 +101,7 @@ static int abort_idle_release(int gpu, unsigned ticket, int gate_closed)
     pthread_cond_broadcast(&client.changed);
     pthread_mutex_unlock(&client.mutex);
     if (!drop)
-        nvshare_client_wake();      /* its idle watch goes on */
+        nvshare_client_wake(); /* its idle watch goes on */
     return drop;
 }
 
@@ -181,7 +181,7 @@ static void drain(int gpu, enum release_reason reason, unsigned ticket)
     nvshare_debug("release gpu=%d lease=%llu reason=%s held_ms=%.1f drain_ms=%.2f", gpu,
                   (unsigned long long)lease, reason == RELEASE_IDLE ? "idle" : "drop", held_ms,
                   drained - started);
-    nvshare_client_wake();      /* the client thread sends RELEASED */
+    nvshare_client_wake(); /* the client thread sends RELEASED */
 }
 
 static void prefetch_then_open(int gpu, unsigned ticket)
@@ -197,14 +197,15 @@ static void prefetch_then_open(int gpu, unsigned ticket)
         open_gate(gpu);
     }
     if (drop)
-        lock->job = JOB_RELEASE_DROP;   /* a drop came during the prefetch */
+        lock->job = JOB_RELEASE_DROP; /* a drop came during the prefetch */
     pthread_cond_broadcast(&client.changed);
     pthread_mutex_unlock(&client.mutex);
     if (current)
-        nvshare_debug("gate gpu=%d lease=%llu %s ms_after_grant=%.2f", gpu, (unsigned long long)lease,
-                      drop ? "stays closed for a drop" : "open", since_grant_ms);
+        nvshare_debug("gate gpu=%d lease=%llu %s ms_after_grant=%.2f", gpu,
+                      (unsigned long long)lease, drop ? "stays closed for a drop" : "open",
+                      since_grant_ms);
     if (current && !drop)
-        nvshare_client_wake();      /* its idle watch starts now */
+        nvshare_client_wake(); /* its idle watch starts now */
     if (drop)
         drain(gpu, RELEASE_DROP, ticket);
 }
@@ -247,7 +248,7 @@ int nvshare_start_shim_thread(void *(*thread_main)(void *), void *arg)
 {
     sigset_t all, previous;
     sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &previous);     /* the thread inherits this mask */
+    pthread_sigmask(SIG_SETMASK, &all, &previous); /* the thread inherits this mask */
     pthread_attr_t attributes;
     pthread_attr_init(&attributes);
     pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
@@ -266,7 +267,7 @@ static unsigned post_job(int gpu, enum lock_job job)
     struct gpu_lock *lock = &client.locks[gpu];
     struct gpu_worker *worker = &client.workers[gpu];
     if (++worker->last_ticket == 0)
-        worker->last_ticket = 1;    /* 0 names no job */
+        worker->last_ticket = 1; /* 0 names no job */
     lock->job = job;
     lock->job_ticket = worker->last_ticket;
     lock->job_taken = 0;
@@ -277,7 +278,8 @@ static unsigned post_job(int gpu, enum lock_job job)
         pthread_cond_signal(&worker->wake);
         return 0;
     }
-    NVSHARE_WARN_ONCE("cannot start a GPU worker thread: lock transitions wait on the client thread");
+    NVSHARE_WARN_ONCE(
+        "cannot start a GPU worker thread: lock transitions wait on the client thread");
     lock->job_taken = 1;
     return lock->job_ticket;
 }
@@ -300,13 +302,14 @@ static void send_releases(void)
         int wanted = lock->want_again;
         memset(lock, 0, sizeof *lock);
         if (wanted) {
-            lock->state = LOCK_WANTED;   /* asked again right after RELEASED */
+            lock->state = LOCK_WANTED; /* asked again right after RELEASED */
             again = 1;
         }
     }
     pthread_mutex_unlock(&client.mutex);
     for (int i = 0; i < count; i++) {
-        if (nvshare_send_lock_message(NVSHARE_MSG_RELEASED, released[i].gpu, released[i].lease) != 0) {
+        if (nvshare_send_lock_message(NVSHARE_MSG_RELEASED, released[i].gpu, released[i].lease) !=
+            0) {
             nvshare_lose_agent("release not sent");
             return;
         }
@@ -322,8 +325,8 @@ static void on_grant(int gpu, uint64_t lease, uint32_t flags)
     if (lock->state != LOCK_REQUESTED) {
         int duplicate = lock->state == LOCK_HELD && lock->lease == lease;
         pthread_mutex_unlock(&client.mutex);
-        nvshare_debug("grant gpu=%d lease=%llu not asked for: %s", gpu,
-                      (unsigned long long)lease, duplicate ? "ignored" : "released");
+        nvshare_debug("grant gpu=%d lease=%llu not asked for: %s", gpu, (unsigned long long)lease,
+                      duplicate ? "ignored" : "released");
         if (!duplicate && nvshare_send_lock_message(NVSHARE_MSG_RELEASED, gpu, lease) != 0)
             nvshare_lose_agent("release not sent");
         return;
@@ -337,7 +340,7 @@ static void on_grant(int gpu, uint64_t lease, uint32_t flags)
     double waited_ms = now - lock->requested_at_ms;
     unsigned inline_ticket = 0;
     if (nvshare_config()->prefetch) {
-        inline_ticket = post_job(gpu, JOB_PREFETCH);   /* the worker opens the gate */
+        inline_ticket = post_job(gpu, JOB_PREFETCH); /* the worker opens the gate */
     } else {
         open_gate(gpu);
         pthread_cond_broadcast(&client.changed);
@@ -358,7 +361,7 @@ static void on_drop_request(int gpu, uint64_t lease)
     if (ours && lock->job == JOB_NONE)
         inline_ticket = post_job(gpu, JOB_RELEASE_DROP);
     else if (ours)
-        lock->drop_requested = 1;   /* the running job ends in a release */
+        lock->drop_requested = 1; /* the running job ends in a release */
     pthread_mutex_unlock(&client.mutex);
     nvshare_debug("drop gpu=%d lease=%llu%s", gpu, (unsigned long long)lease,
                   ours ? "" : " (stale, ignored)");
@@ -448,8 +451,8 @@ static void read_frames(void)
            (status = nvshare_wire_next_frame(&client.inbox, &header, payload)) != 0) {
         if (status < 0) {
             NVSHARE_WARN_ONCE("the nvshare agent speaks another protocol (magic 0x%x, "
-                              "version %u; this shim speaks %u)", header.magic, header.version,
-                              NVSHARE_PROTOCOL_VERSION);
+                              "version %u; this shim speaks %u)",
+                              header.magic, header.version, NVSHARE_PROTOCOL_VERSION);
             nvshare_lose_agent("protocol mismatch");
             return;
         }
@@ -586,4 +589,3 @@ void nvshare_client_wake(void)
     }
     errno = saved_errno;
 }
-

@@ -13,10 +13,10 @@
 #include "wire.h"
 
 enum lock_state {
-    LOCK_IDLE = 0,      /* not held, nobody waiting */
-    LOCK_WANTED,        /* a thread waits; the request is not sent yet */
-    LOCK_REQUESTED,     /* LOCK_REQUEST sent, no grant yet */
-    LOCK_HELD           /* granted (gate open), or being released (gate closed) */
+    LOCK_IDLE = 0,  /* not held, nobody waiting */
+    LOCK_WANTED,    /* a thread waits; the request is not sent yet */
+    LOCK_REQUESTED, /* LOCK_REQUEST sent, no grant yet */
+    LOCK_HELD       /* granted (gate open), or being released (gate closed) */
 };
 
 /* The slow half of a transition, which runs on the GPU's worker thread
@@ -26,39 +26,39 @@ enum lock_job { JOB_NONE = 0, JOB_PREFETCH, JOB_RELEASE_IDLE, JOB_RELEASE_DROP }
 struct gpu_lock {
     enum lock_state state;
     uint64_t lease;
-    int shared;                     /* granted with anti-thrash off */
-    int want_again;                 /* a thread arrived while the lock was being released */
+    int shared;     /* granted with anti-thrash off */
+    int want_again; /* a thread arrived while the lock was being released */
     double requested_at_ms;
     double granted_at_ms;
-    unsigned seen_activity;         /* idle detection: gate activity at the last look */
+    unsigned seen_activity; /* idle detection: gate activity at the last look */
     double activity_changed_at_ms;
-    enum lock_job job;              /* posted to the GPU's worker, or running there */
-    unsigned job_ticket;            /* names that posting: a worker drops the results of a job
+    enum lock_job job;   /* posted to the GPU's worker, or running there */
+    unsigned job_ticket; /* names that posting: a worker drops the results of a job
                                        its lock no longer has (revoked, agent lost) */
-    int job_taken;                  /* the worker has started it */
-    int drop_requested;             /* a drop request came while a job ran */
-    int drained;                    /* released on the GPU: the client thread sends RELEASED */
+    int job_taken;       /* the worker has started it */
+    int drop_requested;  /* a drop request came while a job ran */
+    int drained;         /* released on the GPU: the client thread sends RELEASED */
 };
 
 struct gpu_worker {
-    pthread_cond_t wake;            /* a job was posted */
+    pthread_cond_t wake; /* a job was posted */
     int started;
     unsigned last_ticket;
 };
 
 struct lock_client {
     pthread_mutex_t mutex;
-    pthread_cond_t changed;         /* a gate opened or a lock changed state */
-    int socket_fd;                  /* -1 while unscheduled; only the client thread uses it */
+    pthread_cond_t changed; /* a gate opened or a lock changed state */
+    int socket_fd;          /* -1 while unscheduled; only the client thread uses it */
     int wake_fd;
-    int gpu_count;                  /* fixed once the client runs */
+    int gpu_count; /* fixed once the client runs */
     struct nvshare_gpu_uuid uuids[NVSHARE_MAX_GPUS];
     struct nvshare_settings settings;
     int have_settings;
     struct gpu_lock locks[NVSHARE_MAX_GPUS];
     struct gpu_worker workers[NVSHARE_MAX_GPUS];
-    double retry_at_ms;             /* client thread only */
-    struct nvshare_inbox inbox;     /* client thread only */
+    double retry_at_ms;         /* client thread only */
+    struct nvshare_inbox inbox; /* client thread only */
 };
 
 extern struct lock_client nvshare_lock_client;

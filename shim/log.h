@@ -12,11 +12,11 @@ void nvshare_debug(const char *fmt, ...) NVSHARE_PRINTF(1, 2);
 void nvshare_warn(const char *fmt, ...) NVSHARE_PRINTF(1, 2);
 
 /* Each call site warns at most once per process. */
-#define NVSHARE_WARN_ONCE(...)                                  \
-    do {                                                        \
-        static atomic_int nvshare_warned_here_;                 \
-        if (!atomic_exchange(&nvshare_warned_here_, 1))         \
-            nvshare_warn(__VA_ARGS__);                          \
+#define NVSHARE_WARN_ONCE(...)                          \
+    do {                                                \
+        static atomic_int nvshare_warned_here_;         \
+        if (!atomic_exchange(&nvshare_warned_here_, 1)) \
+            nvshare_warn(__VA_ARGS__);                  \
     } while (0)
 
 /* Monotonic milliseconds, for timings in logs and for idle detection. */

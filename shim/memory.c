@@ -46,14 +46,14 @@
 #include "parking.h"
 
 #define PITCH_ALIGNMENT 512
-#define NOT_CONVERTED (-1)
+#define NOT_CONVERTED   (-1)
 
 struct gpu_memory {
     uint64_t managed_bytes;
     uint64_t unmanaged_bytes;
-    uint64_t reserved_bytes;        /* allocations under way, counted against the limit */
-    uint64_t total_bytes;           /* the GPU's memory; 0 until known */
-    int changed;                    /* totals not yet reported */
+    uint64_t reserved_bytes; /* allocations under way, counted against the limit */
+    uint64_t total_bytes;    /* the GPU's memory; 0 until known */
+    int changed;             /* totals not yet reported */
 };
 
 pthread_mutex_t nvshare_memory_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -78,9 +78,8 @@ static CUstream prefetch_streams[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS][NVSHAR
 
 static void count(int gpu, enum allocation_kind kind, uint64_t bytes, int adding)
 {
-    uint64_t *total = kind == ALLOCATION_VMM || kind == ALLOCATION_IPC
-                          ? &gpus[gpu].unmanaged_bytes
-                          : &gpus[gpu].managed_bytes;
+    uint64_t *total = kind == ALLOCATION_VMM || kind == ALLOCATION_IPC ? &gpus[gpu].unmanaged_bytes
+                                                                       : &gpus[gpu].managed_bytes;
     *total = adding ? *total + bytes : (*total >= bytes ? *total - bytes : 0);
     gpus[gpu].changed = 1;
 }
@@ -88,12 +87,16 @@ static void count(int gpu, enum allocation_kind kind, uint64_t bytes, int adding
 void nvshare_memory_remember(struct allocation_map *map, uint64_t key, uint64_t bytes, int gpu,
                              int context_slot, enum allocation_kind kind)
 {
-    struct allocation entry = {.key = key, .bytes = bytes, .gpu = gpu,
-                               .context_slot = context_slot, .kind = kind, .opens = 1};
+    struct allocation entry = {.key = key,
+                               .bytes = bytes,
+                               .gpu = gpu,
+                               .context_slot = context_slot,
+                               .kind = kind,
+                               .opens = 1};
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct allocation *known = allocation_map_find(map, key);
     if (known != NULL && kind == ALLOCATION_IPC && known->kind == ALLOCATION_IPC) {
-        known->opens++;     /* a handle opened again: the same mapping, its reference counted */
+        known->opens++; /* a handle opened again: the same mapping, its reference counted */
     } else {
         /* An address handed out again while still known: its free went unseen (a
          * context past the slots), so the old entry's bytes are gone. */
@@ -112,7 +115,7 @@ int nvshare_memory_forget(struct allocation_map *map, uint64_t key, enum allocat
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct allocation *found = allocation_map_find(map, key);
     if (found != NULL && found->kind == kind && found->opens > 1) {
-        found->opens--;     /* an IPC mapping still open, a VMM handle still mapped or unreleased */
+        found->opens--; /* an IPC mapping still open, a VMM handle still mapped or unreleased */
         pthread_mutex_unlock(&nvshare_memory_mutex);
         return 1;
     }
@@ -155,14 +158,16 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct gpu_memory *memory = &gpus[gpu];
     uint64_t in_use = memory->managed_bytes + memory->unmanaged_bytes + memory->reserved_bytes;
-    if (!nvshare_config()->single_oversub && total != 0 && (in_use > total || bytes > total - in_use)) {
+    if (!nvshare_config()->single_oversub && total != 0 &&
+        (in_use > total || bytes > total - in_use)) {
         pthread_mutex_unlock(&nvshare_memory_mutex);
         /* Parked blocks are held only for reuse: they give way first. */
         if (nvshare_parking_free(gpu, in_use + bytes - total) > 0)
             return allocate_managed(dptr, bytes, what);
         nvshare_debug("refused %s of %zu bytes on GPU %d: this process would hold %llu of "
-                      "%llu bytes (NVSHARE_ENABLE_SINGLE_OVERSUB=1 allows it)", what, bytes, gpu,
-                      (unsigned long long)(in_use + bytes), (unsigned long long)total);
+                      "%llu bytes (NVSHARE_ENABLE_SINGLE_OVERSUB=1 allows it)",
+                      what, bytes, gpu, (unsigned long long)in_use + bytes,
+                      (unsigned long long)total);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     memory->reserved_bytes += bytes;
@@ -175,8 +180,8 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
     pthread_mutex_unlock(&nvshare_memory_mutex);
     if (result != CUDA_SUCCESS)
         return result;
-    nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytes, gpu,
-                            nvshare_current_context_slot(), ALLOCATION_CONVERTED);
+    nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytes, gpu, nvshare_current_context_slot(),
+                            ALLOCATION_CONVERTED);
     nvshare_debug("converted %s of %zu bytes on GPU %d to managed memory at 0x%llx", what, bytes,
                   gpu, (unsigned long long)*dptr);
     return CUDA_SUCCESS;
@@ -214,7 +219,7 @@ NVSHARE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, si
         if (result == CUDA_SUCCESS)
             *pPitch = pitch;
     }
-    if (result == NOT_CONVERTED)    /* invalid arguments included: the driver names the error */
+    if (result == NOT_CONVERTED) /* invalid arguments included: the driver names the error */
         result = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     errno = saved_errno;
     return result;
@@ -235,38 +240,38 @@ static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t bytes, CUstrea
     return allocate_managed(dptr, bytes, what);
 }
 
-#define DEFINE_ASYNC_ALLOC(name, per_thread)                                                 \
-    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)       \
-    {                                                                                        \
-        CUresult error;                                                                      \
-        cuMemAllocAsync_fn real = NVSHARE_REAL_OR_ERROR(name, cuMemAllocAsync_fn, &error);   \
-        if (real == NULL)                                                                    \
-            return error;                                                                    \
-        int saved_errno = errno;                                                             \
+#define DEFINE_ASYNC_ALLOC(name, per_thread)                                                   \
+    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)         \
+    {                                                                                          \
+        CUresult error;                                                                        \
+        cuMemAllocAsync_fn real = NVSHARE_REAL_OR_ERROR(name, cuMemAllocAsync_fn, &error);     \
+        if (real == NULL)                                                                      \
+            return error;                                                                      \
+        int saved_errno = errno;                                                               \
         CUresult result = allocate_stream_ordered(dptr, bytesize, hStream, per_thread, #name); \
-        if (result == NOT_CONVERTED)                                                         \
-            result = real(dptr, bytesize, hStream);                                          \
-        errno = saved_errno;                                                                 \
-        return result;                                                                       \
+        if (result == NOT_CONVERTED)                                                           \
+            result = real(dptr, bytesize, hStream);                                            \
+        errno = saved_errno;                                                                   \
+        return result;                                                                         \
     }
 DEFINE_ASYNC_ALLOC(cuMemAllocAsync, 0)
 DEFINE_ASYNC_ALLOC(cuMemAllocAsync_ptsz, 1)
 
-#define DEFINE_POOL_ALLOC(name, per_thread)                                                  \
-    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,      \
-                                 CUstream hStream)                                           \
-    {                                                                                        \
-        CUresult error;                                                                      \
-        cuMemAllocFromPoolAsync_fn real =                                                    \
-            NVSHARE_REAL_OR_ERROR(name, cuMemAllocFromPoolAsync_fn, &error);                 \
-        if (real == NULL)                                                                    \
-            return error;                                                                    \
-        int saved_errno = errno;                                                             \
+#define DEFINE_POOL_ALLOC(name, per_thread)                                                    \
+    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,        \
+                                 CUstream hStream)                                             \
+    {                                                                                          \
+        CUresult error;                                                                        \
+        cuMemAllocFromPoolAsync_fn real =                                                      \
+            NVSHARE_REAL_OR_ERROR(name, cuMemAllocFromPoolAsync_fn, &error);                   \
+        if (real == NULL)                                                                      \
+            return error;                                                                      \
+        int saved_errno = errno;                                                               \
         CUresult result = allocate_stream_ordered(dptr, bytesize, hStream, per_thread, #name); \
-        if (result == NOT_CONVERTED)                                                         \
-            result = real(dptr, bytesize, pool, hStream);                                    \
-        errno = saved_errno;                                                                 \
-        return result;                                                                       \
+        if (result == NOT_CONVERTED)                                                           \
+            result = real(dptr, bytesize, pool, hStream);                                      \
+        errno = saved_errno;                                                                   \
+        return result;                                                                         \
     }
 DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync, 0)
 DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, 1)
@@ -311,7 +316,7 @@ static CUresult free_managed(CUdeviceptr dptr, int *was_ours, int parked_too)
     if (!*was_ours)
         return CUDA_SUCCESS;
     if (parked && !parked_too)
-        return CUDA_ERROR_INVALID_VALUE;    /* freed twice */
+        return CUDA_ERROR_INVALID_VALUE; /* freed twice */
     CUresult result = NVSHARE_REAL(cuMemFree_v2, cuMemFree_v2_fn)(dptr);
     /* A parked block the driver would not free is gone for the application
      * already: nothing could free it later. */
@@ -348,7 +353,8 @@ int nvshare_memory_set_kind(uint64_t pointer, int gpu, int slot, enum allocation
 {
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct allocation *found = allocation_map_find(&nvshare_pointer_map, pointer);
-    int changed = found != NULL && found->kind == from && found->gpu == gpu && found->context_slot == slot;
+    int changed =
+        found != NULL && found->kind == from && found->gpu == gpu && found->context_slot == slot;
     if (changed) {
         found->kind = to;
         *bytes = found->bytes;
@@ -370,7 +376,7 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
     CUresult result;
     stream = nvshare_actual_stream(stream, per_thread);
     if (parked) {
-        result = CUDA_ERROR_INVALID_VALUE;      /* freed twice */
+        result = CUDA_ERROR_INVALID_VALUE; /* freed twice */
     } else if (!ours) {
         result = real(dptr, stream);
     } else if (converted && nvshare_park(dptr, stream)) {
@@ -476,8 +482,9 @@ void nvshare_memory_prefetch(int gpu, int slot, void *unused)
     int stream_count = 0;
     for (; stream_count < NVSHARE_PREFETCH_STREAMS; stream_count++) {
         CUstream *stream = &streams[stream_count];
-        if (*stream == NULL && nvshare_driver.stream_create(stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
-            *stream = NULL;     /* whatever a failed call left there is no stream */
+        if (*stream == NULL &&
+            nvshare_driver.stream_create(stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+            *stream = NULL; /* whatever a failed call left there is no stream */
             break;
         }
     }

@@ -9,9 +9,9 @@
 #include "allocation_map.h"
 
 extern pthread_mutex_t nvshare_memory_mutex;
-extern struct allocation_map nvshare_pointer_map;      /* device address -> allocation */
-extern struct allocation_map nvshare_handle_map;       /* VMM handle -> allocation */
-extern struct allocation_map nvshare_vmm_mapping_map;  /* VMM mapped address -> its handle, bytes */
+extern struct allocation_map nvshare_pointer_map;     /* device address -> allocation */
+extern struct allocation_map nvshare_handle_map;      /* VMM handle -> allocation */
+extern struct allocation_map nvshare_vmm_mapping_map; /* VMM mapped address -> its handle, bytes */
 
 /* Record an allocation and add it to its GPU's totals (then the agent hears).
  * context_slot: the context it belongs to (nvshare_current_context_slot). */

@@ -85,8 +85,13 @@ NVSHARE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct allocation *physical = allocation_map_find(&nvshare_handle_map, handle);
     if (physical != NULL && physical->kind == ALLOCATION_VMM) {
-        struct allocation mapping = {.key = ptr, .bytes = size, .gpu = physical->gpu, .context_slot = -1,
-                                     .kind = ALLOCATION_VMM, .opens = 1, .vmm_handle = handle};
+        struct allocation mapping = {.key = ptr,
+                                     .bytes = size,
+                                     .gpu = physical->gpu,
+                                     .context_slot = -1,
+                                     .kind = ALLOCATION_VMM,
+                                     .opens = 1,
+                                     .vmm_handle = handle};
         if (allocation_map_put(&nvshare_vmm_mapping_map, &mapping) == 0)
             reference_handle(handle);
     }
@@ -97,7 +102,8 @@ NVSHARE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 
 /* Another reference to the handle of a mapped address (NCCL takes one to
  * register a buffer), given back by a cuMemRelease. */
-NVSHARE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+NVSHARE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
+                                                    void *addr)
 {
     CUresult error;
     cuMemRetainAllocationHandle_fn real =

@@ -39,8 +39,8 @@
 #include "memory_internal.h"
 #include "nvshare_protocol.h"
 
-#define PARKED_BLOCKS 32            /* per GPU and context */
-#define PARKED_SHARE_OF_GPU 8       /* per context, at most 1/8 of its GPU's memory parked */
+#define PARKED_BLOCKS       32 /* per GPU and context */
+#define PARKED_SHARE_OF_GPU 8  /* per context, at most 1/8 of its GPU's memory parked */
 
 enum entry_state { ENTRY_FREE, ENTRY_PARKED, ENTRY_FREEING };
 
@@ -48,10 +48,10 @@ struct parked_block {
     enum entry_state state;
     CUdeviceptr pointer;
     uint64_t bytes;
-    CUstream stream;                /* the stream that freed it */
-    int stream_destroyed;           /* since: the handle may name another stream */
-    CUevent freed;                  /* recorded on that stream at the free; kept for the next block */
-    uint64_t parked_at;             /* for oldest first */
+    CUstream stream;      /* the stream that freed it */
+    int stream_destroyed; /* since: the handle may name another stream */
+    CUevent freed;        /* recorded on that stream at the free; kept for the next block */
+    uint64_t parked_at;   /* for oldest first */
 };
 
 static pthread_mutex_t parking_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -63,7 +63,8 @@ static uint64_t parking_clock;
  * its event tells when another thread may reuse a block. */
 static int same_stream(const struct parked_block *block, CUstream stream)
 {
-    return block->stream == stream && stream != NVSHARE_CU_STREAM_PER_THREAD && !block->stream_destroyed;
+    return block->stream == stream && stream != NVSHARE_CU_STREAM_PER_THREAD &&
+           !block->stream_destroyed;
 }
 
 static int where(int *gpu, int *slot)
@@ -81,7 +82,8 @@ static int take_oldest(int gpu, int slot, struct parked_block *taken, struct par
     struct parked_block *oldest = NULL;
     for (int i = 0; i < PARKED_BLOCKS; i++) {
         struct parked_block *block = &parked[gpu][slot][i];
-        if (block->state == ENTRY_PARKED && (oldest == NULL || block->parked_at < oldest->parked_at))
+        if (block->state == ENTRY_PARKED &&
+            (oldest == NULL || block->parked_at < oldest->parked_at))
             oldest = block;
     }
     if (oldest == NULL)
@@ -118,7 +120,7 @@ uint64_t nvshare_parking_free(int gpu, uint64_t bytes)
     int enough = parked_bytes[gpu][slot] >= bytes;
     pthread_mutex_unlock(&parking_mutex);
     if (!enough)
-        return 0;           /* freeing all would not make the room: keep them */
+        return 0; /* freeing all would not make the room: keep them */
     uint64_t freed = 0;
     struct parked_block taken, *entry;
     while (freed < bytes) {
@@ -150,27 +152,32 @@ int nvshare_park(CUdeviceptr pointer, CUstream stream)
                 entry = &parked[gpu][slot][i];
         }
         if (entry != NULL)
-            break;          /* with the mutex held */
+            break; /* with the mutex held */
         /* All taken: the oldest makes room for this one. */
         struct parked_block taken, *evicted;
         int found = take_oldest(gpu, slot, &taken, &evicted);
         pthread_mutex_unlock(&parking_mutex);
         if (!found)
-            return 0;       /* all of them being freed by other threads */
+            return 0; /* all of them being freed by other threads */
         free_taken(&taken, evicted);
     }
     uint64_t bytes = 0;
-    int parked_now = (entry->freed != NULL ||
-                      nvshare_driver.event_create(&entry->freed, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) &&
-                     nvshare_memory_set_kind(pointer, gpu, slot, ALLOCATION_CONVERTED, ALLOCATION_PARKED,
-                                             &bytes);
+    int parked_now =
+        (entry->freed != NULL ||
+         nvshare_driver.event_create(&entry->freed, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) &&
+        nvshare_memory_set_kind(pointer, gpu, slot, ALLOCATION_CONVERTED, ALLOCATION_PARKED,
+                                &bytes);
     if (parked_now && nvshare_driver.event_record(entry->freed, stream) != CUDA_SUCCESS) {
-        nvshare_memory_set_kind(pointer, gpu, slot, ALLOCATION_PARKED, ALLOCATION_CONVERTED, &bytes);
+        nvshare_memory_set_kind(pointer, gpu, slot, ALLOCATION_PARKED, ALLOCATION_CONVERTED,
+                                &bytes);
         parked_now = 0;
     }
     if (parked_now) {
-        *entry = (struct parked_block){.state = ENTRY_PARKED, .pointer = pointer, .bytes = bytes,
-                                       .stream = stream, .freed = entry->freed,
+        *entry = (struct parked_block){.state = ENTRY_PARKED,
+                                       .pointer = pointer,
+                                       .bytes = bytes,
+                                       .stream = stream,
+                                       .freed = entry->freed,
                                        .parked_at = ++parking_clock};
         parked_bytes[gpu][slot] += bytes;
     }
@@ -196,8 +203,7 @@ int nvshare_unpark(size_t bytes, CUstream stream, CUdeviceptr *pointer)
         if (block->state != ENTRY_PARKED || block->bytes < bytes || block->bytes / 2 > bytes ||
             (best != NULL && block->bytes >= best->bytes))
             continue;
-        if (same_stream(block, stream) ||
-            nvshare_driver.event_query(block->freed) == CUDA_SUCCESS)
+        if (same_stream(block, stream) || nvshare_driver.event_query(block->freed) == CUDA_SUCCESS)
             best = block;
     }
     if (best != NULL) {
@@ -230,8 +236,8 @@ NVSHARE_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep
         uint64_t excess = held > minBytesToKeep ? held - minBytesToKeep : 0;
         pthread_mutex_unlock(&parking_mutex);
         uint64_t freed = excess > 0 ? nvshare_parking_free(gpu, excess) : 0;
-        nvshare_debug("pool trim gpu=%d keep=%zu parked blocks freed=%llu bytes", gpu, minBytesToKeep,
-                      (unsigned long long)freed);
+        nvshare_debug("pool trim gpu=%d keep=%zu parked blocks freed=%llu bytes", gpu,
+                      minBytesToKeep, (unsigned long long)freed);
     }
     errno = saved_errno;
     return result;
@@ -244,7 +250,8 @@ static void forget_stream(CUstream stream)
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
         for (int slot = 0; slot < NVSHARE_CONTEXT_SLOTS; slot++) {
             for (int i = 0; parked_bytes[gpu][slot] > 0 && i < PARKED_BLOCKS; i++) {
-                if (parked[gpu][slot][i].state == ENTRY_PARKED && parked[gpu][slot][i].stream == stream)
+                if (parked[gpu][slot][i].state == ENTRY_PARKED &&
+                    parked[gpu][slot][i].stream == stream)
                     parked[gpu][slot][i].stream_destroyed = 1;
             }
         }
@@ -252,16 +259,15 @@ static void forget_stream(CUstream stream)
     pthread_mutex_unlock(&parking_mutex);
 }
 
-#define DEFINE_STREAM_DESTROY(name)                                            \
-    NVSHARE_EXPORT CUresult name(CUstream hStream)                             \
-    {                                                                          \
-        CUresult error;                                                        \
-        cuStreamDestroy_v2_fn real =                                           \
-            NVSHARE_REAL_OR_ERROR(name, cuStreamDestroy_v2_fn, &error);        \
-        if (real == NULL)                                                      \
-            return error;                                                      \
-        forget_stream(hStream);                                                \
-        return nvshare_capture_destroy_stream(hStream, real);                  \
+#define DEFINE_STREAM_DESTROY(name)                                                              \
+    NVSHARE_EXPORT CUresult name(CUstream hStream)                                               \
+    {                                                                                            \
+        CUresult error;                                                                          \
+        cuStreamDestroy_v2_fn real = NVSHARE_REAL_OR_ERROR(name, cuStreamDestroy_v2_fn, &error); \
+        if (real == NULL)                                                                        \
+            return error;                                                                        \
+        forget_stream(hStream);                                                                  \
+        return nvshare_capture_destroy_stream(hStream, real);                                    \
     }
 DEFINE_STREAM_DESTROY(cuStreamDestroy)
 DEFINE_STREAM_DESTROY(cuStreamDestroy_v2)

@@ -32,8 +32,8 @@
 /* Also caps how much a sudden switch to long kernels can queue before the
  * first of them completes and shrinks the windows again. */
 #define MAX_LAUNCHES_PER_MARK 256
-#define WINDOWS_PER_BOUND 8.0
-#define RING_SLOTS 64
+#define WINDOWS_PER_BOUND     8.0
+#define RING_SLOTS            64
 /* The slot just completed stays intact for the next elapsed-time sample. */
 #define MAX_PENDING (RING_SLOTS - 2)
 /* Marks queued before the first measurement bounds the queue. */
@@ -42,17 +42,17 @@
 struct mark {
     CUevent event;
     CUstream stream;
-    unsigned long recorder;         /* the per-thread default stream is one handle for many streams */
-    unsigned launches;              /* the window it closes: launches since the thread's last mark */
+    unsigned long recorder; /* the per-thread default stream is one handle for many streams */
+    unsigned launches;      /* the window it closes: launches since the thread's last mark */
 };
 
 /* One per GPU and context (contexts.c): events belong to their context. */
 struct launch_queue {
     struct mark ring[RING_SLOTS];
-    unsigned head, tail;            /* pending marks: head..tail-1 (mod RING_SLOTS) */
-    int have_completed;             /* ring[head - 1] holds the newest completed mark */
-    double ms_per_launch;           /* GPU time, moving average; 0 until measured */
-    atomic_uint launches_per_mark;  /* read on every launch, without the mutex */
+    unsigned head, tail;           /* pending marks: head..tail-1 (mod RING_SLOTS) */
+    int have_completed;            /* ring[head - 1] holds the newest completed mark */
+    double ms_per_launch;          /* GPU time, moving average; 0 until measured */
+    atomic_uint launches_per_mark; /* read on every launch, without the mutex */
 };
 
 static struct launch_queue queues[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS];
@@ -94,16 +94,17 @@ static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms
         float elapsed_ms;
         if (queue->have_completed && on_one_stream(previous, mark) && mark->launches > 0 &&
             nvshare_driver.event_elapsed_time(&elapsed_ms, previous->event, mark->event) ==
-                CUDA_SUCCESS && elapsed_ms >= 0) {
+                CUDA_SUCCESS &&
+            elapsed_ms >= 0) {
             /* Events closer than the timer's resolution read 0 ms apart. */
-            double sample = elapsed_ms > 0 ? elapsed_ms / mark->launches : 1e-6;
-            queue->ms_per_launch = queue->ms_per_launch > 0
-                                       ? 0.8 * queue->ms_per_launch + 0.2 * sample
-                                       : sample;
+            double sample = elapsed_ms > 0 ? (double)elapsed_ms / (double)mark->launches : 1e-6;
+            queue->ms_per_launch =
+                queue->ms_per_launch > 0 ? 0.8 * queue->ms_per_launch + 0.2 * sample : sample;
             /* Windows shrink at once when kernels get longer, grow as the average falls. */
             double slowest = sample > queue->ms_per_launch ? sample : queue->ms_per_launch;
             atomic_store_explicit(&queue->launches_per_mark,
-                                  launches_per_mark_for(slowest, max_queued_ms), memory_order_relaxed);
+                                  launches_per_mark_for(slowest, max_queued_ms),
+                                  memory_order_relaxed);
         }
         queue->have_completed = 1;
         queue->head++;
@@ -116,7 +117,7 @@ static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms
 static CUevent mark_to_wait_for(struct launch_queue *queue, unsigned max_queued_ms)
 {
     double allowed_launches = max_queued_ms / queue->ms_per_launch;
-    double behind = 0;  /* launches queued behind the mark looked at */
+    double behind = 0; /* launches queued behind the mark looked at */
     for (unsigned mark = queue->tail; mark != queue->head;) {
         mark--;
         unsigned launches = queue->ring[mark % RING_SLOTS].launches;
@@ -131,7 +132,7 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
 {
     int slot = nvshare_current_context_slot();
     if (slot < 0)
-        return;             /* a context with no slot: not bounded */
+        return; /* a context with no slot: not bounded */
     struct launch_queue *queue = &queues[gpu][slot];
     unsigned every = atomic_load_explicit(&queue->launches_per_mark, memory_order_relaxed);
     if (++launches_since_mark < (every ? every : MIN_LAUNCHES_PER_MARK))
@@ -145,8 +146,8 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
     pthread_once(&queues_once, init_queues);
     pthread_mutex_t *mutex = &queue_mutexes[gpu][slot];
     if (pthread_mutex_trylock(mutex) != 0)
-        return;             /* another thread is taking this mark */
-    if (stream == NULL)     /* the row's name says which default stream: look only when needed */
+        return;         /* another thread is taking this mark */
+    if (stream == NULL) /* the row's name says which default stream: look only when needed */
         stream = nvshare_actual_stream(stream, nvshare_hook_per_thread(hook_id));
     if (!nvshare_stream_may_record(stream)) {
         pthread_mutex_unlock(mutex);
@@ -190,13 +191,14 @@ static void note_pending_mark(int gpu, int slot, void *pending)
 {
     pthread_mutex_t *mutex = &queue_mutexes[gpu][slot];
     if (pthread_mutex_trylock(mutex) != 0) {
-        *(int *)pending = 1;    /* a launching thread is taking a mark right now */
+        *(int *)pending = 1; /* a launching thread is taking a mark right now */
         return;
     }
     struct launch_queue *queue = &queues[gpu][slot];
     for (unsigned mark = queue->tail; mark != queue->head && !*(int *)pending;) {
         mark--;
-        if (nvshare_driver.event_query(queue->ring[mark % RING_SLOTS].event) == CUDA_ERROR_NOT_READY)
+        if (nvshare_driver.event_query(queue->ring[mark % RING_SLOTS].event) ==
+            CUDA_ERROR_NOT_READY)
             *(int *)pending = 1;
     }
     pthread_mutex_unlock(mutex);
@@ -205,7 +207,7 @@ static void note_pending_mark(int gpu, int slot, void *pending)
 int nvshare_queue_work_pending(int gpu)
 {
     if (nvshare_config()->max_queued_ms == 0 || nvshare_driver.event_query == NULL)
-        return 0;           /* no marks are recorded */
+        return 0; /* no marks are recorded */
     pthread_once(&queues_once, init_queues);
     int pending = 0;
     /* Under the contexts' mutex, so no context (and none of its events) is

@@ -31,8 +31,8 @@ int nvshare_wire_send(int fd, uint16_t type, const void *payload, uint32_t bytes
 
 int nvshare_wire_receive(int fd, struct nvshare_inbox *inbox)
 {
-    ssize_t got = recv(fd, inbox->bytes + inbox->used, sizeof inbox->bytes - inbox->used,
-                       MSG_DONTWAIT);
+    ssize_t got =
+        recv(fd, inbox->bytes + inbox->used, sizeof inbox->bytes - inbox->used, MSG_DONTWAIT);
     if (got == 0)
         return 0;
     if (got < 0)

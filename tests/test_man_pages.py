@@ -24,15 +24,20 @@ PAGES = [NVSHARECTL_PAGE, AGENT_PAGE]
 # An option as it appears in running text: not the "-Bus" of "D-Bus".
 OPTION = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*")
 
-needs_groff = pytest.mark.skipif(not shutil.which("groff"),
-                                 reason="needs groff (groff-base, packaging/deps.txt)")
+needs_groff = pytest.mark.skipif(
+    not shutil.which("groff"), reason="needs groff (groff-base, packaging/deps.txt)"
+)
 
 
 def rendered(page: Path) -> str:
     """The page as plain text: ASCII hyphens, no overstriking, and lines so
     long that no option is broken across two."""
-    result = subprocess.run(["groff", "-man", "-Tascii", "-P-cbou", "-rLL=1000n", str(page)],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        ["groff", "-man", "-Tascii", "-P-cbou", "-rLL=1000n", str(page)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return result.stdout
 
 
@@ -58,8 +63,9 @@ def nvsharectl_tree() -> list[tuple[tuple[str, ...], list[click.Parameter]]]:
     found = []
 
     def walk(command: click.Command, path: tuple[str, ...], parent):
-        ctx = command.make_context(" ".join(("nvsharectl",) + path), [], parent=parent,
-                                   resilient_parsing=True)
+        ctx = command.make_context(
+            " ".join(("nvsharectl",) + path), [], parent=parent, resilient_parsing=True
+        )
         found.append((path, command.get_params(ctx)))
         if isinstance(command, click.Group):
             for name, sub in command.commands.items():
@@ -70,22 +76,34 @@ def nvsharectl_tree() -> list[tuple[tuple[str, ...], list[click.Parameter]]]:
 
 
 def agent_options() -> set[str]:
-    result = subprocess.run([sys.executable, "-m", "nvshare_agent", "--help"],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "nvshare_agent", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return set(OPTION.findall(result.stdout))
 
 
 @needs_groff
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
 def test_page_renders_without_a_warning(page):
-    result = subprocess.run(["groff", "-k", "-man", "-ww", "-z", "-Tutf8", str(page)],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        ["groff", "-k", "-man", "-ww", "-z", "-Tutf8", str(page)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0 and result.stderr == "", result.stderr
     if shutil.which("man"):
         # What lintian runs (its "groff-message" check), at 80 columns.
-        result = subprocess.run(["man", "--warnings", "-E", "UTF-8", "-l", "-Tutf8", "-Z", str(page)],
-                                capture_output=True, text=True, check=False,
-                                env=dict(os.environ, LC_ALL="C.UTF-8", MANWIDTH="80"))
+        result = subprocess.run(
+            ["man", "--warnings", "-E", "UTF-8", "-l", "-Tutf8", "-Z", str(page)],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=dict(os.environ, LC_ALL="C.UTF-8", MANWIDTH="80"),
+        )
         assert result.returncode == 0 and result.stderr == "", result.stderr
 
 
@@ -113,8 +131,13 @@ def test_nvsharectl_page_names_every_command_option_and_choice():
 
 @needs_groff
 def test_nvsharectl_page_names_no_option_that_nvsharectl_lacks():
-    accepted = {opt for _, params in nvsharectl_tree() for param in params
-                if isinstance(param, click.Option) for opt in param.opts + param.secondary_opts}
+    accepted = {
+        opt
+        for _, params in nvsharectl_tree()
+        for param in params
+        if isinstance(param, click.Option)
+        for opt in param.opts + param.secondary_opts
+    }
     page = sections(rendered(NVSHARECTL_PAGE))
     named = set(OPTION.findall(page["SYNOPSIS"] + page["OPTIONS"]))
     assert named and named <= accepted, f"unknown to nvsharectl: {sorted(named - accepted)}"

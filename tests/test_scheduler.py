@@ -6,13 +6,27 @@ import random
 
 import pytest
 
-from nvshare_agent.scheduler import (AskToDrop, Grant, Gone, Greeted, Ignored, LockReleased, Queued, Refuse,
-                                     Revoke, Scheduler, SendSettings, Withdrawn)
+from nvshare_agent.scheduler import (
+    AskToDrop,
+    Gone,
+    Grant,
+    Greeted,
+    Ignored,
+    LockReleased,
+    Queued,
+    Refuse,
+    Revoke,
+    Scheduler,
+    SendSettings,
+    Withdrawn,
+)
 from nvshare_agent.settings import Settings
 
 G0, G1 = b"\x00" * 15 + b"\x01", b"\x00" * 15 + b"\x02"
 TQ, GRACE = 10, 2.0
-SETTINGS = Settings(time_quantum_s=TQ, anti_thrash=True, idle_release_ms=100, drop_grace_ms=int(GRACE * 1000))
+SETTINGS = Settings(
+    time_quantum_s=TQ, anti_thrash=True, idle_release_ms=100, drop_grace_ms=int(GRACE * 1000)
+)
 
 
 def of(kind, actions):
@@ -36,6 +50,7 @@ def grant_of(actions, client=None):
 
 
 # ---------------------------------------------------------------- hello and protocol order
+
 
 def test_hello_sends_settings_and_logs_the_client():
     s = Scheduler(SETTINGS)
@@ -63,6 +78,7 @@ def test_a_client_may_name_at_most_max_gpus():
 
 
 # ---------------------------------------------------------------- FCFS, quantum, grace
+
 
 def test_free_gpu_is_granted_at_once_exclusively():
     s = make()
@@ -159,7 +175,9 @@ def test_release_after_drop_reports_drop_to_release_time_and_grants_next():
     s.tick(TQ)
     actions = s.release(1, G0, lease, TQ + 0.5)
     released = of(LockReleased, actions)[0]
-    assert released.drop_to_release_s == pytest.approx(0.5) and released.held_s == pytest.approx(TQ + 0.5)
+    assert released.drop_to_release_s == pytest.approx(0.5) and released.held_s == pytest.approx(
+        TQ + 0.5
+    )
     grant_of(actions, 2)
 
 
@@ -208,6 +226,7 @@ def test_early_release_then_request_again_queues_behind_others():
 
 
 # ---------------------------------------------------------------- disconnects and GPUs
+
 
 def test_holder_disconnect_grants_the_next_waiter():
     s = make()
@@ -338,6 +357,7 @@ def test_shorter_quantum_applies_to_the_current_holder():
 
 # ---------------------------------------------------------------- snapshot
 
+
 def test_snapshot_reports_states_memory_and_holding_time():
     s = make(3, gpus=(G0,))
     s.request(1, G0, 0.0)
@@ -355,8 +375,10 @@ def test_snapshot_reports_states_memory_and_holding_time():
 def test_memory_report_beyond_64_bits_is_refused_and_keeps_the_last_good_total():
     s = make(1)
     s.memory_report(1, G0, 2**64 - 2, 1)
-    assert of(Refuse, s.memory_report(1, G0, 2**64 - 1, 1))[0].reason == \
-        f"MEMORY_REPORT of {2**64} bytes does not fit in 64 bits"
+    assert (
+        of(Refuse, s.memory_report(1, G0, 2**64 - 1, 1))[0].reason
+        == f"MEMORY_REPORT of {2**64} bytes does not fit in 64 bits"
+    )
     assert s.snapshot(0.0).clients[0].gpus[0].allocated_bytes == 2**64 - 1
 
 
@@ -367,6 +389,7 @@ def test_clients_that_never_said_hello_are_not_in_the_snapshot():
 
 
 # ---------------------------------------------------------------- random walks
+
 
 @pytest.mark.parametrize("seed", range(40))
 def test_random_event_sequences_keep_the_invariants(seed):
@@ -390,7 +413,9 @@ def test_random_event_sequences_keep_the_invariants(seed):
             actions = s.request(client, gpu, now)
         elif event < 0.7:
             held = s.gpus[gpu].holders.get(client)
-            actions = s.release(client, gpu, held.number if held and rng.random() < 0.9 else rng.randrange(5), now)
+            actions = s.release(
+                client, gpu, held.number if held and rng.random() < 0.9 else rng.randrange(5), now
+            )
         elif event < 0.78:
             actions = s.disconnect(client, now)
             del live[client]
@@ -431,8 +456,11 @@ def _check_invariants(s: Scheduler) -> None:
         if s.settings.anti_thrash and len(gpu.holders) > 1:
             # Only while draining a switch back on: everyone has been asked to drop.
             assert all(h.drop_requested_at is not None for h in gpu.holders.values())
-        assert len(exclusive) <= 1 or not s.settings.anti_thrash or all(
-            h.drop_requested_at is not None for h in gpu.holders.values())
+        assert (
+            len(exclusive) <= 1
+            or not s.settings.anti_thrash
+            or all(h.drop_requested_at is not None for h in gpu.holders.values())
+        )
         if s.settings.anti_thrash and gpu.waiters:
             assert gpu.holders, "a waiter with a free GPU"
         if not s.settings.anti_thrash:

@@ -11,6 +11,7 @@ RESULTS/hook_cost.json.
 
     bench/gpu/run.sh --hook-cost [PROCESSES] [RESULTS]
 """
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,7 @@ def main() -> None:
     agent = Agent(workdir)
     runs = {name: [] for name in SETTINGS}
     try:
-        for _ in range(processes):      # settings interleaved, so drift favours neither
+        for _ in range(processes):  # settings interleaved, so drift favours neither
             for name, extra in SETTINGS.items():
                 runs[name].append(hook_cost(program, agent.env(**extra)))
     finally:
@@ -39,12 +40,16 @@ def main() -> None:
         for result in results:
             m = result["measures"]
             low, high = m["delta_ns_mean_95"]
-            print(f"{name:19} driver {m['driver_ns_median']:7.1f} ns  hook {m['hook_ns_median']:7.1f} ns  "
-                  f"delta median {m['delta_ns_median']:+6.1f}  mean {m['delta_ns_mean']:+6.1f} "
-                  f"({low:+.1f} .. {high:+.1f})  cuCtxGetCurrent {m['ctx_get_current_ns']:.1f} ns  "
-                  f"a locked add after the launch {m['locked_add_ns_median']:+.1f} ns")
-    print(f"({result['blocks']} blocks of {result['launches_per_block']} launches per path per process; "
-          f"hook in {result['hooked_in']})")
+            print(
+                f"{name:19} driver {m['driver_ns_median']:7.1f} ns  hook {m['hook_ns_median']:7.1f} ns  "
+                f"delta median {m['delta_ns_median']:+6.1f}  mean {m['delta_ns_mean']:+6.1f} "
+                f"({low:+.1f} .. {high:+.1f})  cuCtxGetCurrent {m['ctx_get_current_ns']:.1f} ns  "
+                f"a locked add after the launch {m['locked_add_ns_median']:+.1f} ns"
+            )
+    print(
+        f"({result['blocks']} blocks of {result['launches_per_block']} launches per path per process; "
+        f"hook in {result['hooked_in']})"
+    )
 
 
 if __name__ == "__main__":

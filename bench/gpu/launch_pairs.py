@@ -8,6 +8,7 @@ medians with its 95 % bootstrap interval; full numbers go to RESULTS/launch_pair
 
     bench/gpu/run.sh --launch-pairs [PAIRS] [RESULTS]
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,13 @@ from run import Agent, bootstrap_95, build_launch_loop, count_and_results_dir, l
 
 def bootstrap_delta(plain, tool, draws=4000, seed=1) -> tuple[float, float]:
     """95 % interval of median(tool) - median(plain), resampling each side."""
-    return bootstrap_95(lambda tool, plain: statistics.median(tool) - statistics.median(plain),
-                        tool, plain, draws=draws, seed=seed)
+    return bootstrap_95(
+        lambda tool, plain: statistics.median(tool) - statistics.median(plain),
+        tool,
+        plain,
+        draws=draws,
+        seed=seed,
+    )
 
 
 def main() -> None:
@@ -37,15 +43,31 @@ def main() -> None:
     low, high = bootstrap_delta(plain, shim)
     delta = statistics.median(shim) - statistics.median(plain)
     paired = [s - p for s, p in zip(shim, plain)]
-    (results_dir / "launch_pairs.json").write_text(json.dumps(
-        {"pairs": pairs, "launch_us_plain": plain, "launch_us_shim": shim,
-         "launch_us_plain_100k": launches["plain_100k"], "launch_us_shim_100k": launches["tool_100k"],
-         "delta_of_medians": delta,
-         "bootstrap_95": [low, high], "mean_paired_delta": statistics.mean(paired)}, indent=1))
-    print(f"plain  median {statistics.median(plain):.3f} µs/launch (runs {min(plain):.2f}-{max(plain):.2f})")
-    print(f"shim   median {statistics.median(shim):.3f} µs/launch (runs {min(shim):.2f}-{max(shim):.2f})")
-    print(f"delta  {delta:+.3f} µs, 95 % bootstrap {low:+.3f} .. {high:+.3f}; "
-          f"mean of paired deltas {statistics.mean(paired):+.3f} ({pairs} pairs)")
+    (results_dir / "launch_pairs.json").write_text(
+        json.dumps(
+            {
+                "pairs": pairs,
+                "launch_us_plain": plain,
+                "launch_us_shim": shim,
+                "launch_us_plain_100k": launches["plain_100k"],
+                "launch_us_shim_100k": launches["tool_100k"],
+                "delta_of_medians": delta,
+                "bootstrap_95": [low, high],
+                "mean_paired_delta": statistics.mean(paired),
+            },
+            indent=1,
+        )
+    )
+    print(
+        f"plain  median {statistics.median(plain):.3f} µs/launch (runs {min(plain):.2f}-{max(plain):.2f})"
+    )
+    print(
+        f"shim   median {statistics.median(shim):.3f} µs/launch (runs {min(shim):.2f}-{max(shim):.2f})"
+    )
+    print(
+        f"delta  {delta:+.3f} µs, 95 % bootstrap {low:+.3f} .. {high:+.3f}; "
+        f"mean of paired deltas {statistics.mean(paired):+.3f} ({pairs} pairs)"
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ RESULTS/launch_spread.json.
 
     bench/gpu/run.sh --launch-spread [PROCESSES] [RESULTS]
 """
+
 from __future__ import annotations
 
 import json
@@ -30,11 +31,18 @@ def spread_measures(processes: list[dict]) -> dict:
     """Summary of one way's launch_loop outputs (µs per launch).  The first round is left out
     of the within-process spread: it may still be warming up."""
     fastest = [min(process["rounds_us"]) for process in processes]
-    within = [max(process["rounds_us"][1:]) - min(process["rounds_us"][1:]) for process in processes]
-    enqueue_share = [min(process["enqueue_us"]) / min(process["rounds_us"]) for process in processes]
-    return {"fastest_median": statistics.median(fastest), "fastest_range": [min(fastest), max(fastest)],
-            "within_process_spread_median": statistics.median(within),
-            "enqueue_share_median": statistics.median(enqueue_share)}
+    within = [
+        max(process["rounds_us"][1:]) - min(process["rounds_us"][1:]) for process in processes
+    ]
+    enqueue_share = [
+        min(process["enqueue_us"]) / min(process["rounds_us"]) for process in processes
+    ]
+    return {
+        "fastest_median": statistics.median(fastest),
+        "fastest_range": [min(fastest), max(fastest)],
+        "within_process_spread_median": statistics.median(within),
+        "enqueue_share_median": statistics.median(enqueue_share),
+    }
 
 
 def main() -> None:
@@ -42,9 +50,13 @@ def main() -> None:
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="nvshare-spread-"))
     launch_loop = build_launch_loop(workdir)
     agent = Agent(workdir)
-    ways = {"plain": ([], None), "plain, addresses fixed": (ADDRESSES_FIXED, None),
-            "plain, one CPU": (ONE_CPU, None), "shim": ([], agent.env()),
-            "shim, addresses fixed": (ADDRESSES_FIXED, agent.env())}
+    ways = {
+        "plain": ([], None),
+        "plain, addresses fixed": (ADDRESSES_FIXED, None),
+        "plain, one CPU": (ONE_CPU, None),
+        "shim": ([], agent.env()),
+        "shim, addresses fixed": (ADDRESSES_FIXED, agent.env()),
+    }
     outputs = {way: [] for way in ways}
     try:
         for _ in range(count):
@@ -54,13 +66,18 @@ def main() -> None:
         agent.stop()
     measures = {way: spread_measures(processes) for way, processes in outputs.items()}
     (results_dir / "launch_spread.json").write_text(
-        json.dumps({"processes": count, "measures": measures, "outputs": outputs}, indent=1))
-    print(f"µs per launch, {count} processes per way; fastest round of each process, median (range);"
-          " spread of rounds 2-6 inside a process, median; enqueue / round")
+        json.dumps({"processes": count, "measures": measures, "outputs": outputs}, indent=1)
+    )
+    print(
+        f"µs per launch, {count} processes per way; fastest round of each process, median (range);"
+        " spread of rounds 2-6 inside a process, median; enqueue / round"
+    )
     for way, m in measures.items():
         low, high = m["fastest_range"]
-        print(f"{way:24s} {m['fastest_median']:.3f} ({low:.3f}-{high:.3f})  "
-              f"{m['within_process_spread_median']:.3f}  {m['enqueue_share_median']:.3f}")
+        print(
+            f"{way:24s} {m['fastest_median']:.3f} ({low:.3f}-{high:.3f})  "
+            f"{m['within_process_spread_median']:.3f}  {m['enqueue_share_median']:.3f}"
+        )
 
 
 if __name__ == "__main__":

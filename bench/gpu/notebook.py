@@ -2,6 +2,7 @@
 
 Prints one JSON line with each burst's latency (start to completion); the
 benchmark reads each burst's wait for the lock from the agent's grant lines."""
+
 import argparse
 import json
 import time

@@ -16,6 +16,7 @@ drop to release as each scheduler saw it (ours from the agent's log, the
 original's from the arrival of its scheduler's log lines), also with trainers
 that let work queue ahead (loss read every 50 steps).
 """
+
 from __future__ import annotations
 
 import os
@@ -41,18 +42,34 @@ class OriginalScheduler:
         env = dict(os.environ)
         env.pop("LD_PRELOAD", None)
         # It logs on stderr, unbuffered, so the arrival time of a line is the time of the event.
-        self.process = subprocess.Popen([str(build / "nvshare-scheduler")], stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        self.process = subprocess.Popen(
+            [str(build / "nvshare-scheduler")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         deadline = time.monotonic() + 10
         while not ORIGINAL_SOCKET.exists():
             if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("original scheduler did not start:\n" + "".join(l for _, l in self.lines))
+                raise RuntimeError(
+                    "original scheduler did not start:\n" + "".join(line for _, line in self.lines)
+                )
             time.sleep(0.05)
-        for setting in (f"--set-tq={time_quantum_s}", f"--anti-thrash={'on' if anti_thrash else 'off'}"):
-            subprocess.run([str(build / "nvsharectl"), setting], check=True, capture_output=True, env=env,
-                           timeout=10)
+        for setting in (
+            f"--set-tq={time_quantum_s}",
+            f"--anti-thrash={'on' if anti_thrash else 'off'}",
+        ):
+            subprocess.run(
+                [str(build / "nvsharectl"), setting],
+                check=True,
+                capture_output=True,
+                env=env,
+                timeout=10,
+            )
 
     def _read(self) -> None:
         for line in self.process.stdout:
@@ -117,7 +134,11 @@ def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: original.py ORIGINAL_BUILD [RESULTS]")
     build = pathlib.Path(sys.argv[1]).resolve()
-    missing = [name for name in ("nvshare-scheduler", "nvsharectl", "libnvshare.so") if not (build / name).exists()]
+    missing = [
+        name
+        for name in ("nvshare-scheduler", "nvsharectl", "libnvshare.so")
+        if not (build / name).exists()
+    ]
     if missing:
         sys.exit(f"original.py: {build} lacks {', '.join(missing)}")
     results_dir = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else bench.REPO / "results" / "gpu")
@@ -135,9 +156,15 @@ def main() -> None:
         ("original_tq5", lambda: original_pair(build, 35, 5)),
         ("nvshare_tq2", lambda: bench.pair_run(workdir, 30, time_quantum_s=2)),
         ("original_tq2", lambda: original_pair(build, 30, 2)),
-        ("nvshare_tq5_queued", lambda: bench.pair_run(workdir, 35, queue_ahead=True, time_quantum_s=5)),
+        (
+            "nvshare_tq5_queued",
+            lambda: bench.pair_run(workdir, 35, queue_ahead=True, time_quantum_s=5),
+        ),
         ("original_tq5_queued", lambda: original_pair_queued(build, 35, 5)),
-        ("nvshare_tq2_queued", lambda: bench.pair_run(workdir, 30, queue_ahead=True, time_quantum_s=2)),
+        (
+            "nvshare_tq2_queued",
+            lambda: bench.pair_run(workdir, 30, queue_ahead=True, time_quantum_s=2),
+        ),
         ("original_tq2_queued", lambda: original_pair_queued(build, 30, 2)),
     ]
     bench.run_phases(phases, results, results_dir / "original.json")
@@ -159,29 +186,45 @@ def print_table(results: dict) -> None:
     rows = [
         ("aggregate step rate / solo", lambda v: f"{v['aggregate_steps_per_s'] / solo:.3f}x"),
         ("shares", lambda v: " / ".join(f"{100 * x:.1f}%" for x in v["shares"])),
-        ("GPU busy fraction (> 1: both compute at once)", lambda v: f"{v['gpu_busy_fraction']:.3f}"),
-        ("turns / turn p50 / turn max, s", lambda v: f"{v['turns']} / {v['turn_p50_s']:.2f} / {v['turn_max_s']:.2f}"),
+        (
+            "GPU busy fraction (> 1: both compute at once)",
+            lambda v: f"{v['gpu_busy_fraction']:.3f}",
+        ),
+        (
+            "turns / turn p50 / turn max, s",
+            lambda v: f"{v['turns']} / {v['turn_p50_s']:.2f} / {v['turn_max_s']:.2f}",
+        ),
         ("drop -> release p50 / p99 ms", drops),
     ]
 
     def rate(v):
         return v["steps_per_s"]
 
-    print(f"\nsolo, no tool: {cell('solo', lambda v: f'{rate(v):.2f}')} steps/s; under the original "
-          f"(TQ 5 s): {cell('original_solo_tq5', lambda v: f'{rate(v) / solo:.3f}')} of that")
-    for label, key, fmt in (("one process: training step ratio, tool / none", "step_ratio_median", "{:.4f}"),
-                            ("one process: results identical", "results_identical", "{}"),
-                            ("one process: empty-kernel launch, tool - none, us", "launch_us_delta", "{:+.3f}")):
-        print(f"{label:<58}{cell('nvshare_overhead', lambda v: fmt.format(v[key])):>22}"
-              f"{cell('original_overhead', lambda v: fmt.format(v[key])):>22}")
+    print(
+        f"\nsolo, no tool: {cell('solo', lambda v: f'{rate(v):.2f}')} steps/s; under the original "
+        f"(TQ 5 s): {cell('original_solo_tq5', lambda v: f'{rate(v) / solo:.3f}')} of that"
+    )
+    for label, key, fmt in (
+        ("one process: training step ratio, tool / none", "step_ratio_median", "{:.4f}"),
+        ("one process: results identical", "results_identical", "{}"),
+        ("one process: empty-kernel launch, tool - none, us", "launch_us_delta", "{:+.3f}"),
+    ):
+        print(
+            f"{label:<58}{cell('nvshare_overhead', lambda v, f=fmt, k=key: f.format(v[k])):>22}"
+            f"{cell('original_overhead', lambda v, f=fmt, k=key: f.format(v[k])):>22}"
+        )
     print(f"{'two trainers':<58}{'nvshare':>22}{'original':>22}")
     for tq in (5, 2):
         for label, render in rows:
-            print(f"{f'TQ {tq} s: ' + label:<58}{cell(f'nvshare_tq{tq}', render):>22}"
-                  f"{cell(f'original_tq{tq}', render):>22}")
+            print(
+                f"{f'TQ {tq} s: ' + label:<58}{cell(f'nvshare_tq{tq}', render):>22}"
+                f"{cell(f'original_tq{tq}', render):>22}"
+            )
     for tq in (5, 2):
-        print(f"{f'TQ {tq} s, loss read every 50 steps: drop -> release p50 / p99 ms':<58}"
-              f"{cell(f'nvshare_tq{tq}_queued', drops):>22}{cell(f'original_tq{tq}_queued', drops):>22}")
+        print(
+            f"{f'TQ {tq} s, loss read every 50 steps: drop -> release p50 / p99 ms':<58}"
+            f"{cell(f'nvshare_tq{tq}_queued', drops):>22}{cell(f'original_tq{tq}_queued', drops):>22}"
+        )
 
 
 if __name__ == "__main__":

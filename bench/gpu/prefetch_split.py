@@ -9,6 +9,7 @@ and the shim's own prefetch timings (its debug log) as JSON.
 
     python3 bench/gpu/prefetch_split.py [RESULTS_DIR] [--rounds 10] [--streams 1 4 8]
 """
+
 import argparse
 import json
 import pathlib
@@ -24,14 +25,25 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 def build_shim(streams: int) -> pathlib.Path:
     build = f"build/streams-{streams}"
-    subprocess.run(["make", "-s", "-C", str(run.REPO / "shim"), f"BUILD={build}",
-                    f"CPPFLAGS=-DNVSHARE_PREFETCH_STREAMS={streams}"], check=True)
+    subprocess.run(
+        [
+            "make",
+            "-s",
+            "-C",
+            str(run.REPO / "shim"),
+            f"BUILD={build}",
+            f"CPPFLAGS=-DNVSHARE_PREFETCH_STREAMS={streams}",
+        ],
+        check=True,
+    )
     return run.REPO / "shim" / build / "libnvshare.so"
 
 
 def shim_rate(log: str) -> float | None:
     """GB/s of the bulk prefetch that brought the working set back (the last in the log)."""
-    rates = [float(line.rsplit("GB/s=", 1)[1]) for line in log.splitlines() if "prefetch gpu=" in line]
+    rates = [
+        float(line.rsplit("GB/s=", 1)[1]) for line in log.splitlines() if "prefetch gpu=" in line
+    ]
     return rates[-1] if rates else None
 
 
@@ -69,23 +81,38 @@ def main() -> None:
                     result = run.run_json(command, env=env, timeout=180, stderr_into=logs)
                     shim_rates[way].append(shim_rate(logs[-1]))
                 samples[way].append(result["gb_per_s"])
-            print(f"round {round_index}: " + ", ".join(f"{way} {samples[way][-1]:.1f}" for way in ways),
-                  flush=True)
+            print(
+                f"round {round_index}: "
+                + ", ".join(f"{way} {samples[way][-1]:.1f}" for way in ways),
+                flush=True,
+            )
     finally:
         agent.stop()
 
-    summary = {way: {"median": statistics.median(values), "min": min(values), "max": max(values)}
-               for way, values in samples.items()}
-    (results_dir / "prefetch_split.json").write_text(json.dumps(
-        {"environment": run.environment(), "gb_per_s": samples, "shim_prefetch_gb_per_s": shim_rates,
-         "summary": summary}, indent=1))
+    summary = {
+        way: {"median": statistics.median(values), "min": min(values), "max": max(values)}
+        for way, values in samples.items()
+    }
+    (results_dir / "prefetch_split.json").write_text(
+        json.dumps(
+            {
+                "environment": run.environment(),
+                "gb_per_s": samples,
+                "shim_prefetch_gb_per_s": shim_rates,
+                "summary": summary,
+            },
+            indent=1,
+        )
+    )
     print(f"\n{'way':<12} {'median':>7} {'min':>6} {'max':>6}   GB/s, grant -> first kernel done")
     for way, row in summary.items():
         print(f"{way:<12} {row['median']:>7.1f} {row['min']:>6.1f} {row['max']:>6.1f}")
     for way, rates in shim_rates.items():
         known = [rate for rate in rates if rate is not None]
         if known:
-            print(f"{way:<12} the shim's prefetch alone: median {statistics.median(known):.1f} GB/s")
+            print(
+                f"{way:<12} the shim's prefetch alone: median {statistics.median(known):.1f} GB/s"
+            )
 
 
 if __name__ == "__main__":

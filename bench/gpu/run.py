@@ -11,6 +11,7 @@ Safety: every process under the shim allocates managed memory.  All of it
 together stays under half of the card's free memory (checked before start):
 asking for more can hang a shared GPU.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -55,24 +56,50 @@ class Agent:
 
     started = itertools.count()
 
-    def __init__(self, workdir: pathlib.Path, time_quantum_s=30, anti_thrash=True, idle_release_ms=1000,
-                 debug=False, base_env=None):
+    def __init__(
+        self,
+        workdir: pathlib.Path,
+        time_quantum_s=30,
+        anti_thrash=True,
+        idle_release_ms=1000,
+        debug=False,
+        base_env=None,
+    ):
         # Numbered, so a phase's logs are kept in the order its agents started (keep_agent_logs).
-        self.dir = pathlib.Path(tempfile.mkdtemp(dir=workdir, prefix=f"agent-{next(Agent.started):04d}-"))
+        self.dir = pathlib.Path(
+            tempfile.mkdtemp(dir=workdir, prefix=f"agent-{next(Agent.started):04d}-")
+        )
         (self.dir / "state").mkdir()
         config = self.dir / "nvshare.conf"
-        config.write_text(f"[scheduler]\ntime_quantum = {time_quantum_s}\n"
-                          f"anti_thrash = {'on' if anti_thrash else 'off'}\n"
-                          f"idle_release_ms = {idle_release_ms}\n")
+        config.write_text(
+            f"[scheduler]\ntime_quantum = {time_quantum_s}\n"
+            f"anti_thrash = {'on' if anti_thrash else 'off'}\n"
+            f"idle_release_ms = {idle_release_ms}\n"
+        )
         self.socket = self.dir / "scheduler.sock"
         self.log_path = self.dir / "agent.log"
         env = dict(os.environ if base_env is None else base_env)
         env.pop("LD_PRELOAD", None)
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "nvshare_agent", "--socket", str(self.socket), "--bus", "none",
-                 "--config", str(config), "--state-dir", str(self.dir / "state"), *(["--debug"] if debug else [])],
-                stdout=log, stderr=subprocess.STDOUT, env=env)
+                [
+                    sys.executable,
+                    "-m",
+                    "nvshare_agent",
+                    "--socket",
+                    str(self.socket),
+                    "--bus",
+                    "none",
+                    "--config",
+                    str(config),
+                    "--state-dir",
+                    str(self.dir / "state"),
+                    *(["--debug"] if debug else []),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         try:
             wait_for_file(self.socket, self.process, timeout=20, poll_s=0.05)
         except RuntimeError:
@@ -97,7 +124,7 @@ class Agent:
             words = line.split()
             if name in words:
                 start = words.index(name)
-                found.append(dict(w.split("=", 1) for w in words[start + 1:] if "=" in w))
+                found.append(dict(w.split("=", 1) for w in words[start + 1 :] if "=" in w))
         return found
 
 
@@ -111,7 +138,9 @@ def run_json(command, env=None, timeout=300, stderr_into=None) -> dict:
 
 
 def start_json(command, env=None):
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def finish_json(process, timeout=300) -> dict:
@@ -177,8 +206,10 @@ LAUNCHES_PER_ROUND, LAUNCH_ROUNDS, ROUNDS_PER_OLD_ROUND = 10_000, 30, 10
 
 def fastest_old_round_us(rounds_us) -> float:
     """The fastest run of ten consecutive short rounds: the old 100,000-launch round."""
-    blocks = [rounds_us[i:i + ROUNDS_PER_OLD_ROUND]
-              for i in range(0, len(rounds_us) - ROUNDS_PER_OLD_ROUND + 1, ROUNDS_PER_OLD_ROUND)]
+    blocks = [
+        rounds_us[i : i + ROUNDS_PER_OLD_ROUND]
+        for i in range(0, len(rounds_us) - ROUNDS_PER_OLD_ROUND + 1, ROUNDS_PER_OLD_ROUND)
+    ]
     return min(statistics.fmean(block) for block in blocks)
 
 
@@ -189,8 +220,10 @@ def launch_pairs(launch_loop, tool_env, pairs) -> dict[str, list[float]]:
     found = {"plain": [], "tool": [], "plain_100k": [], "tool_100k": []}
     for pair in range(pairs):
         for with_tool in (False, True) if pair % 2 == 0 else (True, False):
-            output = run_json([launch_loop, str(LAUNCHES_PER_ROUND), str(LAUNCH_ROUNDS)],
-                              env=tool_env if with_tool else None)
+            output = run_json(
+                [launch_loop, str(LAUNCHES_PER_ROUND), str(LAUNCH_ROUNDS)],
+                env=tool_env if with_tool else None,
+            )
             side = "tool" if with_tool else "plain"
             found[side].append(output["us_per_launch"])
             found[f"{side}_100k"].append(fastest_old_round_us(output["rounds_us"]))
@@ -204,60 +237,79 @@ def sole_process_overhead(tool_env, launch_loop) -> dict:
     # Interleaved pairs, the order flipping each time, so neither drift nor the GPU warming
     # over a pair favours one side.
     for pair in range(3):
-        runs = {shimmed: run_json(trainer("--steps", "50"), env=tool_env if shimmed else None)
-                for shimmed in ((False, True) if pair % 2 == 0 else (True, False))}
+        runs = {
+            shimmed: run_json(trainer("--steps", "50"), env=tool_env if shimmed else None)
+            for shimmed in ((False, True) if pair % 2 == 0 else (True, False))
+        }
         plain, shared = runs[False], runs[True]
         ratios.append(median_step_s(shared["step_times"]) / median_step_s(plain["step_times"]))
-        identical.append(plain["checksum"] == shared["checksum"] and plain["loss"] == shared["loss"])
+        identical.append(
+            plain["checksum"] == shared["checksum"] and plain["loss"] == shared["loss"]
+        )
     # 12 pairs: single processes of one build differ by up to ~0.6 µs per launch, so the
     # medians of 6 moved by ±0.2 µs from run to run (+0.308 in one, against +0.3).
     launches = launch_pairs(launch_loop, tool_env, pairs=12)
     plain_us, shared_us = launches["plain"], launches["tool"]
-    return {"step_ratio_median": statistics.median(ratios), "step_ratios": ratios,
-            "results_identical": all(identical),
-            "launch_us_plain_median": statistics.median(plain_us),
-            "launch_us_shim_median": statistics.median(shared_us),
-            "launch_us_delta": statistics.median(shared_us) - statistics.median(plain_us),
-            "launch_us_delta_100k": statistics.median(launches["tool_100k"])
-            - statistics.median(launches["plain_100k"]),
-            # Pair by pair (the two processes of a pair ran one after the other).
-            "launch_us_delta_paired": statistics.median(tool - plain for plain, tool in zip(plain_us, shared_us)),
-            "launch_us_plain": plain_us, "launch_us_shim": shared_us,
-            "launch_us_plain_100k": launches["plain_100k"], "launch_us_shim_100k": launches["tool_100k"]}
+    return {
+        "step_ratio_median": statistics.median(ratios),
+        "step_ratios": ratios,
+        "results_identical": all(identical),
+        "launch_us_plain_median": statistics.median(plain_us),
+        "launch_us_shim_median": statistics.median(shared_us),
+        "launch_us_delta": statistics.median(shared_us) - statistics.median(plain_us),
+        "launch_us_delta_100k": statistics.median(launches["tool_100k"])
+        - statistics.median(launches["plain_100k"]),
+        # Pair by pair (the two processes of a pair ran one after the other).
+        "launch_us_delta_paired": statistics.median(
+            tool - plain for plain, tool in zip(plain_us, shared_us)
+        ),
+        "launch_us_plain": plain_us,
+        "launch_us_shim": shared_us,
+        "launch_us_plain_100k": launches["plain_100k"],
+        "launch_us_shim_100k": launches["tool_100k"],
+    }
 
 
 def bootstrap_95(statistic, *samples, draws, seed=1) -> tuple[float, float]:
     """95 % interval of statistic(*samples), each sample resampled with replacement."""
     rng = random.Random(seed)
-    values = sorted(statistic(*[rng.choices(sample, k=len(sample)) for sample in samples])
-                    for _ in range(draws))
+    values = sorted(
+        statistic(*[rng.choices(sample, k=len(sample)) for sample in samples]) for _ in range(draws)
+    )
     return values[int(0.025 * draws)], values[int(0.975 * draws) - 1]
 
 
 def hook_cost_measures(result: dict) -> dict:
     """One hook_cost process's blocks: each path's median ns per launch, and hook - driver
     paired block by block (the median: hook and gate; the mean adds the queue bound's marks)."""
+
     def block_by_block(path):
         return [ns - driver for ns, driver in zip(result[path], result["driver_ns"])]
 
     paired = block_by_block("hook_ns")
     low, high = bootstrap_95(statistics.fmean, paired, draws=2000)
-    return {"driver_ns_median": statistics.median(result["driver_ns"]),
-            "hook_ns_median": statistics.median(result["hook_ns"]),
-            "delta_ns_median": statistics.median(paired),
-            "delta_ns_mean": statistics.fmean(paired), "delta_ns_mean_95": [low, high],
-            "ctx_get_current_ns": result.get("ctx_get_current_ns"),
-            # hook_cost.cu's third path: one locked add right after the driver's own launch.
-            "locked_add_ns_median": statistics.median(block_by_block("driver_then_locked_ns"))
-            if "driver_then_locked_ns" in result else None}
+    return {
+        "driver_ns_median": statistics.median(result["driver_ns"]),
+        "hook_ns_median": statistics.median(result["hook_ns"]),
+        "delta_ns_median": statistics.median(paired),
+        "delta_ns_mean": statistics.fmean(paired),
+        "delta_ns_mean_95": [low, high],
+        "ctx_get_current_ns": result.get("ctx_get_current_ns"),
+        # hook_cost.cu's third path: one locked add right after the driver's own launch.
+        "locked_add_ns_median": statistics.median(block_by_block("driver_then_locked_ns"))
+        if "driver_then_locked_ns" in result
+        else None,
+    }
 
 
 def hook_cost(program, shim_env, blocks=4000) -> dict:
     """The launch hook's own cost inside one process under the shim (hook_cost.cu)."""
     result = run_json([program, str(blocks)], env=shim_env)
     if result["hooked_in"] == result["driver_in"]:
-        raise RuntimeError(f"dlsym gave the driver's own cuLaunchKernel ({result['hooked_in']}): "
-                           "is the shim preloaded?")
+        raise RuntimeError(
+            f"dlsym gave the driver's own cuLaunchKernel ({result['hooked_in']}): "
+            "is the shim preloaded?"
+        )
     return {"measures": hook_cost_measures(result), **result}
 
 
@@ -289,18 +341,27 @@ def solo_run(seconds, env=None, *trainer_args) -> dict:
     result = run_json(trainer("--seconds", str(seconds), "--gpu-spans", *trainer_args), env=env)
     rate = steps_per_s(result["step_times"])
     # Steps per second times GPU seconds per step: the share of wall time the GPU computes.
-    return {"steps_per_s": rate, "gpu_step_s": gpu_step_s(result), "gpu_busy_fraction": rate * gpu_step_s(result)}
+    return {
+        "steps_per_s": rate,
+        "gpu_step_s": gpu_step_s(result),
+        "gpu_busy_fraction": rate * gpu_step_s(result),
+    }
 
 
 def run_pair(env, seconds, *trainer_args) -> list[dict]:
-    processes = [start_json(trainer("--seconds", str(seconds), *(trainer_args or ("--gpu-spans",))), env=env)
-                 for _ in range(2)]
+    processes = [
+        start_json(trainer("--seconds", str(seconds), *(trainer_args or ("--gpu-spans",))), env=env)
+        for _ in range(2)
+    ]
     return [finish_json(p) for p in processes]
 
 
 def drop_stats(drops_ms) -> dict:
-    return {"drop_to_release_ms": drops_ms, "drop_to_release_p50_ms": percentile(drops_ms, 0.5),
-            "drop_to_release_p99_ms": percentile(drops_ms, 0.99)}
+    return {
+        "drop_to_release_ms": drops_ms,
+        "drop_to_release_p50_ms": percentile(drops_ms, 0.5),
+        "drop_to_release_p99_ms": percentile(drops_ms, 0.99),
+    }
 
 
 def turn_lengths(results) -> list[float]:
@@ -327,10 +388,17 @@ def pair_measures(results) -> dict:
     window = window_end - window_start
     busy = sum(count / window * gpu_step_s(r) for count, r in zip(counts, results))
     turns = turn_lengths(results)
-    return {"window_s": window, "steps": counts, "gpu_step_s": [gpu_step_s(r) for r in results],
-            "aggregate_steps_per_s": sum(counts) / window, "gpu_busy_fraction": busy,
-            "shares": [c / sum(counts) for c in counts], "turns": len(turns),
-            "turn_p50_s": percentile(turns, 0.5), "turn_max_s": max(turns, default=float("nan"))}
+    return {
+        "window_s": window,
+        "steps": counts,
+        "gpu_step_s": [gpu_step_s(r) for r in results],
+        "aggregate_steps_per_s": sum(counts) / window,
+        "gpu_busy_fraction": busy,
+        "shares": [c / sum(counts) for c in counts],
+        "turns": len(turns),
+        "turn_p50_s": percentile(turns, 0.5),
+        "turn_max_s": max(turns, default=float("nan")),
+    }
 
 
 # Trainers that read the loss every 50 steps let work queue ahead of the GPU, as loops that log
@@ -370,21 +438,39 @@ def warm_up(workdir) -> dict:
     shim_logs = []
     try:
         for _ in range(3):
-            runs["prefetch"].append(run_json(command, env=agent.env(NVSHARE_PREFETCH=1, NVSHARE_DEBUG=1),
-                                             timeout=180, stderr_into=shim_logs)["gb_per_s"])
-            runs["page_faults"].append(run_json(command, env=agent.env(NVSHARE_PREFETCH=0), timeout=180)["gb_per_s"])
+            runs["prefetch"].append(
+                run_json(
+                    command,
+                    env=agent.env(NVSHARE_PREFETCH=1, NVSHARE_DEBUG=1),
+                    timeout=180,
+                    stderr_into=shim_logs,
+                )["gb_per_s"]
+            )
+            runs["page_faults"].append(
+                run_json(command, env=agent.env(NVSHARE_PREFETCH=0), timeout=180)["gb_per_s"]
+            )
             no_agent = agent.env(NVSHARE_SOCKET=workdir / "no-agent.sock")
-            runs["driver_prefetch"].append(run_json(command + ["--self-prefetch"], env=no_agent,
-                                                    timeout=180)["gb_per_s"])
+            runs["driver_prefetch"].append(
+                run_json(command + ["--self-prefetch"], env=no_agent, timeout=180)["gb_per_s"]
+            )
     finally:
         agent.stop()
     # The shim's own timing of each bulk prefetch (NVSHARE_DEBUG): where the time goes.
-    shim_prefetch = [line.split("nvshare", 1)[-1] for log in shim_logs for line in log.splitlines()
-                     if "prefetch gpu=" in line]
+    shim_prefetch = [
+        line.split("nvshare", 1)[-1]
+        for log in shim_logs
+        for line in log.splitlines()
+        if "prefetch gpu=" in line
+    ]
     best = {mode: statistics.median(values) for mode, values in runs.items()}
-    return {"gb_per_s": runs, "prefetch_gb_per_s": best["prefetch"], "page_fault_gb_per_s": best["page_faults"],
-            "driver_prefetch_gb_per_s": best["driver_prefetch"], "shim_prefetch_log": shim_prefetch,
-            "speedup": best["prefetch"] / best["page_faults"]}
+    return {
+        "gb_per_s": runs,
+        "prefetch_gb_per_s": best["prefetch"],
+        "page_fault_gb_per_s": best["page_faults"],
+        "driver_prefetch_gb_per_s": best["driver_prefetch"],
+        "shim_prefetch_log": shim_prefetch,
+        "speedup": best["prefetch"] / best["page_faults"],
+    }
 
 
 def notebook_beside_trainer(workdir, time_quantum_s, seconds) -> dict:
@@ -392,42 +478,72 @@ def notebook_beside_trainer(workdir, time_quantum_s, seconds) -> dict:
     try:
         # The trainer outlives the notebook (it is stopped afterwards), so every burst competes with it.
         ready = agent.dir / "trainer-ready"
-        training = start_json(trainer("--seconds", str(seconds + 120), "--ready-file", str(ready)), env=agent.env())
+        training = start_json(
+            trainer("--seconds", str(seconds + 120), "--ready-file", str(ready)), env=agent.env()
+        )
         # Its first step, not its first grant: in its setup it leaves the GPU idle for seconds
         # (the shim gives the lock back), and a notebook starting then finds the GPU free.
         wait_for_file(ready, training)
-        notebook = start_json([sys.executable, str(HERE / "notebook.py"), "--seconds", str(seconds)],
-                              env=agent.env())
+        notebook = start_json(
+            [sys.executable, str(HERE / "notebook.py"), "--seconds", str(seconds)], env=agent.env()
+        )
         bursts = finish_json(notebook, timeout=seconds + 120)
         if training.poll() is not None:
-            raise RuntimeError(f"the trainer stopped before the notebook:\n{training.stderr.read()[-3000:]}")
+            raise RuntimeError(
+                f"the trainer stopped before the notebook:\n{training.stderr.read()[-3000:]}"
+            )
         training.terminate()
         training.communicate(timeout=30)
-        waits = [float(e["waited_ms"]) for e in agent.events("grant") if e.get("pid") == str(notebook.pid)]
+        waits = [
+            float(e["waited_ms"])
+            for e in agent.events("grant")
+            if e.get("pid") == str(notebook.pid)
+        ]
     finally:
         agent.stop()
-    return {"time_quantum_s": time_quantum_s, "grant_waits_ms": waits,
-            "wait_p50_ms": percentile(waits, 0.5), "wait_p95_ms": percentile(waits, 0.95),
-            "burst_latency_p50_s": percentile(bursts["burst_latencies_s"], 0.5),
-            "burst_latency_p95_s": percentile(bursts["burst_latencies_s"], 0.95),
-            "bursts": len(bursts["burst_latencies_s"])}
+    return {
+        "time_quantum_s": time_quantum_s,
+        "grant_waits_ms": waits,
+        "wait_p50_ms": percentile(waits, 0.5),
+        "wait_p95_ms": percentile(waits, 0.95),
+        "burst_latency_p50_s": percentile(bursts["burst_latencies_s"], 0.5),
+        "burst_latency_p95_s": percentile(bursts["burst_latencies_s"], 0.95),
+        "bursts": len(bursts["burst_latencies_s"]),
+    }
 
 
 def check_memory() -> int:
-    free_mib = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-                                  capture_output=True, text=True, check=True).stdout.split()[0])
-    if PLANNED_MANAGED_GIB * 1024 > free_mib / 2:
-        sys.exit(f"bench: refusing to start: {PLANNED_MANAGED_GIB} GiB of managed memory is more than half of "
-                 f"the GPU's free {free_mib} MiB")
+    free_mib = int(
+        subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()[0]
+    )
+    if free_mib / 2 < PLANNED_MANAGED_GIB * 1024:
+        sys.exit(
+            f"bench: refusing to start: {PLANNED_MANAGED_GIB} GiB of managed memory is more than half of "
+            f"the GPU's free {free_mib} MiB"
+        )
     return free_mib
 
 
 def environment() -> dict:
     import torch
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    return {"date": time.strftime("%Y-%m-%d"), "gpu_and_driver": smi, "cuda": torch.version.cuda,
-            "torch": torch.__version__, "python": sys.version.split()[0]}
+
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "gpu_and_driver": smi,
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+    }
 
 
 class GpuClockSampler:
@@ -440,8 +556,18 @@ class GpuClockSampler:
         # A file, not a pipe, so a long phase cannot fill it; stdbuf so every line reaches it.
         self.output = tempfile.TemporaryFile(mode="w+")
         self.process = subprocess.Popen(
-            ["stdbuf", "-oL", "nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
-             "-lms", "200"], stdout=self.output, stderr=subprocess.DEVNULL)
+            [
+                "stdbuf",
+                "-oL",
+                "nvidia-smi",
+                f"--query-gpu={self.FIELDS}",
+                "--format=csv,noheader,nounits",
+                "-lms",
+                "200",
+            ],
+            stdout=self.output,
+            stderr=subprocess.DEVNULL,
+        )
 
     def stop(self) -> dict:
         stop_process(self.process)
@@ -465,9 +591,14 @@ def gpu_clock_summary(lines) -> dict:
     reasons = 0
     for row in rows:
         reasons |= row[3]
-    return {"samples": len(rows), "sm_mhz_median": statistics.median(r[0] for r in rows),
-            "sm_mhz_min": min(r[0] for r in rows), "power_w_median": statistics.median(r[1] for r in rows),
-            "temperature_c_max": max(r[2] for r in rows), "clock_event_reasons": hex(reasons)}
+    return {
+        "samples": len(rows),
+        "sm_mhz_median": statistics.median(r[0] for r in rows),
+        "sm_mhz_min": min(r[0] for r in rows),
+        "power_w_median": statistics.median(r[1] for r in rows),
+        "temperature_c_max": max(r[2] for r in rows),
+        "clock_event_reasons": hex(reasons),
+    }
 
 
 def keep_agent_logs(workdir: pathlib.Path, logs_dir: pathlib.Path, phase: str, kept: set) -> None:
@@ -475,10 +606,14 @@ def keep_agent_logs(workdir: pathlib.Path, logs_dir: pathlib.Path, phase: str, k
     for number, agent_dir in enumerate(sorted(set(workdir.glob("agent-*")) - kept)):
         kept.add(agent_dir)
         logs_dir.mkdir(exist_ok=True)
-        shutil.copyfile(agent_dir / "agent.log", logs_dir / f"{phase}{f'-{number + 1}' if number else ''}.log")
+        shutil.copyfile(
+            agent_dir / "agent.log", logs_dir / f"{phase}{f'-{number + 1}' if number else ''}.log"
+        )
 
 
-def run_phases(phases, results: dict, results_file: pathlib.Path, extra=(), unsampled=(), workdir=None) -> None:
+def run_phases(
+    phases, results: dict, results_file: pathlib.Path, extra=(), unsampled=(), workdir=None
+) -> None:
     """Runs the (name, function) phases that NVSHARE_BENCH_ONLY picks (all but the extra ones by
     default), saving the results after each, and the logs of the agents in workdir beside them;
     every phase but the unsampled ones under a GpuClockSampler."""
@@ -520,20 +655,36 @@ def main() -> None:
         ("pair_tq5_queued", lambda: pair_run(workdir, 30, queue_ahead=True, time_quantum_s=5)),
         ("pair_off", lambda: pair_run(workdir, 15, time_quantum_s=2, anti_thrash=False)),
         ("warmup", lambda: warm_up(workdir)),
-        ("prefetch_probe", lambda: run_json([sys.executable, str(HERE / "prefetch_probe.py"), "--gib", "8"])),
+        (
+            "prefetch_probe",
+            lambda: run_json([sys.executable, str(HERE / "prefetch_probe.py"), "--gib", "8"]),
+        ),
         # At TQ 30 every wait is a whole quantum: 32 s give two of them (~65 s), and keep the run
         # under ten minutes on a slower host too.
         ("notebook_tq30", lambda: notebook_beside_trainer(workdir, 30, 32)),
         ("notebook_tq2", lambda: notebook_beside_trainer(workdir, 2, 24)),
         ("solo_pausing", lambda: solo_run(24, None, *PAUSING)),
-        ("pair_pausing_tq2", lambda: pair_run(workdir, 30, trainer_args=("--gpu-spans", *PAUSING), time_quantum_s=2)),
-        ("pair_pausing_off", lambda: pair_run(workdir, 24, trainer_args=("--gpu-spans", *PAUSING),
-                                              time_quantum_s=2, anti_thrash=False)),
+        (
+            "pair_pausing_tq2",
+            lambda: pair_run(workdir, 30, trainer_args=("--gpu-spans", *PAUSING), time_quantum_s=2),
+        ),
+        (
+            "pair_pausing_off",
+            lambda: pair_run(
+                workdir,
+                24,
+                trainer_args=("--gpu-spans", *PAUSING),
+                time_quantum_s=2,
+                anti_thrash=False,
+            ),
+        ),
     ]
     extra = {"solo_pausing", "pair_pausing_tq2", "pair_pausing_off"}
     # nvidia-smi's polling goes through the driver every 200 ms; the overhead phase resolves
     # tenths of a microsecond per launch, so nothing else queries the GPU while it runs.
-    run_phases(phases, results, results_dir / "gpu.json", extra, unsampled={"overhead"}, workdir=workdir)
+    run_phases(
+        phases, results, results_dir / "gpu.json", extra, unsampled={"overhead"}, workdir=workdir
+    )
     print_table(results)
 
 
@@ -561,52 +712,125 @@ def print_table(results: dict) -> None:
         return "n/a" if not values else " / ".join(f"{100 * v:.1f}%" for v in values)
 
     def drops(phase):
-        return f"{get(phase, 'drop_to_release_p50_ms', '{:.1f}')} / {get(phase, 'drop_to_release_p99_ms', '{:.1f}')}"
+        p50 = get(phase, "drop_to_release_p50_ms", "{:.1f}")
+        return f"{p50} / {get(phase, 'drop_to_release_p99_ms', '{:.1f}')}"
 
     rows = [
-        ("1 training step ratio, shim/plain (median of 3)", get("overhead", "step_ratio_median", "{:.4f}"), "<= 1.002"),
-        ("1 results identical with and without shim", get("overhead", "results_identical", "{}"), "True"),
-        ("1 launch cost delta, us/launch (fastest 10k-launch round per process)",
-         get("overhead", "launch_us_delta", "{:+.3f}"), "<= +0.3"),
-        ("1 same, fastest 100k launches in a row (the bench before)",
-         get("overhead", "launch_us_delta_100k", "{:+.3f}"), "(compare)"),
-        ("1 same, median of the pairs' own deltas", get("overhead", "launch_us_delta_paired", "{:+.3f}"), "(compare)"),
-        ("1 same, the hook alone in one process, ns (median/mean)",
-         f"{get('overhead', 'hook_delta_ns_median', '{:+.1f}')} / {get('overhead', 'hook_delta_ns_mean', '{:+.1f}')}",
-         "<= +300"),
+        (
+            "1 training step ratio, shim/plain (median of 3)",
+            get("overhead", "step_ratio_median", "{:.4f}"),
+            "<= 1.002",
+        ),
+        (
+            "1 results identical with and without shim",
+            get("overhead", "results_identical", "{}"),
+            "True",
+        ),
+        (
+            "1 launch cost delta, us/launch (fastest 10k-launch round per process)",
+            get("overhead", "launch_us_delta", "{:+.3f}"),
+            "<= +0.3",
+        ),
+        (
+            "1 same, fastest 100k launches in a row (the bench before)",
+            get("overhead", "launch_us_delta_100k", "{:+.3f}"),
+            "(compare)",
+        ),
+        (
+            "1 same, median of the pairs' own deltas",
+            get("overhead", "launch_us_delta_paired", "{:+.3f}"),
+            "(compare)",
+        ),
+        (
+            "1 same, the hook alone in one process, ns (median/mean)",
+            get("overhead", "hook_delta_ns_median", "{:+.1f}")
+            + " / "
+            + get("overhead", "hook_delta_ns_mean", "{:+.1f}"),
+            "<= +300",
+        ),
         ("2 drop->release p50/p99 ms, TQ 2 s, loss read every step", drops("pair_tq2"), "<= 100"),
-        ("2 same, loss read every 50 steps (work queued ahead)", drops("pair_tq2_queued"), "<= 100"),
+        (
+            "2 same, loss read every 50 steps (work queued ahead)",
+            drops("pair_tq2_queued"),
+            "<= 100",
+        ),
         ("2 same, TQ 5 s, loss read every 50 steps", drops("pair_tq5_queued"), "<= 100"),
-        ("2 turn p50/max s from step times, TQ 2 s",
-         f"{get('pair_tq2', 'turn_p50_s', '{:.2f}')} / {get('pair_tq2', 'turn_max_s', '{:.2f}')}", "(TQ+drop)"),
-        ("3 two trainers, anti-thrash on, TQ 2: aggregate vs solo", vs_solo("pair_tq2"), ">= 1.05x"),
+        (
+            "2 turn p50/max s from step times, TQ 2 s",
+            f"{get('pair_tq2', 'turn_p50_s', '{:.2f}')} / {get('pair_tq2', 'turn_max_s', '{:.2f}')}",
+            "(TQ+drop)",
+        ),
+        (
+            "3 two trainers, anti-thrash on, TQ 2: aggregate vs solo",
+            vs_solo("pair_tq2"),
+            ">= 1.05x",
+        ),
         ("3 shares, anti-thrash on, TQ 2", shares("pair_tq2"), "45-55%"),
         ("3 two trainers, anti-thrash off: aggregate vs solo", vs_solo("pair_off"), "(compare)"),
-        ("3 GPU busy fraction: solo / TQ 2",
-         " / ".join(get(p, "gpu_busy_fraction", "{:.3f}") for p in ("solo", "pair_tq2")), "(why)"),
-        ("3 GPU time per step ms: solo / TQ 2 (each)", step_ms("solo") + " / " + step_ms("pair_tq2"), "(why)"),
-        ("3 SM clock MHz, median: solo / TQ 2",
-         " / ".join(clock(p, "sm_mhz_median", "{:.0f}") for p in ("solo", "pair_tq2")), "(why)"),
-        ("3 power W, median: solo / TQ 2",
-         " / ".join(clock(p, "power_w_median", "{:.0f}") for p in ("solo", "pair_tq2")), "(why)"),
+        (
+            "3 GPU busy fraction: solo / TQ 2",
+            " / ".join(get(p, "gpu_busy_fraction", "{:.3f}") for p in ("solo", "pair_tq2")),
+            "(why)",
+        ),
+        (
+            "3 GPU time per step ms: solo / TQ 2 (each)",
+            step_ms("solo") + " / " + step_ms("pair_tq2"),
+            "(why)",
+        ),
+        (
+            "3 SM clock MHz, median: solo / TQ 2",
+            " / ".join(clock(p, "sm_mhz_median", "{:.0f}") for p in ("solo", "pair_tq2")),
+            "(why)",
+        ),
+        (
+            "3 power W, median: solo / TQ 2",
+            " / ".join(clock(p, "power_w_median", "{:.0f}") for p in ("solo", "pair_tq2")),
+            "(why)",
+        ),
         ("4 warm-up GB/s, bulk prefetch", get("warmup", "prefetch_gb_per_s", "{:.1f}"), ">= 45"),
         ("4 warm-up GB/s, page faults", get("warmup", "page_fault_gb_per_s", "{:.1f}"), "(~8.5)"),
         ("4 prefetch / page faults", get("warmup", "speedup", "{:.1f}x"), ">= 5x"),
-        ("4 warm-up GB/s, process prefetching by hand, no lock", get("warmup", "driver_prefetch_gb_per_s", "{:.1f}"),
-         "(ceiling)"),
-        ("5 notebook wait p50/p95 ms, TQ 30 s",
-         f"{get('notebook_tq30', 'wait_p50_ms', '{:.0f}')} / {get('notebook_tq30', 'wait_p95_ms', '{:.0f}')}", "(report)"),
-        ("5 notebook wait p50/p95 ms, TQ 2 s",
-         f"{get('notebook_tq2', 'wait_p50_ms', '{:.0f}')} / {get('notebook_tq2', 'wait_p95_ms', '{:.0f}')}", "(report)"),
+        (
+            "4 warm-up GB/s, process prefetching by hand, no lock",
+            get("warmup", "driver_prefetch_gb_per_s", "{:.1f}"),
+            "(ceiling)",
+        ),
+        (
+            "5 notebook wait p50/p95 ms, TQ 30 s",
+            get("notebook_tq30", "wait_p50_ms", "{:.0f}")
+            + " / "
+            + get("notebook_tq30", "wait_p95_ms", "{:.0f}"),
+            "(report)",
+        ),
+        (
+            "5 notebook wait p50/p95 ms, TQ 2 s",
+            get("notebook_tq2", "wait_p50_ms", "{:.0f}")
+            + " / "
+            + get("notebook_tq2", "wait_p95_ms", "{:.0f}"),
+            "(report)",
+        ),
     ]
     if "pair_pausing_tq2" in results:
         rows += [
-            ("3x pausing trainers, TQ 2: aggregate vs one pausing alone", vs_solo("pair_pausing_tq2", "solo_pausing"),
-             "(extra)"),
+            (
+                "3x pausing trainers, TQ 2: aggregate vs one pausing alone",
+                vs_solo("pair_pausing_tq2", "solo_pausing"),
+                "(extra)",
+            ),
             ("3x shares, pausing trainers", shares("pair_pausing_tq2"), "(extra)"),
-            ("3x pausing trainers, anti-thrash off: aggregate", vs_solo("pair_pausing_off", "solo_pausing"), "(extra)"),
-            ("3x GPU busy fraction: solo / pair, pausing",
-             " / ".join(get(p, "gpu_busy_fraction", "{:.3f}") for p in ("solo_pausing", "pair_pausing_tq2")), "(extra)"),
+            (
+                "3x pausing trainers, anti-thrash off: aggregate",
+                vs_solo("pair_pausing_off", "solo_pausing"),
+                "(extra)",
+            ),
+            (
+                "3x GPU busy fraction: solo / pair, pausing",
+                " / ".join(
+                    get(p, "gpu_busy_fraction", "{:.3f}")
+                    for p in ("solo_pausing", "pair_pausing_tq2")
+                ),
+                "(extra)",
+            ),
         ]
     print(f"\n{'figure':<58}{'measured':>18}  target")
     for label, value, target in rows:

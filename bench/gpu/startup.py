@@ -8,6 +8,7 @@ seconds, so the shim gives the lock back and asks again.  Full numbers go to RES
 
     bench/gpu/run.sh --startup [PAIRS] [RESULTS]
 """
+
 from __future__ import annotations
 
 import collections
@@ -31,11 +32,17 @@ def startup_measures(plain_s, shim_s, grants_per_start) -> dict:
     whichever it is; the order flips each pair, so an even number of pairs cancels that out."""
     plain, shim = statistics.median(plain_s), statistics.median(shim_s)
     paired = [s - p for s, p in zip(shim_s, plain_s)]
-    return {"plain_s": plain_s, "shim_s": shim_s, "plain_median_s": plain, "shim_median_s": shim,
-            "shim_over_plain": shim / plain, "paired_delta_s": paired,
-            "mean_paired_delta_s": statistics.fmean(paired),
-            "mean_paired_delta_95_s": bootstrap_95(statistics.fmean, paired, draws=4000),
-            "grants_per_start": grants_per_start}
+    return {
+        "plain_s": plain_s,
+        "shim_s": shim_s,
+        "plain_median_s": plain,
+        "shim_median_s": shim,
+        "shim_over_plain": shim / plain,
+        "paired_delta_s": paired,
+        "mean_paired_delta_s": statistics.fmean(paired),
+        "mean_paired_delta_95_s": bootstrap_95(statistics.fmean, paired, draws=4000),
+        "grants_per_start": grants_per_start,
+    }
 
 
 def main() -> None:
@@ -47,20 +54,28 @@ def main() -> None:
         seconds_to_first_step(None)
         for pair in range(pairs):
             for shimmed in (False, True) if pair % 2 == 0 else (True, False):
-                (shim_s if shimmed else plain_s).append(seconds_to_first_step(agent.env() if shimmed else None))
+                (shim_s if shimmed else plain_s).append(
+                    seconds_to_first_step(agent.env() if shimmed else None)
+                )
         # Only the processes under the shim talk to the agent, in the order they started.
         grants = collections.Counter(event["pid"] for event in agent.events("grant"))
     finally:
         agent.stop()
     measures = startup_measures(plain_s, shim_s, list(grants.values()))
     (results_dir / "startup.json").write_text(json.dumps(measures, indent=1))
-    print(f"spawn to first step, plain: median {measures['plain_median_s']:.2f} s "
-          f"({min(plain_s):.2f}-{max(plain_s):.2f})")
-    print(f"spawn to first step, shim:  median {measures['shim_median_s']:.2f} s "
-          f"({min(shim_s):.2f}-{max(shim_s):.2f}); shim / plain {measures['shim_over_plain']:.3f}")
+    print(
+        f"spawn to first step, plain: median {measures['plain_median_s']:.2f} s "
+        f"({min(plain_s):.2f}-{max(plain_s):.2f})"
+    )
+    print(
+        f"spawn to first step, shim:  median {measures['shim_median_s']:.2f} s "
+        f"({min(shim_s):.2f}-{max(shim_s):.2f}); shim / plain {measures['shim_over_plain']:.3f}"
+    )
     low, high = measures["mean_paired_delta_95_s"]
-    print(f"shim - plain, mean of {pairs} pairs: {measures['mean_paired_delta_s']:+.2f} s "
-          f"(95 % bootstrap {low:+.2f} .. {high:+.2f})")
+    print(
+        f"shim - plain, mean of {pairs} pairs: {measures['mean_paired_delta_s']:+.2f} s "
+        f"(95 % bootstrap {low:+.2f} .. {high:+.2f})"
+    )
     print(f"grants per start under the shim (3 steps): {measures['grants_per_start']}")
 
 

@@ -7,6 +7,7 @@ queued ahead of the GPU; --sync-every N reads it every N steps, as loops that
 log every N steps do, and lets work queue ahead (step times are then the
 times steps were queued).  --pause-every N --pause-s S waits S seconds on the
 CPU after every N steps (an evaluation or a checkpoint), leaving the GPU idle."""
+
 import argparse
 import json
 import pathlib
@@ -41,9 +42,14 @@ def main() -> None:
     parser.add_argument("--sync-every", type=int, default=1, help="read the loss every N steps")
     parser.add_argument("--pause-every", type=int, default=0, help="pause after every N steps")
     parser.add_argument("--pause-s", type=float, default=0.0, help="for this long, GPU idle")
-    parser.add_argument("--ready-file", help="created once the first step is done (the setup is over)")
-    parser.add_argument("--gpu-spans", action="store_true",
-                        help="also time each step on the GPU (first kernel to last), to see idle gaps")
+    parser.add_argument(
+        "--ready-file", help="created once the first step is done (the setup is over)"
+    )
+    parser.add_argument(
+        "--gpu-spans",
+        action="store_true",
+        help="also time each step on the GPU (first kernel to last), to see idle gaps",
+    )
     args = parser.parse_args()
 
     torch.manual_seed(0)

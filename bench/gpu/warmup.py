@@ -6,6 +6,7 @@ past the agent's idle-release window so the shim gives the GPU back, then runs
 one kernel that reads all of it.  The time from that launch to its completion
 covers the new lock request, the grant, the bulk prefetch (or, with
 NVSHARE_PREFETCH=0, the page faults) and the kernel."""
+
 import argparse
 import json
 import time
@@ -13,23 +14,40 @@ import time
 import torch
 
 # libcuda with cuMemPrefetchAsync_v2's CUDA 13 signature declared, and its location type.
-from prefetch_probe import CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST, MemLocation, check, cuda
+from prefetch_probe import (
+    CU_MEM_LOCATION_TYPE_DEVICE,
+    CU_MEM_LOCATION_TYPE_HOST,
+    MemLocation,
+    check,
+    cuda,
+)
 
 
 def prefetch(tensor: torch.Tensor, location: MemLocation) -> None:
-    check(cuda.cuMemPrefetchAsync_v2(tensor.data_ptr(), tensor.numel() * tensor.element_size(), location, 0, None),
-          "cuMemPrefetchAsync_v2")
+    check(
+        cuda.cuMemPrefetchAsync_v2(
+            tensor.data_ptr(), tensor.numel() * tensor.element_size(), location, 0, None
+        ),
+        "cuMemPrefetchAsync_v2",
+    )
     torch.cuda.synchronize()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gib", type=float, default=8.0)
-    parser.add_argument("--idle-wait", type=float, default=1.5,
-                        help="seconds, > the idle-release window (1 s in run.py)")
-    parser.add_argument("--self-prefetch", action="store_true",
-                        help="prefetch to the GPU by hand before the kernel: the driver's own rate, "
-                             "for comparison (run with no agent, so the shim does not prefetch too)")
+    parser.add_argument(
+        "--idle-wait",
+        type=float,
+        default=1.5,
+        help="seconds, > the idle-release window (1 s in run.py)",
+    )
+    parser.add_argument(
+        "--self-prefetch",
+        action="store_true",
+        help="prefetch to the GPU by hand before the kernel: the driver's own rate, "
+        "for comparison (run with no agent, so the shim does not prefetch too)",
+    )
     args = parser.parse_args()
 
     elements = int(args.gib * (1 << 30)) // 4

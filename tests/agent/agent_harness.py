@@ -54,7 +54,9 @@ drop_grace_ms = 300
 """
 
 
-def wait_until(predicate, timeout: float = TIMEOUT_S, what: str = "a condition", interval: float = 0.01):
+def wait_until(
+    predicate, timeout: float = TIMEOUT_S, what: str = "a condition", interval: float = 0.01
+):
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -80,9 +82,18 @@ def fd_limit_at_least(wanted: int):
 
 
 class AgentProcess:
-    def __init__(self, workdir: Path, *, config: str | None = FAST_CONFIG, bus: str = "none",
-                 extra_args: tuple = (), env: dict | None = None, socket_path: Path | None = None,
-                 state_dir: Path | None = None, debug: bool = False):
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        config: str | None = FAST_CONFIG,
+        bus: str = "none",
+        extra_args: tuple = (),
+        env: dict | None = None,
+        socket_path: Path | None = None,
+        state_dir: Path | None = None,
+        debug: bool = False,
+    ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.socket_path = Path(socket_path or self.workdir / "scheduler.sock")
@@ -95,16 +106,32 @@ class AgentProcess:
         self.process: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "nvshare_agent", "--socket", str(self.socket_path), "--bus", self.bus,
-               "--state-dir", str(self.state_dir), "--config", str(self.config_path), *self.extra_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "nvshare_agent",
+            "--socket",
+            str(self.socket_path),
+            "--bus",
+            self.bus,
+            "--state-dir",
+            str(self.state_dir),
+            "--config",
+            str(self.config_path),
+            *self.extra_args,
+        ]
         return cmd + (["--debug"] if self.debug else [])
 
-    def start(self, wait: bool = True) -> "AgentProcess":
+    def start(self, wait: bool = True) -> AgentProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env
+            )
         if wait:
-            wait_until(self._accepting, what=f"the agent to listen on {self.socket_path}\n{self.log()}")
+            wait_until(
+                self._accepting, what=f"the agent to listen on {self.socket_path}\n{self.log()}"
+            )
         return self
 
     def _accepting(self) -> bool:
@@ -127,8 +154,11 @@ class AgentProcess:
 
     def wait_for_log(self, pattern: str, timeout: float = TIMEOUT_S, count: int = 1) -> re.Match:
         regex = re.compile(pattern)
-        found = wait_until(lambda: len(regex.findall(self.log())) >= count and list(regex.finditer(self.log())),
-                           timeout, what=f"log line /{pattern}/ x{count}\n--- agent log ---\n{self.log()[-4000:]}")
+        found = wait_until(
+            lambda: len(regex.findall(self.log())) >= count and list(regex.finditer(self.log())),
+            timeout,
+            what=f"log line /{pattern}/ x{count}\n--- agent log ---\n{self.log()[-4000:]}",
+        )
         return found[count - 1]
 
     def alive(self) -> bool:
@@ -151,15 +181,24 @@ class AgentProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-                raise AssertionError(f"agent ignored SIGTERM for {timeout} s:\n{self.log()[-4000:]}")
+                raise AssertionError(
+                    f"agent ignored SIGTERM for {timeout} s:\n{self.log()[-4000:]}"
+                )
         return self.process.returncode
 
 
 class ShimClient:
     """A well-behaved fake shim over a blocking socket."""
 
-    def __init__(self, socket_path, gpus=(GPU0,), command: str = "fake-shim", *, hello: bool = True,
-                 timeout: float = TIMEOUT_S):
+    def __init__(
+        self,
+        socket_path,
+        gpus=(GPU0,),
+        command: str = "fake-shim",
+        *,
+        hello: bool = True,
+        timeout: float = TIMEOUT_S,
+    ):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         self.sock.connect(str(socket_path))
@@ -193,7 +232,7 @@ class ShimClient:
             self.sock.settimeout(self.timeout if timeout is None else timeout)
             try:
                 data = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 raise TimeoutError("no frame from the agent") from None
             except ConnectionResetError:
                 data = b""
@@ -204,8 +243,14 @@ class ShimClient:
 
     def expect(self, msg_type: int, timeout: float | None = None, gpu: bytes | None = None):
         message = self.recv(timeout)
-        assert message is not None, f"connection closed while expecting {MessageType(msg_type).name}"
-        got = MessageType.ERROR if isinstance(message, protocol.Error) else getattr(message, "type", None)
+        assert message is not None, (
+            f"connection closed while expecting {MessageType(msg_type).name}"
+        )
+        got = (
+            MessageType.ERROR
+            if isinstance(message, protocol.Error)
+            else getattr(message, "type", None)
+        )
         if isinstance(message, protocol.Settings):
             got = MessageType.SETTINGS
         assert got == msg_type, f"expected {MessageType(msg_type).name}, got {message}"
@@ -255,7 +300,9 @@ class AsyncShimClient:
         self.settings: protocol.Settings | None = None
 
     @classmethod
-    async def connect(cls, socket_path, gpus=(GPU0,), command: str = "fake-shim") -> "AsyncShimClient":
+    async def connect(
+        cls, socket_path, gpus=(GPU0,), command: str = "fake-shim"
+    ) -> AsyncShimClient:
         reader, writer = await asyncio.open_unix_connection(str(socket_path))
         client = cls(reader, writer, gpus)
         client._writer.write(protocol.encode_hello(client.gpus, command))
@@ -278,7 +325,9 @@ class AsyncShimClient:
 
     async def expect(self, msg_type: int, timeout: float = TIMEOUT_S, gpu: bytes | None = None):
         message = await self.recv(timeout)
-        assert message is not None, f"connection closed while expecting {MessageType(msg_type).name}"
+        assert message is not None, (
+            f"connection closed while expecting {MessageType(msg_type).name}"
+        )
         got = getattr(message, "type", None)
         if isinstance(message, protocol.Settings):
             got = MessageType.SETTINGS
@@ -289,13 +338,15 @@ class AsyncShimClient:
             assert message.gpu == gpu, f"frame for the wrong GPU: {message}"
         return message
 
-    async def wait_grant(self, gpu: bytes = GPU0, timeout: float = TIMEOUT_S) -> protocol.LockMessage:
+    async def wait_grant(
+        self, gpu: bytes = GPU0, timeout: float = TIMEOUT_S
+    ) -> protocol.LockMessage:
         return await self.expect(MessageType.LOCK_GRANT, timeout, gpu)
 
     async def nothing_within(self, seconds: float) -> bool:
         try:
             message = await self.recv(seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return True
         if message is not None:
             self.inbox.insert(0, message)

@@ -19,11 +19,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent_harness import AgentProcess  # noqa: E402
-from nvshare_agent.daemon import Agent  # noqa: E402
-from nvshare_agent.listener import Listener  # noqa: E402
-from nvshare_agent.settings import Settings, SettingsStore  # noqa: E402
-from nvshare_agent.systemd import bind_socket  # noqa: E402
+from agent_harness import AgentProcess
+
+from nvshare_agent.daemon import Agent
+from nvshare_agent.listener import Listener
+from nvshare_agent.settings import Settings, SettingsStore
+from nvshare_agent.systemd import bind_socket
 
 FAST_SETTINGS = Settings(time_quantum_s=1, anti_thrash=True, idle_release_ms=100, drop_grace_ms=300)
 

@@ -36,7 +36,11 @@ def readable_python_path() -> Path:
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
         site_packages = Path(sysconfig.get_paths()["purelib"])
         for entry in site_packages.iterdir():
-            if entry.name in LEFT_OUT or entry.name.startswith("__editable__") or entry.suffix == ".pth":
+            if (
+                entry.name in LEFT_OUT
+                or entry.name.startswith("__editable__")
+                or entry.suffix == ".pth"
+            ):
                 continue
             if entry.is_dir():
                 _copy_tree(entry, folder / entry.name)
@@ -60,4 +64,9 @@ def python_as(user: list[str], *args: str) -> list[str]:
 
 
 def other_user_env(**extra: str) -> dict:
-    return {**os.environ, "PYTHONPATH": str(readable_python_path()), "PYTHONDONTWRITEBYTECODE": "1", **extra}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(readable_python_path()),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **extra,
+    }

@@ -11,8 +11,8 @@ import sys
 import textwrap
 
 import pytest
-
 from agent_harness import GPU0, ShimClient, wait_until
+
 from nvshare_agent import protocol
 from nvshare_agent.protocol import ErrorCode, MessageType
 
@@ -38,18 +38,47 @@ def lock_frame(msg_type=MessageType.LOCK_REQUEST) -> bytes:
     return protocol.encode_lock(msg_type, GPU0)
 
 
-@pytest.mark.parametrize("frame, code, reason", [
-    (protocol.encode_header(MessageType.LOCK_REQUEST, 32, version=2) + bytes(32),
-     ErrorCode.VERSION_MISMATCH, "protocol version 2, this agent speaks 1"),
-    (protocol.encode_header(MessageType.LOCK_REQUEST, 32, magic=0x12345678) + bytes(32),
-     ErrorCode.BAD_MAGIC, "bad magic 0x12345678"),
-    (protocol.encode_header(99, 32) + bytes(32), ErrorCode.BAD_FRAME, "unknown message type 99"),
-    (protocol.encode_header(MessageType.LOCK_REQUEST, 31) + bytes(31), ErrorCode.BAD_FRAME,
-     "LOCK_REQUEST payload of 31 bytes, expected 32"),
-    (protocol.encode_header(MessageType.HELLO, 4096), ErrorCode.BAD_FRAME, "the limit is 512"),
-    (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", ErrorCode.BAD_MAGIC, "not an nvshare peer"),
-    (lock_frame(MessageType.LOCK_GRANT), ErrorCode.PROTOCOL, "LOCK_GRANT is sent by the agent only"),
-], ids=["version", "magic", "unknown-type", "short-payload", "oversized", "garbage", "agent-only-type"])
+@pytest.mark.parametrize(
+    "frame, code, reason",
+    [
+        (
+            protocol.encode_header(MessageType.LOCK_REQUEST, 32, version=2) + bytes(32),
+            ErrorCode.VERSION_MISMATCH,
+            "protocol version 2, this agent speaks 1",
+        ),
+        (
+            protocol.encode_header(MessageType.LOCK_REQUEST, 32, magic=0x12345678) + bytes(32),
+            ErrorCode.BAD_MAGIC,
+            "bad magic 0x12345678",
+        ),
+        (
+            protocol.encode_header(99, 32) + bytes(32),
+            ErrorCode.BAD_FRAME,
+            "unknown message type 99",
+        ),
+        (
+            protocol.encode_header(MessageType.LOCK_REQUEST, 31) + bytes(31),
+            ErrorCode.BAD_FRAME,
+            "LOCK_REQUEST payload of 31 bytes, expected 32",
+        ),
+        (protocol.encode_header(MessageType.HELLO, 4096), ErrorCode.BAD_FRAME, "the limit is 512"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", ErrorCode.BAD_MAGIC, "not an nvshare peer"),
+        (
+            lock_frame(MessageType.LOCK_GRANT),
+            ErrorCode.PROTOCOL,
+            "LOCK_GRANT is sent by the agent only",
+        ),
+    ],
+    ids=[
+        "version",
+        "magic",
+        "unknown-type",
+        "short-payload",
+        "oversized",
+        "garbage",
+        "agent-only-type",
+    ],
+)
 def test_bad_frame_closes_the_connection_with_a_reason(start_agent, frame, code, reason):
     agent = start_agent()
     error = closed_with(agent, frame)
@@ -61,8 +90,10 @@ def test_bad_frame_closes_the_connection_with_a_reason(start_agent, frame, code,
 def test_version_mismatch_in_hello_is_refused(start_agent):
     agent = start_agent()
     hello = protocol.encode_hello([GPU0], "old-shim")
-    bad = protocol.encode_header(MessageType.HELLO, protocol.PAYLOAD_BYTES[MessageType.HELLO], version=7)
-    error = closed_with(agent, bad + hello[protocol.HEADER_BYTES:], hello=False)
+    bad = protocol.encode_header(
+        MessageType.HELLO, protocol.PAYLOAD_BYTES[MessageType.HELLO], version=7
+    )
+    error = closed_with(agent, bad + hello[protocol.HEADER_BYTES :], hello=False)
     assert error.code == ErrorCode.VERSION_MISMATCH
     assert "protocol version 7" in error.text
     assert_still_serves(agent)
@@ -80,7 +111,7 @@ def test_hello_with_too_many_gpus_is_refused(start_agent):
     agent = start_agent()
     hello = bytearray(protocol.encode_hello([GPU0], "greedy"))
     count_at = protocol.HEADER_BYTES + protocol.ffi.offsetof("struct nvshare_hello", "gpu_count")
-    hello[count_at:count_at + 4] = (protocol.MAX_GPUS + 1).to_bytes(4, sys.byteorder)
+    hello[count_at : count_at + 4] = (protocol.MAX_GPUS + 1).to_bytes(4, sys.byteorder)
     error = closed_with(agent, bytes(hello), hello=False)
     assert error.code == ErrorCode.BAD_FRAME and "17 GPUs" in error.text
     assert_still_serves(agent)
@@ -98,10 +129,16 @@ def test_fuzzed_frames_never_take_the_agent_down(start_agent):
     """10,000+ random and mutated frames over many connections, then a good client is served."""
     agent = start_agent()
     rng = random.Random(20261122)
-    templates = [protocol.encode_hello([GPU0], "fuzz"), lock_frame(), lock_frame(MessageType.RELEASED),
-                 protocol.encode_memory_report(GPU0, 1 << 30), protocol.encode_error(1, "x"),
-                 protocol.encode_settings(anti_thrash=False, time_quantum_ms=1, idle_release_ms=1,
-                                          drop_grace_ms=1)]
+    templates = [
+        protocol.encode_hello([GPU0], "fuzz"),
+        lock_frame(),
+        lock_frame(MessageType.RELEASED),
+        protocol.encode_memory_report(GPU0, 1 << 30),
+        protocol.encode_error(1, "x"),
+        protocol.encode_settings(
+            anti_thrash=False, time_quantum_ms=1, idle_release_ms=1, drop_grace_ms=1
+        ),
+    ]
     sent = 0
     while sent < 10_000:
         frames = []
@@ -112,7 +149,7 @@ def test_fuzzed_frames_never_take_the_agent_down(start_agent):
                 for _ in range(rng.randint(1, 4)):
                     frame[rng.randrange(len(frame))] = rng.randrange(256)
             elif kind < 0.45:
-                frame = frame[:rng.randrange(len(frame))]
+                frame = frame[: rng.randrange(len(frame))]
             elif kind < 0.6:
                 frame = bytearray(rng.randbytes(rng.randint(1, 700)))
             elif kind < 0.7:
@@ -130,7 +167,9 @@ def test_fuzzed_frames_never_take_the_agent_down(start_agent):
             pass
         sock.close()
     assert sent >= 10_000
-    wait_until(lambda: agent.log().count(" closing pid=") >= 500, what="the agent to reject the fuzz")
+    wait_until(
+        lambda: agent.log().count(" closing pid=") >= 500, what="the agent to reject the fuzz"
+    )
     assert agent.alive()
     assert_still_serves(agent)
 
@@ -151,10 +190,13 @@ def test_many_queued_clients_and_the_holder_vanishing_together(start_agent, tmp_
         os.kill(os.getpid(), signal.SIGKILL)   # every socket closes at once, unread grants pending
     """)
     for _round in range(3):
-        proc = subprocess.Popen([sys.executable, "-c", crowd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", crowd], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert proc.stdout.readline().strip() == "ready"
-        wait_until(lambda: agent.log().count(" connect pid=%d " % proc.pid) >= 60, what="60 clients")
+        wait_until(
+            lambda: agent.log().count(" connect pid=%d " % proc.pid) >= 60, what="60 clients"
+        )
         proc.stdin.write("go\n")
         proc.stdin.flush()
         assert proc.wait(15) == -signal.SIGKILL

@@ -9,18 +9,23 @@ import resource
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
-
 from agent_harness import GPU0, TIMEOUT_S, AgentProcess, ShimClient, fd_limit_at_least, wait_until
 from other_users import other_user_env, python_as
+
 from nvshare_agent import protocol
-from nvshare_agent.connection_limits import (FD_RESERVE, PER_UID_LIMIT, TOTAL_LIMIT, ConnectionCounts,
-                                             LogThrottle, total_limit)
+from nvshare_agent.connection_limits import (
+    FD_RESERVE,
+    PER_UID_LIMIT,
+    TOTAL_LIMIT,
+    ConnectionCounts,
+    LogThrottle,
+    total_limit,
+)
 from nvshare_agent.protocol import ErrorCode
 from nvshare_agent.server import HELLO_TIMEOUT_S
 
@@ -38,10 +43,12 @@ def many_fds():
 def start_settled_agent(start_agent):
     """An agent that has forgotten the probe connection start() makes, so that
     every connection a test counts is its own."""
+
     def start(**kwargs) -> AgentProcess:
         agent = start_agent(debug=True, **kwargs)
         agent.wait_for_log(r"DEBUG disconnect pid=\d+ before hello")
         return agent
+
     return start
 
 
@@ -124,8 +131,9 @@ def test_a_connection_that_says_no_hello_is_closed_after_the_timeout(start_agent
     agent.wait_for_log(r"closing pid=\d+ code=PROTOCOL reason=no HELLO within", count=2)
 
 
-def test_connections_past_the_per_uid_limit_are_refused_but_other_users_still_connect(start_settled_agent,
-                                                                                        many_fds, world_dir):
+def test_connections_past_the_per_uid_limit_are_refused_but_other_users_still_connect(
+    start_settled_agent, many_fds, world_dir
+):
     agent = start_settled_agent(socket_path=world_dir / "scheduler.sock")
     crowd = [greeted_socket(agent.socket_path) for _ in range(PER_UID_LIMIT)]
     try:
@@ -134,17 +142,23 @@ def test_connections_past_the_per_uid_limit_are_refused_but_other_users_still_co
         for _ in range(20):
             error = refusal(agent.socket_path)
             assert error.code == ErrorCode.FLOOD
-            assert error.text == (f"too many connections from uid {os.getuid()} ({PER_UID_LIMIT} open, "
-                                  f"the limit per uid is {PER_UID_LIMIT})")
+            assert error.text == (
+                f"too many connections from uid {os.getuid()} ({PER_UID_LIMIT} open, "
+                f"the limit per uid is {PER_UID_LIMIT})"
+            )
         if os.geteuid() == 0 and shutil.which("setpriv"):
             assert isinstance(connect_as_nobody(agent), protocol.Settings)
         # One line for the admin, not one per refused connection.
-        line = agent.wait_for_log(r"WARNING refusing connection pid=\d+ uid=\d+ reason=.*\n").group(0)
+        line = agent.wait_for_log(r"WARNING refusing connection pid=\d+ uid=\d+ reason=.*\n").group(
+            0
+        )
         assert "too many connections from uid" in line
         assert agent.log().count("refusing connection") == 1
         # A place that frees up is a place for the next process.
         crowd.pop().close()
-        wait_until(lambda: refusal_or_settings(agent.socket_path), what="a free place under the limit")
+        wait_until(
+            lambda: refusal_or_settings(agent.socket_path), what="a free place under the limit"
+        )
     finally:
         for sock in crowd:
             sock.close()
@@ -160,12 +174,24 @@ def refusal_or_settings(path):
 
 def connect_as_nobody(agent: AgentProcess):
     """The first frame the agent sends a client of another uid (nobody)."""
-    script = ("import socket, sys; s = socket.socket(socket.AF_UNIX); s.settimeout(15); "
-              "s.connect(sys.argv[1]); s.sendall(bytes.fromhex(sys.argv[2])); "
-              "sys.stdout.write(s.recv(4096).hex())")
-    result = subprocess.run(python_as(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"],
-                                      "-c", script, str(agent.socket_path), HELLO.hex()),
-                            capture_output=True, text=True, timeout=TIMEOUT_S, env=other_user_env())
+    script = (
+        "import socket, sys; s = socket.socket(socket.AF_UNIX); s.settimeout(15); "
+        "s.connect(sys.argv[1]); s.sendall(bytes.fromhex(sys.argv[2])); "
+        "sys.stdout.write(s.recv(4096).hex())"
+    )
+    result = subprocess.run(
+        python_as(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"],
+            "-c",
+            script,
+            str(agent.socket_path),
+            HELLO.hex(),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=other_user_env(),
+    )
     assert result.returncode == 0, result.stderr
     return protocol.FrameReader().feed(bytes.fromhex(result.stdout))[0]
 
@@ -180,12 +206,16 @@ def test_connections_past_the_fd_limit_less_a_reserve_are_refused(start_settled_
             assert isinstance(first_frame(sock), protocol.Settings)
         error = refusal(agent.socket_path)
         assert error.code == ErrorCode.FLOOD
-        assert error.text == f"too many connections to the agent ({total} open, the limit is {total})"
+        assert (
+            error.text == f"too many connections to the agent ({total} open, the limit is {total})"
+        )
         agent.wait_for_log(r"WARNING refusing connection .*too many connections to the agent")
     finally:
         for sock in crowd:
             sock.close()
-    wait_until(lambda: refusal_or_settings(agent.socket_path), what="the agent to take clients again")
+    wait_until(
+        lambda: refusal_or_settings(agent.socket_path), what="the agent to take clients again"
+    )
 
 
 def test_out_of_fds_the_agent_neither_spins_nor_floods_its_log_and_recovers(start_agent):
@@ -220,6 +250,7 @@ def test_out_of_fds_the_agent_neither_spins_nor_floods_its_log_and_recovers(star
 
 
 # ---------------------------------------------------------------- the bookkeeping alone (no I/O)
+
 
 def test_the_total_limit_follows_the_fd_limit_within_bounds():
     assert total_limit(1024) == 1024 - FD_RESERVE

@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from agent_harness import GPU0, GPU1, AsyncShimClient, ShimClient
+
 from nvshare_agent import protocol
 from nvshare_agent.protocol import GrantFlags, MessageType
 from nvshare_agent.settings import Settings, SettingsError
 
-LONG_QUANTUM = Settings(time_quantum_s=3600, anti_thrash=True, idle_release_ms=100, drop_grace_ms=300)
+LONG_QUANTUM = Settings(
+    time_quantum_s=3600, anti_thrash=True, idle_release_ms=100, drop_grace_ms=300
+)
 
 
 async def clients(path, n, gpus=(GPU0,)):
@@ -36,7 +38,9 @@ async def test_waiters_are_granted_in_request_order(start_inproc_agent):
     for c in (cs[2], cs[1], cs[3]):  # queue order differs from connect order on purpose
         c.request()
         await asyncio.sleep(0)  # let the agent read each request before the next is sent
-        await _until(lambda: len(agent.snapshot().gpus[0].queue_pids) == [cs[2], cs[1], cs[3]].index(c) + 1)
+        await _until(
+            lambda: len(agent.snapshot().gpus[0].queue_pids) == [cs[2], cs[1], cs[3]].index(c) + 1
+        )
     holder = (cs[0], grant)
     for expected in (cs[2], cs[1], cs[3]):
         holder[0].release(holder[1])
@@ -47,8 +51,9 @@ async def test_waiters_are_granted_in_request_order(start_inproc_agent):
 
 async def test_quantum_expiry_asks_the_holder_to_drop_then_grants_the_next(start_inproc_agent):
     # A long grace, so that a stalled CI machine cannot turn the release into a revoke.
-    agent, path = await start_inproc_agent(Settings(time_quantum_s=1, anti_thrash=True, idle_release_ms=100,
-                                                    drop_grace_ms=30_000))
+    agent, path = await start_inproc_agent(
+        Settings(time_quantum_s=1, anti_thrash=True, idle_release_ms=100, drop_grace_ms=30_000)
+    )
     a, b = await clients(path, 2)
     a.request()
     grant_a = await a.wait_grant()
@@ -125,7 +130,9 @@ async def test_early_release_hands_over_at_once_and_requeues(start_inproc_agent)
     await a.wait_grant()
 
 
-async def test_anti_thrash_off_grants_everyone_shared_and_back_on_restores_exclusive(start_inproc_agent):
+async def test_anti_thrash_off_grants_everyone_shared_and_back_on_restores_exclusive(
+    start_inproc_agent,
+):
     agent, path = await start_inproc_agent(LONG_QUANTUM)
     a, b, c = await clients(path, 3)
     a.request()
@@ -195,8 +202,12 @@ async def test_two_gpus_are_independent(start_inproc_agent):
     b.request(GPU1)  # b waits on GPU0 but must get GPU1 right away
     await b.wait_grant(GPU1)
     a.request(GPU1)
-    await _until(lambda: {g.uuid: len(g.queue_pids) for g in agent.snapshot().gpus} ==
-                 {g.uuid: 1 for g in agent.snapshot().gpus})
+    await _until(
+        lambda: (
+            {g.uuid: len(g.queue_pids) for g in agent.snapshot().gpus}
+            == {g.uuid: 1 for g in agent.snapshot().gpus}
+        )
+    )
 
 
 async def test_duplicate_request_is_ignored(start_inproc_agent):

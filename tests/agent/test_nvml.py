@@ -23,6 +23,7 @@ def fake_nvml(monkeypatch):
 
     def use(mode: str) -> None:
         monkeypatch.setenv("FAKE_NVML", mode)
+
     return use
 
 
@@ -32,15 +33,24 @@ async def test_whole_gpus_are_listed_and_mig_instances_left_out(fake_nvml, mode)
     gpus, problem = await nvml.read_inventory()
     assert problem is None
     assert gpus == [
-        nvml.GpuInfo(parse_uuid("GPU-0d84ee44-b797-1c71-8ccd-cefec22161de"), "NVIDIA H100 80GB HBM3", 85520809984),
-        nvml.GpuInfo(parse_uuid("GPU-11111111-2222-3333-4444-555555555555"), "NVIDIA L4", 24152899584),
+        nvml.GpuInfo(
+            parse_uuid("GPU-0d84ee44-b797-1c71-8ccd-cefec22161de"),
+            "NVIDIA H100 80GB HBM3",
+            85520809984,
+        ),
+        nvml.GpuInfo(
+            parse_uuid("GPU-11111111-2222-3333-4444-555555555555"), "NVIDIA L4", 24152899584
+        ),
     ]
 
 
-@pytest.mark.parametrize("mode, reason", [
-    ("init-fails", "NVML unavailable: Driver Not Loaded"),
-    ("missing", "pynvml is not installed"),
-])
+@pytest.mark.parametrize(
+    "mode, reason",
+    [
+        ("init-fails", "NVML unavailable: Driver Not Loaded"),
+        ("missing", "pynvml is not installed"),
+    ],
+)
 async def test_nvml_that_cannot_start_is_a_one_line_reason(fake_nvml, mode, reason):
     fake_nvml(mode)
     assert await nvml.read_inventory() == ([], reason)
@@ -64,8 +74,10 @@ async def test_a_hung_nvml_is_abandoned_after_the_timeout(fake_nvml):
 def test_the_agent_logs_its_inventory(fake_nvml, start_agent):
     fake_nvml("two-gpus")
     agent = start_agent(env={"PYTHONPATH": f"{FAKE_NVML}:{':'.join(p for p in sys.path if p)}"})
-    agent.wait_for_log(r"gpu uuid=GPU-0d84ee44-b797-1c71-8ccd-cefec22161de name=NVIDIA_H100_80GB_HBM3 "
-                       r"memory_total_bytes=85520809984")
+    agent.wait_for_log(
+        r"gpu uuid=GPU-0d84ee44-b797-1c71-8ccd-cefec22161de name=NVIDIA_H100_80GB_HBM3 "
+        r"memory_total_bytes=85520809984"
+    )
     agent.wait_for_log(r"gpu uuid=GPU-11111111-2222-3333-4444-555555555555 name=NVIDIA_L4")
     assert "MIG" not in agent.log()
 

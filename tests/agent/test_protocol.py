@@ -5,24 +5,43 @@ from __future__ import annotations
 import random
 
 import pytest
+from agent_harness import GPU0, GPU1
 
 from nvshare_agent import protocol
 from nvshare_agent.protocol import ErrorCode, FrameReader, MessageType, ProtocolError, ffi
 
-from agent_harness import GPU0, GPU1
-
 
 def test_layout_matches_the_static_asserts_in_the_header():
-    sizes = {"struct nvshare_header": 16, "struct nvshare_hello": 296, "struct nvshare_settings": 16,
-             "struct nvshare_lock_message": 32, "struct nvshare_memory_report": 32, "struct nvshare_error": 136}
+    sizes = {
+        "struct nvshare_header": 16,
+        "struct nvshare_hello": 296,
+        "struct nvshare_settings": 16,
+        "struct nvshare_lock_message": 32,
+        "struct nvshare_memory_report": 32,
+        "struct nvshare_error": 136,
+    }
     for c_type, size in sizes.items():
         assert ffi.sizeof(c_type) == size
 
 
 def test_fast_path_structs_agree_with_cffi_field_by_field():
-    h = ffi.new("struct nvshare_header *", {"magic": 0x01020304, "version": 0x0506, "type": 0x0708,
-                                             "payload_bytes": 0x090a0b0c, "reserved": 0x0d0e0f10})
-    assert protocol.HEADER_STRUCT.unpack(ffi.buffer(h)[:]) == (0x01020304, 0x0506, 0x0708, 0x090a0b0c, 0x0d0e0f10)
+    h = ffi.new(
+        "struct nvshare_header *",
+        {
+            "magic": 0x01020304,
+            "version": 0x0506,
+            "type": 0x0708,
+            "payload_bytes": 0x090A0B0C,
+            "reserved": 0x0D0E0F10,
+        },
+    )
+    assert protocol.HEADER_STRUCT.unpack(ffi.buffer(h)[:]) == (
+        0x01020304,
+        0x0506,
+        0x0708,
+        0x090A0B0C,
+        0x0D0E0F10,
+    )
     m = ffi.new("struct nvshare_lock_message *")
     m.gpu.bytes = GPU1
     m.lease, m.flags, m.reserved = 2**63 + 5, 7, 9
@@ -30,18 +49,21 @@ def test_fast_path_structs_agree_with_cffi_field_by_field():
 
 
 def test_every_message_round_trips():
-    frames = (protocol.encode_hello([GPU0, GPU1], "python3 train.py")
-              + protocol.encode_settings(anti_thrash=False, time_quantum_ms=30000, idle_release_ms=1000,
-                                         drop_grace_ms=5000)
-              + b"".join(protocol.encode_lock(t, GPU1, 42, 2) for t in (3, 4, 5, 6, 7))
-              + protocol.encode_memory_report(GPU0, 1 << 40, 12345)
-              + protocol.encode_error(ErrorCode.FLOOD, "too many frames"))
+    frames = (
+        protocol.encode_hello([GPU0, GPU1], "python3 train.py")
+        + protocol.encode_settings(
+            anti_thrash=False, time_quantum_ms=30000, idle_release_ms=1000, drop_grace_ms=5000
+        )
+        + b"".join(protocol.encode_lock(t, GPU1, 42, 2) for t in (3, 4, 5, 6, 7))
+        + protocol.encode_memory_report(GPU0, 1 << 40, 12345)
+        + protocol.encode_error(ErrorCode.FLOOD, "too many frames")
+    )
     # Fed in awkward pieces, the stream must decode the same.
     reader, messages, rng = FrameReader(), [], random.Random(1)
     at = 0
     while at < len(frames):
         step = rng.randint(1, 40)
-        messages += reader.feed(frames[at:at + step])
+        messages += reader.feed(frames[at : at + step])
         at += step
     assert messages[0] == protocol.Hello((GPU0, GPU1), "python3 train.py")
     assert messages[1] == protocol.Settings(False, 30000, 1000, 5000)

@@ -12,29 +12,55 @@ import subprocess
 import sys
 
 import pytest
+from agent_harness import (
+    FAST_CONFIG,
+    GPU0,
+    TIMEOUT_S,
+    AgentProcess,
+    ShimClient,
+    fd_limit_at_least,
+    wait_until,
+)
 
-from agent_harness import FAST_CONFIG, GPU0, TIMEOUT_S, AgentProcess, ShimClient, fd_limit_at_least, wait_until
 from nvshare_agent.bus_address import bus_address_problem
 from nvshare_agent.daemon import Agent
 from nvshare_agent.settings import Settings, SettingsStore
-from nvshare_agent.systemd import (LISTEN_BACKLOG, MIN_WATCHDOG_INTERVAL_S, STATUS_MAX_BYTES,
-                                   watchdog_interval_s)
+from nvshare_agent.systemd import (
+    LISTEN_BACKLOG,
+    MIN_WATCHDOG_INTERVAL_S,
+    STATUS_MAX_BYTES,
+    watchdog_interval_s,
+)
 
 
 def agent_args(tmp_path):
     config = tmp_path / "nvshare.conf"
     config.write_text(FAST_CONFIG)
-    return [sys.executable, "-m", "nvshare_agent", "--bus", "none", "--state-dir", str(tmp_path / "state"),
-            "--config", str(config)]
+    return [
+        sys.executable,
+        "-m",
+        "nvshare_agent",
+        "--bus",
+        "none",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--config",
+        str(config),
+    ]
 
 
-@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="needs systemd-socket-activate")
+@pytest.mark.skipif(
+    shutil.which("systemd-socket-activate") is None, reason="needs systemd-socket-activate"
+)
 def test_socket_activation_through_systemd_socket_activate(tmp_path):
     sock_path = tmp_path / "activated.sock"
     log_path = tmp_path / "agent.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(["systemd-socket-activate", "-l", str(sock_path), *agent_args(tmp_path)],
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            ["systemd-socket-activate", "-l", str(sock_path), *agent_args(tmp_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_until(sock_path.exists, what="systemd-socket-activate to listen")
         # The first connection is what starts the agent (the activator execs it with fd 3).
@@ -46,8 +72,10 @@ def test_socket_activation_through_systemd_socket_activate(tmp_path):
                 second.request()
                 first.release(grant)
                 second.wait_grant()
-        log_text = wait_until(lambda: "release gpu=" in log_path.read_text() and log_path.read_text(),
-                              what="the agent's log lines")
+        log_text = wait_until(
+            lambda: "release gpu=" in log_path.read_text() and log_path.read_text(),
+            what="the agent's log lines",
+        )
         assert "listening on the socket systemd passed (fd 3)" in log_text
         assert "grant gpu=GPU-" in log_text
     finally:
@@ -62,7 +90,9 @@ def test_sd_notify_ready_status_watchdog_and_stopping(tmp_path):
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(str(notify_path))
     listener.settimeout(TIMEOUT_S)
-    agent = AgentProcess(tmp_path / "a", env={"NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "200000"})
+    agent = AgentProcess(
+        tmp_path / "a", env={"NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "200000"}
+    )
     received: list[str] = []
 
     def wait_for(prefix: str) -> str:
@@ -99,12 +129,16 @@ def test_sd_notify_status_stays_short_when_clients_name_many_gpus(tmp_path):
     listener.bind(str(notify_path))
     listener.settimeout(TIMEOUT_S)
     long_quantum = FAST_CONFIG.replace("time_quantum = 1\n", "time_quantum = 3600\n")
-    agent = AgentProcess(tmp_path / "a", config=long_quantum, env={"NOTIFY_SOCKET": str(notify_path)})
+    agent = AgentProcess(
+        tmp_path / "a", config=long_quantum, env={"NOTIFY_SOCKET": str(notify_path)}
+    )
     clients = []
     try:
         agent.start()
-        clients = [ShimClient(agent.socket_path, gpus=[GPU0, *(os.urandom(16) for _ in range(15))])
-                   for _ in range(10)]
+        clients = [
+            ShimClient(agent.socket_path, gpus=[GPU0, *(os.urandom(16) for _ in range(15))])
+            for _ in range(10)
+        ]
         clients[0].request(GPU0)
         clients[0].wait_grant(GPU0)
         clients[1].request(GPU0)
@@ -171,8 +205,11 @@ def queued_behind_a_stopped_agent(tmp_path, socket_from, at_most: int) -> int:
         held_by_systemd.bind(str(sock_path))
         held_by_systemd.listen(16)
         script = f'exec 3<&{held_by_systemd.fileno()}; LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"'
-        proc = subprocess.Popen(["bash", "-c", script, "bash", *args], pass_fds=(held_by_systemd.fileno(),),
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            ["bash", "-c", script, "bash", *args],
+            pass_fds=(held_by_systemd.fileno(),),
+            stderr=subprocess.DEVNULL,
+        )
     try:
         wait_until(lambda: serves(sock_path), what="the agent to serve")
         proc.send_signal(signal.SIGSTOP)  # accepts nothing: connections queue in the backlog
@@ -190,40 +227,86 @@ def queued_behind_a_stopped_agent(tmp_path, socket_from, at_most: int) -> int:
 
 def test_bad_config_is_one_line_and_exit_code_2(tmp_path):
     config = tmp_path / "nvshare.conf"
-    for text, message in [("[scheduler]\ntime_quantum = 0\n", "time quantum must be 1..86400 seconds, got 0"),
-                          ("[scheduler]\nanti_thrash = maybe\n", "anti_thrash must be on or off, got 'maybe'"),
-                          ("[scheduler]\nspeed = 3\n", "unknown key 'speed'"),
-                          ("not an ini file\n", "line 1 comes before any [scheduler] header"),
-                          ("[scheduler]\ntime_quantum = 3\ntime_quantum = 4\n", "already exists"),
-                          ("[scheduler]\n= 3\n", "line 2 is not 'key = value'"),
-                          ("[other]\nx = 1\n", "unknown section [other]"),
-                          ("[DEFAULT]\ntime_quantum = 5\n", "unknown section [DEFAULT]")]:
+    for text, message in [
+        ("[scheduler]\ntime_quantum = 0\n", "time quantum must be 1..86400 seconds, got 0"),
+        ("[scheduler]\nanti_thrash = maybe\n", "anti_thrash must be on or off, got 'maybe'"),
+        ("[scheduler]\nspeed = 3\n", "unknown key 'speed'"),
+        ("not an ini file\n", "line 1 comes before any [scheduler] header"),
+        ("[scheduler]\ntime_quantum = 3\ntime_quantum = 4\n", "already exists"),
+        ("[scheduler]\n= 3\n", "line 2 is not 'key = value'"),
+        ("[other]\nx = 1\n", "unknown section [other]"),
+        ("[DEFAULT]\ntime_quantum = 5\n", "unknown section [DEFAULT]"),
+    ]:
         config.write_text(text)
-        result = subprocess.run([sys.executable, "-m", "nvshare_agent", "--bus", "none",
-                                 "--socket", str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "state"),
-                                 "--config", str(config)], capture_output=True, text=True, timeout=TIMEOUT_S)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "nvshare_agent",
+                "--bus",
+                "none",
+                "--socket",
+                str(tmp_path / "s.sock"),
+                "--state-dir",
+                str(tmp_path / "state"),
+                "--config",
+                str(config),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("nvshare-agent: error: config "), result.stderr
+        assert len(lines) == 1 and lines[0].startswith("nvshare-agent: error: config "), (
+            result.stderr
+        )
         assert message in lines[0]
 
 
-@pytest.mark.parametrize("bus, env, message", [
-    ("sytem", {}, "--bus 'sytem' is not a D-Bus address (no transport, such as unix:); use system, none"),
-    ("unix:path=/run/x\nsecond line", {}, "(control or non-ASCII characters)"),
-    ("unix:", {}, "(unix: needs path= or abstract=)"),
-    ("launchd:env=X", {}, "(transport 'launchd' is not unix: or tcp:)"),
-    ("tcp:host=localhost,port=http", {}, "(port='http' is not a number)"),
-    ("unix:path=/run/a b", {}, "(the value of path= holds characters that must be %-escaped)"),
-    ("system", {"DBUS_SYSTEM_BUS_ADDRESS": "sytem"}, "DBUS_SYSTEM_BUS_ADDRESS='sytem' is not a D-Bus address"),
-], ids=["no-transport", "newline", "no-path", "launchd", "port", "space", "environment"])
+@pytest.mark.parametrize(
+    "bus, env, message",
+    [
+        (
+            "sytem",
+            {},
+            "--bus 'sytem' is not a D-Bus address (no transport, such as unix:); use system, none",
+        ),
+        ("unix:path=/run/x\nsecond line", {}, "(control or non-ASCII characters)"),
+        ("unix:", {}, "(unix: needs path= or abstract=)"),
+        ("launchd:env=X", {}, "(transport 'launchd' is not unix: or tcp:)"),
+        ("tcp:host=localhost,port=http", {}, "(port='http' is not a number)"),
+        ("unix:path=/run/a b", {}, "(the value of path= holds characters that must be %-escaped)"),
+        (
+            "system",
+            {"DBUS_SYSTEM_BUS_ADDRESS": "sytem"},
+            "DBUS_SYSTEM_BUS_ADDRESS='sytem' is not a D-Bus address",
+        ),
+    ],
+    ids=["no-transport", "newline", "no-path", "launchd", "port", "space", "environment"],
+)
 def test_unusable_bus_address_is_one_line_and_exit_code_2(tmp_path, bus, env, message):
     # A mistyped address used to be retried forever, at debug level after the
     # first warning; systemd's RestartPreventExitStatus=2 stops on this one.
-    result = subprocess.run([sys.executable, "-m", "nvshare_agent", "--bus", bus,
-                             "--socket", str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "state"),
-                             "--config", str(tmp_path / "absent.conf")],
-                            capture_output=True, text=True, timeout=10, env={**os.environ, **env})
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nvshare_agent",
+            "--bus",
+            bus,
+            "--socket",
+            str(tmp_path / "s.sock"),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--config",
+            str(tmp_path / "absent.conf"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env={**os.environ, **env},
+    )
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("nvshare-agent: error: "), result.stderr
@@ -231,9 +314,16 @@ def test_unusable_bus_address_is_one_line_and_exit_code_2(tmp_path, bus, env, me
     assert not (tmp_path / "s.sock").exists()
 
 
-@pytest.mark.parametrize("address", ["unix:path=/run/dbus/system_bus_socket", "unix:abstract=/tmp/dbus-x",
-                                     "unix:path=/tmp/a%20b,guid=0123", "tcp:host=localhost,port=4000",
-                                     "unix:path=/nowhere;unix:path=/run/x"])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "unix:path=/run/dbus/system_bus_socket",
+        "unix:abstract=/tmp/dbus-x",
+        "unix:path=/tmp/a%20b,guid=0123",
+        "tcp:host=localhost,port=4000",
+        "unix:path=/nowhere;unix:path=/run/x",
+    ],
+)
 def test_addresses_dbus_next_can_use_pass_the_check(address):
     assert bus_address_problem(address) is None
 
@@ -252,8 +342,11 @@ def test_sigterm_while_starting_is_a_clean_stop(tmp_path, attempt):
     # the event loop serves: that must be the same clean stop as any other.
     agent = AgentProcess(tmp_path / "agent").start(wait=False)
     try:
-        wait_until(lambda: agent.socket_path.exists() or not agent.alive(), what="the socket to be bound",
-                   interval=0.0005)
+        wait_until(
+            lambda: agent.socket_path.exists() or not agent.alive(),
+            what="the socket to be bound",
+            interval=0.0005,
+        )
         assert agent.stop() == 0, agent.log()
         assert not agent.socket_path.exists()
     finally:
@@ -264,7 +357,10 @@ async def test_settings_changed_at_run_time_survive_a_restart(tmp_path):
     state_dir = tmp_path / "state"
     agent = Agent(Settings(), SettingsStore(state_dir))
     agent.change_settings(time_quantum_s=42, anti_thrash=False)
-    assert json.loads((state_dir / "settings.json").read_text()) == {"anti_thrash": False, "time_quantum_s": 42}
+    assert json.loads((state_dir / "settings.json").read_text()) == {
+        "anti_thrash": False,
+        "time_quantum_s": 42,
+    }
     assert not [p for p in os.listdir(state_dir) if p.endswith(".tmp")]
     # A fresh agent process with the same state dir starts with them (over the config file's values).
     restarted = AgentProcess(tmp_path / "restart", state_dir=state_dir).start()
@@ -292,12 +388,16 @@ def test_broken_state_file_is_a_warning_not_a_failure(tmp_path):
         agent.stop()
 
 
-@pytest.mark.parametrize("fd_3, socket_arg, message", [
-    ("3>&-", None, "fd 3 from systemd is not a socket (Bad file descriptor)"),
-    ("3</dev/null", None, "fd 3 from systemd is not a socket (Socket operation on non-socket)"),
-    ("", "d" * 120 + "/s.sock", "a UNIX socket path has at most 107 bytes"),
-    ("", "file/s.sock", "cannot check"),
-], ids=["fd-3-closed", "fd-3-not-a-socket", "path-too-long", "parent-is-a-file"])
+@pytest.mark.parametrize(
+    "fd_3, socket_arg, message",
+    [
+        ("3>&-", None, "fd 3 from systemd is not a socket (Bad file descriptor)"),
+        ("3</dev/null", None, "fd 3 from systemd is not a socket (Socket operation on non-socket)"),
+        ("", "d" * 120 + "/s.sock", "a UNIX socket path has at most 107 bytes"),
+        ("", "file/s.sock", "cannot check"),
+    ],
+    ids=["fd-3-closed", "fd-3-not-a-socket", "path-too-long", "parent-is-a-file"],
+)
 def test_unusable_socket_setup_is_one_line_and_exit_code_1(tmp_path, fd_3, socket_arg, message):
     (tmp_path / "file").write_text("")
     args = agent_args(tmp_path)
@@ -305,17 +405,32 @@ def test_unusable_socket_setup_is_one_line_and_exit_code_1(tmp_path, fd_3, socke
         args += ["--socket", str(tmp_path / socket_arg)]
     # LISTEN_PID must be the agent's own pid: the shell sets it, then becomes the agent.
     script = f'exec {fd_3}; LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"'
-    result = subprocess.run(["sh", "-c", script, "sh", *args], capture_output=True, text=True,
-                            timeout=TIMEOUT_S, cwd=tmp_path)
+    result = subprocess.run(
+        ["sh", "-c", script, "sh", *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=tmp_path,
+    )
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("nvshare-agent: error: "), result.stderr
     assert message in lines[0] and "None" not in lines[0]
 
 
-@pytest.mark.parametrize("usec, interval_s", [("1", MIN_WATCHDOG_INTERVAL_S), ("0", None), ("junk", None),
-                                              ("200000", 0.1), ("30000000", 15.0)])
-def test_watchdog_interval_is_half_of_watchdog_usec_but_never_a_busy_loop(monkeypatch, usec, interval_s):
+@pytest.mark.parametrize(
+    "usec, interval_s",
+    [
+        ("1", MIN_WATCHDOG_INTERVAL_S),
+        ("0", None),
+        ("junk", None),
+        ("200000", 0.1),
+        ("30000000", 15.0),
+    ],
+)
+def test_watchdog_interval_is_half_of_watchdog_usec_but_never_a_busy_loop(
+    monkeypatch, usec, interval_s
+):
     monkeypatch.setenv("WATCHDOG_USEC", usec)
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
     assert watchdog_interval_s() == interval_s

@@ -1,4 +1,5 @@
 """The GPU benchmark's measures, on made-up step times and log lines (no GPU needed)."""
+
 import os
 import pathlib
 import subprocess
@@ -7,12 +8,12 @@ import sys
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu"))
-import hook_cost  # noqa: E402
-import launch_pairs  # noqa: E402
-import launch_spread  # noqa: E402
-import original  # noqa: E402
-import run  # noqa: E402
-import startup  # noqa: E402
+import hook_cost
+import launch_pairs
+import launch_spread
+import original
+import run
+import startup
 
 
 def alternating(turn_s=1.0, step_s=0.1, turns=10):
@@ -31,7 +32,10 @@ def test_turns_of_exclusive_alternation_are_measured_from_the_other_process_last
 
 
 def test_interleaved_steps_show_as_many_short_turns():
-    together = [{"step_times": [i * 0.2 for i in range(50)]}, {"step_times": [i * 0.2 + 0.1 for i in range(50)]}]
+    together = [
+        {"step_times": [i * 0.2 for i in range(50)]},
+        {"step_times": [i * 0.2 + 0.1 for i in range(50)]},
+    ]
     lengths = run.turn_lengths(together)
     assert len(lengths) > 90
     assert max(lengths) == pytest.approx(0.1)
@@ -41,7 +45,9 @@ def test_pair_measures_count_only_the_window_both_ran():
     results = alternating(turn_s=1.0, turns=10)
     results[1]["step_times"] += [11.0, 12.0]  # ran on alone after the other stopped
     measures = run.pair_measures(results)
-    assert measures["window_s"] == pytest.approx(results[0]["step_times"][-1] - results[1]["step_times"][3])
+    assert measures["window_s"] == pytest.approx(
+        results[0]["step_times"][-1] - results[1]["step_times"][3]
+    )
     assert sum(measures["shares"]) == pytest.approx(1.0)
     assert 0.45 < measures["shares"][0] < 0.55
     assert measures["aggregate_steps_per_s"] == pytest.approx(10, rel=0.05)
@@ -52,7 +58,9 @@ def test_drop_stats_percentiles():
     stats = run.drop_stats([float(ms) for ms in range(1, 101)])
     assert stats["drop_to_release_p50_ms"] == pytest.approx(50, abs=1)
     assert stats["drop_to_release_p99_ms"] == pytest.approx(99, abs=1)
-    assert run.drop_stats([])["drop_to_release_p50_ms"] != run.drop_stats([])["drop_to_release_p50_ms"]  # nan
+    assert (
+        run.drop_stats([])["drop_to_release_p50_ms"] != run.drop_stats([])["drop_to_release_p50_ms"]
+    )  # nan
 
 
 def test_original_scheduler_drop_to_release_pairs_each_client_drop_with_its_release():
@@ -61,7 +69,10 @@ def test_original_scheduler_drop_to_release_pairs_each_client_drop_with_its_rele
         (1.000, "[NVSHARE][INFO]: Sent DROP_LOCK to client aa\n"),
         (1.050, "[NVSHARE][INFO]: Received REQ_LOCK from bb\n"),
         (1.600, "[NVSHARE][INFO]: Received LOCK_RELEASED from aa\n"),
-        (2.000, "[NVSHARE][INFO]: Received LOCK_RELEASED from bb\n"),  # an early release: no drop before it
+        (
+            2.000,
+            "[NVSHARE][INFO]: Received LOCK_RELEASED from bb\n",
+        ),  # an early release: no drop before it
         (3.000, "[NVSHARE][INFO]: Sent DROP_LOCK to client bb\n"),
         (3.070, "[NVSHARE][INFO]: Received LOCK_RELEASED from bb\n"),
     ]
@@ -76,15 +87,18 @@ def test_launch_delta_interval_holds_the_true_shift_and_excludes_zero_only_when_
     assert low < 0 < high
 
 
-@pytest.mark.parametrize("script, count, error", [
-    (launch_pairs, "x", "launch_pairs: PAIRS must be a whole number, not 'x'"),
-    (launch_pairs, "1", "launch_pairs: PAIRS must be at least 2"),
-    (hook_cost, "x", "hook_cost: PROCESSES must be a whole number, not 'x'"),
-    (hook_cost, "0", "hook_cost: PROCESSES must be at least 1"),
-    (startup, "five", "startup: PAIRS must be a whole number, not 'five'"),
-    (startup, "0", "startup: PAIRS must be at least 1"),
-    (launch_spread, "1", "launch_spread: PROCESSES must be at least 2"),
-])
+@pytest.mark.parametrize(
+    "script, count, error",
+    [
+        (launch_pairs, "x", "launch_pairs: PAIRS must be a whole number, not 'x'"),
+        (launch_pairs, "1", "launch_pairs: PAIRS must be at least 2"),
+        (hook_cost, "x", "hook_cost: PROCESSES must be a whole number, not 'x'"),
+        (hook_cost, "0", "hook_cost: PROCESSES must be at least 1"),
+        (startup, "five", "startup: PAIRS must be a whole number, not 'five'"),
+        (startup, "0", "startup: PAIRS must be at least 1"),
+        (launch_spread, "1", "launch_spread: PROCESSES must be at least 2"),
+    ],
+)
 def test_side_scripts_refuse_a_bad_count_in_one_line(script, count, error):
     done = subprocess.run([sys.executable, script.__file__, count], capture_output=True, text=True)
     assert done.returncode != 0 and done.stdout == ""
@@ -95,13 +109,15 @@ def test_the_old_launch_figure_is_the_fastest_run_of_ten_consecutive_short_round
     rounds = [5.0] * 10 + [4.0] * 9 + [9.0] + [4.5] * 10
     # Ten rounds in a row make one 100,000-launch round: blocks average 5.0, 4.5 and 4.5.
     assert run.fastest_old_round_us(rounds) == pytest.approx(4.5)
-    assert min(rounds) == 4.0   # what the new figure takes instead
+    assert min(rounds) == 4.0  # what the new figure takes instead
 
 
 def test_launch_spread_separates_the_spread_between_processes_from_the_spread_inside_one():
-    processes = [{"rounds_us": [9.0, 4.0, 4.5, 4.2], "enqueue_us": [8.9, 4.0, 4.5, 4.2]},
-                 {"rounds_us": [5.0, 3.6, 3.7, 3.5], "enqueue_us": [5.0, 3.5, 3.7, 3.5]},
-                 {"rounds_us": [4.4, 4.3, 4.4, 4.6], "enqueue_us": [2.2, 2.15, 2.2, 2.3]}]
+    processes = [
+        {"rounds_us": [9.0, 4.0, 4.5, 4.2], "enqueue_us": [8.9, 4.0, 4.5, 4.2]},
+        {"rounds_us": [5.0, 3.6, 3.7, 3.5], "enqueue_us": [5.0, 3.5, 3.7, 3.5]},
+        {"rounds_us": [4.4, 4.3, 4.4, 4.6], "enqueue_us": [2.2, 2.15, 2.2, 2.3]},
+    ]
     measures = launch_spread.spread_measures(processes)
     assert measures["fastest_median"] == 4.0 and measures["fastest_range"] == [3.5, 4.3]
     # The first round (9.0, warming up) is left out: rounds 2-4 spread by 0.5, 0.2 and 0.3.
@@ -114,8 +130,14 @@ def test_hook_cost_pairs_each_block_with_its_neighbour_through_the_driver():
     driver = [3000 + 0.1 * i for i in range(4000)]
     hook = [ns + 20 + (400 if i % 4 == 0 else 0) for i, ns in enumerate(driver)]
     locked = [ns + 150 for ns in driver]  # a locked add after each launch, 150 ns dearer
-    measures = run.hook_cost_measures({"driver_ns": driver, "hook_ns": hook, "driver_then_locked_ns": locked,
-                                       "ctx_get_current_ns": 5.0})
+    measures = run.hook_cost_measures(
+        {
+            "driver_ns": driver,
+            "hook_ns": hook,
+            "driver_then_locked_ns": locked,
+            "ctx_get_current_ns": 5.0,
+        }
+    )
     assert measures["delta_ns_median"] == pytest.approx(20)
     assert measures["delta_ns_mean"] == pytest.approx(120)
     low, high = measures["delta_ns_mean_95"]
@@ -125,14 +147,22 @@ def test_hook_cost_pairs_each_block_with_its_neighbour_through_the_driver():
 
 
 def test_gpu_clock_summary_takes_medians_and_every_clock_event_reason_seen():
-    lines = ["1980, 650.5, 40, 0x0000000000000000",
-             "1755, 699.0, 55, 0x0000000000000004",   # power cap
-             "1830, 690.0, 58, 0x0000000000000020",   # thermal slowdown
-             "[N/A], [N/A], 58, [N/A]",
-             "1980, 6"]                               # cut off when the sampler stopped
+    lines = [
+        "1980, 650.5, 40, 0x0000000000000000",
+        "1755, 699.0, 55, 0x0000000000000004",  # power cap
+        "1830, 690.0, 58, 0x0000000000000020",  # thermal slowdown
+        "[N/A], [N/A], 58, [N/A]",
+        "1980, 6",
+    ]  # cut off when the sampler stopped
     summary = run.gpu_clock_summary(lines)
-    assert summary == {"samples": 3, "sm_mhz_median": 1830, "sm_mhz_min": 1755, "power_w_median": 690.0,
-                       "temperature_c_max": 58, "clock_event_reasons": "0x24"}
+    assert summary == {
+        "samples": 3,
+        "sm_mhz_median": 1830,
+        "sm_mhz_min": 1755,
+        "power_w_median": 690.0,
+        "temperature_c_max": 58,
+        "clock_event_reasons": "0x24",
+    }
     assert run.gpu_clock_summary(["[N/A], [N/A], [N/A], [N/A]"]) == {}
 
 
@@ -141,8 +171,13 @@ def test_unsampled_phases_run_without_querying_the_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("NVSHARE_BENCH_ONLY", raising=False)
     results = {}
-    run.run_phases([("overhead", lambda: {"launch_us_delta": 0.01}), ("pausing", lambda: {})], results,
-                   tmp_path / "gpu.json", extra={"pausing"}, unsampled={"overhead"})
+    run.run_phases(
+        [("overhead", lambda: {"launch_us_delta": 0.01}), ("pausing", lambda: {})],
+        results,
+        tmp_path / "gpu.json",
+        extra={"pausing"},
+        unsampled={"overhead"},
+    )
     assert set(results) == {"overhead"}
     assert results["overhead"]["launch_us_delta"] == 0.01
     assert "gpu_clocks" not in results["overhead"] and "error" not in results["overhead"]
@@ -163,10 +198,16 @@ def test_each_phase_keeps_the_logs_of_the_agents_it_started(tmp_path, monkeypatc
                 agent.stop()
                 logs[f"{name}{f'-{number + 1}' if number else ''}.log"] = agent.log()
             return {}
+
         return name, phase
 
-    run.run_phases([phase_starting("first", 1), phase_starting("none", 0), phase_starting("second", 2)],
-                   {}, results_dir / "gpu.json", unsampled={"first", "none", "second"}, workdir=workdir)
+    run.run_phases(
+        [phase_starting("first", 1), phase_starting("none", 0), phase_starting("second", 2)],
+        {},
+        results_dir / "gpu.json",
+        unsampled={"first", "none", "second"},
+        workdir=workdir,
+    )
     kept = {path.name: path.read_text() for path in (results_dir / "agent-logs").iterdir()}
     assert set(kept) == {"first.log", "second.log", "second-2.log"}
     assert kept == logs
@@ -174,11 +215,17 @@ def test_each_phase_keeps_the_logs_of_the_agents_it_started(tmp_path, monkeypatc
     assert "time_quantum_s=1 " in kept["second.log"] and "time_quantum_s=2 " in kept["second-2.log"]
 
 
-@pytest.mark.parametrize("script, error", [
-    ("import pathlib, sys, time; time.sleep(0.3); pathlib.Path(sys.argv[1]).touch(); time.sleep(30)", None),
-    ("import sys; sys.exit('no GPU here')", "stopped before creating .*\n.*no GPU here"),
-    ("import time; time.sleep(30)", "did not create .* in 1 s"),
-])
+@pytest.mark.parametrize(
+    "script, error",
+    [
+        (
+            "import pathlib, sys, time; time.sleep(0.3); pathlib.Path(sys.argv[1]).touch(); time.sleep(30)",
+            None,
+        ),
+        ("import sys; sys.exit('no GPU here')", "stopped before creating .*\n.*no GPU here"),
+        ("import time; time.sleep(30)", "did not create .* in 1 s"),
+    ],
+)
 def test_wait_for_file_returns_once_the_process_made_it_or_says_why_not(tmp_path, script, error):
     ready = tmp_path / "trainer-ready"
     process = run.start_json([sys.executable, "-c", script, str(ready)])

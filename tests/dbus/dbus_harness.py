@@ -18,7 +18,7 @@ import pytest
 from nvshare_agent import dbus_names as names
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
-from other_users import other_user_env, python_as  # noqa: E402
+from other_users import other_user_env, python_as
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY_FILE = REPO / "systemd" / f"{names.BUS_NAME}.conf"
@@ -102,10 +102,14 @@ class DbusDaemon:
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             ["dbus-daemon", f"--config-file={self.config_path}", "--nofork", "--nopidfile"],
-            stdout=log, stderr=log)
+            stdout=log,
+            stderr=log,
+        )
         log.close()
-        wait_for(lambda: self.socket_path.exists() or self.process.poll() is not None,
-                 "dbus-daemon socket")
+        wait_for(
+            lambda: self.socket_path.exists() or self.process.poll() is not None,
+            "dbus-daemon socket",
+        )
         assert self.process.poll() is None, f"dbus-daemon died: {self.log_path.read_text()}"
 
     def stop(self):
@@ -116,8 +120,17 @@ class DbusDaemon:
             self.socket_path.unlink()
 
     def name_has_owner(self, name: str = names.BUS_NAME) -> bool:
-        result = busctl(self.address, "call", "org.freedesktop.DBus", "/org/freedesktop/DBus",
-                        "org.freedesktop.DBus", "NameHasOwner", "s", name, check=False)
+        result = busctl(
+            self.address,
+            "call",
+            "org.freedesktop.DBus",
+            "/org/freedesktop/DBus",
+            "org.freedesktop.DBus",
+            "NameHasOwner",
+            "s",
+            name,
+            check=False,
+        )
         return result.returncode == 0 and result.stdout.strip() == "b true"
 
 
@@ -131,12 +144,17 @@ def busctl(address: str, *args: str, user: list | None = None, check: bool = Tru
 
 def busctl_on_agent(address: str, verb: str, *args: str, **kwargs):
     """busctl VERB on our bus name, object path and interface."""
-    return busctl(address, verb, names.BUS_NAME, names.OBJECT_PATH, names.INTERFACE, *args, **kwargs)
+    return busctl(
+        address, verb, names.BUS_NAME, names.OBJECT_PATH, names.INTERFACE, *args, **kwargs
+    )
 
 
 def nvsharectl(address: str, *args: str, user: list | None = None):
-    if user:    # another user may not enter the checkout (other_users.py)
-        command, env = python_as(user, "-m", "nvshare_cli", "--bus", address, *args), other_user_env()
+    if user:  # another user may not enter the checkout (other_users.py)
+        command, env = (
+            python_as(user, "-m", "nvshare_cli", "--bus", address, *args),
+            other_user_env(),
+        )
     else:
         command = [sys.executable, "-m", "nvshare_cli", "--bus", address, *args]
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -148,9 +166,19 @@ class AgentProcess:
         self.socket_path = directory / "scheduler.sock"
         self.state_dir = directory / "state"
         self.log_path = directory / "agent.log"
-        self.command = [sys.executable, "-m", "nvshare_agent", "--bus", bus_address,
-                        "--socket", str(self.socket_path), "--state-dir", str(self.state_dir),
-                        "--config", str(directory / "absent.conf")]
+        self.command = [
+            sys.executable,
+            "-m",
+            "nvshare_agent",
+            "--bus",
+            bus_address,
+            "--socket",
+            str(self.socket_path),
+            "--state-dir",
+            str(self.state_dir),
+            "--config",
+            str(directory / "absent.conf"),
+        ]
         self.process = None
 
     def start(self):
@@ -195,8 +223,10 @@ def _start_bus(world_dir, extra_policy=""):
 def _start_agent(world_dir, daemon):
     agent = AgentProcess(world_dir, daemon.address)
     agent.start()
-    wait_for(lambda: daemon.name_has_owner() or agent.process.poll() is not None,
-             "the agent to own its bus name")
+    wait_for(
+        lambda: daemon.name_has_owner() or agent.process.poll() is not None,
+        "the agent to own its bus name",
+    )
     agent.assert_alive()
     wait_for(agent.socket_path.exists, "the agent's socket")
     return agent
@@ -232,18 +262,37 @@ def agent_on_permissive_bus(world_dir, permissive_bus):
     process.stop()
 
 
-def dbus_send(address: str, member: str, *args: str, user: list | None = None,
-              interface: str = "org.freedesktop.DBus.Properties"):
+def dbus_send(
+    address: str,
+    member: str,
+    *args: str,
+    user: list | None = None,
+    interface: str = "org.freedesktop.DBus.Properties",
+):
     """dbus-send to the agent; unlike busctl it prints the D-Bus error name."""
-    command = [*(user or []), "dbus-send", f"--bus={address}", f"--dest={names.BUS_NAME}",
-               "--print-reply", names.OBJECT_PATH, f"{interface}.{member}", *args]
+    command = [
+        *(user or []),
+        "dbus-send",
+        f"--bus={address}",
+        f"--dest={names.BUS_NAME}",
+        "--print-reply",
+        names.OBJECT_PATH,
+        f"{interface}.{member}",
+        *args,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
 def set_property(address: str, prop_name: str, typed_value: str, user: list | None = None):
     """typed_value in dbus-send syntax, e.g. uint32:5, boolean:false, string:abc."""
-    return dbus_send(address, "Set", f"string:{names.INTERFACE}", f"string:{prop_name}",
-                     f"variant:{typed_value}", user=user)
+    return dbus_send(
+        address,
+        "Set",
+        f"string:{names.INTERFACE}",
+        f"string:{prop_name}",
+        f"variant:{typed_value}",
+        user=user,
+    )
 
 
 def get_property(address: str, prop_name: str, user: list | None = None) -> str:
@@ -253,6 +302,13 @@ def get_property(address: str, prop_name: str, user: list | None = None) -> str:
 
 def property_data(address: str, prop_name: str):
     """The value as busctl's JSON gives it: numbers, strings, and lists for arrays and structs."""
-    result = busctl(address, "--json=short", "get-property", names.BUS_NAME, names.OBJECT_PATH,
-                    names.INTERFACE, prop_name)
+    result = busctl(
+        address,
+        "--json=short",
+        "get-property",
+        names.BUS_NAME,
+        names.OBJECT_PATH,
+        names.INTERFACE,
+        prop_name,
+    )
     return json.loads(result.stdout)["data"]

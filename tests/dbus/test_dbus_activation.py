@@ -7,10 +7,17 @@ import os
 import shlex
 import signal
 
-from nvshare_agent import dbus_names as names
+from dbus_harness import (
+    ACTIVATION_FILE,
+    AgentProcess,
+    DbusDaemon,
+    busctl,
+    get_property,
+    nvsharectl,
+    wait_for,
+)
 
-from dbus_harness import (ACTIVATION_FILE, AgentProcess, DbusDaemon, busctl, get_property,
-                          nvsharectl, wait_for)
+from nvshare_agent import dbus_names as names
 
 
 def test_call_to_the_bus_name_starts_the_agent(world_dir):
@@ -18,8 +25,10 @@ def test_call_to_the_bus_name_starts_the_agent(world_dir):
     servicedir.mkdir()
     daemon = DbusDaemon(world_dir, servicedir=servicedir)
     agent = AgentProcess(world_dir, daemon.address)  # only for its command line and paths
-    lines = [f"Exec={shlex.join(agent.command)}" if line.startswith("Exec=") else line
-             for line in ACTIVATION_FILE.read_text().splitlines()]
+    lines = [
+        f"Exec={shlex.join(agent.command)}" if line.startswith("Exec=") else line
+        for line in ACTIVATION_FILE.read_text().splitlines()
+    ]
     (servicedir / ACTIVATION_FILE.name).write_text("\n".join(lines) + "\n")
     daemon.start()
     try:
@@ -30,9 +39,16 @@ def test_call_to_the_bus_name_starts_the_agent(world_dir):
         assert get_property(daemon.address, "TimeQuantum") == "u 30"
     finally:
         if daemon.name_has_owner():
-            pid = busctl(daemon.address, "call", "org.freedesktop.DBus", "/org/freedesktop/DBus",
-                         "org.freedesktop.DBus", "GetConnectionUnixProcessID", "s",
-                         names.BUS_NAME).stdout.split()[1]
+            pid = busctl(
+                daemon.address,
+                "call",
+                "org.freedesktop.DBus",
+                "/org/freedesktop/DBus",
+                "org.freedesktop.DBus",
+                "GetConnectionUnixProcessID",
+                "s",
+                names.BUS_NAME,
+            ).stdout.split()[1]
             os.kill(int(pid), signal.SIGTERM)
             wait_for(lambda: not daemon.name_has_owner(), "the activated agent to stop")
         daemon.stop()

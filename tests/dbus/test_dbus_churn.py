@@ -9,12 +9,12 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
-from agent_harness import GPU0, ShimClient  # noqa: E402
-from nvshare_agent import dbus_names as names  # noqa: E402
-from nvshare_agent import protocol  # noqa: E402
-from nvshare_agent.protocol import MessageType  # noqa: E402
+from agent_harness import GPU0, ShimClient
+from dbus_harness import property_data, wait_for
 
-from dbus_harness import property_data, wait_for  # noqa: E402
+from nvshare_agent import dbus_names as names
+from nvshare_agent import protocol
+from nvshare_agent.protocol import MessageType
 
 ROUNDS = 150  # seven connections each
 
@@ -27,8 +27,11 @@ def _sockets_on(pid: int, socket_path) -> int:
     """The agent's sockets named by the scheduler's path: its listener and one per connection
     it has not closed (an accepted socket carries its listener's name in /proc/net/unix)."""
     with open("/proc/net/unix") as table:
-        inodes = {int(fields[6]) for fields in (line.split() for line in table)
-                  if len(fields) == 8 and fields[7] == str(socket_path)}
+        inodes = {
+            int(fields[6])
+            for fields in (line.split() for line in table)
+            if len(fields) == 8 and fields[7] == str(socket_path)
+        }
     held = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -74,9 +77,14 @@ def _one_round(socket_path) -> None:
 def test_a_thousand_clients_leaving_every_way_leave_nothing_behind(agent, bus):
     pid = agent.process.pid
     _one_round(agent.socket_path)  # whatever the agent opens on first use, it opens now
-    wait_for(lambda: _sockets_on(pid, agent.socket_path) == 1, "the first round's connections to be closed")
+    wait_for(
+        lambda: _sockets_on(pid, agent.socket_path) == 1,
+        "the first round's connections to be closed",
+    )
     # The GPU inventory is read by a child process whose pipes close when it is done.
-    wait_for(lambda: "no GPU inventory" in agent.log() or "gpu uuid=" in agent.log(), "the GPU inventory")
+    wait_for(
+        lambda: "no GPU inventory" in agent.log() or "gpu uuid=" in agent.log(), "the GPU inventory"
+    )
     fds_before = _open_fds(pid)
     gpus_before = property_data(bus.address, names.PROP_GPUS)
 

@@ -12,7 +12,9 @@ from dbus_next import Message
 AGENT_TESTS = Path(__file__).resolve().parents[1] / "agent"
 sys.path.insert(0, str(AGENT_TESTS))
 from agent_harness import GPU0, ShimClient  # noqa: E402
+from dbus_harness import TIMEOUT_S, nvsharectl  # noqa: E402
 from other_users import other_user_env, python_as  # noqa: E402
+
 from nvshare_agent import dbus_names as names  # noqa: E402
 from nvshare_agent.dbus_connection import connect_bus  # noqa: E402
 from nvshare_agent.dbus_service import SchedulerInterface, clients_to_dbus  # noqa: E402
@@ -20,16 +22,16 @@ from nvshare_agent.protocol import ErrorCode  # noqa: E402
 from nvshare_agent.settings import Settings  # noqa: E402
 from nvshare_agent.snapshot import AgentSnapshot, ClientGpuSnapshot, ClientSnapshot  # noqa: E402
 
-from dbus_harness import TIMEOUT_S, nvsharectl  # noqa: E402
-
 # uid_t and gid_t are unsigned: ids past 2**31 are valid (user namespaces,
 # systemd-nspawn's private ranges).
 HIGH_ID = 3_000_000_000
 
 
 def test_memory_report_beyond_64_bits_is_refused_and_the_others_still_show(agent, bus):
-    with ShimClient(agent.socket_path, command="bystander"), \
-            ShimClient(agent.socket_path, command="overflow") as liar:
+    with (
+        ShimClient(agent.socket_path, command="bystander"),
+        ShimClient(agent.socket_path, command="overflow") as liar,
+    ):
         liar.report_memory(GPU0, 2**64 - 1, 1)
         error = liar.expect_closed(timeout=5)
         assert error is not None and error.code == ErrorCode.PROTOCOL, error
@@ -40,19 +42,30 @@ def test_memory_report_beyond_64_bits_is_refused_and_the_others_still_show(agent
 
 
 def test_client_with_ids_past_2_31_shows_as_they_are(agent, bus):
-    script = ("import sys\nfrom agent_harness import ShimClient\n"
-              f"client = ShimClient({str(agent.socket_path)!r}, command='high-ids')\n"
-              "print('ready', flush=True)\n"
-              "sys.stdin.readline()\n")
-    shim = subprocess.Popen(python_as(["setpriv", f"--reuid={HIGH_ID}", f"--regid={HIGH_ID}", "--clear-groups"],
-                                      "-c", script),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=other_user_env())
+    script = (
+        "import sys\nfrom agent_harness import ShimClient\n"
+        f"client = ShimClient({str(agent.socket_path)!r}, command='high-ids')\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    shim = subprocess.Popen(
+        python_as(
+            ["setpriv", f"--reuid={HIGH_ID}", f"--regid={HIGH_ID}", "--clear-groups"], "-c", script
+        ),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=other_user_env(),
+    )
     try:
         assert shim.stdout.readline() == "ready\n"
         with ShimClient(agent.socket_path, command="bystander"):
             result = nvsharectl(bus.address, "clients", "--json")
             assert result.returncode == 0, result.stderr
-            shown = {client["command"]: (client["uid"], client["gid"]) for client in json.loads(result.stdout)}
+            shown = {
+                client["command"]: (client["uid"], client["gid"])
+                for client in json.loads(result.stdout)
+            }
             assert shown["high-ids"] == (HIGH_ID, HIGH_ID) and "bystander" in shown
     finally:
         shim.stdin.close()
@@ -62,9 +75,13 @@ def test_client_with_ids_past_2_31_shows_as_they_are(agent, bus):
 def test_a_number_out_of_range_is_clamped_not_a_broken_property():
     # The last line of defence: whatever the core lets through, the Clients
     # property must still marshal, or no one can read any client.
-    snapshot = AgentSnapshot(gpus=(), clients=(
-        ClientSnapshot(-1, 2**32, 7, "odd", (ClientGpuSnapshot("GPU-x", "idle", 2**64, 0.0),)),
-        ClientSnapshot(42, 1000, 1000, "fine", ())))
+    snapshot = AgentSnapshot(
+        gpus=(),
+        clients=(
+            ClientSnapshot(-1, 2**32, 7, "odd", (ClientGpuSnapshot("GPU-x", "idle", 2**64, 0.0),)),
+            ClientSnapshot(42, 1000, 1000, "fine", ()),
+        ),
+    )
     clients = clients_to_dbus(snapshot)
     Message(path="/x", member="M", signature=names.CLIENTS_SIGNATURE, body=[clients])._marshall()
     assert clients[0][:3] == [0, 2**32 - 1, 7] and clients[0][4][0][2] == 2**64 - 1
@@ -89,13 +106,20 @@ async def test_a_property_the_bus_cannot_carry_does_not_hold_back_the_others(bus
     watcher = await connect_bus(bus.address, TIMEOUT_S)
     changes = asyncio.Queue()
     watcher.add_message_handler(
-        lambda m: changes.put_nowait(m.body[1]) if m.member == "PropertiesChanged" else None)
+        lambda m: changes.put_nowait(m.body[1]) if m.member == "PropertiesChanged" else None
+    )
     try:
         service.export(names.OBJECT_PATH, interface)
-        await watcher.call(Message(
-            destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
-            interface="org.freedesktop.DBus", member="AddMatch", signature="s",
-            body=[f"type='signal',member='PropertiesChanged',sender='{service.unique_name}'"]))
+        await watcher.call(
+            Message(
+                destination="org.freedesktop.DBus",
+                path="/org/freedesktop/DBus",
+                interface="org.freedesktop.DBus",
+                member="AddMatch",
+                signature="s",
+                body=[f"type='signal',member='PropertiesChanged',sender='{service.unique_name}'"],
+            )
+        )
         stub.settings = Settings(time_quantum_s=7)
         stub.clients = (ClientSnapshot(1, 2, 3, None, ()),)  # no D-Bus string
         interface.on_agent_changed()

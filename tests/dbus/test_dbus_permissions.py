@@ -5,11 +5,20 @@ import json
 import os
 import xml.etree.ElementTree as ElementTree
 
+from dbus_harness import (
+    ACTIVATION_FILE,
+    NOBODY,
+    POLICY_FILE,
+    busctl,
+    busctl_on_agent,
+    dbus_send,
+    get_property,
+    nvsharectl,
+    set_property,
+)
+
 from nvshare_agent import dbus_names as names
 from nvshare_agent.dbus_service import may_change_settings
-
-from dbus_harness import (ACTIVATION_FILE, NOBODY, POLICY_FILE, busctl, busctl_on_agent, dbus_send,
-                          get_property, nvsharectl, set_property)
 
 
 def test_unprivileged_user_reads_settings_and_state(agent, bus):
@@ -26,15 +35,17 @@ def test_policy_refuses_unprivileged_set(agent, bus):
     assert "Error org.freedesktop.DBus.Error.AccessDenied" in result.stderr
     result = set_property(bus.address, "AntiThrash", "boolean:false", user=NOBODY)
     assert "Error org.freedesktop.DBus.Error.AccessDenied" in result.stderr
-    result = busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "5",
-                             user=NOBODY, check=False)
+    result = busctl_on_agent(
+        bus.address, "set-property", "TimeQuantum", "u", "5", user=NOBODY, check=False
+    )
     assert result.returncode != 0 and "Access denied" in result.stderr
     assert get_property(bus.address, "TimeQuantum") == "u 30"
     assert get_property(bus.address, "AntiThrash") == "b true"
 
 
 def test_agent_refuses_unprivileged_set_that_a_loose_policy_lets_through(
-        agent_on_permissive_bus, permissive_bus):
+    agent_on_permissive_bus, permissive_bus
+):
     address = permissive_bus.address
     for prop_name, value in (("TimeQuantum", "uint32:5"), ("AntiThrash", "boolean:false")):
         result = set_property(address, prop_name, value, user=NOBODY)
@@ -50,8 +61,10 @@ def test_agent_refuses_unprivileged_set_that_a_loose_policy_lets_through(
 def test_nvsharectl_reports_permission_denied_with_exit_1(agent, bus):
     result = nvsharectl(bus.address, "set-tq", "5", user=NOBODY)
     assert result.returncode == 1
-    assert result.stderr.strip() == ("nvsharectl: permission denied: changing nvshare settings "
-                                     "needs root or group nvshare-admin (try sudo)")
+    assert result.stderr.strip() == (
+        "nvsharectl: permission denied: changing nvshare settings "
+        "needs root or group nvshare-admin (try sudo)"
+    )
     result = nvsharectl(bus.address, "-S", "off", user=NOBODY)
     assert result.returncode == 1 and "permission denied" in result.stderr
 
@@ -74,8 +87,11 @@ def test_policy_file_agrees_with_names_and_agent_rule():
     assert POLICY_FILE.name == names.BUS_NAME + ".conf"
     owners, setters, readers = set(), set(), set()
     for policy in _policies(POLICY_FILE):
-        who = policy.get("user") and f"user:{policy.get('user')}" or \
-            policy.get("group") and f"group:{policy.get('group')}" or policy.get("context")
+        who = (
+            (policy.get("user") and f"user:{policy.get('user')}")
+            or (policy.get("group") and f"group:{policy.get('group')}")
+            or policy.get("context")
+        )
         for rule in policy.findall("allow"):
             if rule.get("own"):
                 assert rule.get("own") == names.BUS_NAME
@@ -96,8 +112,11 @@ def test_policy_file_agrees_with_names_and_agent_rule():
 
 
 def test_activation_file_names_the_bus_name_and_the_systemd_unit():
-    lines = dict(line.split("=", 1) for line in ACTIVATION_FILE.read_text().splitlines()
-                 if "=" in line and not line.startswith("#"))
+    lines = dict(
+        line.split("=", 1)
+        for line in ACTIVATION_FILE.read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )
     assert ACTIVATION_FILE.name == names.BUS_NAME + ".service"
     assert lines["Name"] == names.BUS_NAME
     assert lines["SystemdService"] == "nvshare.service"
@@ -110,13 +129,27 @@ def test_every_method_introspection_offers_but_set_is_open_to_everyone(agent, bu
     # but refused by the policy is a trap for tools.  Called without arguments,
     # a method the policy lets through gets the agent's answer or a wrong-
     # signature error; the policy's refusal is AccessDenied.
-    xml = json.loads(busctl(bus.address, "--json=short", "call", names.BUS_NAME, names.OBJECT_PATH,
-                            "org.freedesktop.DBus.Introspectable", "Introspect").stdout)["data"][0]
-    offered = [(interface.get("name"), method.get("name"))
-               for interface in ElementTree.fromstring(xml).findall("interface")
-               for method in interface.findall("method")]
+    xml = json.loads(
+        busctl(
+            bus.address,
+            "--json=short",
+            "call",
+            names.BUS_NAME,
+            names.OBJECT_PATH,
+            "org.freedesktop.DBus.Introspectable",
+            "Introspect",
+        ).stdout
+    )["data"][0]
+    offered = [
+        (interface.get("name"), method.get("name"))
+        for interface in ElementTree.fromstring(xml).findall("interface")
+        for method in interface.findall("method")
+    ]
     assert ("org.freedesktop.DBus.ObjectManager", "GetManagedObjects") in offered
-    refused = [(interface, member) for interface, member in offered
-               if "org.freedesktop.DBus.Error.AccessDenied"
-               in dbus_send(bus.address, member, interface=interface, user=NOBODY).stderr]
+    refused = [
+        (interface, member)
+        for interface, member in offered
+        if "org.freedesktop.DBus.Error.AccessDenied"
+        in dbus_send(bus.address, member, interface=interface, user=NOBODY).stderr
+    ]
     assert refused == [("org.freedesktop.DBus.Properties", "Set")]

@@ -5,14 +5,21 @@ import json
 import subprocess
 
 import pytest
+from dbus_harness import (
+    NOBODY,
+    busctl,
+    busctl_on_agent,
+    dbus_send,
+    get_property,
+    nvsharectl,
+    set_property,
+    wait_for,
+)
 from dbus_next import Message, MessageType, Variant
 from dbus_next.aio import MessageBus
 
 from nvshare_agent import dbus_names as names
 from nvshare_agent.dbus_connection import read_machine_id
-
-from dbus_harness import (NOBODY, busctl, busctl_on_agent, dbus_send, get_property, nvsharectl,
-                          set_property, wait_for)
 
 
 def test_introspection_shows_typed_settings_state_and_methods(agent, bus):
@@ -48,9 +55,19 @@ def test_busctl_reads_live_state(agent, bus):
 
 
 async def _call(connection, member, signature, body, interface="org.freedesktop.DBus.Properties"):
-    return await asyncio.wait_for(connection.call(Message(
-        destination=names.BUS_NAME, path=names.OBJECT_PATH, interface=interface,
-        member=member, signature=signature, body=body)), 30)
+    return await asyncio.wait_for(
+        connection.call(
+            Message(
+                destination=names.BUS_NAME,
+                path=names.OBJECT_PATH,
+                interface=interface,
+                member=member,
+                signature=signature,
+                body=body,
+            )
+        ),
+        30,
+    )
 
 
 async def test_library_client_reads_and_changes_both_settings(agent, bus):
@@ -76,18 +93,30 @@ async def test_subscriber_sees_properties_changed_for_each_setting(agent, bus):
             changes.put_nowait((message.path, message.body[0], message.body[1]))
 
     connection.add_message_handler(on_message)
-    await connection.call(Message(
-        destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
-        interface="org.freedesktop.DBus", member="AddMatch", signature="s",
-        body=[f"type='signal',interface='org.freedesktop.DBus.Properties',"
-              f"member='PropertiesChanged',path='{names.OBJECT_PATH}'"]))
+    await connection.call(
+        Message(
+            destination="org.freedesktop.DBus",
+            path="/org/freedesktop/DBus",
+            interface="org.freedesktop.DBus",
+            member="AddMatch",
+            signature="s",
+            body=[
+                f"type='signal',interface='org.freedesktop.DBus.Properties',"
+                f"member='PropertiesChanged',path='{names.OBJECT_PATH}'"
+            ],
+        )
+    )
     try:
-        await asyncio.to_thread(busctl_on_agent, bus.address, "set-property", "TimeQuantum", "u", "7")
+        await asyncio.to_thread(
+            busctl_on_agent, bus.address, "set-property", "TimeQuantum", "u", "7"
+        )
         path, interface, changed = await asyncio.wait_for(changes.get(), 30)
         assert (path, interface) == (names.OBJECT_PATH, names.INTERFACE)
         assert changed["TimeQuantum"].value == 7 and "AntiThrash" not in changed
 
-        await asyncio.to_thread(busctl_on_agent, bus.address, "set-property", "AntiThrash", "b", "false")
+        await asyncio.to_thread(
+            busctl_on_agent, bus.address, "set-property", "AntiThrash", "b", "false"
+        )
         _, _, changed = await asyncio.wait_for(changes.get(), 30)
         assert changed["AntiThrash"].value is False and "TimeQuantum" not in changed
     finally:
@@ -109,7 +138,9 @@ BAD_VALUES = [
 
 
 @pytest.mark.parametrize("prop_name, value, sentence", BAD_VALUES)
-def test_bad_value_gets_invalid_argument_and_agent_keeps_serving(agent, bus, prop_name, value, sentence):
+def test_bad_value_gets_invalid_argument_and_agent_keeps_serving(
+    agent, bus, prop_name, value, sentence
+):
     before = get_property(bus.address, prop_name)
     result = set_property(bus.address, prop_name, value)
     assert result.returncode != 0
@@ -119,28 +150,46 @@ def test_bad_value_gets_invalid_argument_and_agent_keeps_serving(agent, bus, pro
     assert get_property(bus.address, prop_name) == before
 
 
-@pytest.mark.parametrize("prop_name, busctl_value, sentence", [
-    ("TimeQuantum", ["i", "-5"], "time quantum must be 1..86400 seconds, got -5"),
-    ("TimeQuantum", ["s", "ten"], "time quantum must be a whole number of seconds"),
-    ("AntiThrash", ["s", "maybe"], "anti-thrash must be on or off"),
-])
+@pytest.mark.parametrize(
+    "prop_name, busctl_value, sentence",
+    [
+        ("TimeQuantum", ["i", "-5"], "time quantum must be 1..86400 seconds, got -5"),
+        ("TimeQuantum", ["s", "ten"], "time quantum must be a whole number of seconds"),
+        ("AntiThrash", ["s", "maybe"], "anti-thrash must be on or off"),
+    ],
+)
 def test_busctl_shows_the_sentence_for_a_bad_value(agent, bus, prop_name, busctl_value, sentence):
-    result = busctl(bus.address, "set-property", "--", names.BUS_NAME, names.OBJECT_PATH,
-                    names.INTERFACE, prop_name, *busctl_value, check=False)
+    result = busctl(
+        bus.address,
+        "set-property",
+        "--",
+        names.BUS_NAME,
+        names.OBJECT_PATH,
+        names.INTERFACE,
+        prop_name,
+        *busctl_value,
+        check=False,
+    )
     assert result.returncode != 0
     assert sentence in result.stderr
 
 
 def test_unknown_gpu_gets_named_error(agent, bus):
-    result = dbus_send(bus.address, "GetGpu", "string:GPU-00000000-0000-0000-0000-000000000000",
-                       interface=names.INTERFACE)
+    result = dbus_send(
+        bus.address,
+        "GetGpu",
+        "string:GPU-00000000-0000-0000-0000-000000000000",
+        interface=names.INTERFACE,
+    )
     assert result.returncode != 0
     assert f"Error {names.ERROR_UNKNOWN_GPU}: no GPU with UUID" in result.stderr
     assert get_property(bus.address, "TimeQuantum") == "u 30"
 
 
 def test_live_state_cannot_be_set(agent, bus):
-    result = busctl_on_agent(bus.address, "set-property", "Clients", "a(uuusa(sstd))", "0", check=False)
+    result = busctl_on_agent(
+        bus.address, "set-property", "Clients", "a(uuusa(sstd))", "0", check=False
+    )
     assert result.returncode != 0 and "read-only" in result.stderr
     result = set_property(bus.address, "NoSuchThing", "uint32:1")
     assert "Error org.freedesktop.DBus.Error.UnknownProperty" in result.stderr
@@ -149,8 +198,12 @@ def test_live_state_cannot_be_set(agent, bus):
 def test_flood_of_bad_calls_leaves_agent_serving(agent, bus):
     for value in ["uint32:0", "string:x", "double:1e300", "boolean:true", "int64:99999999999"]:
         assert set_property(bus.address, "TimeQuantum", value).returncode != 0
-    assert dbus_send(bus.address, "Set", "string:", "string:TimeQuantum",
-                     "variant:uint32:5").returncode != 0
+    assert (
+        dbus_send(
+            bus.address, "Set", "string:", "string:TimeQuantum", "variant:uint32:5"
+        ).returncode
+        != 0
+    )
     assert dbus_send(bus.address, "GetGpu", "uint32:7", interface=names.INTERFACE).returncode != 0
     busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "9")
     assert get_property(bus.address, "TimeQuantum") == "u 9"
@@ -160,18 +213,44 @@ def test_unknown_property_interface_or_path_is_a_plain_error_not_a_logged_traceb
     # Anyone may call Get/GetAll: a bad one must not write an ERROR (with a
     # traceback) to the journal, or any user could flood it.
     calls = [
-        ("Get", names.OBJECT_PATH, [f"string:{names.INTERFACE}", "string:NoSuchThing"], "UnknownProperty"),
-        ("Get", names.OBJECT_PATH, ["string:org.example.Nope", "string:TimeQuantum"], "UnknownInterface"),
+        (
+            "Get",
+            names.OBJECT_PATH,
+            [f"string:{names.INTERFACE}", "string:NoSuchThing"],
+            "UnknownProperty",
+        ),
+        (
+            "Get",
+            names.OBJECT_PATH,
+            ["string:org.example.Nope", "string:TimeQuantum"],
+            "UnknownInterface",
+        ),
         ("GetAll", names.OBJECT_PATH, ["string:org.example.Nope"], "UnknownInterface"),
         ("GetAll", "/no/such/path", [f"string:{names.INTERFACE}"], "UnknownObject"),
         ("Get", names.OBJECT_PATH, ["string:", "string:TimeQuantum"], "NotSupported"),
     ]
     for member, path, args, error in calls:
         result = subprocess.run(
-            [*NOBODY, "dbus-send", f"--bus={bus.address}", f"--dest={names.BUS_NAME}", "--print-reply",
-             path, f"org.freedesktop.DBus.Properties.{member}", *args],
-            capture_output=True, text=True, timeout=30)
-        assert f"Error org.freedesktop.DBus.Error.{error}: " in result.stderr, (member, path, args, result)
+            [
+                *NOBODY,
+                "dbus-send",
+                f"--bus={bus.address}",
+                f"--dest={names.BUS_NAME}",
+                "--print-reply",
+                path,
+                f"org.freedesktop.DBus.Properties.{member}",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert f"Error org.freedesktop.DBus.Error.{error}: " in result.stderr, (
+            member,
+            path,
+            args,
+            result,
+        )
     # A change the agent logs after them: the log is written in order, so once
     # this line is there, so is anything the bad calls made it write.
     busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "11")
@@ -186,14 +265,19 @@ def test_a_change_that_cannot_be_saved_is_refused_and_changes_nothing(agent, bus
     blocker.mkdir(parents=True)
     result = set_property(bus.address, "TimeQuantum", "uint32:12")
     assert result.returncode != 0
-    assert (f"Error {names.ERROR_SAVE_FAILED}: settings not changed: could not save them to "
-            f"{blocker}: Is a directory") in result.stderr
+    assert (
+        f"Error {names.ERROR_SAVE_FAILED}: settings not changed: could not save them to "
+        f"{blocker}: Is a directory"
+    ) in result.stderr
     assert get_property(bus.address, "TimeQuantum") == "u 30"
     cli = nvsharectl(bus.address, "anti-thrash", "off")
     assert cli.returncode == 1 and cli.stdout == ""
     assert cli.stderr.count("\n") == 1 and "settings not changed: could not save them" in cli.stderr
     assert get_property(bus.address, "AntiThrash") == "b true"
-    wait_for(lambda: "ERROR settings not changed: could not save them" in agent.log(), "the agent's log line")
+    wait_for(
+        lambda: "ERROR settings not changed: could not save them" in agent.log(),
+        "the agent's log line",
+    )
     # Once the disk is fixed, the same change goes through and is saved.
     blocker.rmdir()
     assert set_property(bus.address, "TimeQuantum", "uint32:12").returncode == 0
@@ -206,8 +290,17 @@ def test_peer_methods_answer_at_once_and_log_nothing(agent, bus):
     # policy refuses; its error reply was malformed: the caller timed out and the
     # agent logged a traceback, for any user's call.
     for member, expected in (("Ping", ""), ("GetMachineId", f's "{read_machine_id()}"')):
-        result = busctl(bus.address, "--timeout=5", "call", names.BUS_NAME, names.OBJECT_PATH,
-                        "org.freedesktop.DBus.Peer", member, user=NOBODY, check=False)
+        result = busctl(
+            bus.address,
+            "--timeout=5",
+            "call",
+            names.BUS_NAME,
+            names.OBJECT_PATH,
+            "org.freedesktop.DBus.Peer",
+            member,
+            user=NOBODY,
+            check=False,
+        )
         assert (result.returncode, result.stdout.strip()) == (0, expected), (member, result.stderr)
     busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "11")
     wait_for(lambda: "dbus set TimeQuantum=11" in agent.log(), "the agent to log the change")

@@ -11,12 +11,12 @@ from dbus_next import MessageType as BusMessageType
 from dbus_next.aio import MessageBus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
-from agent_harness import GPU0, ShimClient  # noqa: E402
-from nvshare_agent import dbus_names as names  # noqa: E402
-from nvshare_agent import protocol  # noqa: E402
-from nvshare_agent.protocol import MessageType  # noqa: E402
+from agent_harness import GPU0, ShimClient
+from dbus_harness import busctl_on_agent, property_data, wait_for
 
-from dbus_harness import busctl_on_agent, property_data, wait_for  # noqa: E402
+from nvshare_agent import dbus_names as names
+from nvshare_agent import protocol
+from nvshare_agent.protocol import MessageType
 
 
 def _frames_until(client: ShimClient, msg_type: int) -> list:
@@ -37,16 +37,22 @@ def _holder_and_waiter(agent, bus):
     grant = holder.wait_grant()
     waiter.request()
     me = os.getpid()  # both fake shims live in this process
-    wait_for(lambda: any(gpu[4] == [me] for gpu in property_data(bus.address, "Gpus")), "the waiter queued")
+    wait_for(
+        lambda: any(gpu[4] == [me] for gpu in property_data(bus.address, "Gpus")),
+        "the waiter queued",
+    )
     return holder, grant, waiter
 
 
 def test_anti_thrash_off_over_dbus_grants_a_queued_waiter_at_once(agent, bus):
     holder, _, waiter = _holder_and_waiter(agent, bus)
-    states = sorted(entry[1] for client in property_data(bus.address, "Clients") for entry in client[4])
+    states = sorted(
+        entry[1] for client in property_data(bus.address, "Clients") for entry in client[4]
+    )
     assert states == ["holding", "waiting"]
-    gpu = busctl_on_agent(bus.address, "call", names.METHOD_GET_GPU, "s",
-                          protocol.format_uuid(GPU0)).stdout.split()
+    gpu = busctl_on_agent(
+        bus.address, "call", names.METHOD_GET_GPU, "s", protocol.format_uuid(GPU0)
+    ).stdout.split()
     assert gpu[0] == "(sstauau)" and gpu[1] == f'"{protocol.format_uuid(GPU0)}"'
     assert gpu[-4:] == ["1", str(os.getpid()), "1", str(os.getpid())]  # one holder, one waiting
     assert holder.settings.anti_thrash and holder.settings.time_quantum_ms == 30_000
@@ -57,8 +63,9 @@ def test_anti_thrash_off_over_dbus_grants_a_queued_waiter_at_once(agent, bus):
     assert frames[-1].gpu == GPU0
     pushed = holder.expect(MessageType.SETTINGS)
     assert pushed.anti_thrash is False
-    assert sorted(entry[1] for client in property_data(bus.address, "Clients")
-                  for entry in client[4]) == ["holding", "holding"]
+    assert sorted(
+        entry[1] for client in property_data(bus.address, "Clients") for entry in client[4]
+    ) == ["holding", "holding"]
     holder.close()
     waiter.close()
 
@@ -82,12 +89,22 @@ async def test_live_state_changes_emit_properties_changed(agent, bus):
     connection = await MessageBus(bus_address=bus.address).connect()
     changes = asyncio.Queue()
     connection.add_message_handler(
-        lambda m: changes.put_nowait(m.body[1]) if m.message_type == BusMessageType.SIGNAL
-        and m.member == "PropertiesChanged" else None)
-    await connection.call(Message(
-        destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
-        interface="org.freedesktop.DBus", member="AddMatch", signature="s",
-        body=[f"type='signal',member='PropertiesChanged',path='{names.OBJECT_PATH}'"]))
+        lambda m: (
+            changes.put_nowait(m.body[1])
+            if m.message_type == BusMessageType.SIGNAL and m.member == "PropertiesChanged"
+            else None
+        )
+    )
+    await connection.call(
+        Message(
+            destination="org.freedesktop.DBus",
+            path="/org/freedesktop/DBus",
+            interface="org.freedesktop.DBus",
+            member="AddMatch",
+            signature="s",
+            body=[f"type='signal',member='PropertiesChanged',path='{names.OBJECT_PATH}'"],
+        )
+    )
     try:
         client = await asyncio.to_thread(ShimClient, agent.socket_path, command="newcomer")
         changed = await asyncio.wait_for(changes.get(), 30)

@@ -15,16 +15,23 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
-from agent_harness import ShimClient  # noqa: E402
-from dbus_next import Message, Variant  # noqa: E402
-from nvshare_agent import dbus_names as names  # noqa: E402
-from nvshare_agent.dbus_connection import connect_bus  # noqa: E402
-from nvshare_agent.dbus_service import CallGate, SchedulerInterface  # noqa: E402
-from nvshare_agent.settings import Settings  # noqa: E402
-from nvshare_agent.snapshot import AgentSnapshot  # noqa: E402
+from agent_harness import ShimClient
+from dbus_harness import (
+    TIMEOUT_S,
+    AgentProcess,
+    DbusDaemon,
+    busctl_on_agent,
+    get_property,
+    nvsharectl,
+    wait_for,
+)
+from dbus_next import Message, Variant
 
-from dbus_harness import (TIMEOUT_S, AgentProcess, DbusDaemon, busctl_on_agent,  # noqa: E402
-                          get_property, nvsharectl, wait_for)
+from nvshare_agent import dbus_names as names
+from nvshare_agent.dbus_connection import connect_bus
+from nvshare_agent.dbus_service import CallGate, SchedulerInterface
+from nvshare_agent.settings import Settings
+from nvshare_agent.snapshot import AgentSnapshot
 
 
 class _StubAgent:
@@ -55,7 +62,10 @@ def test_agent_survives_bus_restart_and_reclaims_its_name(agent, bus):
     busctl_on_agent(bus.address, "set-property", "AntiThrash", "b", "false")
     assert get_property(bus.address, "AntiThrash") == "b false"
     # The name is owned before the agent logs it, and its log is written in batches.
-    wait_for(lambda: agent.log().count("dbus connected") >= 2, "the agent to log its second bus connection")
+    wait_for(
+        lambda: agent.log().count("dbus connected") >= 2,
+        "the agent to log its second bus connection",
+    )
     assert agent.log().count("dbus connected") == 2
 
 
@@ -166,10 +176,16 @@ async def test_a_set_cut_off_by_the_bus_closing_is_dropped_quietly(bus, caplog, 
     agent = _StubAgent()
     service = await connect_bus(bus.address, TIMEOUT_S)
     gate = CallGate(service, SchedulerInterface(agent))
-    call = Message(destination=names.BUS_NAME, path=names.OBJECT_PATH,
-                   interface="org.freedesktop.DBus.Properties", member="Set", signature="ssv",
-                   body=[names.INTERFACE, names.PROP_TIME_QUANTUM, Variant("u", 5)],
-                   sender=":1.999", serial=7)
+    call = Message(
+        destination=names.BUS_NAME,
+        path=names.OBJECT_PATH,
+        interface="org.freedesktop.DBus.Properties",
+        member="Set",
+        signature="ssv",
+        body=[names.INTERFACE, names.PROP_TIME_QUANTUM, Variant("u", 5)],
+        sender=":1.999",
+        serial=7,
+    )
     try:
         assert gate(call) is True  # taken: it runs as a task, asking the bus for the uid
         end_connection(service, bus)

@@ -6,13 +6,12 @@ import subprocess
 import sys
 
 import pytest
+from dbus_harness import TIMEOUT_S, get_property, nvsharectl
 from dbus_next import Message
 
 from nvshare_agent import dbus_names as names
 from nvshare_cli import render
 from nvshare_cli.client import _error_from_reply
-
-from dbus_harness import TIMEOUT_S, get_property, nvsharectl
 
 
 def test_status_shows_settings_and_fits_80_columns(agent, bus):
@@ -65,13 +64,14 @@ def test_original_flags_T_and_S_still_work(agent, bus):
 
 
 def test_values_the_agent_rejects_exit_2_with_its_sentence(agent, bus):
-    for args, sentence in ((["set-tq", "0"], "time quantum must be 1..86400 seconds, got 0"),
-                           (["-T", "-3"], "time quantum must be 1..86400 seconds, got -3"),
-                           (["-T", "100000"], "time quantum must be 1..86400 seconds, got 100000"),
-                           (["set-tq", "99999999999"],
-                            "time quantum must be 1..86400 seconds, got 99999999999"),
-                           # A negative number is a value, not an unknown option.
-                           (["set-tq", "-5"], "time quantum must be 1..86400 seconds, got -5")):
+    for args, sentence in (
+        (["set-tq", "0"], "time quantum must be 1..86400 seconds, got 0"),
+        (["-T", "-3"], "time quantum must be 1..86400 seconds, got -3"),
+        (["-T", "100000"], "time quantum must be 1..86400 seconds, got 100000"),
+        (["set-tq", "99999999999"], "time quantum must be 1..86400 seconds, got 99999999999"),
+        # A negative number is a value, not an unknown option.
+        (["set-tq", "-5"], "time quantum must be 1..86400 seconds, got -5"),
+    ):
         result = nvsharectl(bus.address, *args)
         assert result.returncode == 2, (args, result.stderr)
         assert result.stderr == f"nvsharectl: invalid value: {sentence}\n"
@@ -80,20 +80,38 @@ def test_values_the_agent_rejects_exit_2_with_its_sentence(agent, bus):
 
 def test_bad_usage_exits_2_with_one_line(agent, bus):
     for args, line in (
-            (["-S", "maybe"], "nvsharectl: Invalid value for '-S' / '--anti-thrash': 'maybe' is not "
-                              "one of 'on', 'off'; see 'nvsharectl --help'"),
-            (["anti-thrash", "sometimes"], "nvsharectl: Invalid value for 'on|off': 'sometimes' is "
-                                           "not one of 'on', 'off'; see 'nvsharectl anti-thrash --help'"),
-            (["set-tq", "ten"], "nvsharectl: Invalid value for 'SECONDS': 'ten' is not a valid "
-                                "integer; see 'nvsharectl set-tq --help'"),
-            (["set-tq"], "nvsharectl: Missing argument 'SECONDS'; see 'nvsharectl set-tq --help'"),
-            # Click words this one over four lines.
-            (["anti-thrash"], "nvsharectl: Missing argument 'on|off'. Choose from: on, off; "
-                              "see 'nvsharectl anti-thrash --help'"),
-            (["no-such-command"], "nvsharectl: No such command 'no-such-command'; see 'nvsharectl --help'"),
-            (["status", "--frobnicate"], "nvsharectl: No such option: --frobnicate; "
-                                         "see 'nvsharectl status --help'"),
-            (["-T", "5", "status"], "nvsharectl: -T/-S cannot be combined with a command")):
+        (
+            ["-S", "maybe"],
+            "nvsharectl: Invalid value for '-S' / '--anti-thrash': 'maybe' is not "
+            "one of 'on', 'off'; see 'nvsharectl --help'",
+        ),
+        (
+            ["anti-thrash", "sometimes"],
+            "nvsharectl: Invalid value for 'on|off': 'sometimes' is "
+            "not one of 'on', 'off'; see 'nvsharectl anti-thrash --help'",
+        ),
+        (
+            ["set-tq", "ten"],
+            "nvsharectl: Invalid value for 'SECONDS': 'ten' is not a valid "
+            "integer; see 'nvsharectl set-tq --help'",
+        ),
+        (["set-tq"], "nvsharectl: Missing argument 'SECONDS'; see 'nvsharectl set-tq --help'"),
+        # Click words this one over four lines.
+        (
+            ["anti-thrash"],
+            "nvsharectl: Missing argument 'on|off'. Choose from: on, off; "
+            "see 'nvsharectl anti-thrash --help'",
+        ),
+        (
+            ["no-such-command"],
+            "nvsharectl: No such command 'no-such-command'; see 'nvsharectl --help'",
+        ),
+        (
+            ["status", "--frobnicate"],
+            "nvsharectl: No such option: --frobnicate; see 'nvsharectl status --help'",
+        ),
+        (["-T", "5", "status"], "nvsharectl: -T/-S cannot be combined with a command"),
+    ):
         result = nvsharectl(bus.address, *args)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert (result.stdout, result.stderr) == ("", line + "\n"), args
@@ -103,21 +121,36 @@ def test_bad_usage_exits_2_with_one_line(agent, bus):
 def test_output_that_cannot_be_written_is_one_line(agent, bus):
     for args in (["status"], ["--help"]):
         with open("/dev/full", "w") as full:
-            result = subprocess.run([sys.executable, "-m", "nvshare_cli", "--bus", bus.address, *args],
-                                    stdout=full, stderr=subprocess.PIPE, text=True, timeout=TIMEOUT_S)
+            result = subprocess.run(
+                [sys.executable, "-m", "nvshare_cli", "--bus", bus.address, *args],
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=TIMEOUT_S,
+            )
         assert result.returncode == 1, args
-        assert result.stderr == "nvsharectl: cannot write the output: No space left on device\n", args
+        assert result.stderr == "nvsharectl: cannot write the output: No space left on device\n", (
+            args
+        )
 
 
-@pytest.mark.parametrize("shell, home, line", [
-    ("bash", "/dev/null", "cannot install shell completion: /dev/null: File exists"),
-    ("pwsh", None, "cannot install shell completion: pwsh: No such file or directory"),
-])
+@pytest.mark.parametrize(
+    "shell, home, line",
+    [
+        ("bash", "/dev/null", "cannot install shell completion: /dev/null: File exists"),
+        ("pwsh", None, "cannot install shell completion: pwsh: No such file or directory"),
+    ],
+)
 def test_shell_completion_that_cannot_be_installed_is_one_line(tmp_path, shell, home, line):
     # PATH without pwsh; HOME /dev/null, where no rc file can be written.
     env = {**os.environ, "PATH": str(tmp_path), "HOME": home or str(tmp_path)}
-    result = subprocess.run([sys.executable, "-m", "nvshare_cli", "--install-completion", shell],
-                            capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "nvshare_cli", "--install-completion", shell],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env,
+    )
     assert (result.returncode, result.stdout, result.stderr) == (1, "", f"nvsharectl: {line}\n")
 
 
@@ -142,10 +175,16 @@ def test_shell_completion_comes_from_typer(world_dir):
 
 def test_control_characters_in_a_command_never_reach_the_terminal():
     # The agent replaces them at HELLO; nvsharectl does too, whichever agent answered.
-    status = render.status_as_dict({
-        names.PROP_TIME_QUANTUM: 30, names.PROP_ANTI_THRASH: True,
-        names.PROP_GPUS: [["GPU-a", "H100", 0, [7], []]],
-        names.PROP_CLIENTS: [[7, 0, 0, "evil\x1b]0;pwned\x07\nrow", [["GPU-a", "holding", 0, 1.0]]]]})
+    status = render.status_as_dict(
+        {
+            names.PROP_TIME_QUANTUM: 30,
+            names.PROP_ANTI_THRASH: True,
+            names.PROP_GPUS: [["GPU-a", "H100", 0, [7], []]],
+            names.PROP_CLIENTS: [
+                [7, 0, 0, "evil\x1b]0;pwned\x07\nrow", [["GPU-a", "holding", 0, 1.0]]]
+            ],
+        }
+    )
     text = render.status_text(status)
     assert "evil\ufffd]0;pwned\ufffd\ufffdrow" in text
     assert all(char.isprintable() for line in text.splitlines() for char in line)
@@ -156,33 +195,60 @@ def test_empty_bus_address_is_bad_usage_not_the_session_bus(world_dir):
     for args in (["status"], ["status", "--bus", ""], ["clients", "--bus", ""]):
         result = nvsharectl("", *args)
         assert result.returncode == 2, (args, result.stderr)
-        assert result.stderr == ("nvsharectl: --bus needs 'system' or a D-Bus address "
-                                 "such as unix:path=/run/dbus/system_bus_socket\n"), args
+        assert result.stderr == (
+            "nvsharectl: --bus needs 'system' or a D-Bus address "
+            "such as unix:path=/run/dbus/system_bus_socket\n"
+        ), args
     result = nvsharectl(f"unix:path={world_dir}/no-bus-here", "status", "--bus", "")
     assert result.returncode == 2, result.stderr
 
 
-@pytest.mark.parametrize("bus, env, line", [
-    ("unix:path=/run/x\nsecond line", {},
-     "--bus 'unix:path=/run/x\\nsecond line' is not a D-Bus address (control or non-ASCII characters); "
-     "use 'system' or an address such as unix:path=/run/dbus/system_bus_socket"),
-    ("sytem", {}, "--bus 'sytem' is not a D-Bus address (no transport, such as unix:); "
-                  "use 'system' or an address such as unix:path=/run/dbus/system_bus_socket"),
-    ("system", {"DBUS_SYSTEM_BUS_ADDRESS": "sytem"},
-     "DBUS_SYSTEM_BUS_ADDRESS='sytem' is not a D-Bus address (no transport, such as unix:)"),
-], ids=["newline", "typo", "environment"])
+@pytest.mark.parametrize(
+    "bus, env, line",
+    [
+        (
+            "unix:path=/run/x\nsecond line",
+            {},
+            "--bus 'unix:path=/run/x\\nsecond line' is not a D-Bus address"
+            " (control or non-ASCII characters); "
+            "use 'system' or an address such as unix:path=/run/dbus/system_bus_socket",
+        ),
+        (
+            "sytem",
+            {},
+            "--bus 'sytem' is not a D-Bus address (no transport, such as unix:); "
+            "use 'system' or an address such as unix:path=/run/dbus/system_bus_socket",
+        ),
+        (
+            "system",
+            {"DBUS_SYSTEM_BUS_ADDRESS": "sytem"},
+            "DBUS_SYSTEM_BUS_ADDRESS='sytem' is not a D-Bus address (no transport, such as unix:)",
+        ),
+    ],
+    ids=["newline", "typo", "environment"],
+)
 def test_a_bus_address_that_is_no_address_is_bad_usage_in_one_line(bus, env, line):
     # A newline in the address used to make the error two lines.
-    result = subprocess.run([sys.executable, "-m", "nvshare_cli", "--bus", bus, "status"],
-                            capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, **env})
+    result = subprocess.run(
+        [sys.executable, "-m", "nvshare_cli", "--bus", bus, "status"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={**os.environ, **env},
+    )
     assert (result.returncode, result.stdout, result.stderr) == (2, "", f"nvsharectl: {line}\n")
 
 
 def test_an_agent_error_with_a_traceback_is_still_one_line():
     # dbus-next puts the traceback of an unexpected exception into the error text.
     call = Message(destination=names.BUS_NAME, path=names.OBJECT_PATH, member="GetAll", serial=1)
-    reply = Message.new_error(call, "com.dubstepdish.dbus.next.ServiceError",
-                              "The service interface raised an error: boom.\n['  File \"x.py\", line 1\\n']")
+    reply = Message.new_error(
+        call,
+        "com.dubstepdish.dbus.next.ServiceError",
+        "The service interface raised an error: boom.\n['  File \"x.py\", line 1\\n']",
+    )
     error = _error_from_reply(reply)
-    assert str(error) == ("the agent refused: The service interface raised an error: boom. "
-                          "(com.dubstepdish.dbus.next.ServiceError)")
+    assert str(error) == (
+        "the agent refused: The service interface raised an error: boom. "
+        "(com.dubstepdish.dbus.next.ServiceError)"
+    )

@@ -9,11 +9,11 @@ import os
 import signal
 import sys
 
+from dbus_harness import TIMEOUT_S
 from dbus_next import MessageType
+
 from nvshare_agent import dbus_names as names
 from nvshare_agent.dbus_connection import connect_bus
-
-from dbus_harness import TIMEOUT_S
 
 
 async def nvsharectl_meets(bus, on_call, *args: str):
@@ -32,9 +32,16 @@ async def nvsharectl_meets(bus, on_call, *args: str):
     await standin.request_name(names.BUS_NAME)
     try:
         cli = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "nvshare_cli", "--bus", bus.address, *(args or ["status"]),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+            sys.executable,
+            "-m",
+            "nvshare_cli",
+            "--bus",
+            bus.address,
+            *(args or ["status"]),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        )
         out, err = await asyncio.wait_for(cli.communicate(), TIMEOUT_S)
         return cli.returncode, out.decode(), err.decode()
     finally:
@@ -45,8 +52,10 @@ async def nvsharectl_meets(bus, on_call, *args: str):
 async def test_agent_that_stops_before_it_answers_is_not_called_slow(bus):
     code, out, err = await nvsharectl_meets(bus, lambda standin, _: standin.disconnect())
     assert (code, out) == (1, "")
-    assert err == ("nvsharectl: the nvshare agent stopped before it answered: "
-                   "see journalctl -u nvshare.service\n")
+    assert err == (
+        "nvsharectl: the nvshare agent stopped before it answered: "
+        "see journalctl -u nvshare.service\n"
+    )
 
 
 async def test_bus_that_goes_away_during_the_call_is_one_line(bus):

@@ -6,6 +6,7 @@ and run workloads under LD_PRELOAD.  Keep every process's managed memory
 small: all managed memory together must stay under half the card's free
 memory, or a shared GPU can hang.
 """
+
 import os
 import pathlib
 import shutil
@@ -70,6 +71,7 @@ def cuda_program(tmp_path_factory):
             subprocess.run(["nvcc", "-O2", "-o", str(binary), str(source), *flags], check=True)
             built[name, flags] = binary
         return built[name, flags]
+
     return build
 
 
@@ -79,9 +81,14 @@ def start_agent(tmp_path, agent_pythonpath):
     started = []
 
     def start(time_quantum_s=30, anti_thrash=True, idle_release_ms=1000):
-        agent = bench.Agent(tmp_path, time_quantum_s=time_quantum_s, anti_thrash=anti_thrash,
-                            idle_release_ms=idle_release_ms, debug=True,
-                            base_env=dict(os.environ, PYTHONPATH=agent_pythonpath))
+        agent = bench.Agent(
+            tmp_path,
+            time_quantum_s=time_quantum_s,
+            anti_thrash=anti_thrash,
+            idle_release_ms=idle_release_ms,
+            debug=True,
+            base_env=dict(os.environ, PYTHONPATH=agent_pythonpath),
+        )
         started.append(agent)
         return agent
 
@@ -94,4 +101,5 @@ def start_agent(tmp_path, agent_pythonpath):
 def shim_env(shim_library):
     def env_for(agent, **extra):
         return agent.env(**extra)
+
     return env_for

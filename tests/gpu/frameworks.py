@@ -17,6 +17,7 @@ With --jax-callback every JAX step also calls back into Python
 Prints one JSON line: the values, the checksum, whether the data lives in
 managed memory, the wall-clock time of every step and the callbacks seen.
 """
+
 import argparse
 import json
 import os
@@ -31,7 +32,9 @@ def jax_workload(args):
     # Forced, not defaulted: XLA preallocates a share of what the driver reports (75 % by
     # default), and under the shim that is managed memory, which on a shared test GPU must
     # stay small.  No autotuning, so both runs pick the same kernels and give the same bits.
-    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true" if args.jax_memory_fraction > 0 else "false"
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = (
+        "true" if args.jax_memory_fraction > 0 else "false"
+    )
     os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(max(args.jax_memory_fraction, 0.01))
     os.environ["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"
     if args.jax_allocator != "default":
@@ -42,8 +45,10 @@ def jax_workload(args):
     import jax.numpy as jnp
 
     keys = jax.random.split(jax.random.PRNGKey(0), 6)
-    params = [jax.random.normal(k, (args.width, args.width), jnp.float32) / args.width ** 0.5
-              for k in keys[:4]]
+    params = [
+        jax.random.normal(k, (args.width, args.width), jnp.float32) / args.width**0.5
+        for k in keys[:4]
+    ]
     inputs = jax.random.normal(keys[4], (args.batch, args.width), jnp.float32)
     targets = jax.random.normal(keys[5], (args.batch, args.width), jnp.float32)
 
@@ -80,7 +85,7 @@ def cupy_workload(args):
 
     state = cupy.random.RandomState(0).standard_normal((args.batch, args.width), dtype=cupy.float32)
     mixer = cupy.random.RandomState(1).standard_normal((args.width, args.width), dtype=cupy.float32)
-    mixer /= args.width ** 0.5
+    mixer /= args.width**0.5
 
     def step():
         nonlocal state
@@ -90,8 +95,13 @@ def cupy_workload(args):
     def wait(_):
         cupy.cuda.Device().synchronize()
 
-    return (step, float, wait, lambda: float(cupy.sum(state, dtype=cupy.float64)),
-            lambda: is_managed(state.data.ptr))
+    return (
+        step,
+        float,
+        wait,
+        lambda: float(cupy.sum(state, dtype=cupy.float64)),
+        lambda: is_managed(state.data.ptr),
+    )
 
 
 def triton_workload(args):
@@ -122,8 +132,13 @@ def triton_workload(args):
     def wait(_):
         torch.cuda.synchronize()
 
-    return (step, lambda first: float(first.item()), wait, lambda: float(state.double().sum()),
-            lambda: is_managed(state.data_ptr()))
+    return (
+        step,
+        lambda first: float(first.item()),
+        wait,
+        lambda: float(state.double().sum()),
+        lambda: is_managed(state.data_ptr()),
+    )
 
 
 WORKLOADS = {"jax": jax_workload, "cupy": cupy_workload, "triton": triton_workload}
@@ -133,22 +148,37 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("framework", choices=sorted(WORKLOADS))
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--seconds", type=float, default=0.0, help="compute for this long instead of --steps")
-    parser.add_argument("--idle-gap", type=float, default=0.0, help="seconds of idleness between phases")
+    parser.add_argument(
+        "--seconds", type=float, default=0.0, help="compute for this long instead of --steps"
+    )
+    parser.add_argument(
+        "--idle-gap", type=float, default=0.0, help="seconds of idleness between phases"
+    )
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=1024)
-    parser.add_argument("--jax-memory-fraction", type=float, default=0.05,
-                        help="share of the GPU's memory XLA preallocates (0: none, it grows)")
-    parser.add_argument("--jax-allocator", default="cuda_async",
-                        help="XLA_PYTHON_CLIENT_ALLOCATOR; 'default' leaves XLA's own (CUDA virtual memory, "
-                             "which the shim cannot make managed)")
-    parser.add_argument("--jax-callback", action="store_true", help="each JAX step calls back into Python")
+    parser.add_argument(
+        "--jax-memory-fraction",
+        type=float,
+        default=0.05,
+        help="share of the GPU's memory XLA preallocates (0: none, it grows)",
+    )
+    parser.add_argument(
+        "--jax-allocator",
+        default="cuda_async",
+        help="XLA_PYTHON_CLIENT_ALLOCATOR; 'default' leaves XLA's own (CUDA virtual memory, "
+        "which the shim cannot make managed)",
+    )
+    parser.add_argument(
+        "--jax-callback", action="store_true", help="each JAX step calls back into Python"
+    )
     args = parser.parse_args()
 
     step, read, wait, checksum, managed = WORKLOADS[args.framework](args)
     values, step_times = [], []
     started = time.time()
-    while (len(values) < args.steps) if args.seconds <= 0 else (time.time() - started < args.seconds):
+    while (
+        (len(values) < args.steps) if args.seconds <= 0 else (time.time() - started < args.seconds)
+    ):
         values.append(read(step()))
         step_times.append(time.time())
     time.sleep(args.idle_gap)
@@ -156,8 +186,18 @@ def main() -> None:
     wait(last)
     time.sleep(args.idle_gap)
     values.append(read(last))
-    print(json.dumps({"values": values, "checksum": checksum(), "managed": managed(),
-                      "step_times": step_times, "steps": len(step_times), "callbacks": len(callbacks_seen)}))
+    print(
+        json.dumps(
+            {
+                "values": values,
+                "checksum": checksum(),
+                "managed": managed(),
+                "step_times": step_times,
+                "steps": len(step_times),
+                "callbacks": len(callbacks_seen),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

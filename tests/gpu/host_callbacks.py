@@ -7,6 +7,7 @@ included; had CuPy held the GIL while waiting at the shim's gate, the callback,
 and so the release, could never finish.  Prints one JSON line: steps, callbacks
 seen (in order or not) and a checksum.
 """
+
 import argparse
 import json
 
@@ -25,12 +26,18 @@ def main() -> None:
     stream = cupy.cuda.Stream(non_blocking=True)
     enqueue = {
         "launch_host_func": lambda step: stream.launch_host_func(seen.append, step),
-        "add_callback": lambda step: stream.add_callback(lambda _stream, _status, s: seen.append(s), step),
+        "add_callback": lambda step: stream.add_callback(
+            lambda _stream, _status, s: seen.append(s), step
+        ),
     }[args.api]
     with stream:
-        state = cupy.random.RandomState(0).standard_normal((args.width, args.width), dtype=cupy.float32)
-        mixer = cupy.random.RandomState(1).standard_normal((args.width, args.width), dtype=cupy.float32)
-        mixer /= args.width ** 0.5
+        state = cupy.random.RandomState(0).standard_normal(
+            (args.width, args.width), dtype=cupy.float32
+        )
+        mixer = cupy.random.RandomState(1).standard_normal(
+            (args.width, args.width), dtype=cupy.float32
+        )
+        mixer /= args.width**0.5
         for step in range(args.steps):
             state = state + 0.01 * cupy.tanh(state @ mixer)  # ~3 ms on an H100
             enqueue(step)
@@ -38,8 +45,16 @@ def main() -> None:
                 stream.synchronize()
         stream.synchronize()
         checksum = float(cupy.sum(state, dtype=cupy.float64))
-    print(json.dumps({"steps": args.steps, "callbacks": len(seen), "in_order": seen == list(range(args.steps)),
-                      "checksum": checksum}))
+    print(
+        json.dumps(
+            {
+                "steps": args.steps,
+                "callbacks": len(seen),
+                "in_order": seen == list(range(args.steps)),
+                "checksum": checksum,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

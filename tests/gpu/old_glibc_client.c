@@ -13,14 +13,14 @@
 
 #include "../standin/cuda_fixture.h"
 
-#define CHECK(call)                                                                  \
-    do {                                                                             \
-        CUresult check_result_ = (call);                                             \
-        if (check_result_ != CUDA_SUCCESS) {                                         \
+#define CHECK(call)                                                                     \
+    do {                                                                                \
+        CUresult check_result_ = (call);                                                \
+        if (check_result_ != CUDA_SUCCESS) {                                            \
             printf("result=error call=%s error=%d pid=%d\n", #call, (int)check_result_, \
-                   (int)getpid());                                                   \
-            return 1;                                                                \
-        }                                                                            \
+                   (int)getpid());                                                      \
+            return 1;                                                                   \
+        }                                                                               \
     } while (0)
 
 static void *read_file(const char *path)
@@ -68,7 +68,8 @@ int main(int argc, char **argv)
     CHECK(cuMemsetD32_v2(data, 0, elements));
     void *arguments[] = {&data, &elements};
     for (int i = 0; i < launches; i++)
-        CHECK(cuLaunchKernel(add_one, (elements + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, arguments, NULL));
+        CHECK(cuLaunchKernel(add_one, (elements + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, arguments,
+                             NULL));
     unsigned *host = malloc((size_t)elements * 4);
     CHECK(cuMemcpyDtoH_v2(host, data, (size_t)elements * 4));
     unsigned wrong = 0;

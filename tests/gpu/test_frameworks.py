@@ -5,12 +5,12 @@ CuPy's Python host callbacks run while processes take turns.
 JAX runs with XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async (frameworks.py's default): XLA's own
 allocator maps CUDA virtual memory, which the shim passes through unmanaged, with a warning
 that names that setting."""
+
 import importlib.util
 import pathlib
 import sys
 
 import pytest
-
 from json_program import run_json_program, run_side_by_side
 
 HERE = pathlib.Path(__file__).parent
@@ -35,8 +35,9 @@ def test_framework_is_managed_gated_and_matches_plain_run(framework, start_agent
     needs(framework)
     plain, _ = run_workload(framework, None, "--steps", "10")
     agent = start_agent(idle_release_ms=300)
-    shared, stderr = run_workload(framework, shim_env(agent, NVSHARE_DEBUG=1), "--steps", "10",
-                                  "--idle-gap", "1.5")
+    shared, stderr = run_workload(
+        framework, shim_env(agent, NVSHARE_DEBUG=1), "--steps", "10", "--idle-gap", "1.5"
+    )
     assert not plain["managed"]
     assert shared["managed"], stderr[-2000:]
     assert shared["values"] == plain["values"]
@@ -48,15 +49,21 @@ def test_framework_is_managed_gated_and_matches_plain_run(framework, start_agent
     assert "cannot be made managed" not in stderr, stderr[-2000:]
 
 
-def test_jax_default_allocator_is_passed_through_with_a_warning_naming_the_fix(start_agent, shim_env):
+def test_jax_default_allocator_is_passed_through_with_a_warning_naming_the_fix(
+    start_agent, shim_env
+):
     needs("jax")
     plain, _ = run_workload("jax", None, "--steps", "5", "--jax-allocator", "default")
     agent = start_agent()
-    shared, stderr = run_workload("jax", shim_env(agent), "--steps", "5", "--jax-allocator", "default")
+    shared, stderr = run_workload(
+        "jax", shim_env(agent), "--steps", "5", "--jax-allocator", "default"
+    )
     assert not shared["managed"]
     assert shared["values"] == plain["values"]
     warnings = [line for line in stderr.splitlines() if line.startswith("[nvshare] warning:")]
-    assert len(warnings) == 1 and "XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async" in warnings[0], stderr[-2000:]
+    assert len(warnings) == 1 and "XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async" in warnings[0], stderr[
+        -2000:
+    ]
 
 
 def test_two_jax_processes_alternate_and_compute_as_alone(start_agent, shim_env):
@@ -64,7 +71,9 @@ def test_two_jax_processes_alternate_and_compute_as_alone(start_agent, shim_env)
     needs("jax")
     plain, _ = run_workload("jax", None, "--steps", "10", "--jax-callback")
     agent = start_agent(time_quantum_s=1, anti_thrash=True)
-    pids, results = run_side_by_side(workload("jax", "--seconds", "8", "--jax-callback"), shim_env(agent))
+    pids, results = run_side_by_side(
+        workload("jax", "--seconds", "8", "--jax-callback"), shim_env(agent)
+    )
     grants = [event["pid"] for event in agent.events("grant")]
     assert set(grants) == {str(pid) for pid in pids}, agent.log()
     assert sum(1 for a, b in zip(grants, grants[1:]) if a != b) >= 3, agent.log()

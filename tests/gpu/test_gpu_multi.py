@@ -5,6 +5,7 @@ Needs two GPUs or more (the device tool's nvidia-h200-x2); skipped with fewer.  
 GPUs fastest first unless told otherwise; CUDA_DEVICE_ORDER=PCI_BUS_ID makes its indices
 nvidia-smi's, so the test knows which UUID each index is.
 """
+
 import os
 import pathlib
 import shutil
@@ -13,7 +14,6 @@ import sys
 import time
 
 import pytest
-
 import run as bench
 from json_program import run_json_program
 
@@ -24,9 +24,14 @@ PCI_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 def _gpu_uuids() -> list[str]:
     if shutil.which("nvidia-smi") is None:
         return []
-    listed = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"],
-                            capture_output=True, text=True)
-    return [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.returncode == 0 else []
+    listed = subprocess.run(
+        ["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True, text=True
+    )
+    return (
+        [line.strip() for line in listed.stdout.splitlines() if line.strip()]
+        if listed.returncode == 0
+        else []
+    )
 
 
 UUIDS = _gpu_uuids()
@@ -48,28 +53,37 @@ def grants_by_pid(agent) -> dict[str, list[str]]:
 def test_trainers_on_two_gpus_hold_their_locks_at_once(start_agent, shim_env):
     agent = start_agent(time_quantum_s=2, anti_thrash=True)
     # Each sees one GPU as its device 0: the shim must name the physical one.
-    processes = [bench.start_json(training("--seconds", "8"),
-                                  env=shim_env(agent, CUDA_VISIBLE_DEVICES=str(index), **PCI_ORDER))
-                 for index in (0, 1)]
+    processes = [
+        bench.start_json(
+            training("--seconds", "8"),
+            env=shim_env(agent, CUDA_VISIBLE_DEVICES=str(index), **PCI_ORDER),
+        )
+        for index in (0, 1)
+    ]
     results = [bench.finish_json(process) for process in processes]
     assert all(result["managed"] for result in results)
     grants = grants_by_pid(agent)
     for index, process in enumerate(processes):
         assert set(grants[str(process.pid)]) == {UUIDS[index]}, agent.log()
-    assert not agent.events("drop"), agent.log()    # neither waited for the other's GPU
+    assert not agent.events("drop"), agent.log()  # neither waited for the other's GPU
     first, second = (sorted(result["step_times"]) for result in results)
-    assert min(first[-1], second[-1]) - max(first[0], second[0]) > 5.0, "they did not train at the same time"
+    assert min(first[-1], second[-1]) - max(first[0], second[0]) > 5.0, (
+        "they did not train at the same time"
+    )
 
 
 def test_one_process_over_two_gpus_takes_both_locks_and_trains_as_alone(start_agent, shim_env):
-    split = ("--devices", "0,1", "--steps", "600")    # ~3 s of steps alone: several quanta
+    split = ("--devices", "0,1", "--steps", "600")  # ~3 s of steps alone: several quanta
     plain, _ = run_json_program(training(*split), dict(os.environ, **PCI_ORDER))
     agent = start_agent(time_quantum_s=1, anti_thrash=True)
-    beside = bench.start_json(training("--seconds", "20"),
-                              env=shim_env(agent, CUDA_VISIBLE_DEVICES="1", **PCI_ORDER))
+    beside = bench.start_json(
+        training("--seconds", "20"), env=shim_env(agent, CUDA_VISIBLE_DEVICES="1", **PCI_ORDER)
+    )
     deadline = time.monotonic() + 60
-    while not agent.events("grant"):    # the trainer on GPU 1 holds it first
-        assert beside.poll() is None and time.monotonic() < deadline, "the trainer on GPU 1 got no grant"
+    while not agent.events("grant"):  # the trainer on GPU 1 holds it first
+        assert beside.poll() is None and time.monotonic() < deadline, (
+            "the trainer on GPU 1 got no grant"
+        )
         time.sleep(0.2)
     shared, stderr = run_json_program(training(*split), shim_env(agent, **PCI_ORDER))
     beside_result = bench.finish_json(beside)
@@ -84,18 +98,26 @@ def test_one_process_over_two_gpus_takes_both_locks_and_trains_as_alone(start_ag
     assert {event["gpu"] for event in agent.events("drop")} == {UUIDS[1]}, agent.log()
 
 
-def test_pipelines_crossing_two_gpus_in_opposite_orders_both_finish_correctly(start_agent, shim_env):
+def test_pipelines_crossing_two_gpus_in_opposite_orders_both_finish_correctly(
+    start_agent, shim_env
+):
     # Each holds one GPU while it waits for the other: the time quantum must break the cycle.
-    orders, steps = ("0,1", "1,0"), ("--steps", "300")    # ~1.5 s of steps alone each
-    plain = [run_json_program(training("--devices", order, *steps), dict(os.environ, **PCI_ORDER))[0]
-             for order in orders]
+    orders, steps = ("0,1", "1,0"), ("--steps", "300")  # ~1.5 s of steps alone each
+    plain = [
+        run_json_program(training("--devices", order, *steps), dict(os.environ, **PCI_ORDER))[0]
+        for order in orders
+    ]
     agent = start_agent(time_quantum_s=1, anti_thrash=True)
-    processes = [bench.start_json(training("--devices", order, *steps), env=shim_env(agent, **PCI_ORDER))
-                 for order in orders]
+    processes = [
+        bench.start_json(training("--devices", order, *steps), env=shim_env(agent, **PCI_ORDER))
+        for order in orders
+    ]
     results = [bench.finish_json(process, timeout=240) for process in processes]
     for result, alone in zip(results, plain):
         assert (result["losses"], result["checksum"]) == (alone["losses"], alone["checksum"])
     grants = grants_by_pid(agent)
-    assert all(set(grants[str(process.pid)]) == set(UUIDS[:2]) for process in processes), agent.log()
+    assert all(set(grants[str(process.pid)]) == set(UUIDS[:2]) for process in processes), (
+        agent.log()
+    )
     # The premise: they met on both GPUs, each asked to give a GPU up to the other.
     assert {event["gpu"] for event in agent.events("drop")} == set(UUIDS[:2]), agent.log()

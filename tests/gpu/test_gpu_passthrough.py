@@ -3,6 +3,7 @@ driver frees it (handle released and mapping gone, in either order), and an IPC 
 opened twice is one mapping, counted once.  The CPU twins are in tests/shim/test_memory.py.
 Under the shim cuMemGetInfo reports the GPU's total less what the process holds, so its
 figures move by exactly what the shim counts."""
+
 import os
 import pathlib
 import subprocess
@@ -23,11 +24,15 @@ def fields_of(done) -> dict:
 
 
 def run(binary, env, *args) -> dict:
-    return fields_of(subprocess.run([str(binary), *args], capture_output=True, text=True, env=env, timeout=120))
+    return fields_of(
+        subprocess.run([str(binary), *args], capture_output=True, text=True, env=env, timeout=120)
+    )
 
 
 @pytest.mark.parametrize("order", ["unmap_first", "release_first"])
-def test_vmm_memory_counts_until_the_driver_frees_it(start_agent, shim_env, passthrough_program, order):
+def test_vmm_memory_counts_until_the_driver_frees_it(
+    start_agent, shim_env, passthrough_program, order
+):
     plain = run(passthrough_program, dict(os.environ), "vmm", order)
     assert plain["value"] == "7"
     agent = start_agent()
@@ -40,8 +45,13 @@ def test_vmm_memory_counts_until_the_driver_frees_it(start_agent, shim_env, pass
 
 def test_an_ipc_handle_opened_twice_is_counted_once(start_agent, shim_env, passthrough_program):
     # The exporter runs without the shim: the shim's managed memory has no IPC handle.
-    exporter = subprocess.Popen([str(passthrough_program), "export"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    exporter = subprocess.Popen(
+        [str(passthrough_program), "export"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         handle = exporter.stdout.readline().strip().split("=", 1)[1]
         plain = run(passthrough_program, dict(os.environ), "import", handle)

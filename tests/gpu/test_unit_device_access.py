@@ -9,6 +9,7 @@ inventory.  So this runs the agent's own NVML reader, lists the NVIDIA device
 nodes it holds open, and checks each against the unit's lines as systemd
 would (no systemd on the GPU machine).
 """
+
 import fnmatch
 import json
 import os
@@ -75,16 +76,19 @@ def allowed(node: dict, rules, groups) -> bool:
             continue
         if spec == node["path"]:
             return True
-        if spec.startswith("char-") and any(fnmatch.fnmatchcase(name, spec[len("char-"):])
-                                            for name in groups.get(node["major"], [])):
+        if spec.startswith("char-") and any(
+            fnmatch.fnmatchcase(name, spec[len("char-") :])
+            for name in groups.get(node["major"], [])
+        ):
             return True
     return False
 
 
 def test_every_node_the_nvml_reader_opens_is_allowed_by_the_unit(agent_pythonpath):
     env = dict(os.environ, PYTHONPATH=f"{agent_pythonpath}:{PYNVML}")
-    done = subprocess.run([sys.executable, "-c", READER], capture_output=True, text=True, env=env,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", READER], capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     reading = json.loads(done.stdout.strip().splitlines()[-1])
     assert reading["problem"] is None and reading["gpus"] >= 1, reading

@@ -17,13 +17,13 @@ launches (and the shim's marks of them) fall inside PyTorch's global-mode captur
 With --devices 0,1 the layers are split in order over those GPUs (a pipeline in one
 process: activations and gradients cross between them every step).
 """
+
 import argparse
 import json
 import threading
 import time
 
 import torch
-
 from cuda_pointer import is_managed
 
 
@@ -42,7 +42,7 @@ class SideWork:
     def _run(self):
         with torch.cuda.stream(self.stream):
             while not self.stopped.is_set():
-                self.tensor.mul_(1.0)   # in place: an allocation would break a global-mode capture
+                self.tensor.mul_(1.0)  # in place: an allocation would break a global-mode capture
                 self.launches += 1
 
     def stop(self):
@@ -82,24 +82,38 @@ def capture(train_step, losses, side_work=None):
     def replay():
         graph.replay()
         return captured_loss
+
     return replay
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--seconds", type=float, default=0.0,
-                        help="train for this long instead of --steps")
+    parser.add_argument(
+        "--seconds", type=float, default=0.0, help="train for this long instead of --steps"
+    )
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=2048)
-    parser.add_argument("--graph", action="store_true", help="replay a captured CUDA graph of the step")
+    parser.add_argument(
+        "--graph", action="store_true", help="replay a captured CUDA graph of the step"
+    )
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor)")
-    parser.add_argument("--side-thread", action="store_true",
-                        help="a second thread launches small kernels on its own stream meanwhile")
-    parser.add_argument("--loader-workers", type=int, default=0,
-                        help="feed the inputs from a DataLoader with this many forked workers")
-    parser.add_argument("--devices", default="0",
-                        help="comma-separated GPU indices to split the layers over, in order")
+    parser.add_argument(
+        "--side-thread",
+        action="store_true",
+        help="a second thread launches small kernels on its own stream meanwhile",
+    )
+    parser.add_argument(
+        "--loader-workers",
+        type=int,
+        default=0,
+        help="feed the inputs from a DataLoader with this many forked workers",
+    )
+    parser.add_argument(
+        "--devices",
+        default="0",
+        help="comma-separated GPU indices to split the layers over, in order",
+    )
     args = parser.parse_args()
     devices = [torch.device("cuda", int(index)) for index in args.devices.split(",")]
 
@@ -107,7 +121,11 @@ def main() -> None:
     layers = []
     for index in range(6):
         device = devices[index * len(devices) // 6]
-        layers += [MoveTo(device), torch.nn.Linear(args.width, args.width).to(device), torch.nn.ReLU()]
+        layers += [
+            MoveTo(device),
+            torch.nn.Linear(args.width, args.width).to(device),
+            torch.nn.ReLU(),
+        ]
     model = torch.nn.Sequential(*layers)
     if args.compile:
         model = torch.compile(model)
@@ -116,11 +134,17 @@ def main() -> None:
     targets = torch.randn(args.batch, args.width, device=devices[-1])
     loader = None
     if args.loader_workers > 0:
-        host_inputs = torch.randn(4 * args.batch, args.width, generator=torch.Generator().manual_seed(1))
+        host_inputs = torch.randn(
+            4 * args.batch, args.width, generator=torch.Generator().manual_seed(1)
+        )
         loader = torch.utils.data.DataLoader(
-            torch.utils.data.TensorDataset(host_inputs), batch_size=args.batch,
-            num_workers=args.loader_workers, pin_memory=True, persistent_workers=True,
-            multiprocessing_context="fork")
+            torch.utils.data.TensorDataset(host_inputs),
+            batch_size=args.batch,
+            num_workers=args.loader_workers,
+            pin_memory=True,
+            persistent_workers=True,
+            multiprocessing_context="fork",
+        )
 
     def train_step():
         optimizer.zero_grad(set_to_none=True)
@@ -150,17 +174,23 @@ def main() -> None:
     side_launches = {}
     if side_work is not None:
         side_work.stop()
-        side_launches = {"side_launches": side_work.launches,
-                         "side_launches_during_capture": side_work.launches_during_capture}
+        side_launches = {
+            "side_launches": side_work.launches,
+            "side_launches_during_capture": side_work.launches_during_capture,
+        }
     checksum = sum(float(p.double().sum()) for p in model.parameters())
-    print(json.dumps({
-        **side_launches,
-        "losses": losses,
-        "checksum": checksum,
-        "managed": all(is_managed(p.data_ptr()) for p in model.parameters()),
-        "step_times": step_times,
-        "steps": step,
-    }))
+    print(
+        json.dumps(
+            {
+                **side_launches,
+                "losses": losses,
+                "checksum": checksum,
+                "managed": all(is_managed(p.data_ptr()) for p in model.parameters()),
+                "step_times": step_times,
+                "steps": step,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,18 @@ MIRROR = os.environ.get("NVSHARE_CI_MIRROR", "http://deb.debian.org/debian")
 SUITE = "bookworm"
 # systemd and the bus to boot; the package's dependencies (python3-ply only
 # because debootstrap cannot pick a virtual package for python3-pycparser).
-INCLUDE = ("systemd", "systemd-sysv", "dbus", "passwd", "python3", "python3-cffi",
-           "python3-ply", "python3-dbus-next", "python3-sdnotify", "python3-typer")
+INCLUDE = (
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "passwd",
+    "python3",
+    "python3-cffi",
+    "python3-ply",
+    "python3-dbus-next",
+    "python3-sdnotify",
+    "python3-typer",
+)
 INSIDE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -63,9 +73,19 @@ def _debootstrap_root(log, tarball: Path, suite: str, include: tuple[str, ...]) 
     try:
         root = work / "root"
         result = subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--cache-dir={CACHE_DIR / 'debs'}",
-             "--include=" + ",".join(include), suite, str(root), MIRROR],
-            capture_output=True, text=True, check=False)
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--cache-dir={CACHE_DIR / 'debs'}",
+                "--include=" + ",".join(include),
+                suite,
+                str(root),
+                MIRROR,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if result.returncode != 0:
             log_tail = ""
             log_file = root / "debootstrap" / "debootstrap.log"
@@ -84,16 +104,24 @@ def _debootstrap_root(log, tarball: Path, suite: str, include: tuple[str, ...]) 
         shutil.rmtree(work, ignore_errors=True)
 
 
-def chrooted(root: Path, argv: list[str], *, binds, env: dict[str, str], mount_proc: bool = False) -> list[str]:
+def chrooted(
+    root: Path, argv: list[str], *, binds, env: dict[str, str], mount_proc: bool = False
+) -> list[str]:
     """The host command line that runs argv as a container of an unpacked root (no
     systemd inside): its own PID and mount namespaces, each (host path, path inside)
     of binds mounted as `docker run -v` would, /proc of its own if asked, and a clean
     environment.  Run as root; the mounts end with the namespace."""
-    steps = [shlex.join(["mount", "--rbind", str(source), f"{root}{target}"]) for source, target in binds]
+    steps = [
+        shlex.join(["mount", "--rbind", str(source), f"{root}{target}"]) for source, target in binds
+    ]
     if mount_proc:
         steps.append(shlex.join(["mount", "-t", "proc", "proc", f"{root}/proc"]))
-    steps.append("exec " + shlex.join(["chroot", str(root), "env", "-i",
-                                       *[f"{k}={v}" for k, v in env.items()], *argv]))
+    steps.append(
+        "exec "
+        + shlex.join(
+            ["chroot", str(root), "env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv]
+        )
+    )
     return ["unshare", "--pid", "--fork", "--mount", "sh", "-c", " && ".join(steps)]
 
 
@@ -107,7 +135,7 @@ class Container:
         self.leader_pid = 0
 
     @classmethod
-    def unpack(cls, tarball: Path, workdir: Path) -> "Container":
+    def unpack(cls, tarball: Path, workdir: Path) -> Container:
         root = workdir / "root"
         root.mkdir()
         subprocess.run(["tar", "-C", str(root), "-xf", str(tarball)], check=True)
@@ -116,10 +144,21 @@ class Container:
     def boot(self, timeout: float = 120) -> None:
         with open(self.console_log, "wb") as console:
             self.nspawn = subprocess.Popen(
-                ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet",
-                 "--console=passive", "-D", str(self.root), "-b"],
-                stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
-                env={"PATH": os.environ.get("PATH", INSIDE_PATH), "SYSTEMD_LOG_LEVEL": "info"})
+                [
+                    "systemd-nspawn",
+                    "--register=no",
+                    "--keep-unit",
+                    "--quiet",
+                    "--console=passive",
+                    "-D",
+                    str(self.root),
+                    "-b",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                env={"PATH": os.environ.get("PATH", INSIDE_PATH), "SYSTEMD_LOG_LEVEL": "info"},
+            )
         deadline = time.monotonic() + timeout
         children = Path(f"/proc/{self.nspawn.pid}/task/{self.nspawn.pid}/children")
         while not self.leader_pid:
@@ -128,37 +167,59 @@ class Container:
             if time.monotonic() > deadline:
                 raise ContainerError("no container PID 1 appeared: " + self._console_tail())
             # nspawn's child first sets up the namespaces, then execs systemd.
-            for pid in (children.read_text().split() if children.exists() else []):
+            for pid in children.read_text().split() if children.exists() else []:
                 if _comm(pid) == "systemd":
                     self.leader_pid = int(pid)
             if not self.leader_pid:
                 time.sleep(0.1)
         while True:
             # Before systemd has its bus up, systemctl answers nothing; retry.
-            state = self.run(["systemctl", "is-system-running", "--wait"], check=False,
-                             timeout=max(1.0, deadline - time.monotonic()))
+            state = self.run(
+                ["systemctl", "is-system-running", "--wait"],
+                check=False,
+                timeout=max(1.0, deadline - time.monotonic()),
+            )
             if state.stdout.strip() in ("running", "degraded"):
                 return
             if time.monotonic() > deadline or state.stdout.strip() in ("maintenance", "stopping"):
-                raise ContainerError(f"boot ended {state.stdout.strip()!r} {state.stderr.strip()!r}: "
-                                     + self._console_tail())
+                raise ContainerError(
+                    f"boot ended {state.stdout.strip()!r} {state.stderr.strip()!r}: "
+                    + self._console_tail()
+                )
             time.sleep(0.2)
 
-    def run(self, argv: list[str], *, check: bool = True, timeout: float = 120,
-            env: dict[str, str] | None = None,
-            input: str | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        argv: list[str],
+        *,
+        check: bool = True,
+        timeout: float = 120,
+        env: dict[str, str] | None = None,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess:
         """argv inside the container, as root, with a clean environment."""
-        inside_env = {"PATH": INSIDE_PATH, "LANG": "C.UTF-8", "HOME": "/root",
-                      "DEBIAN_FRONTEND": "noninteractive", "SYSTEMD_PAGER": "",
-                      "SYSTEMD_COLORS": "0"}
+        inside_env = {
+            "PATH": INSIDE_PATH,
+            "LANG": "C.UTF-8",
+            "HOME": "/root",
+            "DEBIAN_FRONTEND": "noninteractive",
+            "SYSTEMD_PAGER": "",
+            "SYSTEMD_COLORS": "0",
+        }
         inside_env.update(env or {})
-        command = (["nsenter", "-t", str(self.leader_pid), "-a", "env", "-i"]
-                   + [f"{k}={v}" for k, v in inside_env.items()] + argv)
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                                check=False, input=input)
+        command = (
+            ["nsenter", "-t", str(self.leader_pid), "-a", "env", "-i"]
+            + [f"{k}={v}" for k, v in inside_env.items()]
+            + argv
+        )
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, check=False, input=input
+        )
         if check and result.returncode != 0:
-            raise ContainerError(f"{' '.join(argv)} exited {result.returncode}: "
-                                 f"{result.stdout[-1500:]}{result.stderr[-1500:]}")
+            raise ContainerError(
+                f"{' '.join(argv)} exited {result.returncode}: "
+                f"{result.stdout[-1500:]}{result.stderr[-1500:]}"
+            )
         return result
 
     def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:

@@ -10,7 +10,8 @@ _STAGES: list[tuple[str, float]] = []
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "packaging: the Debian package and its install in a booted bookworm container")
+        "markers", "packaging: the Debian package and its install in a booted bookworm container"
+    )
 
 
 def pytest_collection_modifyitems(items):

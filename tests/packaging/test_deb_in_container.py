@@ -19,22 +19,26 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from bookworm_container import Container, ensure_root_tarball, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 from test_man_pages import OPTION, mentions, rendered  # noqa: E402
+
 SHIM = "/usr/lib/x86_64-linux-gnu/libnvshare.so"
 PORTABLE_SHIM = "/usr/lib/x86_64-linux-gnu/nvshare/libnvshare-portable.so"
-BUS = ["io.github.nvshare.Scheduler1", "/io/github/nvshare/Scheduler1",
-       "io.github.nvshare.Scheduler1"]
+BUS = [
+    "io.github.nvshare.Scheduler1",
+    "/io/github/nvshare/Scheduler1",
+    "io.github.nvshare.Scheduler1",
+]
 ADMIN_UID, NOTEBOOK_UID = 1000, 1001
 CLIENT = "/usr/local/bin/standin-client"
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("debootstrap") or not shutil.which("systemd-nspawn"),
-    reason="needs root, debootstrap and systemd-container (packaging/deps.txt)")
+    reason="needs root, debootstrap and systemd-container (packaging/deps.txt)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +97,10 @@ def nvshare_clients(box: Container) -> list[dict]:
 
 def test_apt_installs_the_package_and_enables_the_socket(container, stage):
     with stage("apt install ./nvshare.deb"):
-        container.run(["apt-get", "install", "-y", "--no-install-recommends",
-                       "/root/nvshare.deb"], timeout=300)
+        container.run(
+            ["apt-get", "install", "-y", "--no-install-recommends", "/root/nvshare.deb"],
+            timeout=300,
+        )
     assert unit_property(container, "nvshare.socket", "ActiveState") == "active"
     assert unit_property(container, "nvshare.socket", "SubState") == "listening"
     assert unit_property(container, "nvshare.socket", "UnitFileState") == "enabled"
@@ -113,17 +119,27 @@ def test_the_admin_group_exists_before_dbus_reads_the_policy_naming_it(container
 
 
 def test_installed_units_pass_systemd_analyze_verify(container):
-    result = container.run(["systemd-analyze", "verify", "/lib/systemd/system/nvshare.socket",
-                            "/lib/systemd/system/nvshare.service"], check=False)
+    result = container.run(
+        [
+            "systemd-analyze",
+            "verify",
+            "/lib/systemd/system/nvshare.socket",
+            "/lib/systemd/system/nvshare.service",
+        ],
+        check=False,
+    )
     assert result.returncode == 0 and result.stdout + result.stderr == "", result.stderr
 
 
 def test_the_units_documentation_and_the_readme_links_resolve(container):
-    urls = [url for unit in ("nvshare.socket", "nvshare.service")
-            for url in unit_property(container, unit, "Documentation").split()]
+    urls = [
+        url
+        for unit in ("nvshare.socket", "nvshare.service")
+        for url in unit_property(container, unit, "Documentation").split()
+    ]
     assert len(urls) == 2
     for url in urls:
-        assert url.startswith("file:") and container.path(url[len("file:"):]).is_file(), url
+        assert url.startswith("file:") and container.path(url[len("file:") :]).is_file(), url
     readme = container.path("/usr/share/doc/nvshare/README.md").read_text()
     links = set(re.findall(r"\]\((docs/[\w.]+\.md)\)", readme))
     assert links
@@ -131,12 +147,16 @@ def test_the_units_documentation_and_the_readme_links_resolve(container):
         assert container.path(f"/usr/share/doc/nvshare/{link}").is_file(), link
 
 
-def test_manual_pages_are_installed_and_name_every_option_of_the_installed_programs(container, tmp_path):
+def test_manual_pages_are_installed_and_name_every_option_of_the_installed_programs(
+    container, tmp_path
+):
     # tests/test_man_pages.py checks the pages against the checkout; this is
     # bookworm's typer and argparse, as installed, against the installed pages,
     # read the same way.
-    for program, page in (("nvsharectl", "/usr/share/man/man1/nvsharectl.1.gz"),
-                          ("nvshare-agent", "/usr/share/man/man8/nvshare-agent.8.gz")):
+    for program, page in (
+        ("nvsharectl", "/usr/share/man/man1/nvsharectl.1.gz"),
+        ("nvshare-agent", "/usr/share/man/man8/nvshare-agent.8.gz"),
+    ):
         source = tmp_path / Path(page).stem
         source.write_bytes(gzip.decompress(container.path(page).read_bytes()))
         text = rendered(source)
@@ -148,13 +168,25 @@ def test_manual_pages_are_installed_and_name_every_option_of_the_installed_progr
 
 def test_first_client_starts_the_agent_which_reports_ready_and_status(container, stage):
     with stage("first connection starts nvshare.service"):
-        container.run(["python3", "-c", "import socket; s = socket.socket(socket.AF_UNIX); "
-                       "s.connect('/run/nvshare/scheduler.sock')"])
+        container.run(
+            [
+                "python3",
+                "-c",
+                "import socket; s = socket.socket(socket.AF_UNIX); "
+                "s.connect('/run/nvshare/scheduler.sock')",
+            ]
+        )
         # Type=notify: "active" only after the agent sent READY=1.
-        wait_for(lambda: unit_property(container, "nvshare.service", "ActiveState") == "active",
-                 60, "nvshare.service to become active")
-    assert wait_for(lambda: unit_property(container, "nvshare.service", "StatusText"), 30,
-                    "a STATUS= line from the agent")
+        wait_for(
+            lambda: unit_property(container, "nvshare.service", "ActiveState") == "active",
+            60,
+            "nvshare.service to become active",
+        )
+    assert wait_for(
+        lambda: unit_property(container, "nvshare.service", "StatusText"),
+        30,
+        "a STATUS= line from the agent",
+    )
     assert unit_property(container, "nvshare.service", "NRestarts") == "0"
 
 
@@ -166,21 +198,38 @@ def test_set_tq_over_dbus_is_read_back_by_busctl(container):
 
 def test_unprivileged_user_is_refused(container):
     container.run(["usermod", "-aG", "nvshare-admin", "alice"])
-    outsider = container.run(as_user(NOTEBOOK_UID, ["/usr/bin/nvsharectl", "set-tq", "20"]),
-                             check=False)
+    outsider = container.run(
+        as_user(NOTEBOOK_UID, ["/usr/bin/nvsharectl", "set-tq", "20"]), check=False
+    )
     assert outsider.returncode == 1
     assert "permission denied" in outsider.stderr.lower()
-    by_busctl = container.run(as_user(NOTEBOOK_UID, ["/usr/bin/busctl", "set-property"] + BUS
-                                      + ["TimeQuantum", "u", "20"]), check=False)
+    by_busctl = container.run(
+        as_user(
+            NOTEBOOK_UID, ["/usr/bin/busctl", "set-property"] + BUS + ["TimeQuantum", "u", "20"]
+        ),
+        check=False,
+    )
     assert by_busctl.returncode != 0 and "denied" in by_busctl.stderr.lower()
     # Reading is for everyone; the value did not change.
-    read = container.run(as_user(NOTEBOOK_UID, ["/usr/bin/busctl", "get-property"] + BUS
-                                 + ["TimeQuantum"]))
+    read = container.run(
+        as_user(NOTEBOOK_UID, ["/usr/bin/busctl", "get-property"] + BUS + ["TimeQuantum"])
+    )
     assert read.stdout.split() == ["u", "10"]
     # A member of nvshare-admin may (setpriv --clear-groups, so name the group).
-    admin = container.run(["setpriv", f"--reuid={ADMIN_UID}", f"--regid={ADMIN_UID}",
-                           "--groups=nvshare-admin", "env", "-i", "/usr/bin/nvsharectl",
-                           "set-tq", "12"], check=False)
+    admin = container.run(
+        [
+            "setpriv",
+            f"--reuid={ADMIN_UID}",
+            f"--regid={ADMIN_UID}",
+            "--groups=nvshare-admin",
+            "env",
+            "-i",
+            "/usr/bin/nvsharectl",
+            "set-tq",
+            "12",
+        ],
+        check=False,
+    )
     assert admin.returncode == 0, admin.stderr
     container.run(["nvsharectl", "set-tq", "10"])
 
@@ -200,7 +249,9 @@ def test_preload_holds_the_shim_and_ordinary_programs_still_work(container):
 def test_the_portable_shim_on_top_of_the_preloaded_one_leaves_one_in_charge(container):
     # README.md's container recipe sets LD_PRELOAD to this file; run on the node itself
     # the process has both, and the preloaded one hooks it.
-    result = container.run([CLIENT, "--loops", "2"], env={"LD_PRELOAD": PORTABLE_SHIM, "NVSHARE_DEBUG": "1"})
+    result = container.run(
+        [CLIENT, "--loops", "2"], env={"LD_PRELOAD": PORTABLE_SHIM, "NVSHARE_DEBUG": "1"}
+    )
     assert "result=ok managed=1" in result.stdout, result
     assert "another copy of libnvshare.so came first" in result.stderr, result.stderr
     maps = container.run(["cat", "/proc/self/maps"], env={"LD_PRELOAD": PORTABLE_SHIM}).stdout
@@ -209,12 +260,17 @@ def test_the_portable_shim_on_top_of_the_preloaded_one_leaves_one_in_charge(cont
 
 def test_notebook_style_client_registers_and_survives_an_agent_restart(container, stage):
     # Another uid, an empty environment: only /etc/ld.so.preload brings the shim.
-    client = container.popen(as_user(NOTEBOOK_UID, [CLIENT, "--duration-ms", "20000",
-                                                    "--sleep-ms", "20"]),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = container.popen(
+        as_user(NOTEBOOK_UID, [CLIENT, "--duration-ms", "20000", "--sleep-ms", "20"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
+
         def registered():
             return [c for c in nvshare_clients(container) if c.get("uid") == NOTEBOOK_UID]
+
         with stage("stand-in client registers with the agent"):
             wait_for(registered, 60, "the notebook client in `nvsharectl clients`")
         status = container.run(["nvsharectl", "status"]).stdout
@@ -238,8 +294,11 @@ def test_notebook_style_client_registers_and_survives_an_agent_restart(container
 
 def test_operator_preload_switch_survives_an_upgrade(container, stage):
     container.run(["nvsharectl", "preload", "disable"])
-    assert SHIM not in container.path("/etc/ld.so.preload").read_text() \
-        if container.path("/etc/ld.so.preload").exists() else True
+    assert (
+        SHIM not in container.path("/etc/ld.so.preload").read_text()
+        if container.path("/etc/ld.so.preload").exists()
+        else True
+    )
     with stage("apt reinstall (the upgrade path of the maintainer scripts)"):
         container.run(["apt-get", "install", "-y", "--reinstall", "/root/nvshare.deb"], timeout=300)
     preload = container.path("/etc/ld.so.preload")
@@ -269,17 +328,28 @@ print(sum(failed.values()), dict(failed))
 
 
 def test_an_upgrade_keeps_the_socket_listening_and_restarts_the_agent(container, stage):
-    container.run(["python3", "-c", "import socket; socket.socket(socket.AF_UNIX)"
-                   ".connect('/run/nvshare/scheduler.sock')"])
-    wait_for(lambda: unit_property(container, "nvshare.service", "ActiveState") == "active",
-             60, "nvshare.service to become active")
+    container.run(
+        [
+            "python3",
+            "-c",
+            "import socket; socket.socket(socket.AF_UNIX).connect('/run/nvshare/scheduler.sock')",
+        ]
+    )
+    wait_for(
+        lambda: unit_property(container, "nvshare.service", "ActiveState") == "active",
+        60,
+        "nvshare.service to become active",
+    )
     old_pid = unit_property(container, "nvshare.service", "MainPID")
     container.path("/root/probe-stop").unlink(missing_ok=True)
-    probe = container.popen(["python3", "-c", SOCKET_PROBE], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    probe = container.popen(
+        ["python3", "-c", SOCKET_PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         with stage("apt reinstall while a client connects every 10 ms"):
-            container.run(["apt-get", "install", "-y", "--reinstall", "/root/nvshare.deb"], timeout=300)
+            container.run(
+                ["apt-get", "install", "-y", "--reinstall", "/root/nvshare.deb"], timeout=300
+            )
         container.path("/root/probe-stop").touch()
         out, err = probe.communicate(timeout=60)
     finally:
@@ -288,8 +358,11 @@ def test_an_upgrade_keeps_the_socket_listening_and_restarts_the_agent(container,
             probe.wait()
     assert out.split()[0] == "0", f"connects failed during the upgrade: {out} {err[-500:]}"
     # The agent that ran the old code was replaced; the socket stayed up throughout.
-    wait_for(lambda: unit_property(container, "nvshare.service", "ActiveState") == "active",
-             60, "nvshare.service to be active again")
+    wait_for(
+        lambda: unit_property(container, "nvshare.service", "ActiveState") == "active",
+        60,
+        "nvshare.service to be active again",
+    )
     assert unit_property(container, "nvshare.service", "MainPID") not in (old_pid, "0")
     assert unit_property(container, "nvshare.socket", "ActiveState") == "active"
 
@@ -332,21 +405,29 @@ def test_a_removal_called_off_after_the_prerm_puts_the_entry_back(container):
 def test_purge_leaves_nothing_behind(container, stage):
     # Another entry of the operator's must survive the purge untouched.
     preload = container.path("/etc/ld.so.preload")
-    preload.write_text("# operator's comment\n/usr/lib/x86_64-linux-gnu/libc.so.6\n"
-                       + preload.read_text())
+    preload.write_text(
+        "# operator's comment\n/usr/lib/x86_64-linux-gnu/libc.so.6\n" + preload.read_text()
+    )
     shipped = container.run(["dpkg-query", "-L", "nvshare"]).stdout.split()
     with stage("apt purge nvshare"):
         container.run(["apt-get", "purge", "-y", "nvshare"], timeout=300)
     assert preload.read_text() == "# operator's comment\n/usr/lib/x86_64-linux-gnu/libc.so.6\n"
     left = [p for p in shipped if container.path(p).exists() and not container.path(p).is_dir()]
     assert left == []
-    for path in ("/etc/nvshare", "/var/lib/nvshare", "/run/nvshare", "/usr/lib/nvshare",
-                 "/etc/systemd/system/sockets.target.wants/nvshare.socket"):
+    for path in (
+        "/etc/nvshare",
+        "/var/lib/nvshare",
+        "/run/nvshare",
+        "/usr/lib/nvshare",
+        "/etc/systemd/system/sockets.target.wants/nvshare.socket",
+    ):
         assert not container.path(path).exists(), path
     units = container.run(["systemctl", "list-unit-files", "--no-legend", "nvshare*"], check=False)
     assert units.stdout.strip() == ""  # (and exit 1: no unit matched)
-    assert container.run(["systemctl", "show", "-P", "LoadState", "nvshare.service"]
-                         ).stdout.strip() == "not-found"
+    assert (
+        container.run(["systemctl", "show", "-P", "LoadState", "nvshare.service"]).stdout.strip()
+        == "not-found"
+    )
     assert container.run(["getent", "group", "nvshare-admin"], check=False).returncode == 2
     # No agent left running (minbase has no pgrep).
     agents = container.run(["sh", "-c", "grep -l 'nvshare-[a]gent' /proc/[0-9]*/cmdline || true"])
@@ -358,6 +439,10 @@ def test_lintian_reports_no_error_and_no_unexplained_warning(deb, stage):
     # Every remaining warning is overridden in packaging/debian/nvshare.lintian-overrides
     # and explained in docs/packaging.md.
     with stage("lintian"):
-        result = subprocess.run(["lintian", "--fail-on", "error,warning", str(deb)],
-                                capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            ["lintian", "--fail-on", "error,warning", str(deb)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     assert result.returncode == 0, result.stdout + result.stderr

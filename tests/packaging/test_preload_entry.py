@@ -19,8 +19,12 @@ OTHERS = "# site preloads\n/opt/a.so:/opt/b.so  # two on a line\n\n/opt/c.so\n"
 
 
 def entry(action: str, preload_file: Path, library: str = LIBRARY) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", str(HELPER), action, library, str(preload_file)],
-                          capture_output=True, text=True, check=False)
+    return subprocess.run(
+        ["sh", str(HELPER), action, library, str(preload_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 def test_add_appends_once_and_keeps_comments_and_other_entries(tmp_path):
@@ -73,8 +77,10 @@ def test_add_refuses_a_missing_or_unloadable_library_and_leaves_the_file_alone(t
 
 
 def test_bad_usage_exits_2_and_relative_paths_are_refused(tmp_path):
-    assert subprocess.run(["sh", str(HELPER), "frobnicate", LIBRARY], capture_output=True
-                          ).returncode == 2
+    assert (
+        subprocess.run(["sh", str(HELPER), "frobnicate", LIBRARY], capture_output=True).returncode
+        == 2
+    )
     relative = entry("add", tmp_path / "ld.so.preload", "libm.so.6")
     assert relative.returncode == 1 and "absolute path" in relative.stderr
 
@@ -102,11 +108,17 @@ def test_a_symlinked_preload_file_stays_a_symlink(tmp_path):
 
 def test_concurrent_edits_lose_nothing(tmp_path):
     preload_file = tmp_path / "ld.so.preload"
-    libraries = ["/lib/x86_64-linux-gnu/libm.so.6", "/lib/x86_64-linux-gnu/libdl.so.2",
-                 "/lib/x86_64-linux-gnu/librt.so.1", "/lib/x86_64-linux-gnu/libutil.so.1"]
+    libraries = [
+        "/lib/x86_64-linux-gnu/libm.so.6",
+        "/lib/x86_64-linux-gnu/libdl.so.2",
+        "/lib/x86_64-linux-gnu/librt.so.1",
+        "/lib/x86_64-linux-gnu/libutil.so.1",
+    ]
     results = []
-    threads = [threading.Thread(target=lambda lib=lib: results.append(entry("add", preload_file, lib)))
-               for lib in libraries]
+    threads = [
+        threading.Thread(target=lambda lib=lib: results.append(entry("add", preload_file, lib)))
+        for lib in libraries
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -117,9 +129,13 @@ def test_concurrent_edits_lose_nothing(tmp_path):
 
 # nvshare_cli.preload: the CLI's side, the same helper underneath.
 
+
 def paths(tmp_path: Path) -> dict:
-    return {"shim_path": Path(LIBRARY), "preload_file": tmp_path / "ld.so.preload",
-            "disabled_marker": tmp_path / "nvshare" / "preload-disabled"}
+    return {
+        "shim_path": Path(LIBRARY),
+        "preload_file": tmp_path / "ld.so.preload",
+        "disabled_marker": tmp_path / "nvshare" / "preload-disabled",
+    }
 
 
 def test_cli_disable_remembers_the_choice_and_enable_forgets_it(tmp_path):

@@ -31,9 +31,15 @@ drop_grace_ms = 300
 
 @pytest.fixture(scope="session", autouse=True)
 def built_artifacts():
-    missing = [p for p in (SHIM, STANDIN_BUILD / "libcuda.so.1", STANDIN_BUILD / "client_linked") if not p.exists()]
+    missing = [
+        p
+        for p in (SHIM, STANDIN_BUILD / "libcuda.so.1", STANDIN_BUILD / "client_linked")
+        if not p.exists()
+    ]
     if missing:
-        pytest.fail(f"not built: {', '.join(map(str, missing))}; run `make shim standin` (make check does)")
+        pytest.fail(
+            f"not built: {', '.join(map(str, missing))}; run `make shim standin` (make check does)"
+        )
 
 
 class ShimWorld:
@@ -49,8 +55,13 @@ class ShimWorld:
         self.clients: list[Client] = []
 
     def start_agent(self, config: str = FAST_CONFIG, **kwargs) -> AgentProcess:
-        agent = AgentProcess(self.tmp / f"agent{len(self.agents)}", config=config, socket_path=self.socket_path,
-                             debug=True, **kwargs).start()
+        agent = AgentProcess(
+            self.tmp / f"agent{len(self.agents)}",
+            config=config,
+            socket_path=self.socket_path,
+            debug=True,
+            **kwargs,
+        ).start()
         self.agents.append(agent)
         return agent
 
@@ -68,14 +79,23 @@ class ShimWorld:
         return client_env(self.socket_path, self.standin_log, **extra)
 
     def client(self, name: str, *args, env: dict | None = None, prefix=(), **env_extra) -> Client:
-        client = Client(self.tmp, name, args, env=env or self.env(**env_extra), prefix=prefix,
-                        label=f"{name}{len(self.clients)}")
+        client = Client(
+            self.tmp,
+            name,
+            args,
+            env=env or self.env(**env_extra),
+            prefix=prefix,
+            label=f"{name}{len(self.clients)}",
+        )
         self.clients.append(client)
         return client
 
     def calls(self, pid: int | None = None, function: str | None = None):
-        return [c for c in read_calls(self.standin_log)
-                if (pid is None or c.pid == pid) and (function is None or c.function == function)]
+        return [
+            c
+            for c in read_calls(self.standin_log)
+            if (pid is None or c.pid == pid) and (function is None or c.function == function)
+        ]
 
     def close(self) -> None:
         for client in self.clients:

@@ -27,7 +27,9 @@ CLIENTS = ("linked", "dlsym", "procaddr")
 # The stand-in's GPU 0, as NVML would print it ("Standin" + zeros + ordinal).
 STANDIN_GPU = "GPU-5374616e-6469-6e00-0000-000000000000"
 
-GATED = re.compile(r"^(cuLaunch(Kernel|KernelEx|CooperativeKernel)|cuGraphLaunch|cuMemcpy|cuMemset)")
+GATED = re.compile(
+    r"^(cuLaunch(Kernel|KernelEx|CooperativeKernel)|cuGraphLaunch|cuMemcpy|cuMemset)"
+)
 
 # The shim's own variables and the stand-in's: tests set what they need, nothing leaks in.
 _OWN_PREFIXES = ("NVSHARE_", "STANDIN_", "LD_PRELOAD", "LD_LIBRARY_PATH")
@@ -60,7 +62,9 @@ def read_calls(path: Path) -> list[Call]:
         if len(parts) < 4:
             continue
         fields = dict(p.split("=", 1) for p in parts[3:] if "=" in p)
-        calls.append(Call(int(parts[0]), int(parts[1]), parts[2], float(fields.get("t", 0)), fields))
+        calls.append(
+            Call(int(parts[0]), int(parts[1]), parts[2], float(fields.get("t", 0)), fields)
+        )
     return calls
 
 
@@ -70,10 +74,16 @@ def clean_env(**extra: str) -> dict:
     return env
 
 
-def client_env(socket_path, standin_log, *, preload: str | None = str(SHIM), kernel_us: int = 1000,
-               **extra) -> dict:
-    env = clean_env(LD_LIBRARY_PATH=str(STANDIN_BUILD), NVSHARE_SOCKET=str(socket_path),
-                    STANDIN_LOG=str(standin_log), STANDIN_KERNEL_US=str(kernel_us), **extra)
+def client_env(
+    socket_path, standin_log, *, preload: str | None = str(SHIM), kernel_us: int = 1000, **extra
+) -> dict:
+    env = clean_env(
+        LD_LIBRARY_PATH=str(STANDIN_BUILD),
+        NVSHARE_SOCKET=str(socket_path),
+        STANDIN_LOG=str(standin_log),
+        STANDIN_KERNEL_US=str(kernel_us),
+        **extra,
+    )
     if preload:
         env["LD_PRELOAD"] = preload
     return env
@@ -82,7 +92,9 @@ def client_env(socket_path, standin_log, *, preload: str | None = str(SHIM), ker
 class Client:
     """One client process; stdout/stderr go to files so nothing blocks on a pipe."""
 
-    def __init__(self, workdir: Path, name: str, args=(), *, env: dict, prefix=(), label: str | None = None):
+    def __init__(
+        self, workdir: Path, name: str, args=(), *, env: dict, prefix=(), label: str | None = None
+    ):
         self.workdir = Path(workdir)
         label = label or f"{name}-{id(self):x}"
         self.stdout_path = self.workdir / f"{label}.out"
@@ -101,7 +113,9 @@ class Client:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-            raise AssertionError(f"{self.argv} did not finish within {timeout:.0f} s\n{self.describe()}")
+            raise AssertionError(
+                f"{self.argv} did not finish within {timeout:.0f} s\n{self.describe()}"
+            )
 
     @property
     def stdout(self) -> str:

@@ -7,16 +7,24 @@ import re
 
 import cffi
 import pytest
-
 from shim_harness import REPO
 
-HEADERS = {"shim": REPO / "shim" / "cuda_abi.h", "standin": REPO / "tests" / "standin" / "cuda_fixture.h"}
+HEADERS = {
+    "shim": REPO / "shim" / "cuda_abi.h",
+    "standin": REPO / "tests" / "standin" / "cuda_fixture.h",
+}
 # Structs the shim reads or passes by value, and the fields that matter.
 STRUCTS = {
     "CUuuid": ["bytes"],
     "CUipcMemHandle": ["reserved"],
     "CUmemLocation": ["type", "id"],
-    "CUmemAllocationProp": ["type", "requestedHandleTypes", "location", "win32HandleMetaData", "allocFlags"],
+    "CUmemAllocationProp": [
+        "type",
+        "requestedHandleTypes",
+        "location",
+        "win32HandleMetaData",
+        "allocFlags",
+    ],
     "CUlaunchConfig": ["gridDimX", "blockDimZ", "sharedMemBytes", "hStream", "attrs", "numAttrs"],
 }
 
@@ -29,7 +37,7 @@ def typedef_struct(text: str, name: str) -> str:
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             i += 1
         if re.match(rf"\s*{name}\s*;", text[i:]):
-            return text[match.end():i - 1]
+            return text[match.end() : i - 1]
     raise AssertionError(f"no typedef struct {name}")
 
 

@@ -5,9 +5,10 @@ and its lock state.  The agent runs in the test's event loop on a real socket.""
 import asyncio
 import os
 
+from shim_harness import STANDIN_BUILD, STANDIN_GPU
+
 from nvshare_agent.daemon import Agent
 from nvshare_agent.settings import Settings, SettingsStore
-from shim_harness import STANDIN_BUILD, STANDIN_GPU
 
 MIB = 1 << 20
 
@@ -24,18 +25,32 @@ async def test_agent_sees_the_clients_allocations_and_lock_state(world):
     loop = asyncio.get_running_loop()
     settings = Settings(time_quantum_s=1, anti_thrash=True, idle_release_ms=100, drop_grace_ms=300)
     agent = Agent(settings, SettingsStore(world.tmp / "state"), loop=loop)
-    server = await loop.create_unix_server(agent.server.protocol_factory, path=str(world.socket_path))
+    server = await loop.create_unix_server(
+        agent.server.protocol_factory, path=str(world.socket_path)
+    )
     try:
         # 1 MiB converted to managed memory, plus 2 MiB of VMM passed through, then long idle gaps.
         client = await asyncio.create_subprocess_exec(
-            str(STANDIN_BUILD / "client_linked"), "--ints", str(MIB // 4), "--vmm", "--loops", "3",
-            "--sleep-ms", "1500", env=world.env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            str(STANDIN_BUILD / "client_linked"),
+            "--ints",
+            str(MIB // 4),
+            "--vmm",
+            "--loops",
+            "3",
+            "--sleep-ms",
+            "1500",
+            env=world.env(),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
 
         def mine():
             return [c for c in agent.snapshot().clients if c.pid == client.pid]
 
-        seen = await wait_for(lambda: [c for c in mine() if c.gpus and c.gpus[0].allocated_bytes >= MIB],
-                              "a memory report of at least 1 MiB")
+        seen = await wait_for(
+            lambda: [c for c in mine() if c.gpus and c.gpus[0].allocated_bytes >= MIB],
+            "a memory report of at least 1 MiB",
+        )
         process = seen[0]
         assert process.command == "client_linked" and process.uid == os.getuid()
         assert process.gpus[0].uuid == STANDIN_GPU

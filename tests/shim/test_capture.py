@@ -10,10 +10,10 @@ import re
 import time
 
 import pytest
-
 from agent_harness import ShimClient, wait_until
-from nvshare_agent import protocol
 from shim_harness import STANDIN_GPU
+
+from nvshare_agent import protocol
 
 GPU = protocol.parse_uuid(STANDIN_GPU)
 
@@ -21,7 +21,7 @@ GPU = protocol.parse_uuid(STANDIN_GPU)
 def between(calls, first: str, last: str):
     """The calls after the first call named first and before the first named last."""
     names = [c.function for c in calls]
-    return calls[names.index(first) + 1:names.index(last)]
+    return calls[names.index(first) + 1 : names.index(last)]
 
 
 @pytest.mark.parametrize("prefetch", ["1", "0"], ids=["prefetch", "no-prefetch"])
@@ -33,9 +33,17 @@ def test_launches_beside_a_global_capture_leave_it_intact(world, agent, prefetch
     result = client.finish_ok()
     calls = world.calls(client.pid)
     during = between(calls, "cuStreamBeginCapture_v2", "cuStreamEndCapture")
-    expected = {"cuEventQuery", "cuEventSynchronize"} | ({"cuMemPrefetchAsync_v2"} if prefetch == "1" else set())
-    shims_own = {c.function for c in during} & {"cuMemPrefetchAsync_v2", "cuEventQuery", "cuEventSynchronize"}
-    assert shims_own == expected, "the test did not make the shim prefetch, query and wait during the capture"
+    expected = {"cuEventQuery", "cuEventSynchronize"} | (
+        {"cuMemPrefetchAsync_v2"} if prefetch == "1" else set()
+    )
+    shims_own = {c.function for c in during} & {
+        "cuMemPrefetchAsync_v2",
+        "cuEventQuery",
+        "cuEventSynchronize",
+    }
+    assert shims_own == expected, (
+        "the test did not make the shim prefetch, query and wait during the capture"
+    )
     invalidated = [c.fields for c in calls if c.function == "@capture_invalidated"]
     assert invalidated == [], f"the shim invalidated the application's capture: {invalidated}"
     assert (result["status_before_end"], result["end"]) == ("1", "0")
@@ -52,8 +60,12 @@ def run_behind_a_holder(world, agent, *client_args):
         grant = holder.wait_grant(GPU)
         client = world.client(*client_args)
         request = re.compile(rf"request gpu={STANDIN_GPU} pid={client.pid}\b")
-        wait_until(lambda: request.search(agent.log()) or not client.running(), what="the client's request")
-        assert client.running(), f"the client ran to its end without asking for the GPU\n{client.describe()}"
+        wait_until(
+            lambda: request.search(agent.log()) or not client.running(), what="the client's request"
+        )
+        assert client.running(), (
+            f"the client ran to its end without asking for the GPU\n{client.describe()}"
+        )
         time.sleep(0.3)
         assert client.running(), client.describe()
         released_at = time.time()
@@ -68,7 +80,9 @@ def run_behind_a_holder(world, agent, *client_args):
 def assert_work_after_the_capture_was_converted(result, calls):
     """The client captured one launch (which passed the gate); its stream-ordered allocation
     after the capture was converted, and its kernel counted 41 + 1 there."""
-    assert result["managed"] == "1", "a stream-ordered allocation after the capture was not converted"
+    assert result["managed"] == "1", (
+        "a stream-ordered allocation after the capture was not converted"
+    )
     assert result["counted"] == "42"
     assert len([c for c in calls if c.gated and c.fields.get("captured") == "1"]) == 1
 

@@ -12,8 +12,12 @@ SPIN_US = 1_500_000
 
 
 def release_drains_ms(client) -> list[float]:
-    return [float(ms) for ms in re.findall(r"release gpu=0 lease=\d+ reason=\w+ held_ms=[\d.]+ drain_ms=([\d.]+)",
-                                           client.stderr)]
+    return [
+        float(ms)
+        for ms in re.findall(
+            r"release gpu=0 lease=\d+ reason=\w+ held_ms=[\d.]+ drain_ms=([\d.]+)", client.stderr
+        )
+    ]
 
 
 def test_release_waits_for_the_work_of_every_context(world, agent):
@@ -23,7 +27,9 @@ def test_release_waits_for_the_work_of_every_context(world, agent):
     client.finish_ok()
     drains = release_drains_ms(client)
     assert drains, client.describe()
-    assert drains[0] >= 800, f"released after {drains[0]} ms, while context A still ran\n{client.describe()}"
+    assert drains[0] >= 800, (
+        f"released after {drains[0]} ms, while context A still ran\n{client.describe()}"
+    )
     pushed = {c.fields["ctx"] for c in world.calls(client.pid, "cuCtxPushCurrent_v2")}
     assert len(pushed) >= 2, pushed
 
@@ -33,12 +39,16 @@ def test_destroyed_and_reset_contexts_are_never_used_again(world, agent):
     client = world.client("contexts", "lifecycle", 300, kernel_us=20, NVSHARE_DEBUG=1)
     result = client.finish_ok()
     assert result["launches"] == "300"
-    stale = [line for line in world.standin_log.read_text().splitlines()
-             if line.startswith(f"{client.pid} ") and "stale" in line]
+    stale = [
+        line
+        for line in world.standin_log.read_text().splitlines()
+        if line.startswith(f"{client.pid} ") and "stale" in line
+    ]
     assert not stale, "\n".join(stale[:10])
     assert len(world.calls(client.pid, "cuEventRecord")) >= 3, "the queue bound recorded no events"
     assert client.stderr.count("context gone") >= 2, client.describe()
     # The 1 MiB left in the destroyed context no longer counts against this process.
-    assert "forgot 1 allocations of a destroyed context on GPU 0" in client.stderr, client.describe()
+    assert "forgot 1 allocations of a destroyed context on GPU 0" in client.stderr, (
+        client.describe()
+    )
     assert not client.warnings(), client.describe()
-

@@ -43,11 +43,26 @@ def test_both_dlsym_versions_hook_and_rtld_next_stays_relative_to_the_caller(tmp
     (tmp_path / "program.c").write_text(PROGRAM)
     (tmp_path / "wrapper.c").write_text(WRAPPER)
     subprocess.run(["gcc", "-o", tmp_path / "program", tmp_path / "program.c", "-ldl"], check=True)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "libwrapper.so", tmp_path / "wrapper.c",
-                    "-ldl"], check=True)
-    env = clean_env(LD_LIBRARY_PATH=str(STANDIN_BUILD), NVSHARE_SOCKET=str(tmp_path / "none.sock"),
-                    LD_PRELOAD=f"{SHIM} {tmp_path / 'libwrapper.so'}")
-    done = subprocess.run([tmp_path / "program"], env=env, capture_output=True, text=True, timeout=60)
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-o",
+            tmp_path / "libwrapper.so",
+            tmp_path / "wrapper.c",
+            "-ldl",
+        ],
+        check=True,
+    )
+    env = clean_env(
+        LD_LIBRARY_PATH=str(STANDIN_BUILD),
+        NVSHARE_SOCKET=str(tmp_path / "none.sock"),
+        LD_PRELOAD=f"{SHIM} {tmp_path / 'libwrapper.so'}",
+    )
+    done = subprocess.run(
+        [tmp_path / "program"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     result = dict(line.split("=", 1) for line in done.stdout.splitlines())
     assert result["getpid_ok"] == "1"
@@ -89,13 +104,33 @@ int main(int argc, char **argv) {
 def test_rtld_default_lookups_from_a_locally_loaded_library_find_its_libcuda(tmp_path):
     (tmp_path / "plugin.c").write_text(PLUGIN)
     (tmp_path / "loader.c").write_text(LOADER)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "libplugin.so", tmp_path / "plugin.c",
-                    f"-L{STANDIN_BUILD}", "-lcuda", "-ldl"], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-o",
+            tmp_path / "libplugin.so",
+            tmp_path / "plugin.c",
+            f"-L{STANDIN_BUILD}",
+            "-lcuda",
+            "-ldl",
+        ],
+        check=True,
+    )
     subprocess.run(["gcc", "-o", tmp_path / "loader", tmp_path / "loader.c", "-ldl"], check=True)
-    env = clean_env(LD_LIBRARY_PATH=str(STANDIN_BUILD), NVSHARE_SOCKET=str(tmp_path / "none.sock"),
-                    LD_PRELOAD=str(SHIM))
-    done = subprocess.run([tmp_path / "loader", tmp_path / "libplugin.so"], env=env, capture_output=True,
-                          text=True, timeout=60)
+    env = clean_env(
+        LD_LIBRARY_PATH=str(STANDIN_BUILD),
+        NVSHARE_SOCKET=str(tmp_path / "none.sock"),
+        LD_PRELOAD=str(SHIM),
+    )
+    done = subprocess.run(
+        [tmp_path / "loader", tmp_path / "libplugin.so"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     result = dict(line.split("=", 1) for line in done.stdout.splitlines())
     assert result["unhooked"].endswith("libcuda.so.1"), result

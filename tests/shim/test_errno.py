@@ -3,8 +3,9 @@ as it was, whether the call connected to the agent, waited for a grant, or
 found no agent at all."""
 
 from agent_harness import ShimClient
-from nvshare_agent import protocol
 from shim_harness import STANDIN_GPU
+
+from nvshare_agent import protocol
 
 GPU = protocol.parse_uuid(STANDIN_GPU)
 WORKLOAD = ("--errno", "--loops", 2, "--sleep-ms", 300, "--vmm", "--ipc", "--alloc", "pitch")

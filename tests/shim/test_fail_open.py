@@ -5,8 +5,9 @@ import os
 import signal
 
 from agent_harness import ShimClient, wait_until
-from nvshare_agent import protocol
 from shim_harness import STANDIN_GPU
+
+from nvshare_agent import protocol
 
 
 def test_client_finishes_without_agent_with_one_warning(world):
@@ -19,7 +20,10 @@ def test_client_finishes_without_agent_with_one_warning(world):
 
 def test_client_joins_an_agent_started_later(world):
     client = world.client("dlsym", "--duration-ms", 8000, "--sleep-ms", 100, "--launches", 2)
-    wait_until(lambda: [c for c in world.calls(client.pid) if c.gated], what="the client to run unscheduled")
+    wait_until(
+        lambda: [c for c in world.calls(client.pid) if c.gated],
+        what="the client to run unscheduled",
+    )
     agent = world.start_agent()
     agent.wait_for_log(rf"connect pid={client.pid}\b")
     agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b")
@@ -52,7 +56,7 @@ def test_client_waiting_for_a_grant_goes_on_when_the_agent_dies(world):
         client = world.client("procaddr", "--loops", 2)
         agent.wait_for_log(rf"request gpu={STANDIN_GPU} pid={client.pid}\b")
         assert not [c for c in world.calls(client.pid) if c.gated]
-        os.kill(agent.process.pid, signal.SIGKILL)     # no goodbye: the socket just closes
+        os.kill(agent.process.pid, signal.SIGKILL)  # no goodbye: the socket just closes
         agent.process.wait()
         client.finish_ok(timeout=30)
     assert len(client.warnings()) == 1, client.stderr

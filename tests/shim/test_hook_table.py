@@ -5,6 +5,7 @@ in the table would run ungated or unconverted without anyone noticing; these
 tests turn that into a failure.  tests/data/libcuda-exports.txt was read from
 the real driver on the H100 (see its header).
 """
+
 import pathlib
 import re
 import subprocess
@@ -20,10 +21,12 @@ EXPORTS = REPO / "tests" / "data" / "libcuda-exports.txt"
 # stream memory operations) or allocate device memory.
 SUBMITS_WORK = re.compile(
     r"^cu(Launch|GraphLaunch|GraphUpload|Memcpy|Memset|MemPrefetch|MemDiscard|"
-    r"MemBatchDecompress|StreamBatchMemOp|StreamWriteValue)")
+    r"MemBatchDecompress|StreamBatchMemOp|StreamWriteValue)"
+)
 ALLOCATES = re.compile(
     r"^cu(MemAlloc(?!Host)|MemCreate$|IpcOpenMemHandle|ArrayCreate|Array3DCreate|"
-    r"MipmappedArrayCreate|GraphAddMemAllocNode|MemPoolImportPointer)")
+    r"MipmappedArrayCreate|GraphAddMemAllocNode|MemPoolImportPointer)"
+)
 
 # The version-1 entry points take 32-bit device pointers (CUdeviceptr_v1) and
 # sizes; cuda.h has mapped these names to their _v2 since CUDA 3.2, and
@@ -31,34 +34,60 @@ ALLOCATES = re.compile(
 # the H100: notes/ptrcheck.txt), so no program built in this century reaches
 # them.  Their _v2 replacements are in the table (checked below).
 LEGACY_V1 = {
-    "cuMemAlloc", "cuMemAllocPitch", "cuMemcpy2D", "cuMemcpy2DAsync", "cuMemcpy2DUnaligned",
-    "cuMemcpy3D", "cuMemcpy3DAsync", "cuMemcpyAtoA", "cuMemcpyAtoD", "cuMemcpyAtoH",
-    "cuMemcpyAtoHAsync", "cuMemcpyDtoA", "cuMemcpyDtoD", "cuMemcpyDtoDAsync", "cuMemcpyDtoH",
-    "cuMemcpyDtoHAsync", "cuMemcpyHtoA", "cuMemcpyHtoAAsync", "cuMemcpyHtoD",
-    "cuMemcpyHtoDAsync", "cuMemsetD8", "cuMemsetD16", "cuMemsetD32", "cuMemsetD2D8",
-    "cuMemsetD2D16", "cuMemsetD2D32",
+    "cuMemAlloc",
+    "cuMemAllocPitch",
+    "cuMemcpy2D",
+    "cuMemcpy2DAsync",
+    "cuMemcpy2DUnaligned",
+    "cuMemcpy3D",
+    "cuMemcpy3DAsync",
+    "cuMemcpyAtoA",
+    "cuMemcpyAtoD",
+    "cuMemcpyAtoH",
+    "cuMemcpyAtoHAsync",
+    "cuMemcpyDtoA",
+    "cuMemcpyDtoD",
+    "cuMemcpyDtoDAsync",
+    "cuMemcpyDtoH",
+    "cuMemcpyDtoHAsync",
+    "cuMemcpyHtoA",
+    "cuMemcpyHtoAAsync",
+    "cuMemcpyHtoD",
+    "cuMemcpyHtoDAsync",
+    "cuMemsetD8",
+    "cuMemsetD16",
+    "cuMemsetD32",
+    "cuMemsetD2D8",
+    "cuMemsetD2D16",
+    "cuMemsetD2D32",
 }
 
 # Deliberately passed through untouched, each for a reason.
 EXEMPT = {
-    **{name: "CUDA arrays (textures, surfaces) cannot be managed memory; rare in ML "
-             "workloads; not counted"
-       for name in ("cuArrayCreate", "cuArrayCreate_v2", "cuArray3DCreate",
-                    "cuArray3DCreate_v2", "cuMipmappedArrayCreate")},
+    **{
+        name: "CUDA arrays (textures, surfaces) cannot be managed memory; rare in ML "
+        "workloads; not counted"
+        for name in (
+            "cuArrayCreate",
+            "cuArrayCreate_v2",
+            "cuArray3DCreate",
+            "cuArray3DCreate_v2",
+            "cuMipmappedArrayCreate",
+        )
+    },
     "cuGraphAddMemAllocNode": "graph memory nodes allocate when the graph is launched, and "
-                              "graph launches are gated; their memory cannot be managed",
+    "graph launches are gated; their memory cannot be managed",
     "cuMemPoolImportPointer": "imports another process's pool memory (IPC), which cannot be "
-                              "managed; the exporting process accounts for it",
+    "managed; the exporting process accounts for it",
 }
 
 
 def table_rows():
     text = HOOKS_H.read_text()
-    body = text[text.index("#define NVSHARE_HOOK_TABLE"):text.index("enum nvshare_hook_kind")]
+    body = text[text.index("#define NVSHARE_HOOK_TABLE") : text.index("enum nvshare_hook_kind")]
     rows = re.findall(r"\b(GATED|OWN)\((\w+),\s*(\w+)\)", body)
     assert rows, "no rows parsed from shim/hooks.h"
-    return [(name, kind if kind != "GATED" else "GATED", detail)
-            for kind, name, detail in rows]
+    return [(name, kind if kind != "GATED" else "GATED", detail) for kind, name, detail in rows]
 
 
 def exports():
@@ -73,9 +102,13 @@ def hooked_names():
 def test_every_function_that_submits_work_or_allocates_is_hooked():
     hooked = hooked_names()
     missing = sorted(
-        name for name in exports()
+        name
+        for name in exports()
         if (SUBMITS_WORK.match(name) or ALLOCATES.match(name))
-        and name not in hooked and name not in LEGACY_V1 and name not in EXEMPT)
+        and name not in hooked
+        and name not in LEGACY_V1
+        and name not in EXEMPT
+    )
     assert not missing, f"driver functions neither hooked nor exempted: {missing}"
 
 
@@ -118,8 +151,9 @@ def built_shim():
 
 
 def test_library_exports_exactly_the_table_and_dlsym(built_shim):
-    listing = subprocess.run(["nm", "-D", "--defined-only", str(built_shim)],
-                             capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(
+        ["nm", "-D", "--defined-only", str(built_shim)], capture_output=True, text=True, check=True
+    ).stdout
     symbols = {line.split()[-1] for line in listing.splitlines() if line.split()[1] in "TtWi"}
     # The driver's names carry the shim's version node; dlsym carries glibc's two.
     plain = {s.removesuffix("@@NVSHARE_1") for s in symbols}

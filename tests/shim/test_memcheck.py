@@ -15,8 +15,14 @@ import subprocess
 
 from shim_harness import SHIM_ASAN, STANDIN_GPU
 
-VALGRIND = ["valgrind", "-q", "--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite",
-            "--show-leak-kinds=definite"]
+VALGRIND = [
+    "valgrind",
+    "-q",
+    "--error-exitcode=99",
+    "--leak-check=full",
+    "--errors-for-leak-kinds=definite",
+    "--show-leak-kinds=definite",
+]
 WORKLOAD = ("--loops", 2, "--sleep-ms", 300, "--vmm", "--ipc", "--threads", 2, "--side-thread")
 
 
@@ -58,9 +64,13 @@ def test_forked_child_is_valgrind_clean(world, agent):
 
 def test_shim_is_asan_clean(world, agent):
     assert SHIM_ASAN.exists(), "no ASan build of the shim: run `make shim-asan` (make check does)"
-    libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    libasan = subprocess.run(
+        ["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True
+    ).stdout.strip()
     # The ASan runtime must come first when the program itself is not instrumented.
-    env = world.env(preload=f"{libasan} {SHIM_ASAN}", ASAN_OPTIONS="detect_leaks=1:exitcode=98:abort_on_error=0")
+    env = world.env(
+        preload=f"{libasan} {SHIM_ASAN}", ASAN_OPTIONS="detect_leaks=1:exitcode=98:abort_on_error=0"
+    )
     client = world.client("dlsym", *WORKLOAD, env=env)
     code = client.wait(timeout=120)
     assert code == 0, f"AddressSanitizer found errors (exit {code})\n{client.describe()}"
@@ -68,4 +78,3 @@ def test_shim_is_asan_clean(world, agent):
     assert result["result"] == "ok"
     assert "ERROR: AddressSanitizer" not in client.stderr and "LeakSanitizer" not in client.stderr
     agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b")
-

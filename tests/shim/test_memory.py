@@ -5,7 +5,6 @@ import re
 import subprocess
 
 import pytest
-
 from shim_harness import CLIENTS, REPO, STANDIN_GPU
 
 GIB = 1 << 30
@@ -14,7 +13,9 @@ GIB = 1 << 30
 @pytest.mark.parametrize("name", CLIENTS)
 def test_clients_work_against_the_standin_alone(world, name):
     # The fixture itself: no shim, no agent, device memory stays device memory.
-    client = world.client(name, "--loops", 2, "--fork", "--vmm", "--ipc", "--errno", env=world.env(preload=None))
+    client = world.client(
+        name, "--loops", 2, "--fork", "--vmm", "--ipc", "--errno", env=world.env(preload=None)
+    )
     result = client.finish_ok()
     assert result["managed"] == "0" and result["errno"] == "kept"
     assert result["fork_child"] == "ok" and result["vmm"] == "ok" and result["ipc"] == "ok"
@@ -22,15 +23,25 @@ def test_clients_work_against_the_standin_alone(world, name):
     assert world.calls(client.pid, "cuMemAlloc_v2")
 
 
-@pytest.mark.parametrize("name,alloc", [(n, "plain") for n in CLIENTS] + [("linked", "pitch"), ("dlsym", "async"),
-                                                                        ("procaddr", "pitch")])
+@pytest.mark.parametrize(
+    "name,alloc",
+    [(n, "plain") for n in CLIENTS]
+    + [("linked", "pitch"), ("dlsym", "async"), ("procaddr", "pitch")],
+)
 def test_device_allocations_become_managed(world, agent, name, alloc):
     client = world.client(name, "--alloc", alloc, "--loops", 2)
     result = client.finish_ok()
-    assert result["managed"] == "1", "cuPointerGetAttribute(IS_MANAGED) says the buffer is not managed"
+    assert result["managed"] == "1", (
+        "cuPointerGetAttribute(IS_MANAGED) says the buffer is not managed"
+    )
     functions = [c.function for c in world.calls(client.pid)]
     assert "cuMemAllocManaged" in functions
-    for device_alloc in ("cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz"):
+    for device_alloc in (
+        "cuMemAlloc_v2",
+        "cuMemAllocPitch_v2",
+        "cuMemAllocAsync",
+        "cuMemAllocAsync_ptsz",
+    ):
         assert device_alloc not in functions, f"{device_alloc} reached the driver"
     assert client.warnings() == []
 
@@ -45,7 +56,11 @@ def test_mem_get_info_reports_the_whole_gpu_less_own_allocations(world, agent, p
     # Under the shim the buffer is managed (the driver's free memory does not
     # move), yet the process must see what it would see on a GPU of its own.
     total, buffer = 8 * GIB, 64 << 20
-    env = world.env(STANDIN_TOTAL_MEM=total) if preload else world.env(STANDIN_TOTAL_MEM=total, preload=None)
+    env = (
+        world.env(STANDIN_TOTAL_MEM=total)
+        if preload
+        else world.env(STANDIN_TOTAL_MEM=total, preload=None)
+    )
     client = world.client("procaddr", "--meminfo", "--loops", 1, "--ints", buffer // 4, env=env)
     result = client.finish_ok()
     assert result["managed"] == ("1" if preload else "0")
@@ -58,15 +73,26 @@ def test_one_process_may_not_allocate_past_the_gpu(world, agent):
     client = world.client("linked", "--big-alloc", 2 * GIB, "--loops", 1, STANDIN_TOTAL_MEM=GIB)
     result = client.finish_ok()
     assert result["big_alloc"] == "CUDA_ERROR_OUT_OF_MEMORY"
-    assert not [c for c in world.calls(client.pid, "cuMemAllocManaged") if int(c.fields["bytes"]) == 2 * GIB]
+    assert not [
+        c for c in world.calls(client.pid, "cuMemAllocManaged") if int(c.fields["bytes"]) == 2 * GIB
+    ]
 
 
 def test_single_oversubscription_when_enabled(world, agent):
-    client = world.client("dlsym", "--big-alloc", 2 * GIB, "--loops", 1, STANDIN_TOTAL_MEM=GIB,
-                          NVSHARE_ENABLE_SINGLE_OVERSUB=1)
+    client = world.client(
+        "dlsym",
+        "--big-alloc",
+        2 * GIB,
+        "--loops",
+        1,
+        STANDIN_TOTAL_MEM=GIB,
+        NVSHARE_ENABLE_SINGLE_OVERSUB=1,
+    )
     result = client.finish_ok()
     assert result["big_alloc"] == "ok"
-    big = [c for c in world.calls(client.pid, "cuMemAllocManaged") if int(c.fields["bytes"]) == 2 * GIB]
+    big = [
+        c for c in world.calls(client.pid, "cuMemAllocManaged") if int(c.fields["bytes"]) == 2 * GIB
+    ]
     assert big and big[0].fields["result"] == "0"
 
 
@@ -74,11 +100,14 @@ def test_a_handle_opened_twice_is_counted_once_and_uncounted_at_its_last_close(w
     # The driver maps an IPC handle opened again in the same context once, counting
     # references; so must the shim, or the mapping stays counted after its last close.
     total, buffer = 8 * GIB, 64 << 20
-    client = world.client("linked", "--ipc", "--meminfo", "--loops", 1, "--ints", buffer // 4,
-                          STANDIN_TOTAL_MEM=total)
+    client = world.client(
+        "linked", "--ipc", "--meminfo", "--loops", 1, "--ints", buffer // 4, STANDIN_TOTAL_MEM=total
+    )
     result = client.finish_ok()
     assert result["ipc_same_mapping"] == "1"
-    assert int(result["mem_free_after_ipc"]) == int(result["mem_free_after_alloc"]) == total - buffer
+    assert (
+        int(result["mem_free_after_ipc"]) == int(result["mem_free_after_alloc"]) == total - buffer
+    )
 
 
 @pytest.mark.parametrize("order", ["unmap-then-release", "release-then-unmap"])
@@ -88,7 +117,9 @@ def test_vmm_memory_counts_until_both_unmapped_and_released(world, agent, order)
     # the workload also releases a handle it retained from the mapped address, as NCCL does).
     total, buffer = 8 * GIB, 64 << 20
     vmm = "--vmm" if order == "unmap-then-release" else "--vmm-release-first"
-    client = world.client("linked", vmm, "--meminfo", "--loops", 1, "--ints", buffer // 4, STANDIN_TOTAL_MEM=total)
+    client = world.client(
+        "linked", vmm, "--meminfo", "--loops", 1, "--ints", buffer // 4, STANDIN_TOTAL_MEM=total
+    )
     result = client.finish_ok()
     assert int(result["mem_free_vmm_mapped"]) == total - buffer - int(result["vmm_bytes"])
     assert int(result["mem_free_after_vmm"]) == total - buffer
@@ -104,7 +135,9 @@ def test_vmm_and_ipc_pass_through_with_one_warning_each(world, agent):
     assert len(warnings) == len(set(warnings)), f"a warning repeated:\n{client.stderr}"
     vmm = [w for w in warnings if "cuMemCreate" in w or "VMM" in w or "virtual memory" in w]
     ipc = [w for w in warnings if "Ipc" in w or "IPC" in w]
-    assert (len(vmm), len(ipc), len(warnings)) == (1, 1, 2), f"one warning each for VMM and IPC:\n{client.stderr}"
+    assert (len(vmm), len(ipc), len(warnings)) == (1, 1, 2), (
+        f"one warning each for VMM and IPC:\n{client.stderr}"
+    )
 
 
 def test_agent_learns_the_gpu_from_the_client(world, agent):
@@ -120,7 +153,9 @@ def prefetches(world, pid):
 def test_each_grant_prefetches_the_managed_memory(world, agent):
     client = world.client("linked", "--loops", 3, "--sleep-ms", 400, "--ints", 1 << 18)
     client.finish_ok()
-    grants = len(re.findall(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b", world.settled(agent, client)))
+    grants = len(
+        re.findall(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b", world.settled(agent, client))
+    )
     buffer = world.calls(client.pid, "cuMemAllocManaged")[0].fields["ptr"]
     mine = [c for c in prefetches(world, client.pid) if c.fields["ptr"] == buffer]
     assert len(mine) >= grants >= 3, f"{len(mine)} prefetches of the buffer for {grants} grants"
@@ -133,21 +168,50 @@ def test_prefetch_can_be_turned_off(world, agent):
     assert prefetches(world, client.pid) == []
 
 
-def test_a_shim_built_to_split_the_prefetch_covers_each_buffer_in_chunks_over_its_streams(world, agent, tmp_path):
+def test_a_shim_built_to_split_the_prefetch_covers_each_buffer_in_chunks_over_its_streams(
+    world, agent, tmp_path
+):
     """The build option bench/gpu/prefetch_split.py measures (the product's build makes one call)."""
     build = tmp_path / "split"
-    subprocess.run(["make", "-s", "-C", str(REPO / "shim"), f"BUILD={build}",
-                    "CPPFLAGS=-DNVSHARE_PREFETCH_STREAMS=4 -DNVSHARE_PREFETCH_CHUNK_BYTES=262144"], check=True)
-    client = world.client("linked", "--loops", 2, "--sleep-ms", 400, "--ints", 1 << 18,
-                          env=world.env() | {"LD_PRELOAD": str(build / "libnvshare.so")})
+    subprocess.run(
+        [
+            "make",
+            "-s",
+            "-C",
+            str(REPO / "shim"),
+            f"BUILD={build}",
+            "CPPFLAGS=-DNVSHARE_PREFETCH_STREAMS=4 -DNVSHARE_PREFETCH_CHUNK_BYTES=262144",
+        ],
+        check=True,
+    )
+    client = world.client(
+        "linked",
+        "--loops",
+        2,
+        "--sleep-ms",
+        400,
+        "--ints",
+        1 << 18,
+        env=world.env() | {"LD_PRELOAD": str(build / "libnvshare.so")},
+    )
     client.finish_ok()
     world.settled(agent, client)
     buffer = int(world.calls(client.pid, "cuMemAllocManaged")[0].fields["ptr"], 16)
-    chunks = [c for c in prefetches(world, client.pid)
-              if buffer <= int(c.fields["ptr"], 16) < buffer + (1 << 20)]
+    chunks = [
+        c
+        for c in prefetches(world, client.pid)
+        if buffer <= int(c.fields["ptr"], 16) < buffer + (1 << 20)
+    ]
     assert len(chunks) >= 8 and len(chunks) % 4 == 0, f"{len(chunks)} chunks for two grants or more"
     for grant in range(len(chunks) // 4):
-        one_grant = chunks[4 * grant:4 * grant + 4]
-        assert [int(c.fields["ptr"], 16) - buffer for c in one_grant] == [0, 1 << 18, 2 << 18, 3 << 18]
-        assert all(c.fields["bytes"] == str(1 << 18) and c.fields["result"] == "0" for c in one_grant)
+        one_grant = chunks[4 * grant : 4 * grant + 4]
+        assert [int(c.fields["ptr"], 16) - buffer for c in one_grant] == [
+            0,
+            1 << 18,
+            2 << 18,
+            3 << 18,
+        ]
+        assert all(
+            c.fields["bytes"] == str(1 << 18) and c.fields["result"] == "0" for c in one_grant
+        )
         assert len({c.fields["stream"] for c in one_grant}) == 4, "one chunk per stream"

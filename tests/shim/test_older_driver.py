@@ -13,10 +13,18 @@ CUDA_ERROR_NOT_FOUND = 500
 
 
 def test_calls_an_older_driver_lacks_answer_not_found():
-    env = clean_env(LD_LIBRARY_PATH=str(STANDIN_BUILD / "old"), LD_PRELOAD=str(SHIM),
-                    NVSHARE_SOCKET="/nonexistent/nvshare.sock")
-    done = subprocess.run([str(STANDIN_BUILD / "client_old_driver")], capture_output=True, text=True, env=env,
-                          timeout=60)
+    env = clean_env(
+        LD_LIBRARY_PATH=str(STANDIN_BUILD / "old"),
+        LD_PRELOAD=str(SHIM),
+        NVSHARE_SOCKET="/nonexistent/nvshare.sock",
+    )
+    done = subprocess.run(
+        [str(STANDIN_BUILD / "client_old_driver")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     line = done.stdout.strip().splitlines()[-1].split()
     assert line[0] == "client=old_driver"

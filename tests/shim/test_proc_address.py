@@ -35,19 +35,38 @@ PROBE = textwrap.dedent("""
 """)
 
 ASKED = [
-    ("cuGetProcAddress", 13000, 0), ("cuGetProcAddress", 11000, 0),
-    ("cuLaunchKernel", 13000, 0), ("cuLaunchKernel", 13000, 2), ("cuLaunchKernelEx", 12000, 2),
-    ("cuLaunchKernelEx", 11000, 0), ("cuLaunchCooperativeKernel", 13000, 2), ("cuGraphLaunch", 12000, 0),
-    ("cuMemAlloc", 3020, 0), ("cuMemAllocPitch", 13000, 0), ("cuMemAllocAsync", 12000, 2),
-    ("cuMemAllocAsync", 11000, 0), ("cuMemFree", 13000, 0), ("cuMemcpyHtoD", 13000, 2),
-    ("cuMemsetD32Async", 13000, 2), ("cuMemGetInfo", 13000, 0), ("cuNoSuchFunction", 13000, 0),
+    ("cuGetProcAddress", 13000, 0),
+    ("cuGetProcAddress", 11000, 0),
+    ("cuLaunchKernel", 13000, 0),
+    ("cuLaunchKernel", 13000, 2),
+    ("cuLaunchKernelEx", 12000, 2),
+    ("cuLaunchKernelEx", 11000, 0),
+    ("cuLaunchCooperativeKernel", 13000, 2),
+    ("cuGraphLaunch", 12000, 0),
+    ("cuMemAlloc", 3020, 0),
+    ("cuMemAllocPitch", 13000, 0),
+    ("cuMemAllocAsync", 12000, 2),
+    ("cuMemAllocAsync", 11000, 0),
+    ("cuMemFree", 13000, 0),
+    ("cuMemcpyHtoD", 13000, 2),
+    ("cuMemsetD32Async", 13000, 2),
+    ("cuMemGetInfo", 13000, 0),
+    ("cuNoSuchFunction", 13000, 0),
 ]
 
 
 def ask(asked):
-    env = clean_env(LD_LIBRARY_PATH=STANDIN_BUILD, LD_PRELOAD=SHIM, NVSHARE_SOCKET="/nonexistent/nvshare.sock")
-    done = subprocess.run([sys.executable, "-c", PROBE], input=json.dumps(asked), capture_output=True, text=True,
-                          env=env, timeout=60)
+    env = clean_env(
+        LD_LIBRARY_PATH=STANDIN_BUILD, LD_PRELOAD=SHIM, NVSHARE_SOCKET="/nonexistent/nvshare.sock"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        input=json.dumps(asked),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -59,9 +78,18 @@ def test_get_proc_address_hands_out_hooks_and_keeps_the_drivers_refusals():
         key = f"{name}@{version} flags={flags}"
         if name == "cuNoSuchFunction":
             assert (result, owner, status) == (500, None, 1), key
-        elif (name, version) in {("cuGetProcAddress", 11000), ("cuLaunchKernelEx", 11000),
-                                 ("cuMemAllocAsync", 11000)}:
-            assert (result, owner, status) == (0, None, 2), f"{key}: the driver's VERSION_NOT_SUFFICIENT"
+        elif (name, version) in {
+            ("cuGetProcAddress", 11000),
+            ("cuLaunchKernelEx", 11000),
+            ("cuMemAllocAsync", 11000),
+        }:
+            assert (result, owner, status) == (0, None, 2), (
+                f"{key}: the driver's VERSION_NOT_SUFFICIENT"
+            )
         else:
-            assert (result, owner, status) == (0, "libnvshare.so", 0), f"{key} escaped the shim: {owner}"
-    assert answers["v1:cuMemAlloc"][:2] == [0, "libnvshare.so"], "the v1 cuGetProcAddress escaped the shim"
+            assert (result, owner, status) == (0, "libnvshare.so", 0), (
+                f"{key} escaped the shim: {owner}"
+            )
+    assert answers["v1:cuMemAlloc"][:2] == [0, "libnvshare.so"], (
+        "the v1 cuGetProcAddress escaped the shim"
+    )

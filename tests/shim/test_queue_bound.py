@@ -13,9 +13,13 @@ BUSY = ("--loops", 1, "--launches", 1500, "--stream", "--launch", "kernel")
 
 
 def drop_to_release_ms(agent) -> list[float]:
-    return [float(v) for v in re.findall(
-        rf"release gpu={STANDIN_GPU} pid=\d+ lease=\d+ held_ms=[\d.]+ drop_to_release_ms=([\d.]+)",
-        agent.log())]
+    return [
+        float(v)
+        for v in re.findall(
+            rf"release gpu={STANDIN_GPU} pid=\d+ lease=\d+ held_ms=[\d.]+ drop_to_release_ms=([\d.]+)",
+            agent.log(),
+        )
+    ]
 
 
 def test_busy_holder_releases_soon_after_a_drop_request(world, agent):
@@ -35,11 +39,31 @@ def test_marks_are_rare_for_tiny_kernels_and_every_8_launches_for_long_ones(worl
     # launches, and stay at 8 when 8 launches already take 1/8 of the 50 ms bound.  The tiny
     # kernels take no time of their own: a stand-in usleep(1) lasts 55 us or far more on a
     # loaded machine, which once kept the windows narrow enough to exceed the count below.
-    tiny = world.client("linked", "--loops", 1, "--launches", 4000, "--stream", "--launch", "kernel",
-                        kernel_us=0, NVSHARE_MAX_QUEUED_MS=50)
+    tiny = world.client(
+        "linked",
+        "--loops",
+        1,
+        "--launches",
+        4000,
+        "--stream",
+        "--launch",
+        "kernel",
+        kernel_us=0,
+        NVSHARE_MAX_QUEUED_MS=50,
+    )
     tiny.finish_ok()
-    long = world.client("linked", "--loops", 1, "--launches", 400, "--stream", "--launch", "kernel",
-                        kernel_us=2000, NVSHARE_MAX_QUEUED_MS=50)
+    long = world.client(
+        "linked",
+        "--loops",
+        1,
+        "--launches",
+        400,
+        "--stream",
+        "--launch",
+        "kernel",
+        kernel_us=2000,
+        NVSHARE_MAX_QUEUED_MS=50,
+    )
     long.finish_ok()
     # The workload records two events of its own (start and stop of its timing).
     tiny_marks = len(world.calls(tiny.pid, "cuEventRecord")) - 2
@@ -55,10 +79,12 @@ def test_a_thread_waiting_in_the_bound_keeps_the_gpu_it_keeps_busy(world):
     # Kernels of 100 ms: every 8th launch the thread waits in the bound for up to 1.6 s of
     # its own queued work, passing no gate meanwhile. The GPU is busy with that work all the
     # while, so the idle release (300 ms) must not give it away: one grant each, in turn.
-    agent = world.start_agent(config="[scheduler]\ntime_quantum = 30\nanti_thrash = on\n"
-                                     "idle_release_ms = 300\n")
-    first = world.client("linked", *LONG_KERNELS, kernel_us=100_000, NVSHARE_MAX_QUEUED_MS=50,
-                         NVSHARE_DEBUG=1)
+    agent = world.start_agent(
+        config="[scheduler]\ntime_quantum = 30\nanti_thrash = on\nidle_release_ms = 300\n"
+    )
+    first = world.client(
+        "linked", *LONG_KERNELS, kernel_us=100_000, NVSHARE_MAX_QUEUED_MS=50, NVSHARE_DEBUG=1
+    )
     agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={first.pid}\b")
     second = world.client("linked", *LONG_KERNELS, kernel_us=100_000, NVSHARE_MAX_QUEUED_MS=50)
     first.finish_ok()

@@ -7,7 +7,6 @@ recursed in cuInit until its stack ran out."""
 import shutil
 
 import pytest
-
 from shim_harness import PORTABLE_SHIM, SHIM, STANDIN_GPU
 
 
@@ -21,7 +20,13 @@ def second_copy(tmp_path):
 
 @pytest.mark.parametrize("name", ["linked", "dlsym", "procaddr"])
 def test_a_second_copy_leaves_the_process_to_the_first(world, agent, second_copy, name):
-    client = world.client(name, "--loops", 2, "--stream", env=world.env(NVSHARE_DEBUG=1, preload=f"{SHIM} {second_copy}"))
+    client = world.client(
+        name,
+        "--loops",
+        2,
+        "--stream",
+        env=world.env(NVSHARE_DEBUG=1, preload=f"{SHIM} {second_copy}"),
+    )
     result = client.finish_ok()
     assert result["managed"] == "1", client.describe()
     assert client.stderr.count("another copy of libnvshare.so came first") == 1, client.describe()
@@ -29,7 +34,9 @@ def test_a_second_copy_leaves_the_process_to_the_first(world, agent, second_copy
     # One client of the agent, and all the work gated through it.
     assert log.count(f"INFO connect pid={client.pid} ") == 1, log
     assert f"grant gpu={STANDIN_GPU} pid={client.pid} " in log, log
-    assert [c for c in world.calls(client.pid) if c.function.startswith("cuLaunch")], "no launch reached the driver"
+    assert [c for c in world.calls(client.pid) if c.function.startswith("cuLaunch")], (
+        "no launch reached the driver"
+    )
 
 
 def test_the_portable_build_beside_the_hosts_in_either_order(world, agent):

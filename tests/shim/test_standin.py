@@ -38,8 +38,13 @@ PRELUDE = textwrap.dedent(f"""
 
 
 def run_python(body: str, **env) -> str:
-    done = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], capture_output=True, text=True,
-                          env=clean_env(**env), timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
+        capture_output=True,
+        text=True,
+        env=clean_env(**env),
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -47,25 +52,37 @@ def run_python(body: str, **env) -> str:
 # (name, cudaVersion, flags) -> exported symbol, or None for "newer than cudaVersion".
 # Taken from what driver 580 answered on the H100.
 EXPECTED = [
-    ("cuMemAlloc", 3020, 0, "cuMemAlloc_v2"), ("cuMemAlloc", 13000, 2, "cuMemAlloc_v2"),
-    ("cuMemFree", 12000, 0, "cuMemFree_v2"), ("cuMemGetInfo", 11000, 2, "cuMemGetInfo_v2"),
+    ("cuMemAlloc", 3020, 0, "cuMemAlloc_v2"),
+    ("cuMemAlloc", 13000, 2, "cuMemAlloc_v2"),
+    ("cuMemFree", 12000, 0, "cuMemFree_v2"),
+    ("cuMemGetInfo", 11000, 2, "cuMemGetInfo_v2"),
     ("cuMemAllocPitch", 13000, 0, "cuMemAllocPitch_v2"),
-    ("cuLaunchKernel", 3020, 0, None), ("cuLaunchKernel", 13000, 0, "cuLaunchKernel"),
-    ("cuLaunchKernel", 13000, 1, "cuLaunchKernel"), ("cuLaunchKernel", 13000, 2, "cuLaunchKernel_ptsz"),
-    ("cuLaunchKernelEx", 11000, 0, None), ("cuLaunchKernelEx", 12000, 2, "cuLaunchKernelEx_ptsz"),
+    ("cuLaunchKernel", 3020, 0, None),
+    ("cuLaunchKernel", 13000, 0, "cuLaunchKernel"),
+    ("cuLaunchKernel", 13000, 1, "cuLaunchKernel"),
+    ("cuLaunchKernel", 13000, 2, "cuLaunchKernel_ptsz"),
+    ("cuLaunchKernelEx", 11000, 0, None),
+    ("cuLaunchKernelEx", 12000, 2, "cuLaunchKernelEx_ptsz"),
     ("cuLaunchCooperativeKernel", 13000, 2, "cuLaunchCooperativeKernel_ptsz"),
     ("cuGraphLaunch", 12000, 2, "cuGraphLaunch_ptsz"),
-    ("cuMemcpyHtoD", 3020, 0, "cuMemcpyHtoD_v2"), ("cuMemcpyHtoD", 13000, 2, "cuMemcpyHtoD_v2_ptds"),
-    ("cuMemcpyHtoDAsync", 13000, 2, "cuMemcpyHtoDAsync_v2_ptsz"), ("cuMemcpy", 3020, 0, None),
-    ("cuMemcpy", 12000, 2, "cuMemcpy_ptds"), ("cuMemsetD8", 11000, 2, "cuMemsetD8_v2_ptds"),
+    ("cuMemcpyHtoD", 3020, 0, "cuMemcpyHtoD_v2"),
+    ("cuMemcpyHtoD", 13000, 2, "cuMemcpyHtoD_v2_ptds"),
+    ("cuMemcpyHtoDAsync", 13000, 2, "cuMemcpyHtoDAsync_v2_ptsz"),
+    ("cuMemcpy", 3020, 0, None),
+    ("cuMemcpy", 12000, 2, "cuMemcpy_ptds"),
+    ("cuMemsetD8", 11000, 2, "cuMemsetD8_v2_ptds"),
     ("cuMemsetD32Async", 13000, 2, "cuMemsetD32Async_ptsz"),
-    ("cuMemAllocAsync", 11000, 0, None), ("cuMemAllocAsync", 12000, 2, "cuMemAllocAsync_ptsz"),
+    ("cuMemAllocAsync", 11000, 0, None),
+    ("cuMemAllocAsync", 12000, 2, "cuMemAllocAsync_ptsz"),
     ("cuMemFreeAsync", 13000, 0, "cuMemFreeAsync"),
-    ("cuMemPrefetchAsync", 12000, 0, "cuMemPrefetchAsync"), ("cuMemPrefetchAsync", 13000, 0, "cuMemPrefetchAsync_v2"),
+    ("cuMemPrefetchAsync", 12000, 0, "cuMemPrefetchAsync"),
+    ("cuMemPrefetchAsync", 13000, 0, "cuMemPrefetchAsync_v2"),
     ("cuMemPrefetchAsync", 13000, 2, "cuMemPrefetchAsync_v2_ptsz"),
-    ("cuCtxSynchronize", 12000, 0, "cuCtxSynchronize"), ("cuCtxSynchronize", 13000, 0, "cuCtxSynchronize_v2"),
+    ("cuCtxSynchronize", 12000, 0, "cuCtxSynchronize"),
+    ("cuCtxSynchronize", 13000, 0, "cuCtxSynchronize_v2"),
     ("cuStreamSynchronize", 13000, 2, "cuStreamSynchronize_ptsz"),
-    ("cuGetProcAddress", 11000, 0, None), ("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"),
+    ("cuGetProcAddress", 11000, 0, None),
+    ("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"),
     ("cuGetProcAddress", 13000, 2, "cuGetProcAddress_v2"),
     ("cuModuleGetFunction", 13000, 0, "cuModuleGetFunction"),
 ]
@@ -127,7 +144,10 @@ def test_device_memory_is_limited_and_managed_memory_is_not():
         check(cuda.cuCtxSetCurrent(ctx), "set current")
         gib = 1 << 30
         assert cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(2 * gib)) == 2, "past the total: OOM"
-        check(cuda.cuMemAllocManaged(ctypes.byref(q), ctypes.c_size_t(4 * gib), 1), "managed may oversubscribe")
+        check(
+            cuda.cuMemAllocManaged(ctypes.byref(q), ctypes.c_size_t(4 * gib), 1),
+            "managed may oversubscribe",
+        )
         managed = ctypes.c_uint(7)
         check(cuda.cuPointerGetAttribute(ctypes.byref(managed), 8, q), "IS_MANAGED")
         assert managed.value == 1
@@ -142,10 +162,18 @@ def test_device_memory_is_limited_and_managed_memory_is_not():
 # (the call's result, the capture's status after it: 1 active, 2 invalidated).
 # Modes: 0 global, 1 thread-local, 2 relaxed.
 CAPTURE_RULES = [
-    (0, 0, "alloc", 900, 2), (0, 0, "query", 900, 2), (0, 0, "context_sync", 900, 2),
-    (0, 2, "alloc", 0, 1), (0, 2, "query", 0, 1), (0, 2, "context_sync", 900, 2),
-    (1, 0, "alloc", 0, 1), (1, 0, "query", 0, 1), (1, 2, "context_sync", 900, 2),
-    (2, 0, "alloc", 0, 1), (2, 0, "query", 0, 1), (2, 0, "context_sync", 900, 2),
+    (0, 0, "alloc", 900, 2),
+    (0, 0, "query", 900, 2),
+    (0, 0, "context_sync", 900, 2),
+    (0, 2, "alloc", 0, 1),
+    (0, 2, "query", 0, 1),
+    (0, 2, "context_sync", 900, 2),
+    (1, 0, "alloc", 0, 1),
+    (1, 0, "query", 0, 1),
+    (1, 2, "context_sync", 900, 2),
+    (2, 0, "alloc", 0, 1),
+    (2, 0, "query", 0, 1),
+    (2, 0, "context_sync", 900, 2),
 ]
 
 

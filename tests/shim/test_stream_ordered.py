@@ -9,25 +9,33 @@ SPIN_US = 300_000
 
 def real_frees(world, client):
     """The cuMemFree_v2 calls of client that freed something."""
-    return [c for c in world.calls(client.pid, "cuMemFree_v2") if int(c.fields.get("result", 0)) == 0]
+    return [
+        c for c in world.calls(client.pid, "cuMemFree_v2") if int(c.fields.get("result", 0)) == 0
+    ]
 
 
 def test_a_freed_block_comes_back_only_where_stream_order_allows(world, agent):
     client = world.client("stream_ordered", "reuse", kernel_us=SPIN_US)
     result = client.finish_ok()
     assert result["same_stream"] == "1", "the freeing stream could not reuse its block"
-    assert result["other_pending"] == "0", "another stream got a block its freeing stream still used"
+    assert result["other_pending"] == "0", (
+        "another stream got a block its freeing stream still used"
+    )
     assert result["other_done"] == "1", "a block whose stream was done did not come back"
     assert (result["bigger"], result["quarter"], result["smaller"]) == ("0", "0", "1")
     assert result["counted"] == "42"
-    assert result["freed_twice"] == "1", "freeing a parked block again must be CUDA_ERROR_INVALID_VALUE"
+    assert result["freed_twice"] == "1", (
+        "freeing a parked block again must be CUDA_ERROR_INVALID_VALUE"
+    )
     assert result["freed_twice_async"] == "1"
     # Fresh blocks only for a, c (other stream, pending), e (bigger) and f (quarter).
     fresh = world.calls(client.pid, "cuMemAllocManaged")
     assert len(fresh) == 4, [c.fields for c in fresh]
     # No free waited for its stream: the application thread's synchronisations are the
     # client's own four (the shim's client thread syncs its prefetch stream on grants).
-    on_app_thread = [c for c in world.calls(client.pid, "cuStreamSynchronize") if c.tid == client.pid]
+    on_app_thread = [
+        c for c in world.calls(client.pid, "cuStreamSynchronize") if c.tid == client.pid
+    ]
     assert len(on_app_thread) == 4, [c.fields for c in on_app_thread]
     assert client.warnings() == []
 
@@ -41,8 +49,11 @@ def test_parked_memory_is_bounded_and_gives_way_to_allocations(world, agent):
     freed = real_frees(world, client)
     # 4 over the cap as they are parked, 4 more for the big allocation, then the big one.
     assert len(freed) == 9, [c.fields for c in freed]
-    stale = [line for line in world.standin_log.read_text().splitlines()
-             if line.startswith(f"{client.pid} ") and "stale" in line]
+    stale = [
+        line
+        for line in world.standin_log.read_text().splitlines()
+        if line.startswith(f"{client.pid} ") and "stale" in line
+    ]
     assert not stale, stale[:5]
 
 
@@ -51,7 +62,7 @@ def test_a_context_parks_at_most_32_blocks(world, agent):
     client = world.client("stream_ordered", "cap", 40, kernel_us=10)
     assert client.finish_ok()["big_alloc"] == "ok"
     freed = real_frees(world, client)
-    assert len(freed) == 8 + 2, [c.fields for c in freed]     # and the huge and big ones
+    assert len(freed) == 8 + 2, [c.fields for c in freed]  # and the huge and big ones
 
 
 def test_a_pool_trim_frees_parked_blocks_down_to_what_it_keeps(world, agent):
@@ -60,4 +71,4 @@ def test_a_pool_trim_frees_parked_blocks_down_to_what_it_keeps(world, agent):
     assert client.finish_ok()["big_alloc"] == "ok"
     assert len(world.calls(client.pid, "cuMemPoolTrimTo")) == 1
     freed = real_frees(world, client)
-    assert len(freed) == 10 + 2, [c.fields for c in freed]    # and the huge and big ones
+    assert len(freed) == 10 + 2, [c.fields for c in freed]  # and the huge and big ones

@@ -26,12 +26,19 @@ def times(client) -> dict[str, float]:
 def test_a_long_prefetch_on_one_gpu_does_not_hold_up_the_other(world, agent):
     # GPU 0's grant prefetches for 3 s; thread B asks for GPU 1 0.5 s in and has nothing
     # to prefetch: it is granted, runs and finishes while GPU 0's prefetch goes on.
-    client = world.client("two_gpus", 500, kernel_us=1000, STANDIN_DEVICE_COUNT=2,
-                          STANDIN_PREFETCH_US=3_000_000, NVSHARE_DEBUG=1)
+    client = world.client(
+        "two_gpus",
+        500,
+        kernel_us=1000,
+        STANDIN_DEVICE_COUNT=2,
+        STANDIN_PREFETCH_US=3_000_000,
+        NVSHARE_DEBUG=1,
+    )
     seen = times(client)
     assert "prefetch gpu=0 allocations=1" in client.stderr, client.describe()
-    assert seen["b_done"] < seen["a_launched"], \
+    assert seen["b_done"] < seen["a_launched"], (
         f"GPU 1's work waited for GPU 0's prefetch: {seen}\n{client.describe()}"
+    )
 
 
 def test_a_long_drain_on_one_gpu_does_not_hold_up_the_other(world):
@@ -40,15 +47,26 @@ def test_a_long_drain_on_one_gpu_does_not_hold_up_the_other(world):
     # at the idle release (A's thread only waits), or, should that wait for the queue
     # bound's mark, at the drop request the agent sends after the 1 s quantum, as a second
     # process asks for GPU 0.  Thread B asks for GPU 1 2 s in, during that drain.
-    client = world.client("two_gpus", 2000, kernel_us=4_000_000, STANDIN_DEVICE_COUNT=2, NVSHARE_DEBUG=1)
+    client = world.client(
+        "two_gpus", 2000, kernel_us=4_000_000, STANDIN_DEVICE_COUNT=2, NVSHARE_DEBUG=1
+    )
     world.agent.wait_for_log(rf"grant gpu=\S+ pid={client.pid}\b")
-    rival = world.client("linked", "--loops", 1, "--launches", 1, kernel_us=1000, STANDIN_DEVICE_COUNT=2)
+    rival = world.client(
+        "linked", "--loops", 1, "--launches", 1, kernel_us=1000, STANDIN_DEVICE_COUNT=2
+    )
     seen = times(client)
     rival.finish_ok()
     log = world.settled(world.agent, client, rival)
-    drains = [float(ms) for ms in re.findall(r"release gpu=0 lease=\d+ reason=\w+ held_ms=[\d.]+ drain_ms=([\d.]+)",
-                                           client.stderr)]
-    assert drains and drains[0] > 2000, f"GPU 0 was not drained while its kernel ran\n{client.describe()}"
+    drains = [
+        float(ms)
+        for ms in re.findall(
+            r"release gpu=0 lease=\d+ reason=\w+ held_ms=[\d.]+ drain_ms=([\d.]+)", client.stderr
+        )
+    ]
+    assert drains and drains[0] > 2000, (
+        f"GPU 0 was not drained while its kernel ran\n{client.describe()}"
+    )
     assert "revoke" not in log, log
-    assert seen["b_launched"] < seen["a_done"] - 1.0, \
+    assert seen["b_launched"] < seen["a_done"] - 1.0, (
         f"GPU 1's work waited for GPU 0's drain: {seen}\n{client.describe()}\n{log}"
+    )

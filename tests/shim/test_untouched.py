@@ -5,13 +5,16 @@ import subprocess
 import sys
 
 import pytest
-
 from agent_harness import ShimClient
 from shim_harness import SHIM, STANDIN_BUILD, clean_env
 
 NONCUDA = STANDIN_BUILD / "noncuda"
-BAD_SETTINGS = {"NVSHARE_DEBUG": "verbose", "NVSHARE_MAX_QUEUED_MS": "-5", "NVSHARE_PREFETCH": "maybe",
-                "NVSHARE_ENABLE_SINGLE_OVERSUB": "2"}
+BAD_SETTINGS = {
+    "NVSHARE_DEBUG": "verbose",
+    "NVSHARE_MAX_QUEUED_MS": "-5",
+    "NVSHARE_PREFETCH": "maybe",
+    "NVSHARE_ENABLE_SINGLE_OVERSUB": "2",
+}
 
 
 def no_client_connected(world, agent) -> bool:
@@ -27,12 +30,18 @@ def run(argv, env):
 
 def report(stdout: str) -> dict:
     lines = stdout.splitlines()
-    env = sorted(line for line in lines if line.startswith("env ") and not line.startswith("env LD_PRELOAD="))
-    fields = dict(line.split("=", 1) for line in lines if not line.startswith("env ") and "=" in line)
+    env = sorted(
+        line for line in lines if line.startswith("env ") and not line.startswith("env LD_PRELOAD=")
+    )
+    fields = dict(
+        line.split("=", 1) for line in lines if not line.startswith("env ") and "=" in line
+    )
     return {**fields, "env": env}
 
 
-@pytest.mark.parametrize("settings", [{"NVSHARE_DEBUG": "1"}, BAD_SETTINGS], ids=["debug", "bad-settings"])
+@pytest.mark.parametrize(
+    "settings", [{"NVSHARE_DEBUG": "1"}, BAD_SETTINGS], ids=["debug", "bad-settings"]
+)
 def test_non_cuda_program_is_untouched(world, agent, settings):
     env = clean_env(NVSHARE_SOCKET=world.socket_path, LD_LIBRARY_PATH=STANDIN_BUILD, **settings)
     plain = run([NONCUDA], env)
@@ -43,13 +52,17 @@ def test_non_cuda_program_is_untouched(world, agent, settings):
     assert after["libnvshare"] == "1", "the preload did not happen at all"
     assert after["libcuda"] == "0", "the shim loaded libcuda in a process that never used CUDA"
     assert after["threads"] == before["threads"] == "1"
-    assert after["cuInit_found"] == before["cuInit_found"] == "0", "a probe for CUDA found the shim's cuInit"
+    assert after["cuInit_found"] == before["cuInit_found"] == "0", (
+        "a probe for CUDA found the shim's cuInit"
+    )
     assert after["fds"] == before["fds"]
     assert after["env"] == before["env"]
     assert no_client_connected(world, agent)
 
 
-@pytest.mark.parametrize("argv", [["/bin/true"], [sys.executable, "-c", "pass"]], ids=["true", "python"])
+@pytest.mark.parametrize(
+    "argv", [["/bin/true"], [sys.executable, "-c", "pass"]], ids=["true", "python"]
+)
 def test_common_programs_are_silent_under_the_preload(world, agent, argv):
     env = clean_env(NVSHARE_SOCKET=world.socket_path, NVSHARE_DEBUG="1", LD_PRELOAD=str(SHIM))
     done = run(argv, env)
@@ -65,7 +78,9 @@ def test_bad_settings_warn_once_each_and_defaults_apply(world, agent):
         named = [w for w in warnings if name in w]
         assert len(named) == 1, f"{name}: expected one warning\n{client.stderr}"
     assert len(warnings) == len(BAD_SETTINGS), client.stderr
-    assert not [line for line in client.stderr.splitlines() if not line.startswith("[nvshare] ")], client.stderr
+    assert not [line for line in client.stderr.splitlines() if not line.startswith("[nvshare] ")], (
+        client.stderr
+    )
 
 
 def test_hello_names_the_process(world, agent):

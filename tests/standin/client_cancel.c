@@ -73,7 +73,7 @@ int main(int argc, char **argv)
         return 1;
     }
     struct timespec pause = {0, 300 * 1000000L};
-    nanosleep(&pause, NULL);            /* long enough to be at the gate, or in the destruction */
+    nanosleep(&pause, NULL); /* long enough to be at the gate, or in the destruction */
     pthread_cancel(waiter);
     pthread_join(waiter, NULL);
 

@@ -95,7 +95,8 @@ static int beside(int launches)
     CHECK(cuStreamSynchronize(other));
     int counted = -1;
     CHECK(cuMemcpyDtoH_v2(&counted, work.counts, sizeof counted));
-    printf("client=capture result=ok status_before_end=%d end=%d counted=%d\n", status, (int)ended, counted);
+    printf("client=capture result=ok status_before_end=%d end=%d counted=%d\n", status, (int)ended,
+           counted);
     return 0;
 }
 
@@ -149,8 +150,8 @@ static int ended_elsewhere(int mode)
 }
 
 struct next_thread {
-    pthread_t first;        /* the thread that left its capture open */
-    int reused;             /* this thread got the first one's pthread_t */
+    pthread_t first; /* the thread that left its capture open */
+    int reused;      /* this thread got the first one's pthread_t */
     int failed;
 };
 
@@ -170,7 +171,8 @@ static void *work_if_reused(void *arg)
     struct next_thread *next = arg;
     next->reused = pthread_equal(pthread_self(), next->first);
     if (next->reused)
-        next->failed = cuCtxSetCurrent(context) != CUDA_SUCCESS || work_on_other_stream("reused=1") != 0;
+        next->failed =
+            cuCtxSetCurrent(context) != CUDA_SUCCESS || work_on_other_stream("reused=1") != 0;
     return NULL;
 }
 
@@ -185,7 +187,8 @@ static int left_open(void)
     int status = -1;
     CHECK(cuStreamIsCapturing(captured, &status));
     if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
-        printf("client=capture result=error the first thread's capture is not open (status %d)\n", status);
+        printf("client=capture result=error the first thread's capture is not open (status %d)\n",
+               status);
         return 1;
     }
     for (int tries = 0; tries < 100 && !next.reused; tries++) {
@@ -227,8 +230,8 @@ static int into_other(int mode)
         return 1;
     pthread_join(thread, NULL);
     CUresult ended = cuStreamEndCapture(captured, &graph);
-    printf("client=capture result=ok launched=%d set=%d end=%d\n", (int)work.launched, (int)work.set,
-           (int)ended);
+    printf("client=capture result=ok launched=%d set=%d end=%d\n", (int)work.launched,
+           (int)work.set, (int)ended);
     return 0;
 }
 
@@ -264,8 +267,9 @@ int main(int argc, char **argv)
     int is_into = argc == 3 && strcmp(argv[1], "into_other") == 0 &&
                   (strcmp(argv[2], "relaxed") == 0 || strcmp(argv[2], "global") == 0);
     if (!is_beside && !is_elsewhere && !is_left_open && !is_ended_by && !is_into) {
-        fprintf(stderr, "usage: client_capture beside LAUNCHES | ended_elsewhere relaxed|global | left_open"
-                        " | ended_by destroy|reset | into_other relaxed|global\n");
+        fprintf(stderr,
+                "usage: client_capture beside LAUNCHES | ended_elsewhere relaxed|global | left_open"
+                " | ended_by destroy|reset | into_other relaxed|global\n");
         return 2;
     }
     CUmodule module;
@@ -282,7 +286,7 @@ int main(int argc, char **argv)
         return ended_by(strcmp(argv[2], "reset") == 0);
     if (is_into)
         return into_other(strcmp(argv[2], "relaxed") == 0 ? CU_STREAM_CAPTURE_MODE_RELAXED
-                                                           : CU_STREAM_CAPTURE_MODE_GLOBAL);
+                                                          : CU_STREAM_CAPTURE_MODE_GLOBAL);
     return ended_elsewhere(strcmp(argv[2], "relaxed") == 0 ? CU_STREAM_CAPTURE_MODE_RELAXED
                                                            : CU_STREAM_CAPTURE_MODE_GLOBAL);
 }

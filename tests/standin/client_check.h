@@ -8,24 +8,24 @@
 
 #include "cuda_fixture.h"
 
-#define CLIENT_CHECK(client, call)                                                     \
-    do {                                                                               \
-        CUresult check_result_ = (call);                                               \
-        if (check_result_ != CUDA_SUCCESS) {                                           \
-            printf("client=" client " result=error call=%s error=%d\n", #call,         \
-                   (int)check_result_);                                                \
-            return 1;                                                                  \
-        }                                                                              \
+#define CLIENT_CHECK(client, call)                                             \
+    do {                                                                       \
+        CUresult check_result_ = (call);                                       \
+        if (check_result_ != CUDA_SUCCESS) {                                   \
+            printf("client=" client " result=error call=%s error=%d\n", #call, \
+                   (int)check_result_);                                        \
+            return 1;                                                          \
+        }                                                                      \
     } while (0)
 
 /* cuInit, then device 0's primary context, made current. */
-#define CLIENT_OPEN_PRIMARY_CONTEXT(client, context)                                   \
-    do {                                                                               \
-        CUdevice device_;                                                              \
-        CLIENT_CHECK(client, cuInit(0));                                               \
-        CLIENT_CHECK(client, cuDeviceGet(&device_, 0));                                \
-        CLIENT_CHECK(client, cuDevicePrimaryCtxRetain((context), device_));            \
-        CLIENT_CHECK(client, cuCtxSetCurrent(*(context)));                             \
+#define CLIENT_OPEN_PRIMARY_CONTEXT(client, context)                        \
+    do {                                                                    \
+        CUdevice device_;                                                   \
+        CLIENT_CHECK(client, cuInit(0));                                    \
+        CLIENT_CHECK(client, cuDeviceGet(&device_, 0));                     \
+        CLIENT_CHECK(client, cuDevicePrimaryCtxRetain((context), device_)); \
+        CLIENT_CHECK(client, cuCtxSetCurrent(*(context)));                  \
     } while (0)
 
 #endif

@@ -91,20 +91,20 @@ static int lifecycle(int launches)
     CHECK(cuCtxCreate_v2(&created, 0, device));
     if (launch_many("add_one", launches) != 0)
         return 1;
-    CHECK(cuMemAlloc_v2(&left_behind, 1 << 20));   /* freed by the driver with its context */
+    CHECK(cuMemAlloc_v2(&left_behind, 1 << 20)); /* freed by the driver with its context */
     CHECK(cuCtxDestroy_v2(created));
 
     CHECK(cuDevicePrimaryCtxRetain(&primary, device));
     CHECK(cuCtxSetCurrent(primary));
     if (launch_many("add_one", launches) != 0)
         return 1;
-    CHECK(cuDevicePrimaryCtxReset(device));         /* the name cudaDeviceReset reaches (CUDA 13) */
+    CHECK(cuDevicePrimaryCtxReset(device)); /* the name cudaDeviceReset reaches (CUDA 13) */
     CHECK(cuCtxSetCurrent(primary));
     if (launch_many("add_one", launches) != 0)
         return 1;
     CHECK(cuCtxSetCurrent(NULL));
     CHECK(cuDevicePrimaryCtxRelease_v2(device));
-    sleep_ms(300);                                  /* an idle release comes and goes */
+    sleep_ms(300); /* an idle release comes and goes */
     printf("client=contexts result=ok mode=lifecycle launches=%d\n", launches);
     return 0;
 }

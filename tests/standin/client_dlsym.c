@@ -13,14 +13,17 @@ static int load_dlsym(struct driver *driver, int per_thread)
         fprintf(stderr, "client_dlsym: %s\n", dlerror());
         return -1;
     }
-#define STANDIN_DLSYM(base, symbol)                                          \
-    if ((*(void **)&driver->base = dlsym(handle, #symbol)) == NULL) {       \
-        fprintf(stderr, "client_dlsym: no symbol %s\n", #symbol);           \
-        return -1;                                                          \
+#define STANDIN_DLSYM(base, symbol)                                   \
+    if ((*(void **)&driver->base = dlsym(handle, #symbol)) == NULL) { \
+        fprintf(stderr, "client_dlsym: no symbol %s\n", #symbol);     \
+        return -1;                                                    \
     }
     DRIVER_API(STANDIN_DLSYM)
 #undef STANDIN_DLSYM
     return 0;
 }
 
-int main(int argc, char **argv) { return client_main("dlsym", load_dlsym, argc, argv); }
+int main(int argc, char **argv)
+{
+    return client_main("dlsym", load_dlsym, argc, argv);
+}

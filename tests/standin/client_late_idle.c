@@ -41,7 +41,7 @@ struct destroyer {
     CUcontext context;
     pthread_mutex_t mutex;
     pthread_cond_t started;
-    double burst_done;          /* A, once the main thread has set it */
+    double burst_done; /* A, once the main thread has set it */
     long destroy_at_ms;
     double destroy_started, destroy_done;
     int failed;
@@ -75,7 +75,8 @@ int main(int argc, char **argv)
         return 2;
     }
     long b_start_ms = atol(argv[2]), b_end_ms = atol(argv[3]), tail_ms = atol(argv[4]);
-    struct destroyer d = {.mutex = PTHREAD_MUTEX_INITIALIZER, .started = PTHREAD_COND_INITIALIZER,
+    struct destroyer d = {.mutex = PTHREAD_MUTEX_INITIALIZER,
+                          .started = PTHREAD_COND_INITIALIZER,
                           .destroy_at_ms = atol(argv[1])};
     CUcontext primary;
     CUdevice device;
@@ -114,7 +115,8 @@ int main(int argc, char **argv)
     pthread_join(thread, NULL);
     if (d.failed)
         return 1;
-    printf("client=late_idle result=ok a=%.6f last_launch=%.6f destroy_started=%.6f destroy_done=%.6f\n",
+    printf("client=late_idle result=ok a=%.6f last_launch=%.6f destroy_started=%.6f "
+           "destroy_done=%.6f\n",
            a, last, d.destroy_started, d.destroy_done);
     return 0;
 }

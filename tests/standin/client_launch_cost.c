@@ -16,8 +16,8 @@
 #include "client_check.h"
 
 typedef void *(*dlsym_fn)(void *, const char *);
-typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                              CUstream, void **, void **);
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, unsigned, CUstream, void **, void **);
 
 static double now_ns(void)
 {
@@ -39,7 +39,8 @@ int main(int argc, char **argv)
     int blocks = argc > 1 ? atoi(argv[1]) : 20000;
     int per_block = argc > 2 ? atoi(argv[2]) : 64;
     if (blocks < 1 || per_block < 1) {
-        fprintf(stderr, "client_launch_cost: BLOCKS and LAUNCHES_PER_BLOCK must be positive numbers\n");
+        fprintf(stderr,
+                "client_launch_cost: BLOCKS and LAUNCHES_PER_BLOCK must be positive numbers\n");
         return 2;
     }
     CUcontext context;
@@ -61,8 +62,9 @@ int main(int argc, char **argv)
     }
     launch_fn paths[2] = {(launch_fn)glibc_dlsym(cuda, "cuLaunchKernel"), cuLaunchKernel};
     if (paths[0] == NULL || paths[0] == paths[1]) {
-        fprintf(stderr, "client_launch_cost: the hooked and the driver's cuLaunchKernel are one function: "
-                        "is the shim preloaded?\n");
+        fprintf(stderr,
+                "client_launch_cost: the hooked and the driver's cuLaunchKernel are one function: "
+                "is the shim preloaded?\n");
         return 1;
     }
 
@@ -72,7 +74,7 @@ int main(int argc, char **argv)
     const int warm_up = 200;
     for (int block = -warm_up; block < blocks; block++) {
         for (int turn = 0; turn < 2; turn++) {
-            int path = block < 0 ? turn : (block + turn) % 2;   /* the order flips every block */
+            int path = block < 0 ? turn : (block + turn) % 2; /* the order flips every block */
             double start = now_ns();
             for (int i = 0; i < per_block; i++)
                 if (paths[path](spin, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS) {

@@ -18,7 +18,7 @@ int main(void)
            "cuLaunchKernel=%d\n",
            cuMemAlloc_v2(&pointer, 64), cuMemAllocAsync(&pointer, 64, NULL), cuMemFree_v2(pointer),
            cuMemCreate(&handle, 1 << 21, &prop, 0), cuMemRelease(handle),
-           cuIpcOpenMemHandle_v2(&pointer, ipc, 0), cuIpcCloseMemHandle(pointer), cuStreamDestroy_v2(NULL),
-           cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+           cuIpcOpenMemHandle_v2(&pointer, ipc, 0), cuIpcCloseMemHandle(pointer),
+           cuStreamDestroy_v2(NULL), cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
     return 0;
 }

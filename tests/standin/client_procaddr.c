@@ -26,21 +26,29 @@ static int load_procaddr(struct driver *driver, int per_thread)
     }
     __typeof__(&cuGetProcAddress_v2) get_proc = NULL;
     CUdriverProcAddressQueryResult status;
-    if (bootstrap("cuGetProcAddress", (void **)&get_proc, CUDA_VERSION_ASKED, CU_GET_PROC_ADDRESS_DEFAULT,
-                  &status) != CUDA_SUCCESS || get_proc == NULL) {
-        fprintf(stderr, "client_procaddr: cuGetProcAddress did not resolve itself (status %d)\n", (int)status);
+    if (bootstrap("cuGetProcAddress", (void **)&get_proc, CUDA_VERSION_ASKED,
+                  CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
+        get_proc == NULL) {
+        fprintf(stderr, "client_procaddr: cuGetProcAddress did not resolve itself (status %d)\n",
+                (int)status);
         return -1;
     }
-    cuuint64_t flags = per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
-#define STANDIN_PROCADDR(base, symbol)                                                                   \
-    if (get_proc(#base, (void **)&driver->base, CUDA_VERSION_ASKED, flags, &status) != CUDA_SUCCESS ||   \
-        driver->base == NULL) {                                                                          \
-        fprintf(stderr, "client_procaddr: cuGetProcAddress(%s) failed (status %d)\n", #base, (int)status); \
-        return -1;                                                                                       \
+    cuuint64_t flags =
+        per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
+#define STANDIN_PROCADDR(base, symbol)                                                       \
+    if (get_proc(#base, (void **)&driver->base, CUDA_VERSION_ASKED, flags, &status) !=       \
+            CUDA_SUCCESS ||                                                                  \
+        driver->base == NULL) {                                                              \
+        fprintf(stderr, "client_procaddr: cuGetProcAddress(%s) failed (status %d)\n", #base, \
+                (int)status);                                                                \
+        return -1;                                                                           \
     }
     DRIVER_API(STANDIN_PROCADDR)
 #undef STANDIN_PROCADDR
     return 0;
 }
 
-int main(int argc, char **argv) { return client_main("procaddr", load_procaddr, argc, argv); }
+int main(int argc, char **argv)
+{
+    return client_main("procaddr", load_procaddr, argc, argv);
+}

@@ -44,12 +44,12 @@ static int reuse(void)
     CHECK(cuMemAllocAsync(&a, MIB, first));
     CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, first, NULL, NULL));
     CHECK(cuMemFreeAsync(a, first));
-    CHECK(cuMemAllocAsync(&b, MIB, first));             /* behind the free on the same stream */
+    CHECK(cuMemAllocAsync(&b, MIB, first)); /* behind the free on the same stream */
     CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, first, NULL, NULL));
     CHECK(cuMemFreeAsync(b, first));
-    CHECK(cuMemAllocAsync(&c, MIB, second));            /* first still spins: b is not free yet */
+    CHECK(cuMemAllocAsync(&c, MIB, second)); /* first still spins: b is not free yet */
     CHECK(cuStreamSynchronize(first));
-    CHECK(cuMemAllocAsync(&d, MIB, second));            /* now it is */
+    CHECK(cuMemAllocAsync(&d, MIB, second)); /* now it is */
 
     CHECK(cuMemFreeAsync(d, second));
     CHECK(cuStreamSynchronize(second));
@@ -73,9 +73,10 @@ static int reuse(void)
     CHECK(cuStreamDestroy_v2(first));
     CHECK(cuStreamDestroy_v2(second));
     CHECK(cuModuleUnload(module));
-    printf("client=stream_ordered result=ok same_stream=%d other_pending=%d other_done=%d bigger=%d "
-           "quarter=%d smaller=%d counted=%d freed_twice=%d freed_twice_async=%d\n",
-           b == a, c == b, d == b, e == d, f == d, g == d, counted, (int)twice, (int)twice_async);
+    printf(
+        "client=stream_ordered result=ok same_stream=%d other_pending=%d other_done=%d bigger=%d "
+        "quarter=%d smaller=%d counted=%d freed_twice=%d freed_twice_async=%d\n",
+        b == a, c == b, d == b, e == d, f == d, g == d, counted, (int)twice, (int)twice_async);
     return 0;
 }
 
@@ -90,7 +91,7 @@ static int cap(int blocks, int trim)
         CHECK(cuMemAllocAsync(&pointers[i], MIB, stream));
     for (int i = 0; i < blocks; i++)
         CHECK(cuMemFreeAsync(pointers[i], stream));
-    if (trim)   /* the stand-in's pools are only handles: any non-NULL one will do */
+    if (trim) /* the stand-in's pools are only handles: any non-NULL one will do */
         CHECK(cuMemPoolTrimTo((CUmemoryPool)&stream, 2 * MIB));
     CUresult huge = cuMemAlloc_v2(&big, 80 * MIB);
     if (huge == CUDA_SUCCESS)
@@ -99,8 +100,8 @@ static int cap(int blocks, int trim)
     if (result == CUDA_SUCCESS)
         CHECK(cuMemFree_v2(big));
     CHECK(cuStreamDestroy_v2(stream));
-    printf("client=stream_ordered result=ok huge_alloc=%s big_alloc=%s\n", huge == CUDA_SUCCESS ? "ok" : "refused",
-           result == CUDA_SUCCESS ? "ok" : "refused");
+    printf("client=stream_ordered result=ok huge_alloc=%s big_alloc=%s\n",
+           huge == CUDA_SUCCESS ? "ok" : "refused", result == CUDA_SUCCESS ? "ok" : "refused");
     return 0;
 }
 

@@ -78,7 +78,8 @@ int main(int argc, char **argv)
         printf("client=two_gpus result=error devices=%d (STANDIN_DEVICE_COUNT=2)\n", count);
         return 1;
     }
-    struct thread_run a = {.device = 0, .allocate = 1}, b = {.device = 1, .delay_ms = atol(argv[1])};
+    struct thread_run a = {.device = 0, .allocate = 1},
+                      b = {.device = 1, .delay_ms = atol(argv[1])};
     pthread_t thread_a, thread_b;
     pthread_create(&thread_a, NULL, thread_main, &a);
     pthread_create(&thread_b, NULL, thread_main, &b);

@@ -15,9 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef int CUresult;                       /* enum cudaError_enum */
+typedef int CUresult; /* enum cudaError_enum */
 typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;     /* CUdeviceptr_v2 */
+typedef unsigned long long CUdeviceptr; /* CUdeviceptr_v2 */
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef unsigned long long cuuint64_t;
 typedef struct CUctx_st *CUcontext;
@@ -31,8 +31,12 @@ typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef void (*CUhostFn)(void *userData);
 typedef void (*CUstreamCallback)(CUstream stream, CUresult status, void *userData);
 
-typedef struct { char bytes[16]; } CUuuid;
-typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef struct {
+    char bytes[16];
+} CUuuid;
+typedef struct {
+    char reserved[64];
+} CUipcMemHandle;
 
 /* CUresult values used here */
 enum {
@@ -56,11 +60,19 @@ enum {
 };
 
 /* CUstreamCaptureMode and CUstreamCaptureStatus */
-enum { CU_STREAM_CAPTURE_MODE_GLOBAL = 0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1, CU_STREAM_CAPTURE_MODE_RELAXED = 2 };
-enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1, CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2 };
+enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2
+};
+enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+};
 
 /* Special stream handles */
-#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_LEGACY     ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 /* cuGetProcAddress flags and symbol status */
@@ -108,12 +120,15 @@ enum {
 };
 
 /* cuMemPrefetchAsync_v2's location (CUmemLocation), passed by value */
-typedef struct { int type; int id; } CUmemLocation;
+typedef struct {
+    int type;
+    int id;
+} CUmemLocation;
 enum { CU_MEM_LOCATION_TYPE_DEVICE = 1, CU_MEM_LOCATION_TYPE_HOST = 2 };
 
 /* VMM */
 typedef struct {
-    int type;                               /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+    int type; /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
     int requestedHandleTypes;
     CUmemLocation location;
     void *win32HandleMetaData;
@@ -124,10 +139,17 @@ typedef struct {
         unsigned char reserved[4];
     } allocFlags;
 } CUmemAllocationProp;
-typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
+typedef struct {
+    CUmemLocation location;
+    int flags;
+} CUmemAccessDesc;
 
 /* cuLaunchKernelEx */
-typedef struct { int id; int pad; char value[64]; } CUlaunchAttribute;
+typedef struct {
+    int id;
+    int pad;
+    char value[64];
+} CUlaunchAttribute;
 typedef struct {
     unsigned int gridDimX, gridDimY, gridDimZ;
     unsigned int blockDimX, blockDimY, blockDimZ;
@@ -186,8 +208,10 @@ CUresult cuStreamQuery(CUstream stream);
 CUresult cuStreamQuery_ptsz(CUstream stream);
 CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags);
 CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event, unsigned int flags);
-CUresult cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void *userData, unsigned int flags);
-CUresult cuStreamAddCallback_ptsz(CUstream stream, CUstreamCallback callback, void *userData, unsigned int flags);
+CUresult cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void *userData,
+                             unsigned int flags);
+CUresult cuStreamAddCallback_ptsz(CUstream stream, CUstreamCallback callback, void *userData,
+                                  unsigned int flags);
 CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *userData);
 CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void *userData);
 CUresult cuEventCreate(CUevent *event, unsigned int flags);
@@ -206,8 +230,10 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widthBytes,
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags);
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream);
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream);
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream);
-CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                 CUstream stream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                      CUstream stream);
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream);
@@ -215,9 +241,10 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);
 CUresult cuMemPrefetchAsync(CUdeviceptr dptr, size_t count, CUdevice dstDevice, CUstream stream);
-CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr dptr, size_t count, CUdevice dstDevice, CUstream stream);
-CUresult cuMemPrefetchAsync_v2(CUdeviceptr dptr, size_t count, CUmemLocation location, unsigned int flags,
-                               CUstream stream);
+CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr dptr, size_t count, CUdevice dstDevice,
+                                 CUstream stream);
+CUresult cuMemPrefetchAsync_v2(CUdeviceptr dptr, size_t count, CUmemLocation location,
+                               unsigned int flags, CUstream stream);
 CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr dptr, size_t count, CUmemLocation location,
                                     unsigned int flags, CUstream stream);
 
@@ -251,23 +278,28 @@ CUresult cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned int value, size_t count
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleUnload(CUmodule module);
 CUresult cuModuleGetFunction(CUfunction *fn, CUmodule module, const char *name);
-CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
-                        unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
-                        unsigned int sharedMemBytes, CUstream stream, void **kernelParams, void **extra);
+CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                        unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                        unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream stream,
+                        void **kernelParams, void **extra);
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                              unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
                              unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream stream,
                              void **kernelParams, void **extra);
-CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
-CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                          void **extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                               void **extra);
 CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
-                                   unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
-                                   unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream stream,
+                                   unsigned int gridDimZ, unsigned int blockDimX,
+                                   unsigned int blockDimY, unsigned int blockDimZ,
+                                   unsigned int sharedMemBytes, CUstream stream,
                                    void **kernelParams);
 CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                                         unsigned int gridDimZ, unsigned int blockDimX,
                                         unsigned int blockDimY, unsigned int blockDimZ,
-                                        unsigned int sharedMemBytes, CUstream stream, void **kernelParams);
+                                        unsigned int sharedMemBytes, CUstream stream,
+                                        void **kernelParams);
 
 /* Graphs: a fake graph is one "spin" kernel */
 CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
@@ -287,9 +319,10 @@ CUresult cuStreamIsCapturing_ptsz(CUstream stream, int *status);
 CUresult cuThreadExchangeStreamCaptureMode(int *mode);
 
 /* VMM and IPC: what the shim passes through */
-CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, int option);
-CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes, const CUmemAllocationProp *prop,
-                     unsigned long long flags);
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                       int option);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
+                     const CUmemAllocationProp *prop, unsigned long long flags);
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t bytes, size_t alignment, CUdeviceptr addr,

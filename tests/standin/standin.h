@@ -21,8 +21,8 @@
 void standin_log(const char *function, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- global state (standin_core.c) ---- */
-extern pthread_mutex_t standin_lock;        /* guards every table below */
-extern pthread_cond_t standin_progress;     /* broadcast whenever a stream completes work */
+extern pthread_mutex_t standin_lock;    /* guards every table below */
+extern pthread_cond_t standin_progress; /* broadcast whenever a stream completes work */
 int standin_initialised(void);
 int standin_device_count(void);
 size_t standin_total_mem(void);
@@ -32,8 +32,8 @@ int standin_launch_noop(void);
 /* STANDIN_LAUNCH_US: microseconds a launch spends in the driver before its kernel is queued
  * (widens the window in which a launch is between the shim's gate and the GPU). */
 unsigned standin_launch_us(void);
-unsigned standin_prefetch_us(void);   /* each cuMemPrefetchAsync call takes this long */
-unsigned standin_ctx_destroy_us(void);   /* and each cuCtxDestroy (freeing its memory) */
+unsigned standin_prefetch_us(void);    /* each cuMemPrefetchAsync call takes this long */
+unsigned standin_ctx_destroy_us(void); /* and each cuCtxDestroy (freeing its memory) */
 
 struct CUctx_st {
     uint32_t magic;
@@ -53,30 +53,68 @@ CUresult standin_require_ctx(void);
 
 /* ---- streams (standin_streams.c) ---- */
 enum standin_op_kind {
-    OP_KERNEL, OP_COPY, OP_MEMSET, OP_HOST_FN, OP_CALLBACK, OP_EVENT, OP_WAIT_EVENT, OP_FREE, OP_NOTHING
+    OP_KERNEL,
+    OP_COPY,
+    OP_MEMSET,
+    OP_HOST_FN,
+    OP_CALLBACK,
+    OP_EVENT,
+    OP_WAIT_EVENT,
+    OP_FREE,
+    OP_NOTHING
 };
 struct standin_op {
     struct standin_op *next;
     enum standin_op_kind kind;
     uint64_t seq;
     union {
-        struct { int kernel; CUdeviceptr ptr; int count; const char *via; } kernel;
-        struct { void *dst; const void *src; size_t bytes; void *staging; } copy;  /* staging: freed after */
-        struct { void *dst; unsigned value; unsigned width; size_t count; } memset;
-        struct { CUhostFn fn; void *data; } host;
-        struct { CUstreamCallback fn; void *data; CUstream stream; } callback;
-        struct { CUevent event; uint64_t generation; } event;
-        struct { CUevent event; uint64_t generation; } wait;
-        struct { CUdeviceptr ptr; } free;
+        struct {
+            int kernel;
+            CUdeviceptr ptr;
+            int count;
+            const char *via;
+        } kernel;
+        struct {
+            void *dst;
+            const void *src;
+            size_t bytes;
+            void *staging;
+        } copy; /* staging: freed after */
+        struct {
+            void *dst;
+            unsigned value;
+            unsigned width;
+            size_t count;
+        } memset;
+        struct {
+            CUhostFn fn;
+            void *data;
+        } host;
+        struct {
+            CUstreamCallback fn;
+            void *data;
+            CUstream stream;
+        } callback;
+        struct {
+            CUevent event;
+            uint64_t generation;
+        } event;
+        struct {
+            CUevent event;
+            uint64_t generation;
+        } wait;
+        struct {
+            CUdeviceptr ptr;
+        } free;
     } u;
 };
 
 struct CUevent_st {
     uint32_t magic;
-    CUcontext ctx;                          /* made in; its teardown retires the event */
-    struct CUevent_st *next_event;          /* every live or retired event */
-    uint64_t generation;                    /* number of records so far */
-    uint64_t done_generation;               /* the last record the fake GPU reached */
+    CUcontext ctx;                 /* made in; its teardown retires the event */
+    struct CUevent_st *next_event; /* every live or retired event */
+    uint64_t generation;           /* number of records so far */
+    uint64_t done_generation;      /* the last record the fake GPU reached */
     struct timespec when;
 };
 #define EVENT_MAGIC 0x45564e54u
@@ -84,7 +122,8 @@ struct CUevent_st {
 struct standin_op *standin_new_op(enum standin_op_kind kind);
 /* Queues op on the stream after the checks every stream call makes (context,
  * valid handle) and logs "<function> <detail> stream=.. seq=.. result=..". */
-CUresult standin_submit(const char *function, CUstream handle, struct standin_op *op, const char *detail);
+CUresult standin_submit(const char *function, CUstream handle, struct standin_op *op,
+                        const char *detail);
 /* Executes a kernel op (standin_launch.c), on the stream's worker. */
 void standin_run_kernel(struct standin_op *op);
 
@@ -123,7 +162,14 @@ void standin_capture_end_where(CUstream handle, CUcontext ctx, const char *by);
 void standin_capture_after_fork_child(void);
 
 /* ---- memory (standin_memory.c) ---- */
-enum standin_alloc_kind { KIND_DEVICE, KIND_MANAGED, KIND_ASYNC, KIND_IPC, KIND_VMM_RESERVE, KIND_VMM_MAPPING };
+enum standin_alloc_kind {
+    KIND_DEVICE,
+    KIND_MANAGED,
+    KIND_ASYNC,
+    KIND_IPC,
+    KIND_VMM_RESERVE,
+    KIND_VMM_MAPPING
+};
 /* Table of fake allocations; each takes standin_lock itself. */
 int standin_track(CUdeviceptr ptr, size_t bytes, enum standin_alloc_kind kind, CUdevice dev);
 /* Removes the entry of that kind starting at ptr; its size in *bytes. 0 when found. */

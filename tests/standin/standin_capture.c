@@ -37,12 +37,12 @@ struct capture {
     int invalidated;
     CUstream stream;
     int mode;
-    CUcontext ctx;          /* current when it began */
-    unsigned long owner;    /* thread_number() of the thread that began it */
+    CUcontext ctx;       /* current when it began */
+    unsigned long owner; /* thread_number() of the thread that began it */
     unsigned nodes;
 };
 
-static struct capture captures[CAPTURES];         /* guarded by standin_lock */
+static struct capture captures[CAPTURES]; /* guarded by standin_lock */
 static __thread int thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 /* A thread's capture state lives with the thread (the driver's, like this
@@ -50,7 +50,7 @@ static __thread int thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
  * pthread_t owns none of its captures. */
 static unsigned long thread_number(void)
 {
-    static unsigned long next = 1;      /* guarded by standin_lock */
+    static unsigned long next = 1; /* guarded by standin_lock */
     static __thread unsigned long number;
     if (number == 0)
         number = next++;
@@ -102,7 +102,8 @@ CUresult standin_capture_check_unsafe(const char *function)
             continue;
         int own = c->owner == self;
         if ((own && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
-            (!own && thread_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+            (!own && thread_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+             c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
             invalidate(c, function);
             result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
@@ -151,7 +152,8 @@ static CUresult begin(const char *function, CUstream handle, int per_thread, int
         result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     else if (result == CUDA_SUCCESS && standin_stream(handle) == NULL)
         result = CUDA_ERROR_INVALID_HANDLE;
-    else if (result == CUDA_SUCCESS && (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED))
+    else if (result == CUDA_SUCCESS &&
+             (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED))
         result = CUDA_ERROR_INVALID_VALUE;
     if (result == CUDA_SUCCESS) {
         pthread_mutex_lock(&standin_lock);
@@ -163,18 +165,33 @@ static CUresult begin(const char *function, CUstream handle, int per_thread, int
         else if (slot == NULL)
             result = CUDA_ERROR_OUT_OF_MEMORY;
         else
-            *slot = (struct capture){.in_use = 1, .stream = handle, .mode = mode,
-                                     .ctx = standin_current_ctx(), .owner = thread_number()};
+            *slot = (struct capture){.in_use = 1,
+                                     .stream = handle,
+                                     .mode = mode,
+                                     .ctx = standin_current_ctx(),
+                                     .owner = thread_number()};
         pthread_mutex_unlock(&standin_lock);
     }
     standin_log(function, "stream=%p mode=%d result=%d", (void *)handle, mode, result);
     return result;
 }
 
-STANDIN_EXPORT CUresult cuStreamBeginCapture(CUstream s) { return begin("cuStreamBeginCapture", s, 0, CU_STREAM_CAPTURE_MODE_GLOBAL); }
-STANDIN_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) { return begin("cuStreamBeginCapture_ptsz", s, 1, CU_STREAM_CAPTURE_MODE_GLOBAL); }
-STANDIN_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) { return begin("cuStreamBeginCapture_v2", s, 0, mode); }
-STANDIN_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) { return begin("cuStreamBeginCapture_v2_ptsz", s, 1, mode); }
+STANDIN_EXPORT CUresult cuStreamBeginCapture(CUstream s)
+{
+    return begin("cuStreamBeginCapture", s, 0, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+STANDIN_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s)
+{
+    return begin("cuStreamBeginCapture_ptsz", s, 1, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+STANDIN_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
+{
+    return begin("cuStreamBeginCapture_v2", s, 0, mode);
+}
+STANDIN_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode)
+{
+    return begin("cuStreamBeginCapture_v2_ptsz", s, 1, mode);
+}
 
 static CUresult end(const char *function, CUstream handle, int per_thread, CUgraph *graph)
 {
@@ -205,8 +222,14 @@ static CUresult end(const char *function, CUstream handle, int per_thread, CUgra
     return result;
 }
 
-STANDIN_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) { return end("cuStreamEndCapture", s, 0, g); }
-STANDIN_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) { return end("cuStreamEndCapture_ptsz", s, 1, g); }
+STANDIN_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+    return end("cuStreamEndCapture", s, 0, g);
+}
+STANDIN_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g)
+{
+    return end("cuStreamEndCapture_ptsz", s, 1, g);
+}
 
 static CUresult is_capturing(const char *function, CUstream handle, int per_thread, int *status)
 {
@@ -219,19 +242,27 @@ static CUresult is_capturing(const char *function, CUstream handle, int per_thre
         return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&standin_lock);
     struct capture *c = find(handle);
-    *status = c == NULL ? CU_STREAM_CAPTURE_STATUS_NONE
-              : c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    *status = c == NULL        ? CU_STREAM_CAPTURE_STATUS_NONE
+              : c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                               : CU_STREAM_CAPTURE_STATUS_ACTIVE;
     pthread_mutex_unlock(&standin_lock);
     standin_log(function, "stream=%p status=%d", (void *)handle, *status);
     return CUDA_SUCCESS;
 }
 
-STANDIN_EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) { return is_capturing("cuStreamIsCapturing", s, 0, status); }
-STANDIN_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return is_capturing("cuStreamIsCapturing_ptsz", s, 1, status); }
+STANDIN_EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status)
+{
+    return is_capturing("cuStreamIsCapturing", s, 0, status);
+}
+STANDIN_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status)
+{
+    return is_capturing("cuStreamIsCapturing_ptsz", s, 1, status);
+}
 
 STANDIN_EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode)
 {
-    if (mode == NULL || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+    if (mode == NULL || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL ||
+        *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
         return CUDA_ERROR_INVALID_VALUE;
     int previous = thread_mode;
     thread_mode = *mode;

@@ -69,8 +69,14 @@ static CUresult device_uuid(const char *function, CUuuid *uuid, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-STANDIN_EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return device_uuid("cuDeviceGetUuid", uuid, dev); }
-STANDIN_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return device_uuid("cuDeviceGetUuid_v2", uuid, dev); }
+STANDIN_EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    return device_uuid("cuDeviceGetUuid", uuid, dev);
+}
+STANDIN_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    return device_uuid("cuDeviceGetUuid_v2", uuid, dev);
+}
 
 STANDIN_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
@@ -92,19 +98,34 @@ STANDIN_EXPORT CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice de
     if (value == NULL || attrib < 1 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
         return CUDA_ERROR_INVALID_VALUE;
     switch (attrib) {
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *value = 32; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = 132; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *value = dev + 1; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = 9; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+        *value = 1024;
+        break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+        *value = 32;
+        break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+        *value = 132;
+        break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+        *value = dev + 1;
+        break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+        *value = 9;
+        break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+        *value = 0;
+        break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
     case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
     case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *value = 1; break;
-    default: *value = 0;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+        *value = 1;
+        break;
+    default:
+        *value = 0;
     }
     return CUDA_SUCCESS;
 }
@@ -112,11 +133,14 @@ STANDIN_EXPORT CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice de
 /* ---- contexts ---- */
 #define CTX_STACK_DEPTH 16
 static __thread CUcontext ctx_stack[CTX_STACK_DEPTH];
-static __thread int ctx_depth;                  /* entries used; the top is current */
+static __thread int ctx_depth; /* entries used; the top is current */
 static struct CUctx_st primary_ctx[16];
 static unsigned primary_flags[16];
 
-CUcontext standin_current_ctx(void) { return ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL; }
+CUcontext standin_current_ctx(void)
+{
+    return ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL;
+}
 
 CUresult standin_require_ctx(void)
 {
@@ -178,7 +202,7 @@ static CUresult primary_release(const char *function, CUdevice dev)
     else
         result = CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_unlock(&standin_lock);
-    if (last) {             /* the last reference: the context's resources go */
+    if (last) { /* the last reference: the context's resources go */
         end_captures_in(&primary_ctx[dev], function);
         standin_wait_context_streams(&primary_ctx[dev]);
         standin_retire_context_events(&primary_ctx[dev]);
@@ -186,8 +210,14 @@ static CUresult primary_release(const char *function, CUdevice dev)
     return result;
 }
 
-STANDIN_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return primary_release("cuDevicePrimaryCtxRelease", dev); }
-STANDIN_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return primary_release("cuDevicePrimaryCtxRelease_v2", dev); }
+STANDIN_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    return primary_release("cuDevicePrimaryCtxRelease", dev);
+}
+STANDIN_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    return primary_release("cuDevicePrimaryCtxRelease_v2", dev);
+}
 
 static CUresult primary_reset(const char *function, CUdevice dev)
 {
@@ -201,8 +231,14 @@ static CUresult primary_reset(const char *function, CUdevice dev)
     return result;
 }
 
-STANDIN_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return primary_reset("cuDevicePrimaryCtxReset", dev); }
-STANDIN_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) { return primary_reset("cuDevicePrimaryCtxReset_v2", dev); }
+STANDIN_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    return primary_reset("cuDevicePrimaryCtxReset", dev);
+}
+STANDIN_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    return primary_reset("cuDevicePrimaryCtxReset_v2", dev);
+}
 
 STANDIN_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
@@ -228,8 +264,14 @@ static CUresult primary_set_flags(const char *function, CUdevice dev, unsigned f
     return result;
 }
 
-STANDIN_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) { return primary_set_flags("cuDevicePrimaryCtxSetFlags", dev, flags); }
-STANDIN_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) { return primary_set_flags("cuDevicePrimaryCtxSetFlags_v2", dev, flags); }
+STANDIN_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
+{
+    return primary_set_flags("cuDevicePrimaryCtxSetFlags", dev, flags);
+}
+STANDIN_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
+{
+    return primary_set_flags("cuDevicePrimaryCtxSetFlags_v2", dev, flags);
+}
 
 STANDIN_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
@@ -245,7 +287,7 @@ STANDIN_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUde
     ctx->magic = STANDIN_CTX_MAGIC;
     ctx->device = dev;
     ctx->refcount = 1;
-    if (ctx_depth < CTX_STACK_DEPTH)       /* a created context is pushed, as the real one is */
+    if (ctx_depth < CTX_STACK_DEPTH) /* a created context is pushed, as the real one is */
         ctx_stack[ctx_depth++] = ctx;
     *pctx = ctx;
     return CUDA_SUCCESS;
@@ -284,7 +326,7 @@ STANDIN_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     }
     retire(ctx);
     if (standin_ctx_destroy_us() > 0)
-        usleep(standin_ctx_destroy_us());  /* a real driver frees the context's memory */
+        usleep(standin_ctx_destroy_us()); /* a real driver frees the context's memory */
     return CUDA_SUCCESS;
 }
 
@@ -312,7 +354,8 @@ STANDIN_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 
 STANDIN_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
-    int stale = ctx != NULL && (ctx->magic == RETIRED_CTX_MAGIC || (ctx->primary && ctx->refcount == 0));
+    int stale =
+        ctx != NULL && (ctx->magic == RETIRED_CTX_MAGIC || (ctx->primary && ctx->refcount == 0));
     standin_log("cuCtxPushCurrent_v2", "ctx=%p%s", (void *)ctx, stale ? " stale" : "");
     if (!standin_initialised())
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -368,11 +411,17 @@ static CUresult ctx_synchronize(const char *function, CUcontext ctx)
         result = CUDA_ERROR_INVALID_CONTEXT;
     if (result == CUDA_SUCCESS)
         result = standin_capture_check_context_sync(function);
-    if (result == CUDA_SUCCESS)     /* a context waits for its own work only */
+    if (result == CUDA_SUCCESS) /* a context waits for its own work only */
         standin_wait_context_streams(ctx != NULL ? ctx : standin_current_ctx());
     standin_log(function, "result=%d", result);
     return result;
 }
 
-STANDIN_EXPORT CUresult cuCtxSynchronize(void) { return ctx_synchronize("cuCtxSynchronize", NULL); }
-STANDIN_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) { return ctx_synchronize("cuCtxSynchronize_v2", ctx); }
+STANDIN_EXPORT CUresult cuCtxSynchronize(void)
+{
+    return ctx_synchronize("cuCtxSynchronize", NULL);
+}
+STANDIN_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    return ctx_synchronize("cuCtxSynchronize_v2", ctx);
+}

@@ -15,7 +15,8 @@
 
 enum { CHECK_DST = 1, CHECK_SRC = 2, STAGE_SRC = 4, SYNCHRONOUS = 8 };
 
-static CUresult copy(const char *function, CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream, int how)
+static CUresult copy(const char *function, CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+                     CUstream stream, int how)
 {
     CUresult result = standin_require_ctx();
     struct CUstream_st *s = standin_stream(stream);
@@ -28,7 +29,8 @@ static CUresult copy(const char *function, CUdeviceptr dst, CUdeviceptr src, siz
     if (result == CUDA_SUCCESS && (how & CHECK_SRC) && standin_device_range(src, bytes) == NULL)
         result = CUDA_ERROR_INVALID_VALUE;
     if (result == CUDA_SUCCESS && !(how & SYNCHRONOUS) && standin_capture_take(stream, &result)) {
-        standin_log(function, "dst=0x%llx stream=%p captured=1 result=%d", dst, (void *)stream, result);
+        standin_log(function, "dst=0x%llx stream=%p captured=1 result=%d", dst, (void *)stream,
+                    result);
         return result;
     }
     struct standin_op *op = result == CUDA_SUCCESS && bytes > 0 ? calloc(1, sizeof *op) : NULL;
@@ -55,17 +57,29 @@ static CUresult copy(const char *function, CUdeviceptr dst, CUdeviceptr src, siz
         if (how & SYNCHRONOUS)
             standin_stream_wait(s, seq);
     }
-    standin_log(function, "dst=0x%llx src=0x%llx bytes=%zu stream=%p result=%d", dst, src, bytes, (void *)stream,
-                result);
+    standin_log(function, "dst=0x%llx src=0x%llx bytes=%zu stream=%p result=%d", dst, src, bytes,
+                (void *)stream, result);
     return result;
 }
 
 #define HOST(p) ((CUdeviceptr)(uintptr_t)(p))
 
-STANDIN_EXPORT CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t n) { return copy("cuMemcpy", d, s, n, NULL, SYNCHRONOUS); }
-STANDIN_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr d, CUdeviceptr s, size_t n) { return copy("cuMemcpy_ptds", d, s, n, NULL, SYNCHRONOUS); }
-STANDIN_EXPORT CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { return copy("cuMemcpyAsync", d, s, n, st, 0); }
-STANDIN_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { return copy("cuMemcpyAsync_ptsz", d, s, n, st, 0); }
+STANDIN_EXPORT CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t n)
+{
+    return copy("cuMemcpy", d, s, n, NULL, SYNCHRONOUS);
+}
+STANDIN_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr d, CUdeviceptr s, size_t n)
+{
+    return copy("cuMemcpy_ptds", d, s, n, NULL, SYNCHRONOUS);
+}
+STANDIN_EXPORT CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
+{
+    return copy("cuMemcpyAsync", d, s, n, st, 0);
+}
+STANDIN_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
+{
+    return copy("cuMemcpyAsync_ptsz", d, s, n, st, 0);
+}
 
 STANDIN_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n)
 {
@@ -95,7 +109,8 @@ STANDIN_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_
 {
     return copy("cuMemcpyHtoDAsync_v2", d, HOST(s), n, st, CHECK_DST | STAGE_SRC);
 }
-STANDIN_EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d, const void *s, size_t n, CUstream st)
+STANDIN_EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d, const void *s, size_t n,
+                                                  CUstream st)
 {
     return copy("cuMemcpyHtoDAsync_v2_ptsz", d, HOST(s), n, st, CHECK_DST | STAGE_SRC);
 }
@@ -111,22 +126,25 @@ STANDIN_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_
 {
     return copy("cuMemcpyDtoDAsync_v2", d, s, n, st, CHECK_DST | CHECK_SRC);
 }
-STANDIN_EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
+STANDIN_EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n,
+                                                  CUstream st)
 {
     return copy("cuMemcpyDtoDAsync_v2_ptsz", d, s, n, st, CHECK_DST | CHECK_SRC);
 }
 
-static CUresult fill(const char *function, CUdeviceptr dst, unsigned value, unsigned width, size_t count,
-                     CUstream stream, int synchronous)
+static CUresult fill(const char *function, CUdeviceptr dst, unsigned value, unsigned width,
+                     size_t count, CUstream stream, int synchronous)
 {
     CUresult result = standin_require_ctx();
     struct CUstream_st *s = standin_stream(stream);
     if (result == CUDA_SUCCESS && s == NULL)
         result = CUDA_ERROR_INVALID_HANDLE;
-    if (result == CUDA_SUCCESS && (standin_device_range(dst, count * width) == NULL || dst % width != 0))
+    if (result == CUDA_SUCCESS &&
+        (standin_device_range(dst, count * width) == NULL || dst % width != 0))
         result = CUDA_ERROR_INVALID_VALUE;
     if (result == CUDA_SUCCESS && !synchronous && standin_capture_take(stream, &result)) {
-        standin_log(function, "dst=0x%llx stream=%p captured=1 result=%d", dst, (void *)stream, result);
+        standin_log(function, "dst=0x%llx stream=%p captured=1 result=%d", dst, (void *)stream,
+                    result);
         return result;
     }
     struct standin_op *op = result == CUDA_SUCCESS ? calloc(1, sizeof *op) : NULL;
@@ -142,16 +160,40 @@ static CUresult fill(const char *function, CUdeviceptr dst, unsigned value, unsi
         if (synchronous)
             standin_stream_wait(s, seq);
     }
-    standin_log(function, "dst=0x%llx value=%u count=%zu stream=%p result=%d", dst, value, count, (void *)stream,
-                result);
+    standin_log(function, "dst=0x%llx value=%u count=%zu stream=%p result=%d", dst, value, count,
+                (void *)stream, result);
     return result;
 }
 
-STANDIN_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { return fill("cuMemsetD8_v2", d, v, 1, n, NULL, 1); }
-STANDIN_EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr d, unsigned char v, size_t n) { return fill("cuMemsetD8_v2_ptds", d, v, 1, n, NULL, 1); }
-STANDIN_EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) { return fill("cuMemsetD32_v2", d, v, 4, n, NULL, 1); }
-STANDIN_EXPORT CUresult cuMemsetD32_v2_ptds(CUdeviceptr d, unsigned int v, size_t n) { return fill("cuMemsetD32_v2_ptds", d, v, 4, n, NULL, 1); }
-STANDIN_EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) { return fill("cuMemsetD8Async", d, v, 1, n, s, 0); }
-STANDIN_EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char v, size_t n, CUstream s) { return fill("cuMemsetD8Async_ptsz", d, v, 1, n, s, 0); }
-STANDIN_EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) { return fill("cuMemsetD32Async", d, v, 4, n, s, 0); }
-STANDIN_EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr d, unsigned int v, size_t n, CUstream s) { return fill("cuMemsetD32Async_ptsz", d, v, 4, n, s, 0); }
+STANDIN_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
+{
+    return fill("cuMemsetD8_v2", d, v, 1, n, NULL, 1);
+}
+STANDIN_EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr d, unsigned char v, size_t n)
+{
+    return fill("cuMemsetD8_v2_ptds", d, v, 1, n, NULL, 1);
+}
+STANDIN_EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n)
+{
+    return fill("cuMemsetD32_v2", d, v, 4, n, NULL, 1);
+}
+STANDIN_EXPORT CUresult cuMemsetD32_v2_ptds(CUdeviceptr d, unsigned int v, size_t n)
+{
+    return fill("cuMemsetD32_v2_ptds", d, v, 4, n, NULL, 1);
+}
+STANDIN_EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
+{
+    return fill("cuMemsetD8Async", d, v, 1, n, s, 0);
+}
+STANDIN_EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
+{
+    return fill("cuMemsetD8Async_ptsz", d, v, 1, n, s, 0);
+}
+STANDIN_EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s)
+{
+    return fill("cuMemsetD32Async", d, v, 4, n, s, 0);
+}
+STANDIN_EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr d, unsigned int v, size_t n, CUstream s)
+{
+    return fill("cuMemsetD32Async_ptsz", d, v, 4, n, s, 0);
+}

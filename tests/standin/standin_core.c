@@ -63,16 +63,50 @@ static void read_config(void)
     errno = saved_errno;
 }
 
-static void configure(void) { pthread_once(&config_once, read_config); }
+static void configure(void)
+{
+    pthread_once(&config_once, read_config);
+}
 
-int standin_initialised(void) { return __atomic_load_n(&initialised, __ATOMIC_ACQUIRE); }
-int standin_device_count(void) { configure(); return device_count; }
-size_t standin_total_mem(void) { configure(); return total_mem; }
-unsigned standin_kernel_us(void) { configure(); return kernel_us; }
-int standin_launch_noop(void) { configure(); return launch_noop; }
-unsigned standin_launch_us(void) { configure(); return launch_us; }
-unsigned standin_prefetch_us(void) { configure(); return prefetch_us; }
-unsigned standin_ctx_destroy_us(void) { configure(); return ctx_destroy_us; }
+int standin_initialised(void)
+{
+    return __atomic_load_n(&initialised, __ATOMIC_ACQUIRE);
+}
+int standin_device_count(void)
+{
+    configure();
+    return device_count;
+}
+size_t standin_total_mem(void)
+{
+    configure();
+    return total_mem;
+}
+unsigned standin_kernel_us(void)
+{
+    configure();
+    return kernel_us;
+}
+int standin_launch_noop(void)
+{
+    configure();
+    return launch_noop;
+}
+unsigned standin_launch_us(void)
+{
+    configure();
+    return launch_us;
+}
+unsigned standin_prefetch_us(void)
+{
+    configure();
+    return prefetch_us;
+}
+unsigned standin_ctx_destroy_us(void)
+{
+    configure();
+    return ctx_destroy_us;
+}
 
 void standin_log(const char *function, const char *fmt, ...)
 {
@@ -83,8 +117,9 @@ void standin_log(const char *function, const char *fmt, ...)
     char line[512];
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    int used = snprintf(line, sizeof line, "%d %ld %s t=%lld.%06ld", (int)getpid(), (long)syscall(SYS_gettid),
-                        function, (long long)now.tv_sec, now.tv_nsec / 1000);
+    int used =
+        snprintf(line, sizeof line, "%d %ld %s t=%lld.%06ld", (int)getpid(),
+                 (long)syscall(SYS_gettid), function, (long long)now.tv_sec, now.tv_nsec / 1000);
     if (fmt != NULL && *fmt != '\0' && used < (int)sizeof line - 2) {
         line[used++] = ' ';
         va_list args;
@@ -103,8 +138,14 @@ void standin_log(const char *function, const char *fmt, ...)
 }
 
 /* ---- fork: the child gets a fresh set of worker threads ---- */
-static void before_fork(void) { pthread_mutex_lock(&standin_lock); }
-static void after_fork_parent(void) { pthread_mutex_unlock(&standin_lock); }
+static void before_fork(void)
+{
+    pthread_mutex_lock(&standin_lock);
+}
+static void after_fork_parent(void)
+{
+    pthread_mutex_unlock(&standin_lock);
+}
 static void after_fork_child(void)
 {
     pthread_mutex_init(&standin_lock, NULL);
@@ -122,8 +163,9 @@ __attribute__((constructor)) static void register_fork_handlers(void)
 STANDIN_EXPORT CUresult cuInit(unsigned int flags)
 {
     configure();
-    CUresult result = flags != 0 ? CUDA_ERROR_INVALID_VALUE
-                      : device_count == 0 ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
+    CUresult result = flags != 0          ? CUDA_ERROR_INVALID_VALUE
+                      : device_count == 0 ? CUDA_ERROR_NO_DEVICE
+                                          : CUDA_SUCCESS;
     if (result == CUDA_SUCCESS)
         __atomic_store_n(&initialised, 1, __ATOMIC_RELEASE);
     standin_log("cuInit", "flags=%u result=%d", flags, result);
@@ -139,7 +181,10 @@ STANDIN_EXPORT CUresult cuDriverGetVersion(int *version)
     return CUDA_SUCCESS;
 }
 
-static const struct { CUresult code; const char *name, *text; } error_table[] = {
+static const struct {
+    CUresult code;
+    const char *name, *text;
+} error_table[] = {
     {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
     {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
     {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},

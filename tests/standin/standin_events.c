@@ -10,7 +10,7 @@
 
 #include "standin.h"
 
-static struct CUevent_st *all_events;      /* guarded by standin_lock */
+static struct CUevent_st *all_events; /* guarded by standin_lock */
 #define RETIRED_MAGIC 0x52455452u
 
 /* An event of a torn-down context is an invalid handle; its use is logged as "stale". */
@@ -69,8 +69,14 @@ static CUresult event_record(const char *function, CUevent event, CUstream s)
     return standin_submit(function, s, op, detail);
 }
 
-STANDIN_EXPORT CUresult cuEventRecord(CUevent e, CUstream s) { return event_record("cuEventRecord", e, s); }
-STANDIN_EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return event_record("cuEventRecord_ptsz", e, s); }
+STANDIN_EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
+{
+    return event_record("cuEventRecord", e, s);
+}
+STANDIN_EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s)
+{
+    return event_record("cuEventRecord_ptsz", e, s);
+}
 
 STANDIN_EXPORT CUresult cuEventSynchronize(CUevent event)
 {
@@ -99,7 +105,8 @@ STANDIN_EXPORT CUresult cuEventQuery(CUevent event)
         return refused;
     }
     pthread_mutex_lock(&standin_lock);
-    CUresult result = event->done_generation < event->generation ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+    CUresult result =
+        event->done_generation < event->generation ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
     pthread_mutex_unlock(&standin_lock);
     standin_log("cuEventQuery", "event=%p result=%d", (void *)event, result);
     return result;
@@ -125,8 +132,14 @@ static CUresult elapsed(const char *function, float *ms, CUevent start, CUevent 
     return result;
 }
 
-STANDIN_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) { return elapsed("cuEventElapsedTime", ms, a, b); }
-STANDIN_EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) { return elapsed("cuEventElapsedTime_v2", ms, a, b); }
+STANDIN_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b)
+{
+    return elapsed("cuEventElapsedTime", ms, a, b);
+}
+STANDIN_EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b)
+{
+    return elapsed("cuEventElapsedTime_v2", ms, a, b);
+}
 
 STANDIN_EXPORT CUresult cuEventDestroy_v2(CUevent event)
 {

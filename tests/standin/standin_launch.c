@@ -14,26 +14,37 @@
 
 #include "standin.h"
 
-#define MODULE_MAGIC 0x4d4f4455u
+#define MODULE_MAGIC   0x4d4f4455u
 #define FUNCTION_MAGIC 0x46554e43u
-#define GRAPH_MAGIC 0x47524150u
+#define GRAPH_MAGIC    0x47524150u
 
-struct CUmod_st { uint32_t magic; };
-struct CUgraph_st { uint32_t magic; };
-struct CUgraphExec_st { uint32_t magic; };
+struct CUmod_st {
+    uint32_t magic;
+};
+struct CUgraph_st {
+    uint32_t magic;
+};
+struct CUgraphExec_st {
+    uint32_t magic;
+};
 
 enum { KERNEL_ADD_ONE, KERNEL_SPIN };
-struct CUfunc_st { uint32_t magic; int kernel; const char *name; };
+struct CUfunc_st {
+    uint32_t magic;
+    int kernel;
+    const char *name;
+};
 static struct CUfunc_st kernels[] = {
-    {FUNCTION_MAGIC, KERNEL_ADD_ONE, "add_one"},  /* (int *p, int n): p[i] += 1 for i < n */
-    {FUNCTION_MAGIC, KERNEL_SPIN, "spin"},        /* (): just takes time */
+    {FUNCTION_MAGIC, KERNEL_ADD_ONE, "add_one"}, /* (int *p, int n): p[i] += 1 for i < n */
+    {FUNCTION_MAGIC, KERNEL_SPIN, "spin"},       /* (): just takes time */
 };
 
 /* Runs on the stream's worker thread. */
 void standin_run_kernel(struct standin_op *op)
 {
     const char *name = kernels[op->u.kernel.kernel].name;
-    standin_log("@kernel_start", "name=%s via=%s seq=%llu", name, op->u.kernel.via, (unsigned long long)op->seq);
+    standin_log("@kernel_start", "name=%s via=%s seq=%llu", name, op->u.kernel.via,
+                (unsigned long long)op->seq);
     unsigned us = standin_kernel_us();
     if (us > 0)
         usleep(us);
@@ -42,7 +53,8 @@ void standin_run_kernel(struct standin_op *op)
         for (int i = 0; i < op->u.kernel.count; i++)
             p[i] += 1;
     }
-    standin_log("@kernel_done", "name=%s via=%s seq=%llu", name, op->u.kernel.via, (unsigned long long)op->seq);
+    standin_log("@kernel_done", "name=%s via=%s seq=%llu", name, op->u.kernel.via,
+                (unsigned long long)op->seq);
 }
 
 /* ---- modules: any image loads; functions are the fake kernels above ---- */
@@ -93,7 +105,8 @@ STANDIN_EXPORT CUresult cuModuleGetFunction(CUfunction *fn, CUmodule module, con
 }
 
 /* ---- launches ---- */
-static CUresult launch(const char *via, CUfunction f, CUstream s, void **params, unsigned grid, unsigned block)
+static CUresult launch(const char *via, CUfunction f, CUstream s, void **params, unsigned grid,
+                       unsigned block)
 {
     if (f == NULL || f->magic != FUNCTION_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -118,29 +131,32 @@ static CUresult launch(const char *via, CUfunction f, CUstream s, void **params,
         op->u.kernel.ptr = *(CUdeviceptr *)params[0];
         op->u.kernel.count = *(int *)params[1];
         if (op->u.kernel.count < 0 ||
-            standin_device_range(op->u.kernel.ptr, (size_t)op->u.kernel.count * sizeof(int)) == NULL) {
-            standin_log(via, "func=add_one ptr=0x%llx n=%d result=%d", op->u.kernel.ptr, op->u.kernel.count,
-                        CUDA_ERROR_INVALID_VALUE);
+            standin_device_range(op->u.kernel.ptr, (size_t)op->u.kernel.count * sizeof(int)) ==
+                NULL) {
+            standin_log(via, "func=add_one ptr=0x%llx n=%d result=%d", op->u.kernel.ptr,
+                        op->u.kernel.count, CUDA_ERROR_INVALID_VALUE);
             free(op);
             return CUDA_ERROR_INVALID_VALUE;
         }
-        snprintf(detail, sizeof detail, "func=add_one ptr=0x%llx n=%d", op->u.kernel.ptr, op->u.kernel.count);
+        snprintf(detail, sizeof detail, "func=add_one ptr=0x%llx n=%d", op->u.kernel.ptr,
+                 op->u.kernel.count);
     } else {
         snprintf(detail, sizeof detail, "func=%s", f->name);
     }
     return standin_submit(via, s, op, detail);
 }
 
-STANDIN_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                                       unsigned bz, unsigned shared, CUstream s, void **params, void **extra)
+STANDIN_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                       unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                       CUstream s, void **params, void **extra)
 {
     (void)shared, (void)extra;
     return launch("cuLaunchKernel", f, s, params, gx * gy * gz, bx * by * bz);
 }
 
-STANDIN_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                            unsigned by, unsigned bz, unsigned shared, CUstream s, void **params,
-                                            void **extra)
+STANDIN_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                            unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                            CUstream s, void **params, void **extra)
 {
     (void)shared, (void)extra;
     return launch("cuLaunchKernel_ptsz", f, s, params, gx * gy * gz, bx * by * bz);
@@ -154,28 +170,33 @@ static CUresult launch_ex(const char *via, const CUlaunchConfig *c, CUfunction f
                   c->blockDimX * c->blockDimY * c->blockDimZ);
 }
 
-STANDIN_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+STANDIN_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params,
+                                         void **extra)
 {
     (void)extra;
     return launch_ex("cuLaunchKernelEx", c, f, params);
 }
 
-STANDIN_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+STANDIN_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params,
+                                              void **extra)
 {
     (void)extra;
     return launch_ex("cuLaunchKernelEx_ptsz", c, f, params);
 }
 
-STANDIN_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                                  unsigned by, unsigned bz, unsigned shared, CUstream s, void **params)
+STANDIN_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy,
+                                                  unsigned gz, unsigned bx, unsigned by,
+                                                  unsigned bz, unsigned shared, CUstream s,
+                                                  void **params)
 {
     (void)shared;
     return launch("cuLaunchCooperativeKernel", f, s, params, gx * gy * gz, bx * by * bz);
 }
 
-STANDIN_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
-                                                       unsigned bx, unsigned by, unsigned bz, unsigned shared,
-                                                       CUstream s, void **params)
+STANDIN_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
+                                                       unsigned gz, unsigned bx, unsigned by,
+                                                       unsigned bz, unsigned shared, CUstream s,
+                                                       void **params)
 {
     (void)shared;
     return launch("cuLaunchCooperativeKernel_ptsz", f, s, params, gx * gy * gz, bx * by * bz);
@@ -203,7 +224,8 @@ STANDIN_EXPORT CUresult cuGraphDestroy(CUgraph graph)
     return CUDA_SUCCESS;
 }
 
-STANDIN_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags)
+STANDIN_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
+                                                    unsigned long long flags)
 {
     standin_log("cuGraphInstantiateWithFlags", "graph=%p flags=%llu", (void *)graph, flags);
     if (exec == NULL)
@@ -233,5 +255,11 @@ static CUresult graph_launch(const char *via, CUgraphExec exec, CUstream s)
     return launch(via, &kernels[KERNEL_SPIN], s, NULL, 1, 1);
 }
 
-STANDIN_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) { return graph_launch("cuGraphLaunch", exec, s); }
-STANDIN_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) { return graph_launch("cuGraphLaunch_ptsz", exec, s); }
+STANDIN_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s)
+{
+    return graph_launch("cuGraphLaunch", exec, s);
+}
+STANDIN_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s)
+{
+    return graph_launch("cuGraphLaunch_ptsz", exec, s);
+}

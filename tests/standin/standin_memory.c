@@ -17,27 +17,28 @@
 
 #include "standin.h"
 
-static const char *const kind_names[] = {"device", "managed", "async", "ipc", "vmm_reserve", "vmm_mapping"};
+static const char *const kind_names[] = {"device", "managed",     "async",
+                                         "ipc",    "vmm_reserve", "vmm_mapping"};
 
 struct allocation {
     CUdeviceptr ptr;
     size_t bytes;
     enum standin_alloc_kind kind;
     CUdevice device;
-    int counted;                            /* bytes count against the device's total */
+    int counted; /* bytes count against the device's total */
 };
 
 static struct allocation *table;
 static size_t table_used, table_size;
 static size_t device_used[16];
 
-
 /* ---- the allocation table (standin_lock held) ---- */
 static struct allocation *find_containing(CUdeviceptr ptr, size_t bytes)
 {
     for (size_t i = 0; i < table_used; i++) {
         struct allocation *a = &table[i];
-        if (a->kind != KIND_VMM_RESERVE && ptr >= a->ptr && bytes <= a->bytes && ptr - a->ptr <= a->bytes - bytes)
+        if (a->kind != KIND_VMM_RESERVE && ptr >= a->ptr && bytes <= a->bytes &&
+            ptr - a->ptr <= a->bytes - bytes)
             return a;
     }
     return NULL;
@@ -51,7 +52,8 @@ static struct allocation *find_start(CUdeviceptr ptr, enum standin_alloc_kind ki
     return NULL;
 }
 
-static int add_allocation(CUdeviceptr ptr, size_t bytes, enum standin_alloc_kind kind, CUdevice dev, int counted)
+static int add_allocation(CUdeviceptr ptr, size_t bytes, enum standin_alloc_kind kind, CUdevice dev,
+                          int counted)
 {
     if (table_used == table_size) {
         size_t size = table_size ? table_size * 2 : 64;
@@ -121,15 +123,20 @@ void *standin_device_range(CUdeviceptr ptr, size_t bytes)
 
 static void *map_fake(size_t bytes)
 {
-    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
-static CUdevice current_device(void) { return standin_current_ctx()->device; }
+static CUdevice current_device(void)
+{
+    return standin_current_ctx()->device;
+}
 
 /* Allocates bytes of the given kind on the current device.  function names
  * the call for the capture rules; NULL: a capture records it (a graph node). */
-static CUresult allocate(const char *function, CUdeviceptr *dptr, size_t bytes, enum standin_alloc_kind kind)
+static CUresult allocate(const char *function, CUdeviceptr *dptr, size_t bytes,
+                         enum standin_alloc_kind kind)
 {
     CUresult result = standin_require_ctx();
     if (result == CUDA_SUCCESS && function != NULL)
@@ -161,7 +168,8 @@ void standin_free_now(CUdeviceptr ptr)
     pthread_mutex_lock(&standin_lock);
     for (size_t i = 0; i < table_used; i++) {
         struct allocation *a = &table[i];
-        if (a->ptr == ptr && (a->kind == KIND_DEVICE || a->kind == KIND_MANAGED || a->kind == KIND_ASYNC)) {
+        if (a->ptr == ptr &&
+            (a->kind == KIND_DEVICE || a->kind == KIND_MANAGED || a->kind == KIND_ASYNC)) {
             munmap((void *)(uintptr_t)a->ptr, a->bytes ? a->bytes : 1);
             remove_allocation(a);
             break;
@@ -173,7 +181,8 @@ void standin_free_now(CUdeviceptr ptr)
 static int is_freeable(CUdeviceptr ptr)
 {
     pthread_mutex_lock(&standin_lock);
-    int found = find_start(ptr, KIND_DEVICE) || find_start(ptr, KIND_MANAGED) || find_start(ptr, KIND_ASYNC);
+    int found = find_start(ptr, KIND_DEVICE) || find_start(ptr, KIND_MANAGED) ||
+                find_start(ptr, KIND_ASYNC);
     pthread_mutex_unlock(&standin_lock);
     return found;
 }
@@ -182,12 +191,13 @@ static int is_freeable(CUdeviceptr ptr)
 STANDIN_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
 {
     CUresult result = allocate("cuMemAlloc_v2", dptr, bytes, KIND_DEVICE);
-    standin_log("cuMemAlloc_v2", "bytes=%zu ptr=0x%llx result=%d", bytes, result ? 0ull : *dptr, result);
+    standin_log("cuMemAlloc_v2", "bytes=%zu ptr=0x%llx result=%d", bytes, result ? 0ull : *dptr,
+                result);
     return result;
 }
 
-STANDIN_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
-                                           unsigned int element_bytes)
+STANDIN_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+                                           size_t height, unsigned int element_bytes)
 {
     CUresult result = CUDA_SUCCESS;
     size_t row = (width + 511) & ~(size_t)511;
@@ -198,15 +208,17 @@ STANDIN_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, siz
         result = allocate("cuMemAllocPitch_v2", dptr, row * height, KIND_DEVICE);
     if (result == CUDA_SUCCESS)
         *pitch = row;
-    standin_log("cuMemAllocPitch_v2", "width=%zu height=%zu pitch=%zu bytes=%zu ptr=0x%llx result=%d", width, height,
-                row, row * height, result ? 0ull : *dptr, result);
+    standin_log("cuMemAllocPitch_v2",
+                "width=%zu height=%zu pitch=%zu bytes=%zu ptr=0x%llx result=%d", width, height, row,
+                row * height, result ? 0ull : *dptr, result);
     return result;
 }
 
 STANDIN_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags)
 {
     CUresult result = flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST
-                          ? allocate("cuMemAllocManaged", dptr, bytes, KIND_MANAGED) : CUDA_ERROR_INVALID_VALUE;
+                          ? allocate("cuMemAllocManaged", dptr, bytes, KIND_MANAGED)
+                          : CUDA_ERROR_INVALID_VALUE;
     standin_log("cuMemAllocManaged", "bytes=%zu flags=%u ptr=0x%llx result=%d", bytes, flags,
                 result ? 0ull : *dptr, result);
     return result;
@@ -226,14 +238,22 @@ static CUresult alloc_async(const char *function, CUdeviceptr *dptr, size_t byte
     return result;
 }
 
-STANDIN_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { return alloc_async("cuMemAllocAsync", p, n, s); }
-STANDIN_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return alloc_async("cuMemAllocAsync_ptsz", p, n, s); }
-STANDIN_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s)
+STANDIN_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s)
+{
+    return alloc_async("cuMemAllocAsync", p, n, s);
+}
+STANDIN_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s)
+{
+    return alloc_async("cuMemAllocAsync_ptsz", p, n, s);
+}
+STANDIN_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool,
+                                                CUstream s)
 {
     (void)pool;
     return alloc_async("cuMemAllocFromPoolAsync", p, n, s);
 }
-STANDIN_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s)
+STANDIN_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool,
+                                                     CUstream s)
 {
     (void)pool;
     return alloc_async("cuMemAllocFromPoolAsync_ptsz", p, n, s);
@@ -255,7 +275,7 @@ STANDIN_EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr)
     if (result == CUDA_SUCCESS && !is_freeable(ptr))
         result = CUDA_ERROR_INVALID_VALUE;
     if (result == CUDA_SUCCESS) {
-        standin_wait_all_streams();        /* cuMemFree synchronises, as the real one does */
+        standin_wait_all_streams(); /* cuMemFree synchronises, as the real one does */
         standin_free_now(ptr);
     }
     standin_log("cuMemFree_v2", "ptr=0x%llx result=%d", ptr, result);
@@ -272,7 +292,8 @@ static CUresult free_async(const char *function, CUdeviceptr ptr, CUstream strea
         result = CUDA_ERROR_INVALID_VALUE;
     if (result == CUDA_SUCCESS && standin_capture_take(stream, &result)) {
         /* A free node of the capture: nothing is freed now. */
-        standin_log(function, "ptr=0x%llx stream=%p captured=1 result=%d", ptr, (void *)stream, result);
+        standin_log(function, "ptr=0x%llx stream=%p captured=1 result=%d", ptr, (void *)stream,
+                    result);
         return result;
     }
     if (result == CUDA_SUCCESS)
@@ -289,8 +310,14 @@ static CUresult free_async(const char *function, CUdeviceptr ptr, CUstream strea
     return result;
 }
 
-STANDIN_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { return free_async("cuMemFreeAsync", p, s); }
-STANDIN_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return free_async("cuMemFreeAsync_ptsz", p, s); }
+STANDIN_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
+{
+    return free_async("cuMemFreeAsync", p, s);
+}
+STANDIN_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
+{
+    return free_async("cuMemFreeAsync_ptsz", p, s);
+}
 
 STANDIN_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
@@ -336,30 +363,48 @@ STANDIN_EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdevic
         found = *a;
     pthread_mutex_unlock(&standin_lock);
     if (result == CUDA_SUCCESS && a == NULL)
-        result = CUDA_ERROR_INVALID_VALUE;     /* not memory this driver knows */
+        result = CUDA_ERROR_INVALID_VALUE; /* not memory this driver knows */
     if (result == CUDA_SUCCESS) {
         switch (attribute) {
-        case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = standin_current_ctx(); break;
-        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned *)data = CU_MEMORYTYPE_DEVICE; break;
-        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = ptr; break;
+        case CU_POINTER_ATTRIBUTE_CONTEXT:
+            *(CUcontext *)data = standin_current_ctx();
+            break;
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+            *(unsigned *)data = CU_MEMORYTYPE_DEVICE;
+            break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+            *(CUdeviceptr *)data = ptr;
+            break;
         case CU_POINTER_ATTRIBUTE_HOST_POINTER:
             *(void **)data = found.kind == KIND_MANAGED ? (void *)(uintptr_t)ptr : NULL;
             break;
-        case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned *)data = found.kind == KIND_MANAGED; break;
-        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = found.device; break;
-        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = found.ptr; break;
-        case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = found.bytes; break;
-        case CU_POINTER_ATTRIBUTE_MAPPED: *(unsigned *)data = 1; break;
-        default: result = CUDA_ERROR_INVALID_VALUE;
+        case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+            *(unsigned *)data = found.kind == KIND_MANAGED;
+            break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+            *(int *)data = found.device;
+            break;
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+            *(CUdeviceptr *)data = found.ptr;
+            break;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+            *(size_t *)data = found.bytes;
+            break;
+        case CU_POINTER_ATTRIBUTE_MAPPED:
+            *(unsigned *)data = 1;
+            break;
+        default:
+            result = CUDA_ERROR_INVALID_VALUE;
         }
     }
-    standin_log("cuPointerGetAttribute", "attribute=%d ptr=0x%llx kind=%s result=%d", attribute, ptr,
-                a != NULL ? kind_names[found.kind] : "none", result);
+    standin_log("cuPointerGetAttribute", "attribute=%d ptr=0x%llx kind=%s result=%d", attribute,
+                ptr, a != NULL ? kind_names[found.kind] : "none", result);
     return result;
 }
 
 /* ---- prefetch: only managed memory can be prefetched ---- */
-static CUresult prefetch(const char *function, CUdeviceptr ptr, size_t bytes, int location, CUstream stream)
+static CUresult prefetch(const char *function, CUdeviceptr ptr, size_t bytes, int location,
+                         CUstream stream)
 {
     CUresult result = standin_require_ctx();
     if (result == CUDA_SUCCESS)
@@ -375,14 +420,14 @@ static CUresult prefetch(const char *function, CUdeviceptr ptr, size_t bytes, in
         pthread_mutex_unlock(&standin_lock);
     }
     if (result == CUDA_SUCCESS && standin_prefetch_us() > 0)
-        usleep(standin_prefetch_us());     /* a large working set's transfer */
+        usleep(standin_prefetch_us()); /* a large working set's transfer */
     struct standin_op *op = result == CUDA_SUCCESS ? calloc(1, sizeof *op) : NULL;
     if (op != NULL) {
-        op->kind = OP_NOTHING;             /* ordered on the stream, moves nothing */
+        op->kind = OP_NOTHING; /* ordered on the stream, moves nothing */
         standin_enqueue(s, op);
     }
-    standin_log(function, "ptr=0x%llx bytes=%zu location=%d stream=%p result=%d", ptr, bytes, location,
-                (void *)stream, result);
+    standin_log(function, "ptr=0x%llx bytes=%zu location=%d stream=%p result=%d", ptr, bytes,
+                location, (void *)stream, result);
     return result;
 }
 
@@ -394,14 +439,17 @@ STANDIN_EXPORT CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr p, size_t n, CUdevic
 {
     return prefetch("cuMemPrefetchAsync_ptsz", p, n, dev, s);
 }
-STANDIN_EXPORT CUresult cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags, CUstream s)
+STANDIN_EXPORT CUresult cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation loc,
+                                              unsigned int flags, CUstream s)
 {
     (void)flags;
-    return prefetch("cuMemPrefetchAsync_v2", p, n, loc.type == CU_MEM_LOCATION_TYPE_DEVICE ? loc.id : -1, s);
+    return prefetch("cuMemPrefetchAsync_v2", p, n,
+                    loc.type == CU_MEM_LOCATION_TYPE_DEVICE ? loc.id : -1, s);
 }
-STANDIN_EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags,
-                                                   CUstream s)
+STANDIN_EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr p, size_t n, CUmemLocation loc,
+                                                   unsigned int flags, CUstream s)
 {
     (void)flags;
-    return prefetch("cuMemPrefetchAsync_v2_ptsz", p, n, loc.type == CU_MEM_LOCATION_TYPE_DEVICE ? loc.id : -1, s);
+    return prefetch("cuMemPrefetchAsync_v2_ptsz", p, n,
+                    loc.type == CU_MEM_LOCATION_TYPE_DEVICE ? loc.id : -1, s);
 }

@@ -18,7 +18,10 @@
 
 #include "standin.h"
 
-static const struct { const char *name; void *address; } exported[] = {
+static const struct {
+    const char *name;
+    void *address;
+} exported[] = {
 #define STANDIN_EXPORTED(function) {#function, (void *)function},
 #include "exports.inc"
 #undef STANDIN_EXPORTED
@@ -26,7 +29,12 @@ static const struct { const char *name; void *address; } exported[] = {
 
 /* Versioned names: since = the first cudaVersion that resolves to symbol;
  * per_thread = the symbol for the per-thread default stream (from 7000 on). */
-struct variant { const char *name; int since; const char *symbol; const char *per_thread; };
+struct variant {
+    const char *name;
+    int since;
+    const char *symbol;
+    const char *per_thread;
+};
 static const struct variant variants[] = {
     {"cuGetProcAddress", 11030, "cuGetProcAddress", NULL},
     {"cuGetProcAddress", 12000, "cuGetProcAddress_v2", NULL},
@@ -76,7 +84,8 @@ static const struct variant variants[] = {
     {"cuMemsetD32Async", 3020, "cuMemsetD32Async", "cuMemsetD32Async_ptsz"},
     {"cuLaunchKernel", 4000, "cuLaunchKernel", "cuLaunchKernel_ptsz"},
     {"cuLaunchKernelEx", 11060, "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"},
-    {"cuLaunchCooperativeKernel", 9000, "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz"},
+    {"cuLaunchCooperativeKernel", 9000, "cuLaunchCooperativeKernel",
+     "cuLaunchCooperativeKernel_ptsz"},
     {"cuGraphLaunch", 10000, "cuGraphLaunch", "cuGraphLaunch_ptsz"},
     {"cuIpcOpenMemHandle", 4010, "cuIpcOpenMemHandle_v2", NULL},
 };
@@ -108,7 +117,7 @@ static CUresult resolve(const char *symbol, void **pfn, int cuda_version, cuuint
     }
     if (versioned && best == NULL) {
         *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
-        return CUDA_SUCCESS;               /* as measured: success, NULL, status 2 */
+        return CUDA_SUCCESS; /* as measured: success, NULL, status 2 */
     }
     if (best != NULL)
         *pfn = exported_address(per_thread && best->per_thread ? best->per_thread : best->symbol);
@@ -126,23 +135,28 @@ static const char *name_of(void *address)
     return "NULL";
 }
 
-STANDIN_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags)
+STANDIN_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version,
+                                         cuuint64_t flags)
 {
     CUdriverProcAddressQueryResult status;
     CUresult result = resolve(symbol, pfn, cuda_version, flags, &status);
     standin_log("cuGetProcAddress", "symbol=%s version=%d flags=%llu resolved=%s result=%d",
-                symbol ? symbol : "(null)", cuda_version, flags, pfn ? name_of(*pfn) : "NULL", result);
+                symbol ? symbol : "(null)", cuda_version, flags, pfn ? name_of(*pfn) : "NULL",
+                result);
     return result;
 }
 
-STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags,
+STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version,
+                                            cuuint64_t flags,
                                             CUdriverProcAddressQueryResult *symbol_status)
 {
     CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     CUresult result = resolve(symbol, pfn, cuda_version, flags, &status);
     if (symbol_status != NULL)
         *symbol_status = status;
-    standin_log("cuGetProcAddress_v2", "symbol=%s version=%d flags=%llu resolved=%s status=%d result=%d",
-                symbol ? symbol : "(null)", cuda_version, flags, pfn ? name_of(*pfn) : "NULL", status, result);
+    standin_log("cuGetProcAddress_v2",
+                "symbol=%s version=%d flags=%llu resolved=%s status=%d result=%d",
+                symbol ? symbol : "(null)", cuda_version, flags, pfn ? name_of(*pfn) : "NULL",
+                status, result);
     return result;
 }

@@ -19,22 +19,26 @@
 
 struct CUstream_st {
     uint32_t magic;
-    CUcontext ctx;                          /* made in; NULL for the default stream (shared here) */
-    struct CUstream_st *next_stream;        /* every stream created (retired ones stay), for context-wide waits */
+    CUcontext ctx; /* made in; NULL for the default stream (shared here) */
+    struct CUstream_st
+        *next_stream; /* every stream created (retired ones stay), for context-wide waits */
     struct standin_op *head, *tail;
     uint64_t submitted, completed;
-    pid_t worker_pid;                       /* process whose worker serves this stream; 0: none */
+    pid_t worker_pid; /* process whose worker serves this stream; 0: none */
     int destroyed;
     pthread_cond_t work;
 };
 
-static struct CUstream_st default_stream = {.magic = STREAM_MAGIC, .work = PTHREAD_COND_INITIALIZER};
+static struct CUstream_st default_stream = {.magic = STREAM_MAGIC,
+                                            .work = PTHREAD_COND_INITIALIZER};
 static struct CUstream_st *all_streams = &default_stream;
 
 static void execute(struct standin_op *op)
 {
     switch (op->kind) {
-    case OP_KERNEL: standin_run_kernel(op); break;
+    case OP_KERNEL:
+        standin_run_kernel(op);
+        break;
     case OP_COPY:
         memmove(op->u.copy.dst, op->u.copy.src, op->u.copy.bytes);
         free(op->u.copy.staging);
@@ -48,8 +52,12 @@ static void execute(struct standin_op *op)
                 words[i] = op->u.memset.value;
         }
         break;
-    case OP_HOST_FN: op->u.host.fn(op->u.host.data); break;
-    case OP_CALLBACK: op->u.callback.fn(op->u.callback.stream, CUDA_SUCCESS, op->u.callback.data); break;
+    case OP_HOST_FN:
+        op->u.host.fn(op->u.host.data);
+        break;
+    case OP_CALLBACK:
+        op->u.callback.fn(op->u.callback.stream, CUDA_SUCCESS, op->u.callback.data);
+        break;
     case OP_EVENT: {
         CUevent event = op->u.event.event;
         pthread_mutex_lock(&standin_lock);
@@ -68,8 +76,11 @@ static void execute(struct standin_op *op)
         pthread_mutex_unlock(&standin_lock);
         break;
     }
-    case OP_FREE: standin_free_now(op->u.free.ptr); break;
-    case OP_NOTHING: break;
+    case OP_FREE:
+        standin_free_now(op->u.free.ptr);
+        break;
+    case OP_NOTHING:
+        break;
     }
 }
 
@@ -242,11 +253,11 @@ STANDIN_EXPORT CUresult cuStreamDestroy_v2(CUstream handle)
         return CUDA_ERROR_INVALID_HANDLE;
     }
     standin_capture_end_where(handle, NULL, "cuStreamDestroy_v2");
-    stream->destroyed = 1;                 /* no new work from here on */
+    stream->destroyed = 1; /* no new work from here on */
     while (stream->completed < stream->submitted)
         pthread_cond_wait(&standin_progress, &standin_lock);
     stream->magic = 0;
-    pthread_cond_signal(&stream->work);    /* its worker exits */
+    pthread_cond_signal(&stream->work); /* its worker exits */
     pthread_mutex_unlock(&standin_lock);
     return CUDA_SUCCESS;
 }
@@ -265,8 +276,14 @@ static CUresult stream_synchronize(const char *function, CUstream handle)
     return result;
 }
 
-STANDIN_EXPORT CUresult cuStreamSynchronize(CUstream s) { return stream_synchronize("cuStreamSynchronize", s); }
-STANDIN_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return stream_synchronize("cuStreamSynchronize_ptsz", s); }
+STANDIN_EXPORT CUresult cuStreamSynchronize(CUstream s)
+{
+    return stream_synchronize("cuStreamSynchronize", s);
+}
+STANDIN_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s)
+{
+    return stream_synchronize("cuStreamSynchronize_ptsz", s);
+}
 
 static CUresult stream_query(const char *function, CUstream handle)
 {
@@ -285,10 +302,17 @@ static CUresult stream_query(const char *function, CUstream handle)
     return result;
 }
 
-STANDIN_EXPORT CUresult cuStreamQuery(CUstream s) { return stream_query("cuStreamQuery", s); }
-STANDIN_EXPORT CUresult cuStreamQuery_ptsz(CUstream s) { return stream_query("cuStreamQuery_ptsz", s); }
+STANDIN_EXPORT CUresult cuStreamQuery(CUstream s)
+{
+    return stream_query("cuStreamQuery", s);
+}
+STANDIN_EXPORT CUresult cuStreamQuery_ptsz(CUstream s)
+{
+    return stream_query("cuStreamQuery_ptsz", s);
+}
 
-CUresult standin_submit(const char *function, CUstream handle, struct standin_op *op, const char *detail)
+CUresult standin_submit(const char *function, CUstream handle, struct standin_op *op,
+                        const char *detail)
 {
     CUresult result = standin_require_ctx();
     struct CUstream_st *stream = standin_stream(handle);
@@ -304,7 +328,8 @@ CUresult standin_submit(const char *function, CUstream handle, struct standin_op
         seq = standin_enqueue(stream, op);
     else
         free(op);
-    standin_log(function, "%s stream=%p seq=%llu result=%d", detail, (void *)handle, (unsigned long long)seq, result);
+    standin_log(function, "%s stream=%p seq=%llu result=%d", detail, (void *)handle,
+                (unsigned long long)seq, result);
     return result;
 }
 
@@ -328,8 +353,14 @@ static CUresult host_func(const char *function, CUstream s, CUhostFn fn, void *d
     return standin_submit(function, s, op, "fn=host");
 }
 
-STANDIN_EXPORT CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *d) { return host_func("cuLaunchHostFunc", s, fn, d); }
-STANDIN_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *d) { return host_func("cuLaunchHostFunc_ptsz", s, fn, d); }
+STANDIN_EXPORT CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *d)
+{
+    return host_func("cuLaunchHostFunc", s, fn, d);
+}
+STANDIN_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *d)
+{
+    return host_func("cuLaunchHostFunc_ptsz", s, fn, d);
+}
 
 static CUresult add_callback(const char *function, CUstream s, CUstreamCallback fn, void *data)
 {
@@ -344,12 +375,14 @@ static CUresult add_callback(const char *function, CUstream s, CUstreamCallback 
     return standin_submit(function, s, op, "fn=callback");
 }
 
-STANDIN_EXPORT CUresult cuStreamAddCallback(CUstream s, CUstreamCallback fn, void *d, unsigned int flags)
+STANDIN_EXPORT CUresult cuStreamAddCallback(CUstream s, CUstreamCallback fn, void *d,
+                                            unsigned int flags)
 {
     (void)flags;
     return add_callback("cuStreamAddCallback", s, fn, d);
 }
-STANDIN_EXPORT CUresult cuStreamAddCallback_ptsz(CUstream s, CUstreamCallback fn, void *d, unsigned int flags)
+STANDIN_EXPORT CUresult cuStreamAddCallback_ptsz(CUstream s, CUstreamCallback fn, void *d,
+                                                 unsigned int flags)
 {
     (void)flags;
     return add_callback("cuStreamAddCallback_ptsz", s, fn, d);

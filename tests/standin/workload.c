@@ -22,13 +22,14 @@
 struct options {
     int loops, launches, ints, sleep_ms, duration_ms, linger_ms;
     const char *alloc, *launch;
-    int use_stream, do_fork, vmm, vmm_release_first, ipc, meminfo, per_thread, threads, side_thread, device;
+    int use_stream, do_fork, vmm, vmm_release_first, ipc, meminfo, per_thread, threads, side_thread,
+        device;
     unsigned long long big_bytes;
 };
 
 static const struct driver *cu;
 static const char *client;
-static char extra[512];                     /* key=value pairs for the result line */
+static char extra[512]; /* key=value pairs for the result line */
 
 static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void note(const char *fmt, ...)
@@ -53,19 +54,19 @@ static int check_errno;
 static const char *errno_clobbered;
 
 /* Any failing call ends the client with one line naming the call. */
-#define CHECK(call)                                                                                   \
-    do {                                                                                              \
-        if (check_errno)                                                                              \
-            errno = 4242;                                                                             \
-        CUresult check_result_ = (call);                                                              \
-        if (check_errno && errno != 4242 && errno_clobbered == NULL)                                  \
-            errno_clobbered = #call;                                                                  \
-        if (check_result_ != CUDA_SUCCESS) {                                                          \
-            printf("client=%s pid=%d result=error call=%s error=%s\n", client, (int)getpid(),         \
-                   #call, error_name(check_result_));                                                 \
-            fflush(stdout);                                                                           \
-            _exit(1);                                                                                 \
-        }                                                                                             \
+#define CHECK(call)                                                                           \
+    do {                                                                                      \
+        if (check_errno)                                                                      \
+            errno = 4242;                                                                     \
+        CUresult check_result_ = (call);                                                      \
+        if (check_errno && errno != 4242 && errno_clobbered == NULL)                          \
+            errno_clobbered = #call;                                                          \
+        if (check_result_ != CUDA_SUCCESS) {                                                  \
+            printf("client=%s pid=%d result=error call=%s error=%s\n", client, (int)getpid(), \
+                   #call, error_name(check_result_));                                         \
+            fflush(stdout);                                                                   \
+            _exit(1);                                                                         \
+        }                                                                                     \
     } while (0)
 
 static double now_ms(void)
@@ -75,7 +76,10 @@ static double now_ms(void)
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
-struct gpu { CUfunction add_one, spin; CUstream stream; };
+struct gpu {
+    CUfunction add_one, spin;
+    CUstream stream;
+};
 
 static CUdeviceptr allocate(const struct options *o, const struct gpu *g, size_t bytes)
 {
@@ -177,7 +181,7 @@ static size_t free_memory(void)
 static void vmm_roundtrip(int first, int device, int release_first, int meminfo)
 {
     CUmemAllocationProp prop = {0};
-    prop.type = 1;                          /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    prop.type = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device;
     size_t granularity = 0;
@@ -189,7 +193,7 @@ static void vmm_roundtrip(int first, int device, int release_first, int meminfo)
     CHECK(cu->cuMemMap(va, granularity, 0, handle, 0));
     if (release_first)
         CHECK(cu->cuMemRelease(handle));
-    CUmemGenericAllocationHandle retained = 0;  /* another reference, as NCCL takes one */
+    CUmemGenericAllocationHandle retained = 0; /* another reference, as NCCL takes one */
     CHECK(cu->cuMemRetainAllocationHandle(&retained, (void *)(uintptr_t)va));
     CHECK(cu->cuMemRelease(retained));
     if (first && meminfo)
@@ -229,7 +233,13 @@ static void ipc_roundtrip(CUdeviceptr p, int meminfo)
 }
 
 /* --threads: more threads doing the same bursts at once, each on its own stream. */
-struct worker { const struct options *o; struct gpu g; CUcontext ctx; int index, good; pthread_t thread; };
+struct worker {
+    const struct options *o;
+    struct gpu g;
+    CUcontext ctx;
+    int index, good;
+    pthread_t thread;
+};
 
 static void *work_in_thread(void *arg)
 {
@@ -247,7 +257,13 @@ static void *work_in_thread(void *arg)
 
 /* --side-thread: a thread that only allocates, inspects and frees memory,
  * which must never wait behind another thread's wait for the GPU. */
-struct side { const struct options *o; struct gpu g; CUcontext ctx; int stop; int allocations; };
+struct side {
+    const struct options *o;
+    struct gpu g;
+    CUcontext ctx;
+    int stop;
+    int allocations;
+};
 
 static void *allocate_on_the_side(void *arg)
 {
@@ -266,46 +282,98 @@ static void *allocate_on_the_side(void *arg)
 
 static int parse(int argc, char **argv, struct options *o)
 {
-    static const struct option longs[] = {
-        {"loops", required_argument, NULL, 'l'},      {"launches", required_argument, NULL, 'n'},
-        {"ints", required_argument, NULL, 'i'},       {"sleep-ms", required_argument, NULL, 's'},
-        {"duration-ms", required_argument, NULL, 'd'}, {"alloc", required_argument, NULL, 'a'},
-        {"launch", required_argument, NULL, 'k'},     {"stream", no_argument, NULL, 'S'},
-        {"fork", no_argument, NULL, 'f'},             {"vmm", no_argument, NULL, 'v'},
-        {"ipc", no_argument, NULL, 'p'},              {"meminfo", no_argument, NULL, 'm'},
-        {"big-alloc", required_argument, NULL, 'b'},  {"per-thread", no_argument, NULL, 't'},
-        {"threads", required_argument, NULL, 'T'},    {"side-thread", no_argument, NULL, 'A'},
-        {"errno", no_argument, NULL, 'E'},             {"device", required_argument, NULL, 'D'},
-        {"linger-ms", required_argument, NULL, 'L'},  {"vmm-release-first", no_argument, NULL, 'R'},
-        {NULL, 0, NULL, 0}};
-    *o = (struct options){.loops = 3, .launches = 4, .ints = 1024, .alloc = "plain", .launch = "all"};
+    static const struct option longs[] = {{"loops", required_argument, NULL, 'l'},
+                                          {"launches", required_argument, NULL, 'n'},
+                                          {"ints", required_argument, NULL, 'i'},
+                                          {"sleep-ms", required_argument, NULL, 's'},
+                                          {"duration-ms", required_argument, NULL, 'd'},
+                                          {"alloc", required_argument, NULL, 'a'},
+                                          {"launch", required_argument, NULL, 'k'},
+                                          {"stream", no_argument, NULL, 'S'},
+                                          {"fork", no_argument, NULL, 'f'},
+                                          {"vmm", no_argument, NULL, 'v'},
+                                          {"ipc", no_argument, NULL, 'p'},
+                                          {"meminfo", no_argument, NULL, 'm'},
+                                          {"big-alloc", required_argument, NULL, 'b'},
+                                          {"per-thread", no_argument, NULL, 't'},
+                                          {"threads", required_argument, NULL, 'T'},
+                                          {"side-thread", no_argument, NULL, 'A'},
+                                          {"errno", no_argument, NULL, 'E'},
+                                          {"device", required_argument, NULL, 'D'},
+                                          {"linger-ms", required_argument, NULL, 'L'},
+                                          {"vmm-release-first", no_argument, NULL, 'R'},
+                                          {NULL, 0, NULL, 0}};
+    *o = (struct options){
+        .loops = 3, .launches = 4, .ints = 1024, .alloc = "plain", .launch = "all"};
     int c;
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (c) {
-        case 'l': o->loops = atoi(optarg); break;
-        case 'n': o->launches = atoi(optarg); break;
-        case 'i': o->ints = atoi(optarg); break;
-        case 's': o->sleep_ms = atoi(optarg); break;
-        case 'd': o->duration_ms = atoi(optarg); break;
-        case 'a': o->alloc = optarg; break;
-        case 'k': o->launch = optarg; break;
-        case 'S': o->use_stream = 1; break;
-        case 'f': o->do_fork = 1; break;
-        case 'v': o->vmm = 1; break;
-        case 'p': o->ipc = 1; break;
-        case 'm': o->meminfo = 1; break;
-        case 'b': o->big_bytes = strtoull(optarg, NULL, 0); break;
-        case 't': o->per_thread = 1; break;
-        case 'T': o->threads = atoi(optarg); break;
-        case 'A': o->side_thread = 1; break;
-        case 'E': check_errno = 1; break;
-        case 'D': o->device = atoi(optarg); break;
-        case 'L': o->linger_ms = atoi(optarg); break;
-        case 'R': o->vmm = o->vmm_release_first = 1; break;
-        default: return -1;
+        case 'l':
+            o->loops = atoi(optarg);
+            break;
+        case 'n':
+            o->launches = atoi(optarg);
+            break;
+        case 'i':
+            o->ints = atoi(optarg);
+            break;
+        case 's':
+            o->sleep_ms = atoi(optarg);
+            break;
+        case 'd':
+            o->duration_ms = atoi(optarg);
+            break;
+        case 'a':
+            o->alloc = optarg;
+            break;
+        case 'k':
+            o->launch = optarg;
+            break;
+        case 'S':
+            o->use_stream = 1;
+            break;
+        case 'f':
+            o->do_fork = 1;
+            break;
+        case 'v':
+            o->vmm = 1;
+            break;
+        case 'p':
+            o->ipc = 1;
+            break;
+        case 'm':
+            o->meminfo = 1;
+            break;
+        case 'b':
+            o->big_bytes = strtoull(optarg, NULL, 0);
+            break;
+        case 't':
+            o->per_thread = 1;
+            break;
+        case 'T':
+            o->threads = atoi(optarg);
+            break;
+        case 'A':
+            o->side_thread = 1;
+            break;
+        case 'E':
+            check_errno = 1;
+            break;
+        case 'D':
+            o->device = atoi(optarg);
+            break;
+        case 'L':
+            o->linger_ms = atoi(optarg);
+            break;
+        case 'R':
+            o->vmm = o->vmm_release_first = 1;
+            break;
+        default:
+            return -1;
         }
     }
-    if (optind != argc || o->threads < 0 || o->threads > 64 || o->loops < 0 || o->launches < 0 || o->ints <= 0)
+    if (optind != argc || o->threads < 0 || o->threads > 64 || o->loops < 0 || o->launches < 0 ||
+        o->ints <= 0)
         return -1;
     return 0;
 }
@@ -315,11 +383,14 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
     client = client_name;
     struct options o;
     if (parse(argc, argv, &o) != 0) {
-        fprintf(stderr, "usage: %s [--loops N] [--launches N] [--ints N] [--sleep-ms MS] [--duration-ms MS]\n"
-                        "  [--linger-ms MS] [--vmm-release-first]\n"
-                        "  [--alloc plain|pitch|async|managed] [--launch all|kernel|ex|coop|graph] [--stream]\n"
-                        "  [--fork] [--vmm] [--ipc] [--meminfo] [--big-alloc BYTES] [--per-thread]\n"
-                        "  [--threads N] [--side-thread] [--errno] [--device ORDINAL]\n", argv[0]);
+        fprintf(
+            stderr,
+            "usage: %s [--loops N] [--launches N] [--ints N] [--sleep-ms MS] [--duration-ms MS]\n"
+            "  [--linger-ms MS] [--vmm-release-first]\n"
+            "  [--alloc plain|pitch|async|managed] [--launch all|kernel|ex|coop|graph] [--stream]\n"
+            "  [--fork] [--vmm] [--ipc] [--meminfo] [--big-alloc BYTES] [--per-thread]\n"
+            "  [--threads N] [--side-thread] [--errno] [--device ORDINAL]\n",
+            argv[0]);
         return 2;
     }
     static struct driver loaded;
@@ -384,13 +455,13 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
         if (rounds > 0 && o.sleep_ms > 0)
             usleep((useconds_t)o.sleep_ms * 1000);
         good &= burst(&o, &g, p, rounds);
-        if (o.vmm)                          /* every round: the shim must still warn only once */
+        if (o.vmm) /* every round: the shim must still warn only once */
             vmm_roundtrip(rounds == 0, o.device, o.vmm_release_first, o.meminfo);
         rounds++;
         if (o.do_fork && child < 0) {
             fflush(stdout);
             child = fork();
-            if (child == 0) {              /* the child: its own allocation and bursts */
+            if (child == 0) { /* the child: its own allocation and bursts */
                 CUdeviceptr mine = allocate(&o, &g, bytes);
                 int ok = burst(&o, &g, mine, 7) && burst(&o, &g, mine, 8);
                 release(&o, &g, mine);
@@ -409,7 +480,7 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
         pthread_join(side_thread, NULL);
         note(" side_allocations=%d", side.allocations);
     }
-    if (o.linger_ms > 0)                    /* idle after the bursts, the process still there */
+    if (o.linger_ms > 0) /* idle after the bursts, the process still there */
         usleep((useconds_t)o.linger_ms * 1000);
     if (o.ipc)
         ipc_roundtrip(p, o.meminfo);
@@ -427,8 +498,9 @@ int client_main(const char *client_name, driver_loader load, int argc, char **ar
         note(" errno=%s", errno_clobbered ? errno_clobbered : "kept");
     CHECK(cu->cuModuleUnload(module));
     CHECK(cu->cuDevicePrimaryCtxRelease(dev));
-    printf("client=%s pid=%d result=%s managed=%u loops=%d launches=%d elapsed_ms=%.0f%s\n", client, (int)getpid(),
-           good ? "ok" : "wrong", managed, rounds, rounds * o.launches, now_ms() - began, extra);
+    printf("client=%s pid=%d result=%s managed=%u loops=%d launches=%d elapsed_ms=%.0f%s\n", client,
+           (int)getpid(), good ? "ok" : "wrong", managed, rounds, rounds * o.launches,
+           now_ms() - began, extra);
     fflush(stdout);
     return good ? 0 : 1;
 }

@@ -4,6 +4,7 @@ FAKE_NVML picks what it does: "two-gpus" (two GPUs and a MIG instance),
 "init-fails", "hangs" (nvmlInit never returns), "crashes" (the process dies),
 "bytes" (old releases' bytes strings), "missing" (import fails).
 """
+
 import os
 import time
 
