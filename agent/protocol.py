@@ -104,7 +104,7 @@ def derived_struct(c_type: str) -> struct.Struct:
 HEADER_STRUCT = derived_struct(
     "struct nvshare_header"
 )  # magic, version, type, payload_bytes, reserved
-LOCK_STRUCT = derived_struct("struct nvshare_lock_message")  # gpu, lease, flags, reserved
+LOCK_STRUCT = derived_struct("struct nvshare_lock_message")  # gpu, lease, flags, idle_ms
 _LOCK_TYPE_SET = frozenset(int(t) for t in _LOCK_TYPES)
 _LOCK_PAYLOAD_BYTES = LOCK_STRUCT.size
 _REPORT_GPU_OFFSET = ffi.offsetof("struct nvshare_memory_report", "gpu")

@@ -12,6 +12,12 @@
  * Both peers live on one host, so integers travel in native byte order.
  * A frame is a header followed by exactly header.payload_bytes of payload,
  * whose layout is fixed by header.type.
+ *
+ * Growing the protocol without a new version: each side says in its first
+ * frame which additions it knows (HELLO.features from the shim, WELCOME from
+ * the agent), and neither sends an addition the other did not announce.
+ * Both sides ignore frame types and flag bits they do not know, except that
+ * an agent refuses unknown types from a shim (which never sends them unasked).
  */
 #ifndef NVSHARE_PROTOCOL_H
 #define NVSHARE_PROTOCOL_H
@@ -31,20 +37,50 @@ enum nvshare_message_type {
     NVSHARE_MSG_HELLO = 1,        /* shim -> agent: first frame on a connection */
     NVSHARE_MSG_SETTINGS = 2,     /* agent -> shim: after HELLO and on every change */
     NVSHARE_MSG_LOCK_REQUEST = 3, /* shim -> agent: wants to run on a GPU */
-    NVSHARE_MSG_LOCK_GRANT =
-        4, /* agent -> shim: may run (exclusive, or shared when anti-thrash is off) */
-    NVSHARE_MSG_DROP_REQUEST =
-        5, /* agent -> shim: quantum over, finish in-flight work and release */
-    NVSHARE_MSG_RELEASED =
-        6, /* shim -> agent: stopped using the GPU (idle, or after a drop request) */
+    /* agent -> shim: may run (exclusive, or shared beside others) */
+    NVSHARE_MSG_LOCK_GRANT = 4,
+    /* agent -> shim: finish in-flight work and release (at once, or once idle) */
+    NVSHARE_MSG_DROP_REQUEST = 5,
+    /* shim -> agent: stopped using the GPU (idle, or after a drop request) */
+    NVSHARE_MSG_RELEASED = 6,
     NVSHARE_MSG_REVOKED = 7, /* agent -> shim: lock taken away after ignoring a drop request */
     NVSHARE_MSG_MEMORY_REPORT = 8, /* shim -> agent: bytes allocated on a GPU */
-    NVSHARE_MSG_ERROR = 9          /* agent -> shim: the agent closes the connection after it */
+    NVSHARE_MSG_ERROR = 9,         /* agent -> shim: the agent closes the connection after it */
+    NVSHARE_MSG_WELCOME = 10,      /* agent -> shim: after SETTINGS, what this agent does */
+    /* shim -> agent: a GPU's total memory; only to an agent that announced GPU_MEMORY */
+    NVSHARE_MSG_GPU_MEMORY = 11,
+    /* agent -> shim: "still here", to a shim that announced KEEPALIVE, while it waits */
+    NVSHARE_MSG_KEEPALIVE = 12
+};
+
+/* Additions a peer announces: the shim in HELLO.features, the agent in
+ * WELCOME.features.  A bit only means something in the direction named. */
+enum nvshare_features {
+    /* shim: honours DROP_REQUEST with NVSHARE_DROP_WHEN_IDLE and GRANT_RELEASE_WHEN_IDLE */
+    NVSHARE_FEATURE_YIELD = 1,
+    NVSHARE_FEATURE_GPU_MEMORY = 2, /* agent: takes GPU_MEMORY frames */
+    /* shim: wants KEEPALIVE while it waits; agent: sends them, every WELCOME.keepalive_ms */
+    NVSHARE_FEATURE_KEEPALIVE = 4
 };
 
 enum nvshare_grant_flags {
-    NVSHARE_GRANT_EXCLUSIVE = 1, /* anti-thrash on: this process alone holds the GPU */
-    NVSHARE_GRANT_SHARED = 2     /* anti-thrash off: run freely beside others */
+    NVSHARE_GRANT_EXCLUSIVE = 1, /* no other process runs on the GPU meanwhile */
+    NVSHARE_GRANT_SHARED = 2,    /* others may run beside this one */
+    /* with SHARED: release when idle for idle_release_ms all the same (anti-thrash auto,
+     * where shared leases are short); exclusive leases always do */
+    NVSHARE_GRANT_RELEASE_WHEN_IDLE = 4
+};
+
+enum nvshare_drop_flags {
+    /* someone waits: release once no work has run for lock_message.idle_ms, rather than
+     * at once; a later DROP_REQUEST without the flag still means at once */
+    NVSHARE_DROP_WHEN_IDLE = 1
+};
+
+enum nvshare_anti_thrash {
+    NVSHARE_ANTI_THRASH_OFF = 0, /* every request granted at once, shared */
+    NVSHARE_ANTI_THRASH_ON = 1,  /* one holder per GPU, turns of at most the time quantum */
+    NVSHARE_ANTI_THRASH_AUTO = 2 /* per GPU: light work beside the holder while memory fits */
 };
 
 enum nvshare_error_code {
@@ -71,14 +107,14 @@ struct nvshare_gpu_uuid {
  * takes them from the kernel (SO_PEERCRED), never from the client. */
 struct nvshare_hello {
     uint32_t gpu_count; /* entries used in gpus[], 0..NVSHARE_MAX_GPUS */
-    uint32_t reserved;
+    uint32_t features;  /* enum nvshare_features this shim knows (0 before they existed) */
     struct nvshare_gpu_uuid gpus[NVSHARE_MAX_GPUS];
     char command[NVSHARE_COMMAND_BYTES]; /* NUL-padded; for logs and status only */
 };
 
 /* NVSHARE_MSG_SETTINGS */
 struct nvshare_settings {
-    uint32_t anti_thrash;     /* 1: one holder per GPU; 0: every request granted at once */
+    uint32_t anti_thrash; /* enum nvshare_anti_thrash; for logs: grants carry the lease's kind */
     uint32_t time_quantum_ms; /* how long a holder keeps a GPU while others wait */
     uint32_t idle_release_ms; /* a holder with no work for this long releases early */
     uint32_t drop_grace_ms;   /* after a drop request, the lock is revoked after this */
@@ -90,8 +126,12 @@ struct nvshare_settings {
 struct nvshare_lock_message {
     struct nvshare_gpu_uuid gpu;
     uint64_t lease;
-    uint32_t flags; /* LOCK_GRANT: enum nvshare_grant_flags; else 0 */
-    uint32_t reserved;
+    uint32_t flags; /* LOCK_GRANT: enum nvshare_grant_flags; DROP_REQUEST: enum
+                       nvshare_drop_flags; else 0 */
+    /* RELEASED: for how long no work had run when the GPU was let go (the idle wait
+     * of an idle release; 0: busy, or a shim from before this field);
+     * DROP_REQUEST with NVSHARE_DROP_WHEN_IDLE: release after this long idle; else 0 */
+    uint32_t idle_ms;
 };
 
 /* NVSHARE_MSG_MEMORY_REPORT: the totals now, not a delta. */
@@ -99,6 +139,26 @@ struct nvshare_memory_report {
     struct nvshare_gpu_uuid gpu;
     uint64_t managed_bytes;   /* converted to unified memory */
     uint64_t unmanaged_bytes; /* passed through (VMM, IPC): cannot be evicted */
+};
+
+/* NVSHARE_MSG_WELCOME: the agent's answer to HELLO, right after SETTINGS. */
+struct nvshare_welcome {
+    uint32_t features;     /* enum nvshare_features this agent does */
+    uint32_t keepalive_ms; /* with FEATURE_KEEPALIVE: the most time between two frames to a
+                              shim that waits for a grant; 0 otherwise */
+};
+
+/* NVSHARE_MSG_GPU_MEMORY: sent once per GPU after WELCOME, so that an agent
+ * without NVML (a container, CI) knows each GPU's capacity. */
+struct nvshare_gpu_memory {
+    struct nvshare_gpu_uuid gpu;
+    uint64_t total_bytes; /* cuDeviceTotalMem */
+};
+
+/* NVSHARE_MSG_KEEPALIVE */
+struct nvshare_keepalive {
+    uint32_t waiting_gpus; /* how many of this shim's requests wait in a queue now */
+    uint32_t reserved;
 };
 
 /* NVSHARE_MSG_ERROR */
@@ -120,5 +180,8 @@ NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_settings) == 16, "settings layout");
 NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_lock_message) == 32, "lock message layout");
 NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_memory_report) == 32, "memory report layout");
 NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_error) == 136, "error layout");
+NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_welcome) == 8, "welcome layout");
+NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_gpu_memory) == 24, "gpu memory layout");
+NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_keepalive) == 8, "keepalive layout");
 
 #endif /* NVSHARE_PROTOCOL_H */

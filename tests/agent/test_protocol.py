@@ -44,7 +44,7 @@ def test_fast_path_structs_agree_with_cffi_field_by_field():
     )
     m = ffi.new("struct nvshare_lock_message *")
     m.gpu.bytes = GPU1
-    m.lease, m.flags, m.reserved = 2**63 + 5, 7, 9
+    m.lease, m.flags, m.idle_ms = 2**63 + 5, 7, 9
     assert protocol.LOCK_STRUCT.unpack(ffi.buffer(m)[:]) == (GPU1, 2**63 + 5, 7, 9)
 
 
