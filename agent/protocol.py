@@ -50,6 +50,9 @@ def _enum_from_c(name: str, c_enum: str, prefix: str) -> type[enum.IntEnum]:
 
 MessageType = _enum_from_c("MessageType", "enum nvshare_message_type", "NVSHARE_MSG_")
 GrantFlags = _enum_from_c("GrantFlags", "enum nvshare_grant_flags", "NVSHARE_GRANT_")
+DropFlags = _enum_from_c("DropFlags", "enum nvshare_drop_flags", "NVSHARE_DROP_")
+Features = _enum_from_c("Features", "enum nvshare_features", "NVSHARE_FEATURE_")
+AntiThrashWire = _enum_from_c("AntiThrashWire", "enum nvshare_anti_thrash", "NVSHARE_ANTI_THRASH_")
 ErrorCode = _enum_from_c("ErrorCode", "enum nvshare_error_code", "NVSHARE_ERR_")
 
 _LOCK_TYPES = (
@@ -66,6 +69,9 @@ PAYLOAD_STRUCT: dict[int, str] = {
     MessageType.SETTINGS: "struct nvshare_settings",
     MessageType.MEMORY_REPORT: "struct nvshare_memory_report",
     MessageType.ERROR: "struct nvshare_error",
+    MessageType.WELCOME: "struct nvshare_welcome",
+    MessageType.GPU_MEMORY: "struct nvshare_gpu_memory",
+    MessageType.KEEPALIVE: "struct nvshare_keepalive",
     **{t: "struct nvshare_lock_message" for t in _LOCK_TYPES},
 }
 #: Payload size in bytes for each message type; any other size is a bad frame.
@@ -146,11 +152,14 @@ def parse_uuid(text: str) -> bytes:
 class Hello:
     gpus: tuple[bytes, ...]
     command: str
+    features: int = 0  # Features bits the shim knows
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
-    anti_thrash: bool
+class WireSettings:
+    """SETTINGS as it travels (milliseconds); settings.Settings is the agent's own value."""
+
+    anti_thrash: int  # AntiThrashWire
     time_quantum_ms: int
     idle_release_ms: int
     drop_grace_ms: int
@@ -164,6 +173,7 @@ class LockMessage:
     gpu: bytes
     lease: int
     flags: int = 0
+    idle_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +187,23 @@ class MemoryReport:
 class Error:
     code: int
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    features: int  # Features bits the agent does
+    keepalive_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMemory:
+    gpu: bytes
+    total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    waiting_gpus: int
 
 
 # ---------------------------------------------------------------- encoding
@@ -205,7 +232,7 @@ def _frame(msg_type: int, payload) -> bytes:
     return _HEADER[msg_type] + ffi.buffer(payload)[:]
 
 
-def encode_hello(gpus, command: str) -> bytes:
+def encode_hello(gpus, command: str, features: int = 0) -> bytes:
     gpus = list(gpus)
     if len(gpus) > MAX_GPUS:
         raise ValueError(f"at most {MAX_GPUS} GPUs fit in a hello, got {len(gpus)}")
@@ -214,14 +241,16 @@ def encode_hello(gpus, command: str) -> bytes:
     for i, raw in enumerate(gpus):
         p.gpus[i].bytes = raw
     p.command = command.encode()[:COMMAND_BYTES]
+    p.features = features
     return _frame(MessageType.HELLO, p)
 
 
 def encode_settings(
-    *, anti_thrash: bool, time_quantum_ms: int, idle_release_ms: int, drop_grace_ms: int
+    *, anti_thrash: int, time_quantum_ms: int, idle_release_ms: int, drop_grace_ms: int
 ) -> bytes:
+    """anti_thrash: an AntiThrashWire value (True and False still mean on and off)."""
     p = ffi.new("struct nvshare_settings *")
-    p.anti_thrash = 1 if anti_thrash else 0
+    p.anti_thrash = int(anti_thrash)
     p.time_quantum_ms, p.idle_release_ms, p.drop_grace_ms = (
         time_quantum_ms,
         idle_release_ms,
@@ -230,8 +259,10 @@ def encode_settings(
     return _frame(MessageType.SETTINGS, p)
 
 
-def encode_lock(msg_type: int, gpu: bytes, lease: int = 0, flags: int = 0) -> bytes:
-    return _HEADER[msg_type] + LOCK_STRUCT.pack(gpu, lease, flags, 0)
+def encode_lock(
+    msg_type: int, gpu: bytes, lease: int = 0, flags: int = 0, idle_ms: int = 0
+) -> bytes:
+    return _HEADER[msg_type] + LOCK_STRUCT.pack(gpu, lease, flags, idle_ms)
 
 
 def encode_memory_report(gpu: bytes, managed_bytes: int, unmanaged_bytes: int = 0) -> bytes:
@@ -239,6 +270,25 @@ def encode_memory_report(gpu: bytes, managed_bytes: int, unmanaged_bytes: int = 
     p.gpu.bytes = gpu
     p.managed_bytes, p.unmanaged_bytes = managed_bytes, unmanaged_bytes
     return _frame(MessageType.MEMORY_REPORT, p)
+
+
+def encode_welcome(features: int, keepalive_ms: int) -> bytes:
+    p = ffi.new("struct nvshare_welcome *")
+    p.features, p.keepalive_ms = features, keepalive_ms
+    return _frame(MessageType.WELCOME, p)
+
+
+def encode_gpu_memory(gpu: bytes, total_bytes: int) -> bytes:
+    p = ffi.new("struct nvshare_gpu_memory *")
+    p.gpu.bytes = gpu
+    p.total_bytes = total_bytes
+    return _frame(MessageType.GPU_MEMORY, p)
+
+
+def encode_keepalive(waiting_gpus: int) -> bytes:
+    p = ffi.new("struct nvshare_keepalive *")
+    p.waiting_gpus = waiting_gpus
+    return _frame(MessageType.KEEPALIVE, p)
 
 
 def encode_error(code: int, text: str) -> bytes:
@@ -259,8 +309,8 @@ def _c_string(char_array) -> str:
 def decode_payload(msg_type: int, payload: bytes, offset: int = 0):
     """Turn a checked payload (see FrameReader) into one of the message classes."""
     if msg_type in _LOCK_TYPE_SET:
-        gpu, lease, flags, _reserved = LOCK_STRUCT.unpack_from(payload, offset)
-        return LockMessage(msg_type, gpu, lease, flags)
+        gpu, lease, flags, idle_ms = LOCK_STRUCT.unpack_from(payload, offset)
+        return LockMessage(msg_type, gpu, lease, flags, idle_ms)
     start = ffi.from_buffer(payload) + offset
     if msg_type == MessageType.HELLO:
         m = ffi.cast("struct nvshare_hello *", start)
@@ -269,10 +319,10 @@ def decode_payload(msg_type: int, payload: bytes, offset: int = 0):
                 ErrorCode.BAD_FRAME, f"hello lists {m.gpu_count} GPUs, at most {MAX_GPUS} allowed"
             )
         gpus = tuple(ffi.buffer(m.gpus[i].bytes)[:] for i in range(m.gpu_count))
-        return Hello(gpus, _c_string(m.command))
+        return Hello(gpus, _c_string(m.command), m.features)
     if msg_type == MessageType.SETTINGS:
         m = ffi.cast("struct nvshare_settings *", start)
-        return Settings(bool(m.anti_thrash), m.time_quantum_ms, m.idle_release_ms, m.drop_grace_ms)
+        return WireSettings(m.anti_thrash, m.time_quantum_ms, m.idle_release_ms, m.drop_grace_ms)
     if msg_type == MessageType.MEMORY_REPORT:
         m = ffi.cast("struct nvshare_memory_report *", start)
         gpu_at = offset + _REPORT_GPU_OFFSET
@@ -282,6 +332,15 @@ def decode_payload(msg_type: int, payload: bytes, offset: int = 0):
     if msg_type == MessageType.ERROR:
         m = ffi.cast("struct nvshare_error *", start)
         return Error(m.code, _c_string(m.text))
+    if msg_type == MessageType.WELCOME:
+        m = ffi.cast("struct nvshare_welcome *", start)
+        return Welcome(m.features, m.keepalive_ms)
+    if msg_type == MessageType.GPU_MEMORY:
+        m = ffi.cast("struct nvshare_gpu_memory *", start)
+        return GpuMemory(ffi.buffer(m.gpu.bytes)[:], m.total_bytes)
+    if msg_type == MessageType.KEEPALIVE:
+        m = ffi.cast("struct nvshare_keepalive *", start)
+        return Keepalive(m.waiting_gpus)
     raise ProtocolError(ErrorCode.BAD_FRAME, f"unknown message type {msg_type}")
 
 
@@ -319,10 +378,10 @@ class FrameReader:
                     end = offset + HEADER_BYTES + _LOCK_PAYLOAD_BYTES
                     if end > size:
                         break
-                    gpu, lease, flags, _reserved = LOCK_STRUCT.unpack_from(
+                    gpu, lease, flags, idle_ms = LOCK_STRUCT.unpack_from(
                         data, offset + HEADER_BYTES
                     )
-                    messages.append(LockMessage(msg_type, gpu, lease, flags))
+                    messages.append(LockMessage(msg_type, gpu, lease, flags, idle_ms))
                     offset = end
                     continue
                 expected = check_header(magic, version, msg_type, payload_bytes)

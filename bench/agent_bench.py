@@ -55,7 +55,7 @@ class BlockingClient:
         self.reader = protocol.FrameReader()
         self.inbox: list = []
         self.sock.sendall(protocol.encode_hello([GPU], command))
-        assert isinstance(self.next(), protocol.Settings)
+        assert isinstance(self.next(), protocol.WireSettings)
 
     def next(self):
         while not self.inbox:

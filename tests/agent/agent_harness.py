@@ -205,11 +205,11 @@ class ShimClient:
         self.gpus, self.command, self.timeout = tuple(gpus), command, timeout
         self.reader = protocol.FrameReader()
         self.inbox: list = []
-        self.settings: protocol.Settings | None = None
+        self.settings: protocol.WireSettings | None = None
         if hello:
             self.hello()
 
-    def hello(self) -> protocol.Settings:
+    def hello(self) -> protocol.WireSettings:
         self.send_raw(protocol.encode_hello(self.gpus, self.command))
         self.settings = self.expect(MessageType.SETTINGS)
         return self.settings
@@ -251,7 +251,7 @@ class ShimClient:
             if isinstance(message, protocol.Error)
             else getattr(message, "type", None)
         )
-        if isinstance(message, protocol.Settings):
+        if isinstance(message, protocol.WireSettings):
             got = MessageType.SETTINGS
         assert got == msg_type, f"expected {MessageType(msg_type).name}, got {message}"
         if gpu is not None:
@@ -297,7 +297,7 @@ class AsyncShimClient:
         self._reader, self._writer, self.gpus = reader, writer, tuple(gpus)
         self._frames = protocol.FrameReader()
         self.inbox: list = []
-        self.settings: protocol.Settings | None = None
+        self.settings: protocol.WireSettings | None = None
 
     @classmethod
     async def connect(
@@ -329,7 +329,7 @@ class AsyncShimClient:
             f"connection closed while expecting {MessageType(msg_type).name}"
         )
         got = getattr(message, "type", None)
-        if isinstance(message, protocol.Settings):
+        if isinstance(message, protocol.WireSettings):
             got = MessageType.SETTINGS
         elif isinstance(message, protocol.Error):
             got = MessageType.ERROR

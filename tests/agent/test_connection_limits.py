@@ -138,7 +138,7 @@ def test_connections_past_the_per_uid_limit_are_refused_but_other_users_still_co
     crowd = [greeted_socket(agent.socket_path) for _ in range(PER_UID_LIMIT)]
     try:
         for sock in crowd[:8]:
-            assert isinstance(first_frame(sock), protocol.Settings)
+            assert isinstance(first_frame(sock), protocol.WireSettings)
         for _ in range(20):
             error = refusal(agent.socket_path)
             assert error.code == ErrorCode.FLOOD
@@ -147,7 +147,7 @@ def test_connections_past_the_per_uid_limit_are_refused_but_other_users_still_co
                 f"the limit per uid is {PER_UID_LIMIT})"
             )
         if os.geteuid() == 0 and shutil.which("setpriv"):
-            assert isinstance(connect_as_nobody(agent), protocol.Settings)
+            assert isinstance(connect_as_nobody(agent), protocol.WireSettings)
         # One line for the admin, not one per refused connection.
         line = agent.wait_for_log(r"WARNING refusing connection pid=\d+ uid=\d+ reason=.*\n").group(
             0
@@ -169,7 +169,7 @@ def refusal_or_settings(path):
     with ShimClient(path, hello=False) as client:
         say_hello(client)
         message = client.recv()
-    return message if isinstance(message, protocol.Settings) else None
+    return message if isinstance(message, protocol.WireSettings) else None
 
 
 def connect_as_nobody(agent: AgentProcess):
@@ -203,7 +203,7 @@ def test_connections_past_the_fd_limit_less_a_reserve_are_refused(start_settled_
     crowd = [greeted_socket(agent.socket_path) for _ in range(total)]
     try:
         for sock in crowd:
-            assert isinstance(first_frame(sock), protocol.Settings)
+            assert isinstance(first_frame(sock), protocol.WireSettings)
         error = refusal(agent.socket_path)
         assert error.code == ErrorCode.FLOOD
         assert (
@@ -238,7 +238,9 @@ def test_out_of_fds_the_agent_neither_spins_nor_floods_its_log_and_recovers(star
         set_fd_limit(agent, 256)
         for sock in late:  # none is left hanging
             answer = first_frame(sock)
-            assert isinstance(answer, protocol.Settings) or answer.code == ErrorCode.FLOOD, answer
+            assert isinstance(answer, protocol.WireSettings) or answer.code == ErrorCode.FLOOD, (
+                answer
+            )
         with ShimClient(agent.socket_path) as newcomer:
             newcomer.request()
             newcomer.wait_grant()

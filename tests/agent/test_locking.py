@@ -24,7 +24,7 @@ async def clients(path, n, gpus=(GPU0,)):
 async def test_hello_is_answered_with_the_current_settings(start_inproc_agent):
     agent, path = await start_inproc_agent()
     (c,) = await clients(path, 1)
-    assert c.settings.anti_thrash is True
+    assert c.settings.anti_thrash == 1
     assert c.settings.time_quantum_ms == 1000 and c.settings.drop_grace_ms == 300
     assert c.settings.idle_release_ms == 100
 
@@ -142,7 +142,7 @@ async def test_anti_thrash_off_grants_everyone_shared_and_back_on_restores_exclu
 
     agent.change_settings(anti_thrash=False)
     for client in (a, b, c):
-        assert (await client.expect(MessageType.SETTINGS)).anti_thrash is False
+        assert (await client.expect(MessageType.SETTINGS)).anti_thrash == 0
     grant_b = await b.wait_grant()
     assert grant_b.flags == GrantFlags.SHARED
     c.request()
@@ -152,7 +152,7 @@ async def test_anti_thrash_off_grants_everyone_shared_and_back_on_restores_exclu
 
     agent.change_settings(anti_thrash=True)
     for client in (a, b, c):
-        assert (await client.expect(MessageType.SETTINGS)).anti_thrash is True
+        assert (await client.expect(MessageType.SETTINGS)).anti_thrash == 1
     # Every holder is asked to drop: three processes share the GPU.
     drops = {client: await client.expect(MessageType.DROP_REQUEST) for client in (a, b, c)}
     a.release(grant_a)

@@ -66,7 +66,7 @@ def test_every_message_round_trips():
         messages += reader.feed(frames[at : at + step])
         at += step
     assert messages[0] == protocol.Hello((GPU0, GPU1), "python3 train.py")
-    assert messages[1] == protocol.Settings(False, 30000, 1000, 5000)
+    assert messages[1] == protocol.WireSettings(False, 30000, 1000, 5000)
     assert [m.type for m in messages[2:7]] == [3, 4, 5, 6, 7]
     assert all(m.gpu == GPU1 and m.lease == 42 and m.flags == 2 for m in messages[2:7])
     assert messages[7] == protocol.MemoryReport(GPU0, 1 << 40, 12345)

@@ -367,7 +367,7 @@ async def test_settings_changed_at_run_time_survive_a_restart(tmp_path):
     try:
         with ShimClient(restarted.socket_path) as c:
             assert c.settings.time_quantum_ms == 42_000
-            assert c.settings.anti_thrash is False
+            assert c.settings.anti_thrash == 0
             assert c.settings.drop_grace_ms == 300  # not persisted: still from the config file
             c.request(GPU0)
             assert c.wait_grant().flags == 2  # shared

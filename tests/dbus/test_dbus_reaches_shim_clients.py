@@ -62,7 +62,7 @@ def test_anti_thrash_off_over_dbus_grants_a_queued_waiter_at_once(agent, bus):
     frames = _frames_until(waiter, MessageType.LOCK_GRANT)
     assert frames[-1].gpu == GPU0
     pushed = holder.expect(MessageType.SETTINGS)
-    assert pushed.anti_thrash is False
+    assert pushed.anti_thrash == 0
     assert sorted(
         entry[1] for client in property_data(bus.address, "Clients") for entry in client[4]
     ) == ["holding", "holding"]
@@ -74,7 +74,7 @@ def test_time_quantum_over_dbus_reaches_clients_and_ends_the_holders_turn(agent,
     holder, grant, waiter = _holder_and_waiter(agent, bus)
     busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "1")
     frames = _frames_until(holder, MessageType.DROP_REQUEST)
-    pushed = [frame for frame in frames if isinstance(frame, protocol.Settings)]
+    pushed = [frame for frame in frames if isinstance(frame, protocol.WireSettings)]
     assert pushed and pushed[0].time_quantum_ms == 1000
     assert frames[-1].lease == grant.lease
     holder.release(grant)

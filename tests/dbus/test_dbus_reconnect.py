@@ -76,7 +76,7 @@ def test_agent_started_before_its_bus_registers_when_the_bus_appears(world_dir):
     try:
         wait_for(agent.socket_path.exists, "the agent's socket")
         with ShimClient(agent.socket_path, command="no-bus-yet") as client:
-            assert client.settings.anti_thrash is True
+            assert client.settings.anti_thrash == 1
         agent.assert_alive()
         daemon.start()
         wait_for(daemon.name_has_owner, "the agent to register once the bus exists")
@@ -127,7 +127,7 @@ def test_bus_that_hangs_up_during_auth_is_retried_while_the_shim_is_served(world
         wait_for(agent.socket_path.exists, "the agent's socket")
         wait_for(lambda: fake_bus.hangups >= 2, "the agent to retry the bus")
         with ShimClient(agent.socket_path, command="bus-hung-up", timeout=5) as client:
-            assert client.settings.anti_thrash is True
+            assert client.settings.anti_thrash == 1
         wait_for(lambda: "dbus unavailable" in agent.log(), "the agent to log the failed connect")
         line = next(line for line in agent.log().splitlines() if "dbus unavailable" in line)
         assert "closed the connection during authentication" in line
