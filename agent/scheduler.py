@@ -1,143 +1,94 @@
 """The scheduling core: a synchronous state machine with no I/O.
 
 It never reads a clock, touches a socket, logs, or talks to D-Bus or NVML.
-Adapters feed it events (connect, hello, request, release, memory report,
-disconnect, tick, settings change) with the current monotonic time `now` in
-seconds, and carry out the actions it returns, in order.  next_deadline() says
-when the adapter must call tick() next.
+The engine (engine.py) feeds it events (connect, hello, request, release,
+memory figures, disconnect, tick, settings change) with the current monotonic
+time `now` in seconds, and carries out the actions (actions.py) it returns, in
+order.  next_deadline() says when tick() must run next.
 
-Per GPU, with anti-thrash on: at most one exclusive holder and a first-come
-first-served queue.  The time quantum counts from the grant; once it is over
-and someone waits, the holder is asked to drop; if it has not released
-drop_grace after that, its lease is revoked and the next waiter is granted.
-A revoke only ever makes room for a waiter: if everyone who waited has left
-(withdrawn or disconnected), the drop request stays pending but nothing is
-revoked until someone waits again.
-With anti-thrash off every request is granted at once, shared.  Switching it
-back on asks the shared holders to drop and grants exclusively only when the
-GPU is free again (released or revoked), so no one waits on anyone forever.
+Per GPU, by the anti-thrash setting (docs/scheduling.md has the diagrams):
+
+- on: at most one exclusive holder and a first-come first-served queue.  The
+  time quantum counts from the grant; once it is over and someone waits, the
+  holder is asked to drop; if it has not released drop_grace after that, its
+  lease is revoked and the next waiter is granted.  A revoke only ever makes
+  room for a waiter: if everyone who waited has left, the drop request stays
+  pending but nothing is revoked until someone waits again.
+- off: every request is granted at once, shared.  Switching it back on asks
+  the shared holders to drop and grants exclusively only when the GPU is free
+  again (released or revoked), so no one waits on anyone forever.
+- auto: while the memory of the GPU's clients fits it (memory_fit.py), nothing
+  can thrash, so the lock only arranges throughput and latency: busy clients
+  take turns (two processes that each keep the GPU busy lose ~9 % running at
+  once), one *turn* at a time of at most the quantum, and light clients (a
+  notebook's burst) run beside the turn at once.  Once memory does not fit,
+  the shared leases are drained and clients take exclusive turns; a light
+  client then gets the GPU after the holder's minimum slice.  Either way
+  waiters are served least recent use first (usage.py), and a holder that
+  others wait for is asked to release as soon as it goes idle.
+
+  Light means: recent use under LIGHT_FLOOR, or at most LIGHT_RATIO of the
+  turn holder's, judged when the request arrives.  Starvation bound: a waiter
+  that has waited a quantum goes before every one that has not (oldest first),
+  and no light waiter may cut in ahead of it, so every waiter is granted
+  within quantum + n x (quantum + drop_grace), n the clients on the GPU
+  (tests/test_scheduler.py checks it under a random walk).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .settings import Settings
+from . import memory_fit
+from .actions import (
+    Action,
+    AskToDrop,
+    Gone,
+    Grant,
+    Greeted,
+    Ignored,
+    LockReleased,
+    ModeChanged,
+    Queued,
+    Refuse,
+    Revoke,
+    SendSettings,
+    Withdrawn,
+)
+from .settings import AntiThrash, Settings
 from .snapshot import AgentSnapshot, ClientGpuSnapshot, ClientSnapshot, GpuSnapshot
+from .usage import UsageMeter
 
 EXCLUSIVE = "exclusive"
 SHARED = "shared"
 # Byte counts are u64 wherever they go (the wire, D-Bus 't'); two u64 fields
 # of one report can add up to more, which no one could show.
 MAX_BYTES = 2**64 - 1
+# A shim sends HELLO right after connect(); a peer that has not within this
+# long only holds an fd (and a place under the connection limits).
+HELLO_TIMEOUT_S = 10.0
+# GPUs that no inventory lists but clients name (no NVML: containers, CI):
+# one uid may introduce this many, all uids together MAX_LEARNED_GPUS, so a
+# user cannot make the agent track (and every status read list) thousands.
+MAX_LEARNED_GPUS_PER_UID = 64
+MAX_LEARNED_GPUS = 1024
 
-
-# ---------------------------------------------------------------- actions
-# Plain (not frozen) slotted dataclasses: frozen ones cost a few microseconds
-# more to build, and the hot path builds two or three per handoff.
-
-
-@dataclass(slots=True)
-class Grant:
-    client: int
-    pid: int
-    gpu: bytes
-    lease: int
-    exclusive: bool
-    waited_s: float
-
-
-@dataclass(slots=True)
-class AskToDrop:
-    client: int
-    pid: int
-    gpu: bytes
-    lease: int
-    held_s: float
-
-
-@dataclass(slots=True)
-class Revoke:
-    client: int
-    pid: int
-    gpu: bytes
-    lease: int
-    held_s: float
-
-
-@dataclass(slots=True)
-class LockReleased:
-    """Log only. reason: "released" (the client said so) or "disconnect"."""
-
-    client: int
-    pid: int
-    gpu: bytes
-    lease: int
-    held_s: float
-    drop_to_release_s: float | None
-    reason: str
-
-
-@dataclass(slots=True)
-class Queued:
-    """Log only: a request that has to wait; position counts from 1."""
-
-    client: int
-    pid: int
-    gpu: bytes
-    position: int
-
-
-@dataclass(slots=True)
-class Withdrawn:
-    """Log only: a waiter left the queue (RELEASED with lease 0 while waiting)."""
-
-    client: int
-    pid: int
-    gpu: bytes
-
-
-@dataclass(slots=True)
-class Ignored:
-    """Log only (debug): a harmless frame with no effect, e.g. a duplicate request."""
-
-    client: int
-    pid: int
-    gpu: bytes
-    reason: str
-
-
-@dataclass(slots=True)
-class SendSettings:
-    """client None means every client that has said hello."""
-
-    client: int | None
-    settings: Settings
-
-
-@dataclass(slots=True)
-class Refuse:
-    """A valid frame at the wrong time: the adapter sends ERROR and closes."""
-
-    client: int
-    reason: str
-
-
-@dataclass(slots=True)
-class Greeted:
-    client: int
-    pid: int
-    uid: int
-    gid: int
-    command: str
-    gpus: tuple[bytes, ...]
-
-
-@dataclass(slots=True)
-class Gone:
-    client: int
-    pid: int
-    greeted: bool
+# auto: a client is light when its recent use (0..1) is under LIGHT_FLOOR, or
+# at most LIGHT_RATIO of the turn holder's.  A notebook bursting 50 ms every
+# 2 s uses ~0.03; a trainer ~1.  A light lease beside the turn ends once its
+# client's use passes KEEP_LIGHT_FACTOR times those figures (hysteresis).
+LIGHT_FLOOR = 0.1
+LIGHT_RATIO = 0.25
+KEEP_LIGHT_FACTOR = 2.0
+# auto: how often leases beside the turn are checked for still being light.
+LIGHT_CHECK_S = 0.25
+# auto: a holder others wait for releases after this long idle (DROP_REQUEST
+# WHEN_IDLE), instead of idle_release_ms: a notebook's cell is over, the
+# trainer behind it should not wait a second for nothing.
+YIELD_IDLE_MS = 50
 
 
 # ---------------------------------------------------------------- state
@@ -149,17 +100,36 @@ class Lease:
     mode: str
     granted_at: float
     drop_requested_at: float | None = None
+    # auto: this lease holds the turn that busy clients take one at a time
+    # (False: light work beside the turn).  Exclusive leases always do.
+    turn: bool = True
+    release_when_idle: bool = False
+    yield_asked: bool = False  # asked to release once idle (not a drop: no revoke follows)
+
+
+@dataclass(slots=True)
+class Waiter:
+    requested_at: float
+    light: bool = False  # auto: used the GPU much less than the turn holder when it asked
 
 
 @dataclass(slots=True)
 class GpuState:
     uuid: bytes
     name: str = ""
-    memory_total_bytes: int = 0
+    memory_total_bytes: int = 0  # the inventory's (NVML)
     from_inventory: bool = False
     holders: dict[int, Lease] = field(default_factory=dict)  # client -> lease, grant order
-    waiters: dict[int, float] = field(default_factory=dict)  # client -> requested at, FCFS
+    waiters: dict[int, Waiter] = field(default_factory=dict)  # client -> waiter, request order
     users: set[int] = field(default_factory=set)  # clients that named this GPU
+    reported_totals: dict[int, int] = field(default_factory=dict)  # client -> GPU_MEMORY
+    process_bytes: dict[int, int] = field(default_factory=dict)  # NVML: pid -> bytes
+    fits: bool = False
+    demand_bytes: int = 0
+    capacity_bytes: int | None = None
+    introduced_by: int | None = None  # a learned GPU: the uid that named it first
+    deadline: float | None = None  # when tick() must look at this GPU next
+    light_check_at: float | None = None
 
 
 @dataclass(slots=True)
@@ -167,39 +137,95 @@ class ClientState:
     pid: int
     uid: int
     gid: int
+    connected_at: float = 0.0
     greeted: bool = False
     command: str = ""
+    features: int = 0  # protocol.Features bits the shim announced
     gpus: dict[bytes, None] = field(default_factory=dict)  # ordered set
-    memory: dict[bytes, int] = field(default_factory=dict)  # gpu -> bytes allocated
+    managed: dict[bytes, int] = field(default_factory=dict)  # gpu -> bytes
+    unmanaged: dict[bytes, int] = field(default_factory=dict)
+    active: set[bytes] = field(default_factory=set)  # GPUs it has a context on (asked or allocated)
+    usage: dict[bytes, UsageMeter] = field(default_factory=dict)
+
+
+# protocol.Features.YIELD, repeated here so the core needs no wire module.
+FEATURE_YIELD = 1
 
 
 class Scheduler:
-    def __init__(self, settings: Settings, *, max_gpus_per_client: int = 16, format_gpu=bytes.hex):
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        max_gpus_per_client: int = 16,
+        hello_timeout_s: float = HELLO_TIMEOUT_S,
+        format_gpu=bytes.hex,
+    ):
         self.settings = settings
         self.max_gpus_per_client = max_gpus_per_client
-        self._format_gpu = format_gpu  # only for snapshots: the core keeps raw ids
+        self.hello_timeout_s = hello_timeout_s
+        self._format_gpu = format_gpu  # only for snapshots and refusals: the core keeps raw ids
         self.gpus: dict[bytes, GpuState] = {}
         self.clients: dict[int, ClientState] = {}
+        self.inventory_known = False
+        self._also_known: set[bytes] = set()  # from the inventory but not scheduled (MIG)
+        self._learned_by_uid: dict[int, int] = {}
+        self._learned = 0
         self._last_lease = 0
+        # (time, sequence, gpu uuid or client id) with lazy deletion: an entry
+        # counts only while it is still its key's current deadline.
+        self._deadlines: list[tuple[float, int, bytes | int]] = []
+        self._sequence = itertools.count()
 
     # ------------------------------------------------------------ inventory
 
-    def add_gpu(self, uuid: bytes, name: str = "", memory_total_bytes: int = 0) -> None:
+    def add_gpu(
+        self, uuid: bytes, name: str = "", memory_total_bytes: int = 0, now: float = 0.0
+    ) -> list[Action]:
         """A GPU the node has (from NVML); kept even when no client uses it."""
-        gpu = self.gpus.get(uuid) or self.gpus.setdefault(uuid, GpuState(uuid))
+        gpu = self.gpus.get(uuid)
+        if gpu is None:
+            gpu = self.gpus[uuid] = GpuState(uuid)
+        elif gpu.introduced_by is not None:
+            self._forget_learned(gpu)
         gpu.name, gpu.memory_total_bytes, gpu.from_inventory = name, memory_total_bytes, True
+        self.inventory_known = True
+        actions: list[Action] = []
+        self._refit(gpu, now, actions, "inventory")
+        self._update(gpu, now, actions)
+        return actions
+
+    def allow_gpu(self, uuid: bytes) -> None:
+        """An id the inventory knows but does not schedule on its own (a MIG instance):
+        clients may name it."""
+        self._also_known.add(uuid)
+
+    def nvml_processes(self, readings: dict[bytes, dict[int, int]], now: float) -> list[Action]:
+        """NVML's per-process memory on each GPU (pid -> bytes), all processes."""
+        actions: list[Action] = []
+        for uuid, by_pid in readings.items():
+            gpu = self.gpus.get(uuid)
+            if gpu is None:
+                continue
+            gpu.process_bytes = dict(by_pid)
+            self._refit(gpu, now, actions, "nvml reading")
+            self._update(gpu, now, actions)
+        return actions
 
     # ------------------------------------------------------------ events
 
-    def connect(self, client: int, pid: int, uid: int, gid: int) -> list:
-        self.clients[client] = ClientState(pid, uid, gid)
+    def connect(self, client: int, pid: int, uid: int, gid: int, now: float = 0.0) -> list[Action]:
+        self.clients[client] = ClientState(pid, uid, gid, connected_at=now)
+        self._push_deadline(now + self.hello_timeout_s, client)
         return []
 
-    def hello(self, client: int, gpus: tuple[bytes, ...], command: str, now: float) -> list:
+    def hello(
+        self, client: int, gpus: tuple[bytes, ...], command: str, now: float, features: int = 0
+    ) -> list[Action]:
         state = self.clients[client]
         if state.greeted:
             return [Refuse(client, "second HELLO on one connection")]
-        state.greeted, state.command = True, command
+        state.greeted, state.command, state.features = True, command, features
         for uuid in gpus:
             refusal = self._use_gpu(client, state, uuid)
             if refusal:
@@ -209,7 +235,7 @@ class Scheduler:
             SendSettings(client, self.settings),
         ]
 
-    def request(self, client: int, uuid: bytes, now: float) -> list:
+    def request(self, client: int, uuid: bytes, now: float) -> list[Action]:
         state = self.clients[client]
         if not state.greeted:
             return [Refuse(client, "LOCK_REQUEST before HELLO")]
@@ -221,25 +247,31 @@ class Scheduler:
             return [Ignored(client, state.pid, uuid, "duplicate request while holding")]
         if client in gpu.waiters:
             return [Ignored(client, state.pid, uuid, "duplicate request while waiting")]
-        gpu.waiters[client] = now
-        actions: list = []
+        actions: list[Action] = []
+        if uuid not in state.active:
+            state.active.add(uuid)  # its context now takes memory there
+            self._refit(gpu, now, actions, "new client")
+        gpu.waiters[client] = Waiter(now, light=self._is_light(gpu, client, now))
         self._update(gpu, now, actions)
         if client in gpu.waiters:
             actions.insert(0, Queued(client, state.pid, uuid, len(gpu.waiters)))
         return actions
 
-    def release(self, client: int, uuid: bytes, lease: int, now: float) -> list:
+    def release(
+        self, client: int, uuid: bytes, lease: int, now: float, idle_ms: int = 0
+    ) -> list[Action]:
         state = self.clients[client]
         if not state.greeted:
             return [Refuse(client, "RELEASED before HELLO")]
         gpu = self.gpus.get(uuid)
         held = gpu.holders.get(client) if gpu else None
-        if held is not None and held.number == lease:
+        if gpu is not None and held is not None and held.number == lease:
             del gpu.holders[client]
+            self._meter(state, uuid).stop(now, idle_ms / 1000.0)
             drop_to_release = (
                 None if held.drop_requested_at is None else now - held.drop_requested_at
             )
-            actions: list = [
+            actions: list[Action] = [
                 LockReleased(
                     client,
                     state.pid,
@@ -248,18 +280,21 @@ class Scheduler:
                     now - held.granted_at,
                     drop_to_release,
                     "released",
+                    idle_ms,
                 )
             ]
             self._update(gpu, now, actions)
             return actions
         if gpu and lease == 0 and client in gpu.waiters:
             del gpu.waiters[client]
-            return [Withdrawn(client, state.pid, uuid)]
+            actions = [Withdrawn(client, state.pid, uuid)]
+            self._update(gpu, now, actions)  # the best waiter may have changed
+            return actions
         return [Ignored(client, state.pid, uuid, f"stale release lease={lease}")]
 
     def memory_report(
-        self, client: int, uuid: bytes, managed_bytes: int, unmanaged_bytes: int
-    ) -> list:
+        self, client: int, uuid: bytes, managed_bytes: int, unmanaged_bytes: int, now: float = 0.0
+    ) -> list[Action]:
         state = self.clients[client]
         if not state.greeted:
             return [Refuse(client, "MEMORY_REPORT before HELLO")]
@@ -269,166 +304,518 @@ class Scheduler:
         total = managed_bytes + unmanaged_bytes
         if total > MAX_BYTES:
             return [Refuse(client, f"MEMORY_REPORT of {total} bytes does not fit in 64 bits")]
-        state.memory[uuid] = total
-        return []
+        state.managed[uuid], state.unmanaged[uuid] = managed_bytes, unmanaged_bytes
+        if total:
+            state.active.add(uuid)
+        actions: list[Action] = []
+        gpu = self.gpus[uuid]
+        self._refit(gpu, now, actions, f"memory report pid={state.pid}")
+        self._update(gpu, now, actions)
+        return actions
 
-    def disconnect(self, client: int, now: float) -> list:
-        state = self.clients.pop(client, None)
-        if state is None:
-            return []
-        actions: list = []
-        for uuid in state.gpus:
-            gpu = self.gpus[uuid]
-            gpu.waiters.pop(client, None)
-            gpu.users.discard(client)
-            held = gpu.holders.pop(client, None)
-            if held is not None:
-                actions.append(
-                    LockReleased(
-                        client,
-                        state.pid,
-                        uuid,
-                        held.number,
-                        now - held.granted_at,
-                        None,
-                        "disconnect",
+    def gpu_memory(self, client: int, uuid: bytes, total_bytes: int, now: float) -> list[Action]:
+        """A client's shim says how much memory a GPU has."""
+        state = self.clients[client]
+        if not state.greeted:
+            return [Refuse(client, "GPU_MEMORY before HELLO")]
+        refusal = self._use_gpu(client, state, uuid)
+        if refusal:
+            return [refusal]
+        gpu = self.gpus[uuid]
+        gpu.reported_totals[client] = total_bytes
+        actions: list[Action] = []
+        self._refit(gpu, now, actions, "gpu memory reported")
+        self._update(gpu, now, actions)
+        return actions
+
+    def disconnect(self, client: int, now: float) -> list[Action]:
+        return self.disconnect_many((client,), now)
+
+    def disconnect_many(self, clients: Iterable[int], now: float) -> list[Action]:
+        """Clients gone at once (many waiters exiting together): all of them leave
+        every queue before anyone is granted, so no grant goes to one already gone."""
+        actions: list[Action] = []
+        gone: list[Action] = []
+        touched: dict[bytes, GpuState] = {}
+        for client in clients:
+            state = self.clients.pop(client, None)
+            if state is None:
+                continue
+            for uuid in state.gpus:
+                gpu = self.gpus[uuid]
+                gpu.waiters.pop(client, None)
+                gpu.users.discard(client)
+                gpu.reported_totals.pop(client, None)
+                held = gpu.holders.pop(client, None)
+                if held is not None:
+                    actions.append(
+                        LockReleased(
+                            client,
+                            state.pid,
+                            uuid,
+                            held.number,
+                            now - held.granted_at,
+                            None,
+                            "disconnect",
+                        )
                     )
-                )
-                self._update(gpu, now, actions)
+                touched[uuid] = gpu
+            gone.append(Gone(client, state.pid, state.greeted))
+        for uuid, gpu in touched.items():
             if not gpu.users and not gpu.from_inventory:
+                self._forget_learned(gpu)
                 del self.gpus[uuid]  # learned from clients only: forget it with them
-        actions.append(Gone(client, state.pid, state.greeted))
-        return actions
+                continue
+            self._refit(gpu, now, actions, "client gone")
+            self._update(gpu, now, actions)
+        return actions + gone
 
-    def tick(self, now: float) -> list:
-        actions: list = []
-        for gpu in list(self.gpus.values()):
-            if gpu.holders:
+    def tick(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            due, _, key = heapq.heappop(deadlines)
+            if isinstance(key, int):
+                state = self.clients.get(key)
+                if (
+                    state is not None
+                    and not state.greeted
+                    and state.connected_at + self.hello_timeout_s == due
+                ):
+                    actions.append(
+                        Refuse(key, f"no HELLO within {self.hello_timeout_s:g} s of connecting")
+                    )
+                continue
+            gpu = self.gpus.get(key)
+            if gpu is not None and gpu.deadline == due:
+                gpu.deadline = None
                 self._update(gpu, now, actions)
         return actions
 
-    def change_settings(self, settings: Settings, now: float) -> list:
+    def change_settings(self, settings: Settings, now: float) -> list[Action]:
         previous, self.settings = self.settings, settings
-        actions: list = [SendSettings(None, settings)]
+        was, mode = previous.anti_thrash, settings.anti_thrash
+        actions: list[Action] = [SendSettings(None, settings)]
         for gpu in self.gpus.values():
-            if previous.anti_thrash and not settings.anti_thrash:
+            if mode is AntiThrash.OFF and was is not AntiThrash.OFF:
                 for held in gpu.holders.values():
                     held.drop_requested_at = None  # nothing to make room for any more
-            elif settings.anti_thrash and not previous.anti_thrash:
+            elif mode is AntiThrash.ON and was is not AntiThrash.ON:
                 self._drain_shared_holders(gpu, now, actions)
+            elif mode is AntiThrash.AUTO and was is AntiThrash.OFF:
+                # Leases of "off" are shared and never given back when idle: have
+                # them asked again, so they get leases of auto's kind.
+                self._ask_to_drop_each(gpu, now, actions, "anti-thrash auto")
+            if mode is AntiThrash.AUTO and (
+                was is not AntiThrash.AUTO
+                or previous.memory_limit_bytes != settings.memory_limit_bytes
+            ):
+                self._refit(gpu, now, actions, "settings", always_log=True)
             self._update(gpu, now, actions)
         return actions
 
     def next_deadline(self) -> float | None:
         """When tick() must run next, or None when no timer is needed."""
-        quantum = self.settings.time_quantum_s
-        grace = self.settings.drop_grace_ms / 1000.0
-        deadline = None
-        for gpu in self.gpus.values():
-            if not gpu.waiters:
-                continue  # no one to make room for: no drop request, no revoke
-            for held in gpu.holders.values():
-                if held.drop_requested_at is not None:
-                    due = held.drop_requested_at + grace
-                elif self.settings.anti_thrash:
-                    due = held.granted_at + quantum
-                else:
-                    continue
-                if deadline is None or due < deadline:
-                    deadline = due
-        return deadline
+        deadlines = self._deadlines
+        while deadlines:
+            due, _, key = deadlines[0]
+            if isinstance(key, int):
+                state = self.clients.get(key)
+                valid = state is not None and not state.greeted
+            else:
+                gpu = self.gpus.get(key)
+                valid = gpu is not None and gpu.deadline == due
+            if valid:
+                return due
+            heapq.heappop(deadlines)
+        return None
 
-    # ------------------------------------------------------------ internals
+    # ------------------------------------------------------------ who may name which GPU
 
     def _use_gpu(self, client: int, state: ClientState, uuid: bytes) -> Refuse | None:
         if uuid in state.gpus:
             return None
         if len(state.gpus) >= self.max_gpus_per_client:
             return Refuse(client, f"more than {self.max_gpus_per_client} GPUs on one connection")
+        gpu = self.gpus.get(uuid)
+        if gpu is None:
+            refusal = self._may_learn(client, state.uid, uuid)
+            if refusal:
+                return refusal
+            gpu = self.gpus[uuid] = GpuState(uuid, introduced_by=state.uid)
+            self._learned_by_uid[state.uid] = self._learned_by_uid.get(state.uid, 0) + 1
+            self._learned += 1
         state.gpus[uuid] = None
-        gpu = self.gpus.get(uuid) or self.gpus.setdefault(uuid, GpuState(uuid))
         gpu.users.add(client)
         return None
 
-    def _update(self, gpu: GpuState, now: float, actions: list) -> None:
-        """Bring one GPU up to date at `now`: revoke, ask to drop, grant."""
-        settings = self.settings
+    def _may_learn(self, client: int, uid: int, uuid: bytes) -> Refuse | None:
+        if self.inventory_known and uuid not in self._also_known:
+            return Refuse(client, f"GPU {self._format_gpu(uuid)} is not on this node")
+        if self._learned >= MAX_LEARNED_GPUS:
+            return Refuse(client, f"the agent already tracks {MAX_LEARNED_GPUS} GPUs it cannot see")
+        if self._learned_by_uid.get(uid, 0) >= MAX_LEARNED_GPUS_PER_UID:
+            return Refuse(
+                client,
+                f"uid {uid} already named {MAX_LEARNED_GPUS_PER_UID} GPUs the agent cannot see",
+            )
+        return None
+
+    def _forget_learned(self, gpu: GpuState) -> None:
+        uid = gpu.introduced_by
+        if uid is None:
+            return
+        gpu.introduced_by = None
+        self._learned -= 1
+        left = self._learned_by_uid.get(uid, 0) - 1
+        if left > 0:
+            self._learned_by_uid[uid] = left
+        else:
+            self._learned_by_uid.pop(uid, None)
+
+    # ------------------------------------------------------------ memory (auto)
+
+    def _refit(
+        self, gpu: GpuState, now: float, actions: list[Action], reason: str, always_log=False
+    ) -> None:
+        """Recompute the GPU's demand and capacity, and whether its memory fits."""
+        total = gpu.memory_total_bytes if gpu.from_inventory else 0
+        if not total and gpu.reported_totals:
+            total = min(gpu.reported_totals.values())
+        capacity = memory_fit.capacity(total, self.settings.memory_limit_bytes)
+        client_pids = set()
+        demand = 0
+        for client in gpu.users:
+            state = self.clients[client]
+            client_pids.add(state.pid)
+            if gpu.uuid in state.active:
+                demand += memory_fit.client_demand(
+                    state.managed.get(gpu.uuid, 0),
+                    state.unmanaged.get(gpu.uuid, 0),
+                    gpu.process_bytes.get(state.pid),
+                )
+        demand += sum(b for pid, b in gpu.process_bytes.items() if pid not in client_pids)
+        demand = min(demand, MAX_BYTES)
+        fits = memory_fit.fits(gpu.fits, demand, capacity)
+        gpu.demand_bytes, gpu.capacity_bytes = demand, capacity
+        changed = fits != gpu.fits
+        gpu.fits = fits
+        if self.settings.anti_thrash is not AntiThrash.AUTO:
+            return
+        if changed and fits:
+            # Running side by side again: who is light is judged afresh.
+            for client, waiter in gpu.waiters.items():
+                waiter.light = self._is_light(gpu, client, now)
+        if changed or always_log:
+            mode = SHARED if fits else EXCLUSIVE
+            actions.append(ModeChanged(gpu.uuid, mode, demand, capacity, reason))
+
+    def _policy(self, gpu: GpuState) -> str:
+        """Which rule serves this GPU now: "on", "off", "auto-shared", "auto-exclusive"."""
+        mode = self.settings.anti_thrash
+        if mode is AntiThrash.AUTO:
+            return "auto-shared" if gpu.fits else "auto-exclusive"
+        return mode.value
+
+    # ------------------------------------------------------------ usage (auto)
+
+    def _meter(self, state: ClientState, uuid: bytes) -> UsageMeter:
+        meter = state.usage.get(uuid)
+        if meter is None:
+            meter = state.usage[uuid] = UsageMeter()
+        return meter
+
+    def _usage(self, client: int, uuid: bytes, now: float) -> float:
+        meter = self.clients[client].usage.get(uuid)
+        return 0.0 if meter is None else meter.at(now)
+
+    def _turn_holder(self, gpu: GpuState) -> int | None:
+        for client, held in gpu.holders.items():
+            if held.turn:
+                return client
+        return None
+
+    def _is_light(self, gpu: GpuState, client: int, now: float) -> bool:
+        if self.settings.anti_thrash is not AntiThrash.AUTO:
+            return False
+        holder = self._turn_holder(gpu)
+        if holder is None:
+            return False  # nothing to cut in ahead of: it takes the turn
+        used = self._usage(client, gpu.uuid, now)
+        return used < LIGHT_FLOOR or used <= LIGHT_RATIO * self._usage(holder, gpu.uuid, now)
+
+    def _still_light(self, gpu: GpuState, client: int, turn: int | None, now: float) -> bool:
+        used = self._usage(client, gpu.uuid, now)
+        if used < KEEP_LIGHT_FACTOR * LIGHT_FLOOR or turn is None:
+            return True
+        return used <= KEEP_LIGHT_FACTOR * LIGHT_RATIO * self._usage(turn, gpu.uuid, now)
+
+    def _best_waiter(self, gpu: GpuState, now: float) -> int:
+        """First come first served (on); least recent use first, those waiting a
+        quantum or more before all others, oldest first (auto)."""
+        if self.settings.anti_thrash is not AntiThrash.AUTO:
+            return next(iter(gpu.waiters))
+        starving_after = self.settings.time_quantum_s
+        uuid = gpu.uuid
+
+        def order(item: tuple[int, Waiter]) -> tuple[bool, float, float]:
+            client, waiter = item
+            starving = now - waiter.requested_at >= starving_after
+            used = 0.0 if starving else self._usage(client, uuid, now)
+            return (not starving, used, waiter.requested_at)
+
+        return min(gpu.waiters.items(), key=order)[0]
+
+    def _is_starving(self, waiter: Waiter, now: float) -> bool:
+        return now - waiter.requested_at >= self.settings.time_quantum_s
+
+    # ------------------------------------------------------------ the lock, per GPU
+
+    def _update(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
+        """Bring one GPU up to date at `now`: revoke, ask to drop, grant; then
+        note when it must be looked at next."""
+        policy = self._policy(gpu)
+        self._revoke_overdue(gpu, now, actions)
+        if policy == "off":
+            while gpu.waiters:
+                self._grant(gpu, next(iter(gpu.waiters)), now, SHARED, actions)
+        elif policy == "on":
+            self._take_turns_first_come(gpu, now, actions)
+        elif policy == "auto-shared":
+            self._run_side_by_side(gpu, now, actions)
+        else:
+            self._take_turns_fairly(gpu, now, actions)
+        self._schedule(gpu, now, policy)
+
+    def _revoke_overdue(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
         # Revoking makes room for a waiter; with none left (the only one
         # withdrew or exited after the drop request) it would only cut a
         # holder off for nothing.  The drop request stays pending, so a new
         # waiter does not have to wait another grace for an overdue holder.
-        if gpu.holders and gpu.waiters:
-            grace = settings.drop_grace_ms / 1000.0
-            for client, held in list(gpu.holders.items()):
-                if held.drop_requested_at is not None and now >= held.drop_requested_at + grace:
-                    del gpu.holders[client]
-                    actions.append(
-                        Revoke(
-                            client,
-                            self.clients[client].pid,
-                            gpu.uuid,
-                            held.number,
-                            now - held.granted_at,
-                        )
-                    )
-        if not settings.anti_thrash:
-            while gpu.waiters:
-                self._grant_first_waiter(gpu, now, SHARED, actions)
+        if not (gpu.holders and gpu.waiters):
             return
+        grace = self.settings.drop_grace_ms / 1000.0
+        for client, held in list(gpu.holders.items()):
+            if held.drop_requested_at is not None and now >= held.drop_requested_at + grace:
+                del gpu.holders[client]
+                state = self.clients[client]
+                self._meter(state, gpu.uuid).stop(now)
+                actions.append(
+                    Revoke(client, state.pid, gpu.uuid, held.number, now - held.granted_at)
+                )
+
+    def _take_turns_first_come(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
+        """anti-thrash on: one exclusive holder, FCFS, turns of at most the quantum."""
         if not gpu.waiters:
             return
         if not gpu.holders:
-            self._grant_first_waiter(gpu, now, EXCLUSIVE, actions)
+            self._grant(gpu, next(iter(gpu.waiters)), now, EXCLUSIVE, actions)
             return
         if len(gpu.holders) == 1:
             client, held = next(iter(gpu.holders.items()))
-            if held.drop_requested_at is None and now >= held.granted_at + settings.time_quantum_s:
-                held.drop_requested_at = now
-                actions.append(
-                    AskToDrop(
-                        client,
-                        self.clients[client].pid,
-                        gpu.uuid,
-                        held.number,
-                        now - held.granted_at,
-                    )
-                )
+            if (
+                held.drop_requested_at is None
+                and now >= held.granted_at + self.settings.time_quantum_s
+            ):
+                self._ask_to_drop(gpu, client, held, now, actions, "quantum over")
 
-    def _grant_first_waiter(self, gpu: GpuState, now: float, mode: str, actions: list) -> None:
-        client = next(iter(gpu.waiters))
-        requested_at = gpu.waiters.pop(client)
+    def _run_side_by_side(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
+        """auto, memory fits: one turn for busy clients, light ones beside it."""
+        turn = self._turn_holder(gpu)
+        if turn is None and gpu.waiters:
+            turn = self._best_waiter(gpu, now)
+            self._grant(gpu, turn, now, SHARED, actions, turn=True)
+        for client, waiter in list(gpu.waiters.items()):
+            if waiter.light:
+                self._grant(gpu, client, now, SHARED, actions, turn=False)
+        beside = [(c, lease) for c, lease in gpu.holders.items() if not lease.turn]
+        if beside and (gpu.light_check_at is None or now >= gpu.light_check_at):
+            for client, held in beside:
+                if held.drop_requested_at is None and not self._still_light(gpu, client, turn, now):
+                    self._ask_to_drop(gpu, client, held, now, actions, "no longer light")
+            gpu.light_check_at = now + LIGHT_CHECK_S
+        elif not beside:
+            gpu.light_check_at = None
+        if turn is not None and gpu.waiters:
+            held = gpu.holders[turn]
+            if held.drop_requested_at is not None:
+                return
+            if now >= held.granted_at + self.settings.time_quantum_s:
+                self._ask_to_drop(gpu, turn, held, now, actions, "quantum over")
+            else:
+                self._ask_to_yield(gpu, turn, held, now, actions)
+
+    def _take_turns_fairly(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
+        """auto, memory does not fit (or its size is unknown): one exclusive holder."""
+        draining = False
+        for client, held in gpu.holders.items():
+            if held.mode == SHARED:
+                # Through the same drain as anti-thrash switched on: everyone beside
+                # leaves before anyone holds alone.
+                draining = True
+                if held.drop_requested_at is None:
+                    self._ask_to_drop(gpu, client, held, now, actions, "memory does not fit")
+        if not gpu.waiters:
+            return
+        if not gpu.holders:
+            self._grant(gpu, self._best_waiter(gpu, now), now, EXCLUSIVE, actions)
+            return
+        best = gpu.waiters[self._best_waiter(gpu, now)]
+        for client, held in gpu.holders.items():
+            if held.mode != EXCLUSIVE or held.drop_requested_at is not None:
+                continue
+            # Compared as the deadline is computed (granted_at + slice), so that the
+            # tick at that deadline sees it due: float rounding must not disagree.
+            if now >= held.granted_at + self.settings.time_quantum_s:
+                self._ask_to_drop(gpu, client, held, now, actions, "quantum over")
+            elif (
+                best.light
+                and not draining
+                and not self._is_starving(best, now)
+                and now >= held.granted_at + self.settings.min_slice_ms / 1000.0
+            ):
+                self._ask_to_drop(gpu, client, held, now, actions, "light work waits")
+            else:
+                self._ask_to_yield(gpu, client, held, now, actions)
+
+    def _grant(
+        self,
+        gpu: GpuState,
+        client: int,
+        now: float,
+        mode: str,
+        actions: list[Action],
+        turn: bool = True,
+    ) -> None:
+        waiter = gpu.waiters.pop(client)
         self._last_lease += 1
-        gpu.holders[client] = Lease(self._last_lease, mode, now)
+        auto = self.settings.anti_thrash is AntiThrash.AUTO
+        release_when_idle = auto and mode == SHARED
+        gpu.holders[client] = Lease(
+            self._last_lease, mode, now, turn=turn, release_when_idle=release_when_idle
+        )
+        state = self.clients[client]
+        self._meter(state, gpu.uuid).start(now)
         actions.append(
             Grant(
                 client,
-                self.clients[client].pid,
+                state.pid,
                 gpu.uuid,
                 self._last_lease,
                 mode == EXCLUSIVE,
-                now - requested_at,
+                now - waiter.requested_at,
+                release_when_idle,
+                ("turn" if turn else "beside") if auto else "",
             )
         )
 
-    def _drain_shared_holders(self, gpu: GpuState, now: float, actions: list) -> None:
+    def _ask_to_drop(
+        self,
+        gpu: GpuState,
+        client: int,
+        held: Lease,
+        now: float,
+        actions: list[Action],
+        reason: str,
+    ) -> None:
+        held.drop_requested_at = now
+        actions.append(
+            AskToDrop(
+                client,
+                self.clients[client].pid,
+                gpu.uuid,
+                held.number,
+                now - held.granted_at,
+                reason=reason,
+            )
+        )
+
+    def _ask_to_yield(
+        self, gpu: GpuState, client: int, held: Lease, now: float, actions: list[Action]
+    ) -> None:
+        """Others wait: release as soon as idle.  Only to shims that understand it
+        (an older one would take it for a drop and cut its turn short)."""
+        state = self.clients[client]
+        if held.yield_asked or not state.features & FEATURE_YIELD:
+            return
+        held.yield_asked = True
+        actions.append(
+            AskToDrop(
+                client,
+                state.pid,
+                gpu.uuid,
+                held.number,
+                now - held.granted_at,
+                when_idle_ms=YIELD_IDLE_MS,
+                reason="others wait",
+            )
+        )
+
+    def _ask_to_drop_each(
+        self, gpu: GpuState, now: float, actions: list[Action], reason: str
+    ) -> None:
+        for client, held in gpu.holders.items():
+            if held.drop_requested_at is None:
+                self._ask_to_drop(gpu, client, held, now, actions, reason)
+
+    def _drain_shared_holders(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
         """Anti-thrash just came on: shared holders must all leave before anyone
         holds exclusively.  A lone exclusive holder (granted before anti-thrash
         went off, and never joined by others) simply keeps its lease."""
         holders = gpu.holders
         if len(holders) == 1 and next(iter(holders.values())).mode == EXCLUSIVE:
             return
-        for client, held in holders.items():
-            if held.drop_requested_at is None:
-                held.drop_requested_at = now
-                actions.append(
-                    AskToDrop(
-                        client,
-                        self.clients[client].pid,
-                        gpu.uuid,
-                        held.number,
-                        now - held.granted_at,
+        self._ask_to_drop_each(gpu, now, actions, "anti-thrash on")
+
+    # ------------------------------------------------------------ deadlines
+
+    def _schedule(self, gpu: GpuState, now: float, policy: str) -> None:
+        due = self._gpu_deadline(gpu, now, policy)
+        if due != gpu.deadline:
+            gpu.deadline = due
+            if due is not None:
+                self._push_deadline(due, gpu.uuid)
+
+    def _gpu_deadline(self, gpu: GpuState, now: float, policy: str) -> float | None:
+        settings = self.settings
+        due: float | None = None
+        if policy == "auto-shared" and gpu.light_check_at is not None:
+            due = gpu.light_check_at
+        if not gpu.waiters or policy == "off":
+            return due  # no one to make room for: no drop request, no revoke
+        grace = settings.drop_grace_ms / 1000.0
+        light_waits = False
+        if policy == "auto-exclusive":
+            best = gpu.waiters[self._best_waiter(gpu, now)]
+            light_waits = best.light and not self._is_starving(best, now)
+        for held in gpu.holders.values():
+            if held.drop_requested_at is not None:
+                when = held.drop_requested_at + grace
+            elif held.turn:
+                when = held.granted_at + settings.time_quantum_s
+                if light_waits:
+                    when = min(when, held.granted_at + settings.min_slice_ms / 1000.0)
+            else:
+                continue
+            if due is None or when < due:
+                due = when
+        return due
+
+    def _push_deadline(self, due: float, key: bytes | int) -> None:
+        heapq.heappush(self._deadlines, (due, next(self._sequence), key))
+        # Lazy deletion leaves stale entries behind; rebuild before they pile up.
+        if len(self._deadlines) > 4 * (len(self.gpus) + len(self.clients)) + 64:
+            live: list[tuple[float, int, bytes | int]] = []
+            for uuid, gpu in self.gpus.items():
+                if gpu.deadline is not None:
+                    live.append((gpu.deadline, next(self._sequence), uuid))
+            for client, state in self.clients.items():
+                if not state.greeted:
+                    live.append(
+                        (state.connected_at + self.hello_timeout_s, next(self._sequence), client)
                     )
-                )
+            heapq.heapify(live)
+            self._deadlines = live
 
     # ------------------------------------------------------------ status
 
@@ -441,6 +828,10 @@ class Scheduler:
                 g.memory_total_bytes,
                 tuple(self.clients[c].pid for c in g.holders),
                 tuple(self.clients[c].pid for c in g.waiters),
+                anti_thrash=self.settings.anti_thrash.value,
+                mode=self._mode(g),
+                memory_capacity_bytes=g.capacity_bytes or 0,
+                memory_demand_bytes=g.demand_bytes,
             )
             for g in self.gpus.values()
         )
@@ -458,10 +849,21 @@ class Scheduler:
                 else:
                     status = "waiting" if client in gpu.waiters else "idle"
                     holding = 0.0
+                allocated = state.managed.get(uuid, 0) + state.unmanaged.get(uuid, 0)
                 per_gpu.append(
-                    ClientGpuSnapshot(fmt(uuid), status, state.memory.get(uuid, 0), holding)
+                    ClientGpuSnapshot(
+                        fmt(uuid),
+                        status,
+                        allocated,
+                        holding,
+                        recent_use=round(self._usage(client, uuid, now), 3),
+                    )
                 )
             clients.append(
                 ClientSnapshot(state.pid, state.uid, state.gid, state.command, tuple(per_gpu))
             )
         return AgentSnapshot(gpus, tuple(clients))
+
+    def _mode(self, gpu: GpuState) -> str:
+        policy = self._policy(gpu)
+        return SHARED if policy in ("off", "auto-shared") else EXCLUSIVE

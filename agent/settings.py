@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import configparser
 import dataclasses
+import enum
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,25 @@ STATE_FILE_NAME = "settings.json"
 TIME_QUANTUM_RANGE_S = (1, 86400)
 # u32 milliseconds on the wire; a day is plenty and keeps the numbers sane.
 MILLIS_RANGE = (0, 86_400_000)
+# A minimum slice longer than a second would make light work wait noticeably.
+MIN_SLICE_RANGE_MS = (0, 10_000)
+# Bytes fit in u64 (D-Bus 't'); a limit of a few MiB would only ever mean "never fits".
+MEMORY_LIMIT_RANGE = (0, 2**64 - 1)
+_SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+class AntiThrash(str, enum.Enum):
+    """on: one holder per GPU, first come first served, turns of at most the time quantum.
+    off: every process runs at once.  auto: per GPU, light work runs beside the holder
+    while the clients' memory fits the GPU, busy clients take usage-fair turns, and the
+    GPU goes to exclusive turns when memory does not fit (docs/scheduling.md)."""
+
+    ON = "on"
+    OFF = "off"
+    AUTO = "auto"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class SettingsError(ValueError):
@@ -38,9 +59,13 @@ class SettingsNotSaved(Exception):
 @dataclass(frozen=True, slots=True)
 class Settings:
     time_quantum_s: int = 30
-    anti_thrash: bool = True
+    anti_thrash: AntiThrash = AntiThrash.AUTO
     idle_release_ms: int = 1000
     drop_grace_ms: int = 5000
+    # auto: how long a busy holder keeps the GPU before light work may take it over.
+    min_slice_ms: int = 100
+    # auto: the most memory a GPU is taken to have (0: its own size).
+    memory_limit_bytes: int = 0
 
     def validated(self) -> Settings:
         lo, hi = TIME_QUANTUM_RANGE_S
@@ -48,13 +73,20 @@ class Settings:
             raise SettingsError(
                 f"time quantum must be {lo}..{hi} seconds, got {self.time_quantum_s!r}"
             )
-        if type(self.anti_thrash) is not bool:
-            raise SettingsError(f"anti-thrash must be on or off, got {self.anti_thrash!r}")
-        for name in ("idle_release_ms", "drop_grace_ms"):
+        if not isinstance(self.anti_thrash, AntiThrash):
+            raise SettingsError(f"anti-thrash must be on, off or auto, got {self.anti_thrash!r}")
+        for name, (lo, hi) in (
+            ("idle_release_ms", MILLIS_RANGE),
+            ("drop_grace_ms", MILLIS_RANGE),
+            ("min_slice_ms", MIN_SLICE_RANGE_MS),
+        ):
             value = getattr(self, name)
-            lo, hi = MILLIS_RANGE
             if type(value) is not int or not lo <= value <= hi:
                 raise SettingsError(f"{name} must be {lo}..{hi} milliseconds, got {value!r}")
+        lo, hi = MEMORY_LIMIT_RANGE
+        value = self.memory_limit_bytes
+        if type(value) is not int or not lo <= value <= hi:
+            raise SettingsError(f"memory_limit must be {lo}..{hi} bytes, got {value!r}")
         return self
 
     def replaced(self, **changes) -> Settings:
@@ -68,17 +100,40 @@ _CONFIG_KEYS = {
     "anti_thrash": "anti_thrash",
     "idle_release_ms": "idle_release_ms",
     "drop_grace_ms": "drop_grace_ms",
+    "min_slice_ms": "min_slice_ms",
+    "memory_limit": "memory_limit_bytes",
 }
-_BOOLEAN_WORDS = {
-    "on": True,
-    "off": False,
-    "true": True,
-    "false": False,
-    "yes": True,
-    "no": False,
-    "1": True,
-    "0": False,
+# The words an admin may write for each anti-thrash mode (the original's on/off,
+# and the booleans configparser users expect).
+_ANTI_THRASH_WORDS = {
+    **dict.fromkeys(("on", "true", "yes", "1"), AntiThrash.ON),
+    **dict.fromkeys(("off", "false", "no", "0"), AntiThrash.OFF),
+    "auto": AntiThrash.AUTO,
 }
+
+
+def parse_anti_thrash(text: str) -> AntiThrash:
+    """on/off/auto (and true/false/yes/no/1/0); raises SettingsError."""
+    mode = _ANTI_THRASH_WORDS.get(text.strip().lower())
+    if mode is None:
+        raise SettingsError(f"anti-thrash must be on, off or auto, got {text!r}")
+    return mode
+
+
+_SIZE = re.compile(r"(\d+)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes, with an optional K, M, G or T suffix (powers of 1024; "GiB" and "GB"
+    read the same); "none" or "0" means no limit.  Raises SettingsError."""
+    if text.strip().lower() == "none":
+        return 0
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise SettingsError(
+            f"a size is a whole number of bytes with an optional K, M, G or T suffix, got {text!r}"
+        )
+    return int(match.group(1)) * _SIZE_SUFFIXES[match.group(2).upper()]
 
 
 def load_config(path: Path) -> Settings:
@@ -126,11 +181,13 @@ def load_config(path: Path) -> Settings:
 
 
 def _parse_value(path: Path, key: str, field: str, text: str):
-    if field == "anti_thrash":
-        value = _BOOLEAN_WORDS.get(text.lower())
-        if value is None:
-            raise SettingsError(f"config {path}: {key} must be on or off, got {text!r}")
-        return value
+    try:
+        if field == "anti_thrash":
+            return parse_anti_thrash(text)
+        if field == "memory_limit_bytes":
+            return parse_size(text)
+    except SettingsError as e:
+        raise SettingsError(f"config {path}: {key}: {e}") from None
     try:
         return int(text)
     except ValueError:
@@ -164,6 +221,11 @@ class SettingsStore:
         if not isinstance(data, dict):
             return {}, f"ignoring saved settings {self.path}: not a JSON object"
         overrides = {k: data[k] for k in self.PERSISTED_FIELDS if k in data}
+        saved = overrides.get("anti_thrash")
+        if isinstance(saved, bool):  # saved before anti-thrash had a third value
+            overrides["anti_thrash"] = AntiThrash.ON if saved else AntiThrash.OFF
+        elif isinstance(saved, str):
+            overrides["anti_thrash"] = _ANTI_THRASH_WORDS.get(saved, saved)
         try:
             Settings().replaced(**overrides)
         except SettingsError as e:
@@ -176,7 +238,10 @@ class SettingsStore:
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".settings.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(overrides, f, sort_keys=True)
+                plain = {
+                    k: v.value if isinstance(v, enum.Enum) else v for k, v in overrides.items()
+                }
+                json.dump(plain, f, sort_keys=True)
                 f.write("\n")
                 f.flush()
                 os.fsync(f.fileno())

@@ -12,6 +12,10 @@ class GpuSnapshot:
     memory_total_bytes: int
     holder_pids: tuple[int, ...]
     queue_pids: tuple[int, ...]
+    anti_thrash: str = "on"  # the setting: on, off or auto
+    mode: str = "exclusive"  # what it does now: exclusive (one at a time) or shared
+    memory_capacity_bytes: int = 0  # what auto assumes the GPU has; 0: unknown
+    memory_demand_bytes: int = 0  # what its clients (and others, by NVML) need
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +24,7 @@ class ClientGpuSnapshot:
     state: str  # "idle", "waiting", "holding" or "draining"
     allocated_bytes: int
     holding_seconds: float
+    recent_use: float = 0.0  # share of the last ~10 s it held the GPU busy (usage.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from nvshare_agent.scheduler import (
+from nvshare_agent.actions import (
     AskToDrop,
     Gone,
     Grant,
@@ -16,16 +16,19 @@ from nvshare_agent.scheduler import (
     Queued,
     Refuse,
     Revoke,
-    Scheduler,
     SendSettings,
     Withdrawn,
 )
-from nvshare_agent.settings import Settings
+from nvshare_agent.scheduler import Scheduler
+from nvshare_agent.settings import AntiThrash, Settings
 
 G0, G1 = b"\x00" * 15 + b"\x01", b"\x00" * 15 + b"\x02"
 TQ, GRACE = 10, 2.0
 SETTINGS = Settings(
-    time_quantum_s=TQ, anti_thrash=True, idle_release_ms=100, drop_grace_ms=int(GRACE * 1000)
+    time_quantum_s=TQ,
+    anti_thrash=AntiThrash.ON,
+    idle_release_ms=100,
+    drop_grace_ms=int(GRACE * 1000),
 )
 
 
@@ -280,7 +283,7 @@ def test_gpus_learned_from_clients_are_forgotten_with_them_but_inventory_stays()
 
 # ---------------------------------------------------------------- anti-thrash
 
-OFF = SETTINGS.replaced(anti_thrash=False)
+OFF = SETTINGS.replaced(anti_thrash=AntiThrash.OFF)
 
 
 def test_anti_thrash_off_grants_everyone_shared_with_no_quantum():
@@ -397,13 +400,15 @@ def test_random_event_sequences_keep_the_invariants(seed):
     holds and waits, nothing overdue after a tick, and no waiter starves once holders stop."""
     rng = random.Random(seed)
     s = Scheduler(SETTINGS)
+    s.add_gpu(G0, "big", 80 << 30)
+    s.add_gpu(G1, "small", 8 << 30)
     now, next_client, live, leases = 0.0, 1, {}, set()
     for _ in range(400):
         now += rng.choice((0.0, 0.01, 0.5, 3.0, TQ))
         event = rng.random()
         if event < 0.1 or not live:
-            s.connect(next_client, next_client, 0, 0)
-            s.hello(next_client, (G0, G1), "x", now)
+            s.connect(next_client, next_client, 0, 0, now)
+            s.hello(next_client, (G0, G1), "x", now, features=rng.choice((0, 1)))
             live[next_client] = {}
             next_client += 1
             continue
@@ -420,7 +425,12 @@ def test_random_event_sequences_keep_the_invariants(seed):
             actions = s.disconnect(client, now)
             del live[client]
         elif event < 0.83:
-            actions = s.change_settings(SETTINGS.replaced(anti_thrash=rng.random() < 0.6), now)
+            actions = s.change_settings(
+                SETTINGS.replaced(anti_thrash=rng.choice(list(AntiThrash))), now
+            )
+        elif event < 0.86:
+            # Reports that make the GPU's memory fit (auto side by side) or not.
+            actions = s.memory_report(client, gpu, rng.choice((0, 1 << 30, 1 << 40)), 0, now)
         else:
             deadline = s.next_deadline()
             if deadline is not None and rng.random() < 0.5:
@@ -450,20 +460,32 @@ def test_random_event_sequences_keep_the_invariants(seed):
 
 
 def _check_invariants(s: Scheduler) -> None:
+    on = s.settings.anti_thrash is AntiThrash.ON
+    off = s.settings.anti_thrash is AntiThrash.OFF
+    auto = s.settings.anti_thrash is AntiThrash.AUTO
     for gpu in s.gpus.values():
+        if auto:
+            turns = [h for h in gpu.holders.values() if h.turn]
+            assert len(turns) <= 1 or all(h.drop_requested_at is not None for h in turns)
+            if gpu.waiters:
+                assert gpu.holders, "a waiter with a free GPU"
+            if not gpu.fits and any(h.mode == "shared" for h in gpu.holders.values()):
+                # Memory does not fit: shared leases are on their way out.
+                shared = [h for h in gpu.holders.values() if h.mode == "shared"]
+                assert all(h.drop_requested_at is not None for h in shared)
         assert not set(gpu.holders) & set(gpu.waiters)
         exclusive = [h for h in gpu.holders.values() if h.mode == "exclusive"]
-        if s.settings.anti_thrash and len(gpu.holders) > 1:
+        if on and len(gpu.holders) > 1:
             # Only while draining a switch back on: everyone has been asked to drop.
             assert all(h.drop_requested_at is not None for h in gpu.holders.values())
         assert (
             len(exclusive) <= 1
-            or not s.settings.anti_thrash
+            or off
             or all(h.drop_requested_at is not None for h in gpu.holders.values())
         )
-        if s.settings.anti_thrash and gpu.waiters:
+        if on and gpu.waiters:
             assert gpu.holders, "a waiter with a free GPU"
-        if not s.settings.anti_thrash:
+        if off:
             assert not gpu.waiters
         for client in list(gpu.holders) + list(gpu.waiters):
             assert client in s.clients

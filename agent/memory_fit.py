@@ -1,0 +1,63 @@
+"""Whether a GPU's memory holds everything its processes allocated: pure arithmetic.
+
+Anti-thrash auto lets processes run side by side only while their memory fits
+the GPU: then no process's pages have to be evicted for another's, so nothing
+can thrash.  The figures:
+
+- capacity: the GPU's total memory (NVML's inventory, else the smallest total a
+  client's shim reported: a client can only make it look smaller, which errs on
+  the safe side), capped by the setting memory_limit.  Unknown: never fits.
+- demand: for each client using the GPU, its managed and unmanaged allocations
+  plus its CUDA context's own memory (NVML's per-process figure where NVML can
+  be read, else CONTEXT_ESTIMATE_BYTES), plus what processes outside nvshare
+  use (NVML).
+- It fits while demand <= capacity - reserve.  Once it does not, it fits again
+  only when demand <= capacity - reserve - band, so an allocation that moves
+  back and forth across the line does not flip the GPU each time.
+"""
+
+from __future__ import annotations
+
+# What one process's CUDA context takes on the GPU besides its allocations
+# (the context itself, kernels, cuBLAS workspaces): ~500 MiB for PyTorch on an
+# H100 with CUDA 13.  Used where NVML cannot say.
+CONTEXT_ESTIMATE_BYTES = 512 << 20
+# Kept free: the driver and fragmentation need room that no report shows.
+RESERVE_MIN_BYTES = 256 << 20
+RESERVE_FRACTION = 1 / 32
+BAND_MIN_BYTES = 128 << 20
+BAND_FRACTION = 1 / 64
+
+
+def capacity(total_bytes: int | None, limit_bytes: int) -> int | None:
+    """What auto assumes the GPU has; None when unknown."""
+    if not total_bytes:
+        return None
+    return min(total_bytes, limit_bytes) if limit_bytes else total_bytes
+
+
+def reserve(capacity_bytes: int) -> int:
+    return max(RESERVE_MIN_BYTES, int(capacity_bytes * RESERVE_FRACTION))
+
+
+def band(capacity_bytes: int) -> int:
+    return max(BAND_MIN_BYTES, int(capacity_bytes * BAND_FRACTION))
+
+
+def fits(was_fitting: bool, demand_bytes: int, capacity_bytes: int | None) -> bool:
+    """The new verdict, given the last one (hysteresis)."""
+    if capacity_bytes is None:
+        return False
+    line = capacity_bytes - reserve(capacity_bytes)
+    if was_fitting:
+        return demand_bytes <= line
+    return demand_bytes <= line - band(capacity_bytes)
+
+
+def client_demand(managed: int, unmanaged: int, nvml_process_bytes: int | None) -> int:
+    """One client's share of the demand.  NVML's per-process figure covers the
+    context and the unmanaged (device-resident) allocations; managed memory is
+    added on top since the driver may have evicted it."""
+    if nvml_process_bytes is None:
+        return managed + unmanaged + CONTEXT_ESTIMATE_BYTES
+    return managed + max(unmanaged, nvml_process_bytes)

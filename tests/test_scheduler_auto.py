@@ -1,0 +1,410 @@
+"""The core's anti-thrash auto and usage-fair turns, and its bounds: time is an argument.
+
+tests/test_scheduler.py covers on and off, which auto leaves unchanged."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from nvshare_agent import memory_fit
+from nvshare_agent.actions import (
+    AskToDrop,
+    Gone,
+    Grant,
+    ModeChanged,
+    Queued,
+    Refuse,
+    Revoke,
+)
+from nvshare_agent.scheduler import (
+    FEATURE_YIELD,
+    LIGHT_CHECK_S,
+    MAX_LEARNED_GPUS_PER_UID,
+    YIELD_IDLE_MS,
+    Scheduler,
+)
+from nvshare_agent.settings import AntiThrash, Settings
+from nvshare_agent.usage import USAGE_WINDOW_S, UsageMeter
+
+G0, G1 = b"\x00" * 15 + b"\x01", b"\x00" * 15 + b"\x02"
+GIB = 1 << 30
+TQ, GRACE, MIN_SLICE = 30, 5.0, 0.1
+AUTO = Settings(
+    time_quantum_s=TQ,
+    anti_thrash=AntiThrash.AUTO,
+    idle_release_ms=1000,
+    drop_grace_ms=int(GRACE * 1000),
+    min_slice_ms=int(MIN_SLICE * 1000),
+)
+CAPACITY = 80 * GIB
+LINE = CAPACITY - memory_fit.reserve(CAPACITY)  # demand up to here fits
+BAND = memory_fit.band(CAPACITY)
+
+
+def of(kind, actions):
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def one(kind, actions, client=None):
+    found = [a for a in of(kind, actions) if client is None or a.client == client]
+    assert len(found) == 1, actions
+    return found[0]
+
+
+def make(n_clients=3, settings=AUTO, capacity=CAPACITY, features=FEATURE_YIELD):
+    s = Scheduler(settings)
+    if capacity:
+        s.add_gpu(G0, "GPU", capacity)
+    for c in range(1, n_clients + 1):
+        s.connect(c, pid=100 + c, uid=1000, gid=1000)
+        s.hello(c, (G0,), f"cmd{c}", now=0.0, features=features)
+    return s
+
+
+def hold_for(s, client, seconds, start):
+    """client asks at `start`, gets the GPU, and releases busy `seconds` later."""
+    grant = one(Grant, s.request(client, G0, start))
+    s.release(client, G0, grant.lease, start + seconds)
+    return start + seconds
+
+
+# ---------------------------------------------------------------- usage
+
+
+def test_usage_counts_busy_time_in_a_decaying_window():
+    meter = UsageMeter()
+    meter.start(0.0)
+    assert meter.at(USAGE_WINDOW_S) == pytest.approx(1 - math.exp(-1))
+    meter.stop(USAGE_WINDOW_S)
+    assert meter.at(2 * USAGE_WINDOW_S) == pytest.approx((1 - math.exp(-1)) * math.exp(-1))
+
+
+def test_the_idle_tail_of_a_hold_is_not_counted_as_use():
+    bursty, busy = UsageMeter(), UsageMeter()
+    bursty.start(0.0)
+    bursty.stop(1.05, idle_s=1.0)  # a 50 ms burst, then a second idle before the release
+    busy.start(0.0)
+    busy.stop(0.05)
+    assert bursty.at(2.0) == pytest.approx(busy.at(2.0))
+
+
+# ---------------------------------------------------------------- memory fits: side by side
+
+
+def test_two_clients_whose_memory_fits_are_both_granted_at_once():
+    s = make()
+    first = one(Grant, s.request(1, G0, 0.0))
+    second = one(Grant, s.request(2, G0, 0.001))
+    assert not first.exclusive and not second.exclusive
+    assert first.release_when_idle and second.release_when_idle
+    assert (first.role, second.role) == ("turn", "beside")
+    assert s.snapshot(0.0).gpus[0].mode == "shared"
+
+
+def test_a_light_client_runs_beside_a_busy_one_at_once():
+    s = make()
+    now = hold_for(s, 1, 60.0, 0.0)  # a trainer: a minute of use
+    trainer = one(Grant, s.request(1, G0, now))
+    notebook = one(Grant, s.request(2, G0, now + 0.5))
+    assert notebook.role == "beside" and notebook.waited_s == 0.0
+    assert trainer.client == 1 and 1 in s.gpus[G0].holders
+
+
+def test_busy_clients_take_turns_of_a_quantum_while_memory_fits():
+    s = make()
+    now = 0.0
+    for client in (1, 2):  # both have trained a while already
+        now = hold_for(s, client, 60.0, now)
+    first = one(Grant, s.request(1, G0, now))
+    actions = s.request(2, G0, now + 1)
+    assert of(Queued, actions) and not of(Grant, actions)
+    # The turn holder is asked to release once idle: it is not, it trains.
+    assert one(AskToDrop, actions).when_idle_ms == YIELD_IDLE_MS
+    assert s.next_deadline() == pytest.approx(now + TQ)
+    drop = one(AskToDrop, s.tick(now + TQ))
+    assert (drop.client, drop.when_idle_ms) == (1, 0)
+    second = one(Grant, s.release(1, G0, first.lease, now + TQ + 0.05))
+    assert second.client == 2 and second.role == "turn"
+
+
+def test_a_client_beside_the_turn_is_asked_to_drop_once_it_is_no_longer_light():
+    s = make()
+    one(Grant, s.request(1, G0, 0.0))
+    beside = one(Grant, s.request(2, G0, 0.0))  # two new trainers: the second goes beside at first
+    dropped_at = None
+    now = 0.0
+    while dropped_at is None and now < 10:
+        now = s.next_deadline()
+        assert now is not None and now <= 10
+        drops = of(AskToDrop, s.tick(now))
+        if drops:
+            assert drops[0].client == 2 and drops[0].lease == beside.lease
+            dropped_at = now
+    # It passed twice the floor (0.2 of the window) after ~2.2 s of running beside.
+    assert dropped_at == pytest.approx(-USAGE_WINDOW_S * math.log(0.8), abs=LIGHT_CHECK_S + 1e-9)
+    s.release(2, G0, beside.lease, now + 0.05)
+    assert of(Queued, s.request(2, G0, now + 0.06)), "it now waits for the turn"
+
+
+def test_an_older_shim_is_never_asked_to_release_when_idle():
+    s = make(features=0)
+    now = hold_for(s, 1, 60.0, 0.0)
+    now = hold_for(s, 2, 60.0, now)
+    s.request(1, G0, now)
+    assert not of(AskToDrop, s.request(2, G0, now + 1))
+
+
+# ---------------------------------------------------------------- switching on memory reports
+
+
+def test_a_report_that_does_not_fit_drains_the_holders_and_turns_begin():
+    s = make()
+    a, b = one(Grant, s.request(1, G0, 0.0)), one(Grant, s.request(2, G0, 0.0))
+    actions = s.memory_report(3, G0, 78 * GIB, 0, now=1.0)
+    switch = one(ModeChanged, actions)
+    assert switch.mode == "exclusive" and switch.demand_bytes > LINE
+    assert {d.client for d in of(AskToDrop, actions)} == {1, 2}
+    assert of(Queued, s.request(3, G0, 1.1))
+    s.release(1, G0, a.lease, 1.2)
+    grant = one(Grant, s.release(2, G0, b.lease, 1.3))
+    assert grant.client == 3 and grant.exclusive
+    assert s.snapshot(1.3).gpus[0].mode == "exclusive"
+
+
+def test_memory_fits_again_only_below_the_band():
+    s = make(n_clients=1)
+    s.request(1, G0, 0.0)  # its context counts from now on
+    context = memory_fit.CONTEXT_ESTIMATE_BYTES
+    assert one(ModeChanged, s.memory_report(1, G0, LINE - context + 1, 0, now=1)).mode == (
+        "exclusive"
+    )
+    assert not of(ModeChanged, s.memory_report(1, G0, LINE - context, 0, now=2))
+    assert not of(ModeChanged, s.memory_report(1, G0, LINE - context - BAND + 1, 0, now=3))
+    back = one(ModeChanged, s.memory_report(1, G0, LINE - context - BAND, 0, now=4))
+    assert back.mode == "shared" and back.capacity_bytes == CAPACITY
+
+
+def test_processes_outside_nvshare_count_against_the_gpu():
+    s = make(n_clients=1)
+    s.request(1, G0, 0.0)
+    actions = s.nvml_processes({G0: {101: 600 << 20, 999: 79 * GIB}}, now=1.0)
+    assert one(ModeChanged, actions).mode == "exclusive"
+    # Client 101's own NVML figure replaced the context estimate.
+    assert s.gpus[G0].demand_bytes == (600 << 20) + 79 * GIB
+
+
+def test_unknown_capacity_takes_exclusive_turns_until_a_shim_reports_it():
+    s = make(capacity=0)
+    assert one(Grant, s.request(1, G0, 0.0)).exclusive
+    assert of(Queued, s.request(2, G0, 0.0))
+    switch = one(ModeChanged, s.gpu_memory(1, G0, CAPACITY, now=1.0))
+    assert switch.mode == "shared" and switch.capacity_bytes == CAPACITY
+    assert one(Grant, s.tick(1.0) + s.request(3, G0, 1.0)).client == 3  # beside the holder
+
+
+def test_the_smallest_reported_capacity_wins():
+    s = make(capacity=0)
+    s.gpu_memory(1, G0, CAPACITY, now=0)
+    s.gpu_memory(2, G0, 1 * GIB, now=0)
+    assert s.gpus[G0].capacity_bytes == 1 * GIB
+
+
+def test_memory_limit_caps_the_capacity():
+    s = make()
+    s.request(1, G0, 0.0)
+    s.request(2, G0, 0.0)
+    actions = s.change_settings(AUTO.replaced(memory_limit_bytes=1 * GIB), 1.0)
+    switch = one(ModeChanged, actions)
+    assert (switch.mode, switch.capacity_bytes) == ("exclusive", 1 * GIB)
+    assert {d.client for d in of(AskToDrop, actions)} == {1, 2}
+
+
+# ---------------------------------------------------------------- memory does not fit: turns
+
+
+def exclusive_gpu(n_clients=3, **settings):
+    # 512 MiB less the reserve cannot hold even one context: never fits.
+    return make(n_clients, settings=AUTO.replaced(memory_limit_bytes=512 << 20, **settings))
+
+
+def test_a_light_waiter_gets_the_gpu_after_the_holders_minimum_slice():
+    s = exclusive_gpu()
+    trainer = one(Grant, s.request(1, G0, 0.0))
+    assert trainer.exclusive
+    actions = s.request(2, G0, 0.03)  # a notebook asks 30 ms into the trainer's turn
+    assert of(Queued, actions)
+    assert s.next_deadline() == pytest.approx(MIN_SLICE)
+    drop = one(AskToDrop, s.tick(MIN_SLICE))
+    assert (drop.client, drop.when_idle_ms, drop.reason) == (1, 0, "light work waits")
+    notebook = one(Grant, s.release(1, G0, trainer.lease, MIN_SLICE + 0.05))
+    assert notebook.client == 2 and notebook.waited_s == pytest.approx(0.12)
+
+
+def test_the_trainer_comes_back_once_the_notebook_goes_idle():
+    s = exclusive_gpu()
+    now = hold_for(s, 1, 60.0, 0.0)
+    trainer = one(Grant, s.request(1, G0, now))
+    s.request(2, G0, now + 1)  # held a second already: dropped at once
+    notebook = one(Grant, s.release(1, G0, trainer.lease, now + 1.05))
+    actions = s.request(1, G0, now + 1.06)  # the trainer asks again right away
+    assert of(Queued, actions)
+    yield_ask = one(AskToDrop, actions)
+    assert (yield_ask.client, yield_ask.when_idle_ms) == (2, YIELD_IDLE_MS)
+    back = one(Grant, s.release(2, G0, notebook.lease, now + 1.2, idle_ms=YIELD_IDLE_MS))
+    assert back.client == 1
+
+
+def test_waiters_are_served_least_recent_use_first():
+    s = exclusive_gpu(n_clients=4)
+    now = 0.0
+    for client, seconds in ((2, 10.0), (3, 0.5), (4, 3.0)):
+        now = hold_for(s, client, seconds, now)
+    holder = one(Grant, s.request(1, G0, now))
+    for client in (2, 3, 4):
+        s.request(client, G0, now + 0.01 * client)
+    order = []
+    lease = holder.lease
+    t = now + 1
+    for holder_client in (1, 3, 4):
+        grant = one(Grant, s.release(holder_client, G0, lease, t))
+        order.append(grant.client)
+        lease = grant.lease
+        t += 0.2
+    assert order == [3, 4, 2]
+
+
+def test_a_waiter_that_waited_a_quantum_goes_before_lighter_ones():
+    s = exclusive_gpu(n_clients=3)
+    now = hold_for(s, 2, 60.0, 0.0)  # client 2 is busy: the heaviest
+    holder = one(Grant, s.request(1, G0, now))
+    s.request(2, G0, now)
+    t = now + TQ  # quantum: the holder is asked to drop, client 2 has waited a quantum
+    s.tick(t)
+    s.request(3, G0, t + 0.01)  # light, but client 2 starves
+    grant = one(Grant, s.release(1, G0, holder.lease, t + 0.02))
+    assert grant.client == 2
+
+
+def test_min_slice_zero_and_long_are_both_allowed():
+    for ms in (0, 10_000):
+        assert AUTO.replaced(min_slice_ms=ms).min_slice_ms == ms
+
+
+# ---------------------------------------------------------------- the starvation bound
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_no_waiter_waits_longer_than_the_bound_under_a_random_walk(seed):
+    """Clients that hold briefly or for long, ignore drops (and are revoked), come and
+    go, while memory reports flip the GPU between fitting and not: every grant comes
+    within quantum + n x (quantum + grace) of its request."""
+    rng = random.Random(seed)
+    tq, grace = 4, 1.0
+    settings = AUTO.replaced(time_quantum_s=tq, drop_grace_ms=int(grace * 1000))
+    s = Scheduler(settings)
+    s.add_gpu(G0, "GPU", 8 * GIB)
+    n = 6
+    now = 0.0
+    # Per client: when it next acts, and how it behaves.
+    plan = {}
+    for c in range(1, n + 1):
+        s.connect(c, 100 + c, 1000, 1000, now)
+        s.hello(c, (G0,), "x", now, features=FEATURE_YIELD if rng.random() < 0.7 else 0)
+        plan[c] = {"at": rng.uniform(0, 2), "lease": None, "ignores_drops": rng.random() < 0.2}
+    bound = tq + n * (tq + grace) + 1e-6
+    worst = 0.0
+    for _ in range(3000):
+        due = s.next_deadline()
+        at = min(p["at"] for p in plan.values())
+        now = max(now, min(at, due) if due is not None else at)
+        actions = s.tick(now)
+        assert s.next_deadline() is None or s.next_deadline() > now, "tick left work overdue"
+        for c, p in plan.items():
+            if p["at"] > now:
+                continue
+            held = s.gpus[G0].holders.get(c)
+            if held is not None:
+                actions += s.release(c, G0, held.number, now, idle_ms=rng.choice((0, 50, 1000)))
+                p["at"] = now + rng.choice((0.0, 0.01, 0.5, 3.0))
+            elif c not in s.gpus[G0].waiters:
+                actions += s.request(c, G0, now)
+                p["at"] = math.inf  # acts again once granted
+            if rng.random() < 0.05:
+                actions += s.memory_report(c, G0, rng.choice((0, 1, 6)) * GIB, 0, now)
+        for grant in of(Grant, actions):
+            worst = max(worst, grant.waited_s)
+            assert grant.waited_s <= bound, (grant, bound)
+            p = plan[grant.client]
+            # Holds briefly or for long; one that ignores drops holds "forever".
+            p["at"] = now + (1e9 if p["ignores_drops"] else rng.choice((0.02, 0.3, 2.0, 20.0)))
+        for drop in of(AskToDrop, actions):
+            p = plan[drop.client]
+            if drop.when_idle_ms == 0 and not p["ignores_drops"]:
+                p["at"] = min(p["at"], now + rng.uniform(0, grace / 2))
+        for revoke in of(Revoke, actions):
+            plan[revoke.client]["at"] = now + rng.uniform(0, 1)
+    assert worst > tq / 2, "the walk never made anyone wait: it tests nothing"
+
+
+# ---------------------------------------------------------------- bounds on what clients make us track
+
+
+def test_a_client_that_sends_no_hello_is_refused_at_its_deadline():
+    s = Scheduler(AUTO, hello_timeout_s=10.0)
+    s.connect(1, 11, 0, 0, now=5.0)
+    assert s.next_deadline() == 15.0
+    assert not s.tick(14.9)
+    assert one(Refuse, s.tick(15.0)).reason == "no HELLO within 10 s of connecting"
+    s.connect(2, 12, 0, 0, now=20.0)
+    s.hello(2, (G0,), "x", 20.0)
+    assert s.next_deadline() is None
+
+
+def test_once_the_inventory_is_known_other_gpus_are_refused():
+    s = Scheduler(AUTO)
+    s.add_gpu(G0, "GPU", CAPACITY)
+    s.allow_gpu(G1)  # a MIG instance: named by clients, not scheduled on its own
+    s.connect(1, 11, 0, 0)
+    invented = b"\x07" * 16
+    refusal = one(Refuse, s.hello(1, (G0, invented), "x", 0.0))
+    assert refusal.reason == f"GPU {invented.hex()} is not on this node"
+    s.connect(2, 12, 0, 0)
+    assert not of(Refuse, s.hello(2, (G0, G1), "x", 0.0))
+
+
+def test_one_uid_can_make_the_agent_track_only_so_many_unknown_gpus():
+    s = Scheduler(AUTO, max_gpus_per_client=16)
+    client = 0
+    named = 0
+    refused = None
+    while refused is None:
+        client += 1
+        s.connect(client, client, 1000, 1000)
+        gpus = tuple(i.to_bytes(16, "big") for i in range(named, named + 16))
+        refusals = of(Refuse, s.hello(client, gpus, "x", 0.0))
+        refused = refusals[0] if refusals else None
+        named += 16
+    assert (
+        refused.reason
+        == f"uid 1000 already named {MAX_LEARNED_GPUS_PER_UID} GPUs the agent cannot see"
+    )
+    assert len(s.gpus) == MAX_LEARNED_GPUS_PER_UID
+    s.connect(999, 999, 2000, 2000)  # another user is not held back
+    assert not of(Refuse, s.hello(999, (b"\xff" * 16,), "x", 0.0))
+    for c in range(1, client + 1):
+        s.disconnect(c, 1.0)
+    assert len(s.gpus) == 1  # forgotten with the clients that named them
+
+
+def test_clients_gone_at_once_are_not_granted_in_turn():
+    s = make(n_clients=5, settings=AUTO.replaced(anti_thrash=AntiThrash.ON))
+    holder = one(Grant, s.request(1, G0, 0.0))
+    for c in (2, 3, 4, 5):
+        s.request(c, G0, 0.1)
+    actions = s.disconnect_many([1, 2, 3, 4], 1.0)
+    assert [g.client for g in of(Grant, actions)] == [5]
+    assert {g.client for g in of(Gone, actions)} == {1, 2, 3, 4}
+    assert holder.lease not in [g.lease for g in of(Grant, actions)]
