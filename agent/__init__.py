@@ -1,5 +1,5 @@
 """nvshare node agent: schedules each GPU's lock for processes running under libnvshare.
 
-Modules: scheduler (pure core), protocol (wire format from shim/nvshare_protocol.h),
-server (socket adapter), systemd, nvml, settings, daemon (wiring and the Agent facade).
+agent/README.md has the file-to-concern table; docs/ARCHITECTURE.md walks a
+lock request and a D-Bus Set through the code.
 """

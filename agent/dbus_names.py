@@ -15,11 +15,14 @@ INTERFACE = "io.github.nvshare.Scheduler1"
 
 # Members, so that no caller spells them twice.
 PROP_TIME_QUANTUM = "TimeQuantum"  # u, seconds, read-write
-PROP_ANTI_THRASH = "AntiThrash"  # b, read-write
+PROP_ANTI_THRASH = "AntiThrash"  # b, read-write: false only when off (clients from before auto)
+PROP_ANTI_THRASH_MODE = "AntiThrashMode"  # s, read-write: on, off or auto
 PROP_GPUS = "Gpus"  # GPUS_SIGNATURE, read-only
 PROP_CLIENTS = "Clients"  # CLIENTS_SIGNATURE, read-only
+PROP_GPU_DETAILS = "GpuDetails"  # a{sa{sv}}, read-only: uuid -> GPU_DETAIL_FIELDS
 METHOD_GET_GPU = "GetGpu"  # (s uuid) -> GPU_SIGNATURE
 
+# The interface itself, member by member, is agent/io.github.nvshare.Scheduler1.xml.
 # The structs, field by field: D-Bus type and the name that the agent's
 # snapshot attributes and nvsharectl's --json keys both use.
 GPU_FIELDS = (
@@ -34,6 +37,13 @@ CLIENT_GPU_FIELDS = (
     ("state", "s"),  # idle / waiting / holding / draining
     ("allocated_bytes", "t"),
     ("holding_seconds", "d"),
+)
+# GpuDetails' keys per GPU (an open dict: keys may be added without a new API).
+GPU_DETAIL_FIELDS = (
+    ("anti_thrash", "s"),
+    ("mode", "s"),
+    ("memory_capacity_bytes", "t"),
+    ("memory_demand_bytes", "t"),
 )
 CLIENT_FIELDS = (
     ("pid", "u"),

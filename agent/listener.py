@@ -1,5 +1,5 @@
 """The accept loop on the listening socket: new shim connections in, one
-asyncio transport each, handed to the socket adapter (server.py).
+asyncio transport each, handed to the socket adapter (shim_connections.py).
 
 Our own loop instead of loop.create_unix_server, for what happens when the
 agent runs out of file descriptors (EMFILE, ENFILE).  asyncio 3.11 then keeps
@@ -19,7 +19,7 @@ import socket
 
 from .connection_limits import REPEAT_LOG_INTERVAL_S, LogThrottle
 from .eventlog import events as log
-from .server import SocketServer
+from .shim_connections import ShimConnections
 
 # Bounds how long one wake-up of the loop may spend accepting; the rest of a
 # burst is taken on the next wake-up, after other clients' frames.
@@ -28,10 +28,10 @@ ACCEPT_RETRY_S = 0.25
 
 
 class Listener:
-    def __init__(self, sock: socket.socket, server: SocketServer):
+    def __init__(self, sock: socket.socket, connections: ShimConnections):
         self.sock = sock
-        self._server = server
-        self._loop = server.loop
+        self._connections = connections
+        self._loop = connections.loop
         self._retry: asyncio.TimerHandle | None = None
         self._error_log = LogThrottle(REPEAT_LOG_INTERVAL_S)
 
@@ -61,7 +61,7 @@ class Listener:
 
     async def _serve(self, conn: socket.socket) -> None:
         try:
-            await self._loop.connect_accepted_socket(self._server.protocol_factory, conn)
+            await self._loop.connect_accepted_socket(self._connections.protocol_factory, conn)
         except OSError as error:  # the peer left before we could set up its transport
             log.debug("connection lost while accepting: %s", error.strerror or error)
             conn.close()
@@ -76,7 +76,7 @@ class Listener:
                 "cannot accept connections: %s (%d open, fd limit %d); new clients wait in the "
                 "backlog, retrying every %g s%s",
                 error.strerror or error,
-                len(self._server.connections),
+                len(self._connections.open),
                 resource.getrlimit(resource.RLIMIT_NOFILE)[0],
                 ACCEPT_RETRY_S,
                 more,

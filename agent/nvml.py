@@ -1,12 +1,16 @@
-"""The NVML adapter: which GPUs this node has (UUID, name, total memory).
+"""The NVML adapter: which GPUs this node has (UUID, name, total memory), and
+how much memory each process holds on them.
 
-NVML is read in a short-lived child process (`python -m nvshare_agent.nvml`),
-not in the agent: nvmlInit maps about 20 MB that nvmlShutdown never gives
-back (measured on the H100 node), and a wedged driver can hang nvmlInit, which
-would otherwise hang the agent with it.  The child prints one JSON line.
+NVML is read in a child process (`python -m nvshare_agent.nvml`), never in the
+agent: nvmlInit maps about 20 MB that nvmlShutdown never gives back (measured
+on the H100 node), and a wedged driver can hang nvmlInit, which would
+otherwise hang the agent with it.  The child prints JSON lines: one with the
+inventory, or with --watch SECONDS one per reading of the processes, until the
+agent stops it (or goes away: its next write then fails and it exits).
 
-Without NVML (CI, containers without the driver) this returns nothing and the
-agent learns GPUs from its clients' HELLO frames instead.
+Without NVML (CI, containers without the driver) there is no inventory, the
+agent learns GPUs from its clients' HELLO frames, and anti-thrash auto counts
+only what its clients report.
 """
 
 from __future__ import annotations
@@ -15,11 +19,19 @@ import asyncio
 import json
 import os
 import sys
+import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 
 from .protocol import parse_uuid
 
 READ_TIMEOUT_S = 60.0
+# How often the processes' memory is read for anti-thrash auto.  NVML's
+# process query costs ~1 ms per GPU in the child; memory that others allocate
+# outside nvshare changes slowly.
+WATCH_INTERVAL_S = 2.0
+# A reading line is a few hundred bytes per process: cap what one line may be.
+MAX_LINE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +41,22 @@ class GpuInfo:
     memory_total_bytes: int
 
 
-async def read_inventory(timeout_s: float = READ_TIMEOUT_S) -> tuple[list[GpuInfo], str | None]:
-    """Returns (GPUs, None), or ([], one-line reason) when NVML is not usable."""
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    gpus: list[GpuInfo]
+    # MIG instances: ids a client may name (the driver enumerates them as
+    # devices), not GPUs of their own here.
+    mig_uuids: tuple[bytes, ...]
+    problem: str | None
+
+
+def _child_environment() -> dict:
     # The child must import this package the way the agent did, whatever put it on sys.path.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+
+
+async def read_node(timeout_s: float = READ_TIMEOUT_S) -> NodeInventory:
+    """The inventory, or an empty one with a one-line reason when NVML is not usable."""
     try:
         child = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -41,14 +65,14 @@ async def read_inventory(timeout_s: float = READ_TIMEOUT_S) -> tuple[list[GpuInf
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=env,
+            env=_child_environment(),
         )
     except OSError as e:
-        return [], f"could not start the NVML reader: {e}"
+        return NodeInventory([], (), f"could not start the NVML reader: {e}")
     try:
         out, err = await asyncio.wait_for(child.communicate(), timeout_s)
     except TimeoutError:
-        return [], f"NVML did not answer within {timeout_s:g} s"
+        return NodeInventory([], (), f"NVML did not answer within {timeout_s:g} s")
     finally:
         if child.returncode is None:  # timed out, or the agent is stopping
             child.kill()
@@ -59,10 +83,55 @@ async def read_inventory(timeout_s: float = READ_TIMEOUT_S) -> tuple[list[GpuInf
             GpuInfo(bytes.fromhex(g["uuid"]), g["name"], int(g["memory_total_bytes"]))
             for g in answer["gpus"]
         ]
-        return gpus, answer["problem"]
+        mig = tuple(bytes.fromhex(u) for u in answer.get("mig", ()))
+        return NodeInventory(gpus, mig, answer["problem"])
     except (ValueError, LookupError, TypeError):
         last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-        return [], f"NVML reader failed (exit status {child.returncode}): {last}"
+        return NodeInventory([], (), f"NVML reader failed (exit status {child.returncode}): {last}")
+
+
+async def read_inventory(timeout_s: float = READ_TIMEOUT_S) -> tuple[list[GpuInfo], str | None]:
+    """Returns (GPUs, None), or ([], one-line reason) when NVML is not usable."""
+    node = await read_node(timeout_s)
+    return node.gpus, node.problem
+
+
+async def watch_processes(
+    interval_s: float = WATCH_INTERVAL_S,
+) -> AsyncIterator[dict[bytes, dict[int, int]]]:
+    """Every interval_s, each GPU's processes: uuid -> {pid: bytes}.  Ends (with a
+    one-line reason in the exception) when NVML cannot be read."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        __name__,
+        "--watch",
+        str(interval_s),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=_child_environment(),
+        limit=MAX_LINE_BYTES,
+    )
+    try:
+        while True:
+            line = await child.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the NVML reader stopped (exit status {await child.wait()})")
+            answer = json.loads(line)
+            if answer.get("problem"):
+                raise RuntimeError(answer["problem"])
+            yield {
+                bytes.fromhex(uuid): {int(pid): int(used) for pid, used in rows}
+                for uuid, rows in answer["processes"].items()
+            }
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+
+
+# ---------------------------------------------------------------- in the child
 
 
 def _text(value) -> str:
@@ -70,35 +139,47 @@ def _text(value) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def read_inventory_here() -> tuple[list[GpuInfo], str | None]:
+def _raw_uuid(text: str) -> bytes | None:
+    """NVML's "GPU-<hex>" or "MIG-<hex>" as the 16 bytes a shim sends."""
+    try:
+        return parse_uuid(text.removeprefix("MIG-"))
+    except ValueError:
+        return None  # an old driver's "MIG-GPU-.../n/m" form names no single id
+
+
+def read_inventory_here() -> tuple[list[GpuInfo], str | None, list[bytes]]:
     """The reading itself, in the calling process (the child's main)."""
     try:
         import pynvml
     except ImportError:
-        return [], "pynvml is not installed"
+        return [], "pynvml is not installed", []
     try:
         pynvml.nvmlInit()
     except Exception as e:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
-        return [], f"NVML unavailable: {e}"
+        return [], f"NVML unavailable: {e}", []
     try:
-        gpus = []
+        gpus, mig = [], []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             uuid_text = _text(pynvml.nvmlDeviceGetUUID(handle))
-            try:
-                uuid = parse_uuid(uuid_text)
-            except ValueError:
-                continue  # MIG instances print "MIG-..."; the shim names whole GPUs
+            if uuid_text.startswith("MIG-"):
+                raw = _raw_uuid(uuid_text)
+                if raw is not None:
+                    mig.append(raw)
+                continue  # the shim names whole GPUs; MIG instances are only let through
+            raw = _raw_uuid(uuid_text)
+            if raw is None:
+                continue
             gpus.append(
                 GpuInfo(
-                    uuid,
+                    raw,
                     _text(pynvml.nvmlDeviceGetName(handle)),
                     int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
                 )
             )
-        return gpus, None
+        return gpus, None, mig
     except Exception as e:
-        return [], f"NVML query failed: {e}"
+        return [], f"NVML query failed: {e}", []
     finally:
         try:
             pynvml.nvmlShutdown()
@@ -106,10 +187,57 @@ def read_inventory_here() -> tuple[list[GpuInfo], str | None]:
             pass
 
 
+def _processes_here(pynvml) -> dict[str, list[list[int]]]:
+    readings = {}
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid_text = _text(pynvml.nvmlDeviceGetUUID(handle))
+        if uuid_text.startswith("MIG-"):
+            continue
+        used: dict[int, int] = {}
+        for query in (
+            pynvml.nvmlDeviceGetComputeRunningProcesses,
+            pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+        ):
+            for process in query(handle):
+                # None where the driver cannot tell (some containers, Windows).
+                if process.usedGpuMemory is not None:
+                    used[process.pid] = max(used.get(process.pid, 0), int(process.usedGpuMemory))
+        raw = _raw_uuid(uuid_text)
+        if raw is not None:
+            readings[raw.hex()] = [[pid, b] for pid, b in used.items()]
+    return readings
+
+
+def watch_here(interval_s: float) -> None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as e:
+        print(json.dumps({"problem": f"NVML unavailable: {e}"}), flush=True)
+        return
+    try:
+        while True:
+            try:
+                line = {"processes": _processes_here(pynvml)}
+            except Exception as e:
+                line = {"problem": f"NVML query failed: {e}"}
+            print(json.dumps(line), flush=True)
+            if "problem" in line:
+                return
+            time.sleep(interval_s)
+    except BrokenPipeError:
+        pass  # the agent is gone
+
+
 def main() -> None:
-    gpus, problem = read_inventory_here()
+    if len(sys.argv) == 3 and sys.argv[1] == "--watch":
+        watch_here(float(sys.argv[2]))
+        return
+    gpus, problem, mig = read_inventory_here()
     rows = [dict(asdict(g), uuid=g.uuid.hex()) for g in gpus]
-    print(json.dumps({"gpus": rows, "problem": problem}), flush=True)
+    print(json.dumps({"gpus": rows, "mig": [u.hex() for u in mig], "problem": problem}), flush=True)
 
 
 if __name__ == "__main__":

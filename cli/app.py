@@ -2,7 +2,8 @@
 
 A thin client: parse, call, print.  Exit codes: 0 ok, 1 failed (agent not
 running, permission denied, ...), 2 bad usage (including a value the agent
-rejects).  The original nvsharectl's `-T SECONDS` and `-S on|off` still work.
+rejects).  The original nvsharectl's `-T SECONDS` and `-S on|off` still work
+(and `-S auto`).
 """
 
 import asyncio
@@ -27,6 +28,7 @@ app.add_typer(preload_app, name="preload")
 class Switch(str, enum.Enum):
     on = "on"
     off = "off"
+    auto = "auto"
 
 
 # Accepted both before and after the command (`nvsharectl --json status`,
@@ -88,7 +90,7 @@ async def _change(options: Options, time_quantum_s=None, anti_thrash=None) -> No
         if anti_thrash is not None:
             await client.set_anti_thrash(anti_thrash)
         status = render.status_as_dict(await client.properties())
-    settings = {key: status[key] for key in ("time_quantum_s", "anti_thrash")}
+    settings = {key: status[key] for key in ("time_quantum_s", "anti_thrash", "anti_thrash_mode")}
     typer.echo(
         json.dumps(settings, sort_keys=True)
         if options.json_output
@@ -112,7 +114,7 @@ def main_options(
         "-S",
         "--anti-thrash",
         show_default=False,
-        help="Turn anti-thrash on or off (as the original nvsharectl -S).",
+        help="Set anti-thrash on, off or auto (as the original nvsharectl -S).",
     ),
     json_output: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
     bus: str = typer.Option(
@@ -133,7 +135,7 @@ def main_options(
             _change(
                 ctx.obj,
                 time_quantum_s=time_quantum,
-                anti_thrash=None if anti_thrash is None else anti_thrash is Switch.on,
+                anti_thrash=None if anti_thrash is None else anti_thrash.value,
             )
         )
 
@@ -175,12 +177,13 @@ def set_tq(
 @app.command("anti-thrash")
 def anti_thrash_command(
     ctx: typer.Context,
-    switch: Switch = typer.Argument(..., metavar="on|off"),
+    switch: Switch = typer.Argument(..., metavar="on|off|auto"),
     json_output: Optional[bool] = JSON_OPTION,
     bus: Optional[str] = BUS_OPTION,
 ):
-    """Turn anti-thrash on (one process per GPU at a time) or off (all at once)."""
-    _run(_change(_options(ctx, json_output, bus), anti_thrash=switch is Switch.on))
+    """Anti-thrash on (one process per GPU at a time), off (all at once), or auto
+    (light work beside busy work while memory fits, turns when it does not)."""
+    _run(_change(_options(ctx, json_output, bus), anti_thrash=switch.value))
 
 
 def _preload(action: str) -> None:

@@ -62,6 +62,15 @@ def _error_from_reply(reply: Message) -> CliError:
     return CliError(f"the agent refused: {text} ({reply.error_name})")
 
 
+def _plain(value):
+    """A value with the variants inside it (GpuDetails' a{sv}) unwrapped."""
+    if isinstance(value, Variant):
+        return _plain(value.value)
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
 class AgentClient:
     def __init__(self, bus: MessageBus, where: str):
         self._bus = bus
@@ -102,7 +111,7 @@ class AgentClient:
     async def properties(self) -> dict:
         """All properties of the interface, plain Python values by name."""
         reply = await self._call(self._message(_PROPERTIES, "GetAll", "s", [names.INTERFACE]))
-        return {name: variant.value for name, variant in reply.body[0].items()}
+        return {name: _plain(variant.value) for name, variant in reply.body[0].items()}
 
     async def set_time_quantum(self, seconds: int) -> None:
         # 'u' is the property's type; a value outside u32 goes as int64 so
@@ -114,8 +123,9 @@ class AgentClient:
             )
         await self._set(names.PROP_TIME_QUANTUM, Variant(signature, seconds))
 
-    async def set_anti_thrash(self, enabled: bool) -> None:
-        await self._set(names.PROP_ANTI_THRASH, Variant("b", enabled))
+    async def set_anti_thrash(self, mode: str) -> None:
+        """mode: on, off or auto."""
+        await self._set(names.PROP_ANTI_THRASH_MODE, Variant("s", mode))
 
     async def _set(self, prop_name: str, value: Variant) -> None:
         await self._call(

@@ -17,8 +17,13 @@ def _record(struct, fields) -> dict:
     return record
 
 
-def gpus_as_dicts(gpus) -> list:
-    return [_record(gpu, names.GPU_FIELDS) for gpu in gpus]
+def gpus_as_dicts(gpus, details=None) -> list:
+    """Gpus' structs, each with its GpuDetails (when the agent has them) merged in."""
+    records = [_record(gpu, names.GPU_FIELDS) for gpu in gpus]
+    for record in records:
+        for key, value in (details or {}).get(record["uuid"], {}).items():
+            record[key] = value
+    return records
 
 
 def clients_as_dicts(clients) -> list:
@@ -26,10 +31,15 @@ def clients_as_dicts(clients) -> list:
 
 
 def status_as_dict(properties: dict) -> dict:
+    anti_thrash = properties[names.PROP_ANTI_THRASH]
     return {
         "time_quantum_s": properties[names.PROP_TIME_QUANTUM],
-        "anti_thrash": properties[names.PROP_ANTI_THRASH],
-        "gpus": gpus_as_dicts(properties[names.PROP_GPUS]),
+        "anti_thrash": anti_thrash,
+        # An agent from before auto has no AntiThrashMode.
+        "anti_thrash_mode": properties.get(
+            names.PROP_ANTI_THRASH_MODE, "on" if anti_thrash else "off"
+        ),
+        "gpus": gpus_as_dicts(properties[names.PROP_GPUS], properties.get(names.PROP_GPU_DETAILS)),
         "clients": clients_as_dicts(properties[names.PROP_CLIENTS]),
     }
 
@@ -53,8 +63,22 @@ def _fit(line: str) -> str:
 def settings_text(status: dict) -> str:
     return (
         f"time quantum: {status['time_quantum_s']} s    "
-        f"anti-thrash: {on_off(status['anti_thrash'])}"
+        f"anti-thrash: {status.get('anti_thrash_mode') or on_off(status['anti_thrash'])}"
     )
+
+
+def mode_text(gpu: dict) -> str:
+    """How the GPU is scheduled now, and why (GpuDetails)."""
+    mode = gpu.get("mode")
+    if mode is None:
+        return ""
+    if gpu.get("anti_thrash") != "auto":
+        return f"{mode} (anti-thrash {gpu.get('anti_thrash')})"
+    capacity, demand = gpu.get("memory_capacity_bytes", 0), gpu.get("memory_demand_bytes", 0)
+    if not capacity:
+        return f"{mode} (auto: GPU memory size unknown)"
+    verdict = "fits" if mode == "shared" else "does not fit"
+    return f"{mode} (auto: memory {verdict}, {size(demand)} of {size(capacity)})"
 
 
 def status_text(status: dict) -> str:
@@ -75,6 +99,10 @@ def status_text(status: dict) -> str:
             "",
             f"GPU {index}  {gpu['uuid']}  {memory}",
             f"  name:    {gpu['name'] or 'unknown'}",
+        ]
+        if mode_text(gpu):
+            lines.append(f"  mode:    {mode_text(gpu)}")
+        lines += [
             f"  holding: {who(gpu['holder_pids'])}",
             f"  waiting: {who(gpu['queue_pids'])}",
         ]

@@ -198,11 +198,15 @@ class ShimClient:
         *,
         hello: bool = True,
         timeout: float = TIMEOUT_S,
+        features: int = 0,
     ):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         self.sock.connect(str(socket_path))
         self.gpus, self.command, self.timeout = tuple(gpus), command, timeout
+        self.features = features
+        self.welcome: protocol.Welcome | None = None
+        self.keepalives = 0
         self.reader = protocol.FrameReader()
         self.inbox: list = []
         self.settings: protocol.WireSettings | None = None
@@ -210,7 +214,7 @@ class ShimClient:
             self.hello()
 
     def hello(self) -> protocol.WireSettings:
-        self.send_raw(protocol.encode_hello(self.gpus, self.command))
+        self.send_raw(protocol.encode_hello(self.gpus, self.command, self.features))
         self.settings = self.expect(MessageType.SETTINGS)
         return self.settings
 
@@ -227,19 +231,23 @@ class ShimClient:
         self.send_raw(protocol.encode_memory_report(gpu, managed, unmanaged))
 
     def recv(self, timeout: float | None = None):
-        """The next message, or None at end of stream. Raises TimeoutError."""
-        while not self.inbox:
-            self.sock.settimeout(self.timeout if timeout is None else timeout)
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                raise TimeoutError("no frame from the agent") from None
-            except ConnectionResetError:
-                data = b""
-            if not data:
-                return None
-            self.inbox.extend(self.reader.feed(data))
-        return self.inbox.pop(0)
+        """The next message, or None at end of stream. Raises TimeoutError.  WELCOME
+        and KEEPALIVE are noted (welcome, keepalives) rather than returned."""
+        while True:
+            while not self.inbox:
+                self.sock.settimeout(self.timeout if timeout is None else timeout)
+                try:
+                    data = self.sock.recv(65536)
+                except TimeoutError:
+                    raise TimeoutError("no frame from the agent") from None
+                except ConnectionResetError:
+                    data = b""
+                if not data:
+                    return None
+                self.inbox.extend(self.reader.feed(data))
+            message = self.inbox.pop(0)
+            if not _noted(self, message):
+                return message
 
     def expect(self, msg_type: int, timeout: float | None = None, gpu: bytes | None = None):
         message = self.recv(timeout)
@@ -290,6 +298,17 @@ class ShimClient:
         self.close()
 
 
+def _noted(client, message) -> bool:
+    """WELCOME and KEEPALIVE come unasked: keep them on the client, not in its inbox."""
+    if isinstance(message, protocol.Welcome):
+        client.welcome = message
+        return True
+    if isinstance(message, protocol.Keepalive):
+        client.keepalives = getattr(client, "keepalives", 0) + 1
+        return True
+    return False
+
+
 class AsyncShimClient:
     """The same fake shim over asyncio streams, for an agent running in the test's loop."""
 
@@ -298,14 +317,16 @@ class AsyncShimClient:
         self._frames = protocol.FrameReader()
         self.inbox: list = []
         self.settings: protocol.WireSettings | None = None
+        self.welcome: protocol.Welcome | None = None
+        self.keepalives = 0
 
     @classmethod
     async def connect(
-        cls, socket_path, gpus=(GPU0,), command: str = "fake-shim"
+        cls, socket_path, gpus=(GPU0,), command: str = "fake-shim", features: int = 0
     ) -> AsyncShimClient:
         reader, writer = await asyncio.open_unix_connection(str(socket_path))
         client = cls(reader, writer, gpus)
-        client._writer.write(protocol.encode_hello(client.gpus, command))
+        client._writer.write(protocol.encode_hello(client.gpus, command, features))
         client.settings = await client.expect(MessageType.SETTINGS)
         return client
 
@@ -316,12 +337,15 @@ class AsyncShimClient:
         self._writer.write(protocol.encode_lock(MessageType.RELEASED, grant.gpu, grant.lease))
 
     async def recv(self, timeout: float = TIMEOUT_S):
-        while not self.inbox:
-            data = await asyncio.wait_for(self._reader.read(65536), timeout)
-            if not data:
-                return None
-            self.inbox.extend(self._frames.feed(data))
-        return self.inbox.pop(0)
+        while True:
+            while not self.inbox:
+                data = await asyncio.wait_for(self._reader.read(65536), timeout)
+                if not data:
+                    return None
+                self.inbox.extend(self._frames.feed(data))
+            message = self.inbox.pop(0)
+            if not _noted(self, message):
+                return message
 
     async def expect(self, msg_type: int, timeout: float = TIMEOUT_S, gpu: bytes | None = None):
         message = await self.recv(timeout)

@@ -3,10 +3,10 @@
 
 - start_agent(**kwargs): starts an AgentProcess (a real `python -m nvshare_agent`
   subprocess on a temp socket) and stops it at teardown.
-- start_inproc_agent(settings): runs the daemon's Agent inside the test's event
-  loop on a real UNIX socket in a temp dir; returns (agent, socket_path).  Used
-  where a test must change settings at run time, which only the control plane
-  (the Agent facade that D-Bus calls) can do.
+- start_inproc_agent(settings): runs the daemon's Engine and socket adapter inside
+  the test's event loop on a real UNIX socket in a temp dir; returns (engine,
+  socket_path).  Used where a test must change settings at run time, which only
+  the control plane (the engine's change_settings, which D-Bus calls) can do.
 """
 
 from __future__ import annotations
@@ -21,12 +21,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_harness import AgentProcess
 
-from nvshare_agent.daemon import Agent
+from nvshare_agent.engine import Engine
 from nvshare_agent.listener import Listener
-from nvshare_agent.settings import Settings, SettingsStore
+from nvshare_agent.settings import AntiThrash, Settings, SettingsStore
+from nvshare_agent.shim_connections import ShimConnections
 from nvshare_agent.systemd import bind_socket
 
-FAST_SETTINGS = Settings(time_quantum_s=1, anti_thrash=True, idle_release_ms=100, drop_grace_ms=300)
+FAST_SETTINGS = Settings(
+    time_quantum_s=1, anti_thrash=AntiThrash.ON, idle_release_ms=100, drop_grace_ms=300
+)
 
 
 @pytest.fixture
@@ -47,17 +50,20 @@ def start_agent(tmp_path):
 async def start_inproc_agent(tmp_path):
     servers = []
 
-    async def start(settings: Settings = FAST_SETTINGS):
+    async def start(settings: Settings = FAST_SETTINGS, hello_timeout_s: float | None = None):
         loop = asyncio.get_running_loop()
-        agent = Agent(settings, SettingsStore(tmp_path / "state"), loop=loop)
+        engine = Engine(settings, SettingsStore(tmp_path / "state"), loop=loop)
+        if hello_timeout_s is not None:
+            engine.core.hello_timeout_s = hello_timeout_s
+        connections = ShimConnections(engine)
         path = tmp_path / f"inproc{len(servers)}.sock"
-        listener = Listener(bind_socket(path), agent.server)  # the daemon's own accept path
+        listener = Listener(bind_socket(path), connections)  # the daemon's own accept path
         listener.start()
-        servers.append((listener, agent))
-        return agent, path
+        servers.append((listener, engine, connections))
+        return engine, path
 
     yield start
-    for listener, agent in servers:
+    for listener, engine, connections in servers:
         listener.close()
-        agent.server.cancel_timer()
-        agent.server.close_all()
+        engine.cancel_timers()
+        connections.close_all()

@@ -136,7 +136,7 @@ def test_fuzzed_frames_never_take_the_agent_down(start_agent):
         protocol.encode_memory_report(GPU0, 1 << 30),
         protocol.encode_error(1, "x"),
         protocol.encode_settings(
-            anti_thrash=False, time_quantum_ms=1, idle_release_ms=1, drop_grace_ms=1
+            anti_thrash=0, time_quantum_ms=1, idle_release_ms=1, drop_grace_ms=1
         ),
     ]
     sent = 0

@@ -27,7 +27,7 @@ from nvshare_agent.connection_limits import (
     total_limit,
 )
 from nvshare_agent.protocol import ErrorCode
-from nvshare_agent.server import HELLO_TIMEOUT_S
+from nvshare_agent.scheduler import HELLO_TIMEOUT_S
 
 HELLO = protocol.encode_hello([GPU0], "crowd")
 

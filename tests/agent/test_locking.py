@@ -10,10 +10,10 @@ from agent_harness import GPU0, GPU1, AsyncShimClient, ShimClient
 
 from nvshare_agent import protocol
 from nvshare_agent.protocol import GrantFlags, MessageType
-from nvshare_agent.settings import Settings, SettingsError
+from nvshare_agent.settings import AntiThrash, Settings, SettingsError
 
 LONG_QUANTUM = Settings(
-    time_quantum_s=3600, anti_thrash=True, idle_release_ms=100, drop_grace_ms=300
+    time_quantum_s=3600, anti_thrash=AntiThrash.ON, idle_release_ms=100, drop_grace_ms=300
 )
 
 
@@ -52,7 +52,9 @@ async def test_waiters_are_granted_in_request_order(start_inproc_agent):
 async def test_quantum_expiry_asks_the_holder_to_drop_then_grants_the_next(start_inproc_agent):
     # A long grace, so that a stalled CI machine cannot turn the release into a revoke.
     agent, path = await start_inproc_agent(
-        Settings(time_quantum_s=1, anti_thrash=True, idle_release_ms=100, drop_grace_ms=30_000)
+        Settings(
+            time_quantum_s=1, anti_thrash=AntiThrash.ON, idle_release_ms=100, drop_grace_ms=30_000
+        )
     )
     a, b = await clients(path, 2)
     a.request()
@@ -140,7 +142,7 @@ async def test_anti_thrash_off_grants_everyone_shared_and_back_on_restores_exclu
     b.request()
     await _until(lambda: len(agent.snapshot().gpus[0].queue_pids) == 1)
 
-    agent.change_settings(anti_thrash=False)
+    await agent.change_settings(anti_thrash=AntiThrash.OFF)
     for client in (a, b, c):
         assert (await client.expect(MessageType.SETTINGS)).anti_thrash == 0
     grant_b = await b.wait_grant()
@@ -150,7 +152,7 @@ async def test_anti_thrash_off_grants_everyone_shared_and_back_on_restores_exclu
     assert grant_c.flags == GrantFlags.SHARED
     assert len(agent.snapshot().gpus[0].holder_pids) == 3
 
-    agent.change_settings(anti_thrash=True)
+    await agent.change_settings(anti_thrash=AntiThrash.ON)
     for client in (a, b, c):
         assert (await client.expect(MessageType.SETTINGS)).anti_thrash == 1
     # Every holder is asked to drop: three processes share the GPU.
@@ -229,11 +231,11 @@ async def test_settings_changes_are_pushed_validated_and_reported(start_inproc_a
     (a,) = await clients(path, 1)
     seen = []
     agent.subscribe(lambda: seen.append(agent.settings.time_quantum_s))
-    agent.change_settings(time_quantum_s=7)
+    await agent.change_settings(time_quantum_s=7)
     assert (await a.expect(MessageType.SETTINGS)).time_quantum_ms == 7000
     await _until(lambda: seen == [7])
     with pytest.raises(SettingsError, match="time quantum must be 1..86400 seconds, got 0"):
-        agent.change_settings(time_quantum_s=0)
+        await agent.change_settings(time_quantum_s=0)
     assert agent.settings.time_quantum_s == 7
     assert await a.nothing_within(0.05)
 

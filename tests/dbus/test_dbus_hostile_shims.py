@@ -16,8 +16,8 @@ from dbus_harness import TIMEOUT_S, nvsharectl  # noqa: E402
 from other_users import other_user_env, python_as  # noqa: E402
 
 from nvshare_agent import dbus_names as names  # noqa: E402
+from nvshare_agent.dbus_api import DBusApi, clients_to_dbus, load_contract  # noqa: E402
 from nvshare_agent.dbus_connection import connect_bus  # noqa: E402
-from nvshare_agent.dbus_service import SchedulerInterface, clients_to_dbus  # noqa: E402
 from nvshare_agent.protocol import ErrorCode  # noqa: E402
 from nvshare_agent.settings import Settings  # noqa: E402
 from nvshare_agent.snapshot import AgentSnapshot, ClientGpuSnapshot, ClientSnapshot  # noqa: E402
@@ -89,7 +89,7 @@ def test_a_number_out_of_range_is_clamped_not_a_broken_property():
 
 
 class _StubAgent:
-    """Just what SchedulerInterface reads of the agent facade."""
+    """Just what the D-Bus adapter reads of the engine."""
 
     def __init__(self):
         self.settings = Settings()
@@ -101,15 +101,15 @@ class _StubAgent:
 
 async def test_a_property_the_bus_cannot_carry_does_not_hold_back_the_others(bus):
     stub = _StubAgent()
-    interface = SchedulerInterface(stub)
     service = await connect_bus(bus.address, TIMEOUT_S)
+    api = DBusApi(service, stub, load_contract())
     watcher = await connect_bus(bus.address, TIMEOUT_S)
     changes = asyncio.Queue()
     watcher.add_message_handler(
         lambda m: changes.put_nowait(m.body[1]) if m.member == "PropertiesChanged" else None
     )
     try:
-        service.export(names.OBJECT_PATH, interface)
+        service.add_message_handler(api.handle)
         await watcher.call(
             Message(
                 destination="org.freedesktop.DBus",
@@ -122,7 +122,7 @@ async def test_a_property_the_bus_cannot_carry_does_not_hold_back_the_others(bus
         )
         stub.settings = Settings(time_quantum_s=7)
         stub.clients = (ClientSnapshot(1, 2, 3, None, ()),)  # no D-Bus string
-        interface.on_agent_changed()
+        api.publish_changes()
         changed = await asyncio.wait_for(changes.get(), 5)
         assert {name: variant.value for name, variant in changed.items()} == {"TimeQuantum": 7}
     finally:

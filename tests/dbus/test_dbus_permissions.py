@@ -18,7 +18,7 @@ from dbus_harness import (
 )
 
 from nvshare_agent import dbus_names as names
-from nvshare_agent.dbus_service import may_change_settings
+from nvshare_agent.dbus_api import may_change_settings
 
 
 def test_unprivileged_user_reads_settings_and_state(agent, bus):
@@ -145,7 +145,8 @@ def test_every_method_introspection_offers_but_set_is_open_to_everyone(agent, bu
         for interface in ElementTree.fromstring(xml).findall("interface")
         for method in interface.findall("method")
     ]
-    assert ("org.freedesktop.DBus.ObjectManager", "GetManagedObjects") in offered
+    assert (names.INTERFACE, names.METHOD_GET_GPU) in offered
+    assert ("org.freedesktop.DBus.Peer", "GetMachineId") in offered
     refused = [
         (interface, member)
         for interface, member in offered

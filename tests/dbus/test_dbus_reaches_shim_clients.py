@@ -31,6 +31,9 @@ def _frames_until(client: ShimClient, msg_type: int) -> list:
 
 
 def _holder_and_waiter(agent, bus):
+    # On: first come first served, so the waiter stays queued behind the holder
+    # (auto, the default, would serve a light newcomer after the minimum slice).
+    busctl_on_agent(bus.address, "set-property", "AntiThrashMode", "s", "on")
     holder = ShimClient(agent.socket_path, command="holder")
     waiter = ShimClient(agent.socket_path, command="waiter")
     holder.request()

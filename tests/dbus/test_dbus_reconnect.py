@@ -28,14 +28,14 @@ from dbus_harness import (
 from dbus_next import Message, Variant
 
 from nvshare_agent import dbus_names as names
+from nvshare_agent.dbus_api import DBusApi, load_contract
 from nvshare_agent.dbus_connection import connect_bus
-from nvshare_agent.dbus_service import CallGate, SchedulerInterface
 from nvshare_agent.settings import Settings
 from nvshare_agent.snapshot import AgentSnapshot
 
 
 class _StubAgent:
-    """What SchedulerInterface uses of the agent facade; records changes."""
+    """What the D-Bus adapter uses of the engine; records changes."""
 
     def __init__(self):
         self.settings = Settings()
@@ -44,7 +44,7 @@ class _StubAgent:
     def snapshot(self):
         return AgentSnapshot(gpus=(), clients=())
 
-    def change_settings(self, **setting):
+    async def change_settings(self, **setting):
         self.changes.append(setting)
 
 
@@ -76,7 +76,7 @@ def test_agent_started_before_its_bus_registers_when_the_bus_appears(world_dir):
     try:
         wait_for(agent.socket_path.exists, "the agent's socket")
         with ShimClient(agent.socket_path, command="no-bus-yet") as client:
-            assert client.settings.anti_thrash == 1
+            assert client.settings.anti_thrash == 2  # auto, the default
         agent.assert_alive()
         daemon.start()
         wait_for(daemon.name_has_owner, "the agent to register once the bus exists")
@@ -127,7 +127,7 @@ def test_bus_that_hangs_up_during_auth_is_retried_while_the_shim_is_served(world
         wait_for(agent.socket_path.exists, "the agent's socket")
         wait_for(lambda: fake_bus.hangups >= 2, "the agent to retry the bus")
         with ShimClient(agent.socket_path, command="bus-hung-up", timeout=5) as client:
-            assert client.settings.anti_thrash == 1
+            assert client.settings.anti_thrash == 2  # auto, the default
         wait_for(lambda: "dbus unavailable" in agent.log(), "the agent to log the failed connect")
         line = next(line for line in agent.log().splitlines() if "dbus unavailable" in line)
         assert "closed the connection during authentication" in line
@@ -175,7 +175,7 @@ async def test_a_set_cut_off_by_the_bus_closing_is_dropped_quietly(bus, caplog, 
     loop.set_exception_handler(lambda _, context: unhandled.append(context["message"]))
     agent = _StubAgent()
     service = await connect_bus(bus.address, TIMEOUT_S)
-    gate = CallGate(service, SchedulerInterface(agent))
+    api = DBusApi(service, agent, load_contract())
     call = Message(
         destination=names.BUS_NAME,
         path=names.OBJECT_PATH,
@@ -187,9 +187,9 @@ async def test_a_set_cut_off_by_the_bus_closing_is_dropped_quietly(bus, caplog, 
         serial=7,
     )
     try:
-        assert gate(call) is True  # taken: it runs as a task, asking the bus for the uid
+        assert api.handle(call) is True  # taken: it runs as a task, asking the bus for the uid
         end_connection(service, bus)
-        while gate._pending:
+        while api._pending:
             await asyncio.sleep(0.01)
         with contextlib.suppress(OSError, EOFError):  # the agent's reconnect loop hears of it here
             await asyncio.wait_for(service.wait_for_disconnect(), TIMEOUT_S)
@@ -197,7 +197,7 @@ async def test_a_set_cut_off_by_the_bus_closing_is_dropped_quietly(bus, caplog, 
         os.kill(bus.process.pid, signal.SIGCONT)
     # asyncio reports a never-retrieved exception when the future is collected:
     # the agent drops a closed bus, and so does the test.
-    del service, gate
+    del service, api
     gc.collect()
     assert agent.changes == []
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

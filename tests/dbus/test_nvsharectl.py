@@ -17,7 +17,7 @@ from nvshare_cli.client import _error_from_reply
 def test_status_shows_settings_and_fits_80_columns(agent, bus):
     result = nvsharectl(bus.address, "status")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("time quantum: 30 s    anti-thrash: on")
+    assert result.stdout.startswith("time quantum: 30 s    anti-thrash: auto")
     assert all(len(line) <= 80 for line in result.stdout.splitlines())
     assert "no clients" in result.stdout
 
@@ -44,13 +44,17 @@ def test_clients_lists_none_when_idle(agent, bus):
 def test_set_tq_and_anti_thrash_commands(agent, bus):
     result = nvsharectl(bus.address, "set-tq", "15")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "time quantum: 15 s    anti-thrash: on"
+    assert result.stdout.strip() == "time quantum: 15 s    anti-thrash: auto"
     result = nvsharectl(bus.address, "anti-thrash", "off")
     assert result.returncode == 0 and "anti-thrash: off" in result.stdout
     assert get_property(bus.address, "TimeQuantum") == "u 15"
     assert get_property(bus.address, "AntiThrash") == "b false"
     result = nvsharectl(bus.address, "--json", "anti-thrash", "on")
-    assert json.loads(result.stdout) == {"anti_thrash": True, "time_quantum_s": 15}
+    assert json.loads(result.stdout) == {
+        "anti_thrash": True,
+        "anti_thrash_mode": "on",
+        "time_quantum_s": 15,
+    }
 
 
 def test_original_flags_T_and_S_still_work(agent, bus):
@@ -60,7 +64,11 @@ def test_original_flags_T_and_S_still_work(agent, bus):
     result = nvsharectl(bus.address, "-S", "off")
     assert result.returncode == 0 and get_property(bus.address, "AntiThrash") == "b false"
     result = nvsharectl(bus.address, "-T", "20", "-S", "on", "--json")
-    assert json.loads(result.stdout) == {"anti_thrash": True, "time_quantum_s": 20}
+    assert json.loads(result.stdout) == {
+        "anti_thrash": True,
+        "anti_thrash_mode": "on",
+        "time_quantum_s": 20,
+    }
 
 
 def test_values_the_agent_rejects_exit_2_with_its_sentence(agent, bus):
@@ -83,12 +91,12 @@ def test_bad_usage_exits_2_with_one_line(agent, bus):
         (
             ["-S", "maybe"],
             "nvsharectl: Invalid value for '-S' / '--anti-thrash': 'maybe' is not "
-            "one of 'on', 'off'; see 'nvsharectl --help'",
+            "one of 'on', 'off', 'auto'; see 'nvsharectl --help'",
         ),
         (
             ["anti-thrash", "sometimes"],
-            "nvsharectl: Invalid value for 'on|off': 'sometimes' is "
-            "not one of 'on', 'off'; see 'nvsharectl anti-thrash --help'",
+            "nvsharectl: Invalid value for 'on|off|auto': 'sometimes' is "
+            "not one of 'on', 'off', 'auto'; see 'nvsharectl anti-thrash --help'",
         ),
         (
             ["set-tq", "ten"],
@@ -99,7 +107,7 @@ def test_bad_usage_exits_2_with_one_line(agent, bus):
         # Click words this one over four lines.
         (
             ["anti-thrash"],
-            "nvsharectl: Missing argument 'on|off'. Choose from: on, off; "
+            "nvsharectl: Missing argument 'on|off|auto'. Choose from: on, off, auto; "
             "see 'nvsharectl anti-thrash --help'",
         ),
         (

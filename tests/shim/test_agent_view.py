@@ -1,5 +1,5 @@
-"""What the agent learns from a real shim, read through the Agent facade (the
-same object the D-Bus API publishes): the process, its GPU, its allocations,
+"""What the agent learns from a real shim, read through the engine (the same
+object the D-Bus API publishes): the process, its GPU, its allocations,
 and its lock state.  The agent runs in the test's event loop on a real socket."""
 
 import asyncio
@@ -7,8 +7,9 @@ import os
 
 from shim_harness import STANDIN_BUILD, STANDIN_GPU
 
-from nvshare_agent.daemon import Agent
-from nvshare_agent.settings import Settings, SettingsStore
+from nvshare_agent.engine import Engine
+from nvshare_agent.settings import AntiThrash, Settings, SettingsStore
+from nvshare_agent.shim_connections import ShimConnections
 
 MIB = 1 << 20
 
@@ -23,10 +24,13 @@ async def wait_for(predicate, what: str, timeout: float = 30.0):
 
 async def test_agent_sees_the_clients_allocations_and_lock_state(world):
     loop = asyncio.get_running_loop()
-    settings = Settings(time_quantum_s=1, anti_thrash=True, idle_release_ms=100, drop_grace_ms=300)
-    agent = Agent(settings, SettingsStore(world.tmp / "state"), loop=loop)
+    settings = Settings(
+        time_quantum_s=1, anti_thrash=AntiThrash.ON, idle_release_ms=100, drop_grace_ms=300
+    )
+    agent = Engine(settings, SettingsStore(world.tmp / "state"), loop=loop)
+    connections = ShimConnections(agent)
     server = await loop.create_unix_server(
-        agent.server.protocol_factory, path=str(world.socket_path)
+        connections.protocol_factory, path=str(world.socket_path)
     )
     try:
         # 1 MiB converted to managed memory, plus 2 MiB of VMM passed through, then long idle gaps.
@@ -64,6 +68,6 @@ async def test_agent_sees_the_clients_allocations_and_lock_state(world):
         await wait_for(lambda: not mine(), "the client's disconnect")
     finally:
         server.close()
-        agent.server.cancel_timer()
-        agent.server.close_all()
+        agent.cancel_timers()
+        connections.close_all()
         await server.wait_closed()

@@ -63,3 +63,32 @@ def nvmlDeviceGetName(handle):
 
 def nvmlDeviceGetMemoryInfo(handle):
     return _Memory(handle[2])
+
+
+class _Process:
+    def __init__(self, pid, used):
+        self.pid, self.usedGpuMemory = pid, used
+
+
+def _processes(handle):
+    """FAKE_NVML_PROCESSES: a file holding JSON {uuid: [[pid, bytes], ...]}, read at
+    every call so that a test can change what the GPU runs while the agent watches."""
+    path = os.environ.get("FAKE_NVML_PROCESSES")
+    if not path:
+        return []
+    import json
+
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return [_Process(pid, used) for pid, used in table.get(handle[0], [])]
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle):
+    return _processes(handle)
+
+
+def nvmlDeviceGetGraphicsRunningProcesses(handle):
+    return []
