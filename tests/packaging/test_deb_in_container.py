@@ -35,10 +35,14 @@ BUS = [
 ADMIN_UID, NOTEBOOK_UID = 1000, 1001
 CLIENT = "/usr/local/bin/standin-client"
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("debootstrap") or not shutil.which("systemd-nspawn"),
-    reason="needs root, debootstrap and systemd-container (packaging/deps.txt)",
-)
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.container,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not shutil.which("debootstrap") or not shutil.which("systemd-nspawn"),
+        reason="needs root, debootstrap and systemd-container (packaging/deps-test.txt)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
