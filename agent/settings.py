@@ -139,7 +139,7 @@ def _parse_value(path: Path, key: str, field: str, text: str):
         raise SettingsError(f"config {path}: {key} must be a whole number, got {text!r}") from None
 
 
-def _one_line(e: Exception) -> str:
+def _one_line(e: object) -> str:
     return " ".join(str(e).split())
 
 
