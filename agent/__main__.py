@@ -16,6 +16,7 @@ from pathlib import Path
 from . import daemon, eventlog, settings, systemd
 from .bus_address import EXAMPLE, bus_address_problem, system_bus_problem
 from .text import excerpt
+from .version import version
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -51,6 +52,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         f"{settings.DEFAULT_STATE_DIR})",
     )
     parser.add_argument("--debug", action="store_true", help="log every request and ignored frame")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {version()}",
+        help="print the version and exit",
+    )
     return parser.parse_args(argv)
 
 

@@ -15,6 +15,7 @@ import enum
 import json
 import os
 import re
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ STATE_FILE_NAME = "settings.json"
 TIME_QUANTUM_RANGE_S = (1, 86400)
 # u32 milliseconds on the wire; a day is plenty and keeps the numbers sane.
 MILLIS_RANGE = (0, 86_400_000)
+# Both files are a few lines; anything larger is the wrong file (--config /dev/zero).
+MAX_FILE_BYTES = 64 * 1024
 # A minimum slice longer than a second would make light work wait noticeably.
 MIN_SLICE_RANGE_MS = (0, 10_000)
 # Bytes fit in u64 (D-Bus 't'); a limit of a few MiB would only ever mean "never fits".
@@ -140,8 +143,7 @@ def load_config(path: Path) -> Settings:
     """Read the INI config; a missing file means defaults. Raises SettingsError."""
     parser = configparser.ConfigParser(interpolation=None)
     try:
-        with open(path, encoding="utf-8") as f:
-            parser.read_file(f)
+        parser.read_string(read_small_file(path), source=str(path))
     except FileNotFoundError:
         return Settings()
     except configparser.MissingSectionHeaderError as e:
@@ -153,7 +155,7 @@ def load_config(path: Path) -> Settings:
         raise SettingsError(f"config {path}: line {line} is not 'key = value'") from None
     except configparser.Error as e:
         raise SettingsError(f"config {path}: {_one_line(e.message)}") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise SettingsError(f"config {path}: cannot read it: {_one_line(e)}") from None
     # configparser keeps [DEFAULT] out of sections() and silently merges it into
     # [scheduler]: an admin who wrote only [DEFAULT] would get none of it.
@@ -194,8 +196,42 @@ def _parse_value(path: Path, key: str, field: str, text: str):
         raise SettingsError(f"config {path}: {key} must be a whole number, got {text!r}") from None
 
 
-def _one_line(e: Exception) -> str:
+def _one_line(e: object) -> str:
     return " ".join(str(e).split())
+
+
+_FILE_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def read_small_file(path: Path) -> str:
+    """The text of a regular file of at most MAX_FILE_BYTES, UTF-8 with or without a
+    byte-order mark (Windows editors add one).  FileNotFoundError when it is missing;
+    any other OSError, or ValueError (UnicodeDecodeError among them), with one line.
+
+    Opened non-blocking and checked before a byte is read: a FIFO would hang the agent
+    before it listens, and a device such as /dev/zero would grow it without bound."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        kind = stat.S_IFMT(os.fstat(fd).st_mode)
+        if kind != stat.S_IFREG:
+            raise ValueError(f"not a regular file but {_FILE_KINDS.get(kind, 'a special file')}")
+        data = b""
+        while len(data) <= MAX_FILE_BYTES:
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"larger than {MAX_FILE_BYTES // 1024} KiB, so not a settings file")
+    return data.decode("utf-8").removeprefix("\ufeff")
 
 
 # ---------------------------------------------------------------- run-time changes
@@ -213,10 +249,12 @@ class SettingsStore:
         """Returns (overrides, warning). A broken file is a warning, not a failure:
         the daemon must come up, and the config file still gives sane values."""
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads(read_small_file(self.path))
         except FileNotFoundError:
             return {}, None
-        except (OSError, ValueError) as e:
+        except RecursionError:  # [[[...]]] nested past the parser's depth
+            return {}, f"ignoring saved settings {self.path}: nested too deeply"
+        except Exception as e:  # OSError, ValueError, or anything else json may raise
             return {}, f"ignoring saved settings {self.path}: {_one_line(e)}"
         if not isinstance(data, dict):
             return {}, f"ignoring saved settings {self.path}: not a JSON object"
@@ -228,8 +266,9 @@ class SettingsStore:
             overrides["anti_thrash"] = _ANTI_THRASH_WORDS.get(saved, saved)
         try:
             Settings().replaced(**overrides)
-        except SettingsError as e:
-            return {}, f"ignoring saved settings {self.path}: {e}"
+        except (SettingsError, RecursionError) as e:
+            # The message quotes the value, which may be a 60 kB list: keep it a line.
+            return {}, f"ignoring saved settings {self.path}: {_one_line(e)[:200]}"
         return overrides, None
 
     def save_overrides(self, overrides: dict) -> None:

@@ -13,6 +13,8 @@ from typing import Optional
 
 import typer
 
+from nvshare_agent.version import version
+
 from . import render
 from .client import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CliError, connect
 
@@ -98,6 +100,12 @@ async def _change(options: Options, time_quantum_s=None, anti_thrash=None) -> No
     )
 
 
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        typer.echo(f"nvsharectl {version()}")
+        raise typer.Exit()
+
+
 @app.callback(invoke_without_command=True)
 def main_options(
     ctx: typer.Context,
@@ -119,6 +127,14 @@ def main_options(
     json_output: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
     bus: str = typer.Option(
         "system", "--bus", metavar="ADDRESS", help="D-Bus address of the agent's bus, or 'system'."
+    ),
+    _version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        expose_value=False,
+        help="Print the version and exit.",
     ),
 ):
     """Without a command: apply -T/-S if given, else show the status."""

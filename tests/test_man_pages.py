@@ -25,7 +25,7 @@ PAGES = [NVSHARECTL_PAGE, AGENT_PAGE]
 OPTION = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*")
 
 needs_groff = pytest.mark.skipif(
-    not shutil.which("groff"), reason="needs groff (groff-base, packaging/deps.txt)"
+    not shutil.which("groff"), reason="needs groff (groff-base, packaging/deps-test.txt)"
 )
 
 

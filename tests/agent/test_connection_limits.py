@@ -108,6 +108,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@pytest.mark.slow
 def test_a_connection_that_says_no_hello_is_closed_after_the_timeout(start_agent):
     agent = start_agent()
     silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -5,6 +5,7 @@ in fake_nvml/ (real NVML is checked on the GPU machine)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
@@ -94,14 +95,15 @@ async def test_an_agent_stopping_while_nvml_hangs_leaves_no_reader_behind(fake_n
 
 
 def nvml_readers() -> list[int]:
-    """Live processes running `-m nvshare_agent.nvml` (zombies are not running)."""
+    """This process's live children running `-m nvshare_agent.nvml` (zombies are not
+    running).  Only its own: tests run side by side (pytest -n) start readers too."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             command = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+            state, parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError, ValueError):
             continue
-        if b"nvshare_agent.nvml" in command and state != "Z":
+        if b"nvshare_agent.nvml" in command and state != "Z" and int(parent) == os.getpid():
             found.append(int(entry.name))
     return found

@@ -49,6 +49,13 @@ def agent_args(tmp_path):
     ]
 
 
+def connected_client(path) -> ShimClient | None:
+    try:
+        return ShimClient(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None
+
+
 @pytest.mark.skipif(
     shutil.which("systemd-socket-activate") is None, reason="needs systemd-socket-activate"
 )
@@ -62,9 +69,11 @@ def test_socket_activation_through_systemd_socket_activate(tmp_path):
             stderr=subprocess.STDOUT,
         )
     try:
-        wait_until(sock_path.exists, what="systemd-socket-activate to listen")
         # The first connection is what starts the agent (the activator execs it with fd 3).
-        with ShimClient(sock_path) as first:
+        # The path appears at bind(), a moment before listen(): until then, refused.
+        with wait_until(
+            lambda: connected_client(sock_path), what="systemd-socket-activate to listen"
+        ) as first:
             assert first.settings.time_quantum_ms == 1000
             first.request()
             grant = first.wait_grant()

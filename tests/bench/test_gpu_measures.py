@@ -2,8 +2,10 @@
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -187,8 +189,11 @@ def test_unsampled_phases_run_without_querying_the_gpu(tmp_path, monkeypatch):
 
 def test_each_phase_keeps_the_logs_of_the_agents_it_started(tmp_path, monkeypatch):
     monkeypatch.delenv("NVSHARE_BENCH_ONLY", raising=False)
-    workdir, results_dir = tmp_path / "work", tmp_path / "results"
-    workdir.mkdir(), results_dir.mkdir()
+    # The agents' sockets live in workdir, and a UNIX socket path has at most 107 bytes:
+    # tmp_path is too long for them under pytest -n (.../popen-gw1/test_each_phase_...).
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="nvs-", dir="/tmp"))
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
     logs = {}
 
     def phase_starting(name, agents):
@@ -201,13 +206,18 @@ def test_each_phase_keeps_the_logs_of_the_agents_it_started(tmp_path, monkeypatc
 
         return name, phase
 
-    run.run_phases(
-        [phase_starting("first", 1), phase_starting("none", 0), phase_starting("second", 2)],
-        {},
-        results_dir / "gpu.json",
-        unsampled={"first", "none", "second"},
-        workdir=workdir,
-    )
+    results = {}
+    try:
+        run.run_phases(
+            [phase_starting("first", 1), phase_starting("none", 0), phase_starting("second", 2)],
+            results,
+            results_dir / "gpu.json",
+            unsampled={"first", "none", "second"},
+            workdir=workdir,
+        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert not [phase for phase in results.values() if "error" in phase], results
     kept = {path.name: path.read_text() for path in (results_dir / "agent-logs").iterdir()}
     assert set(kept) == {"first.log", "second.log", "second-2.log"}
     assert kept == logs

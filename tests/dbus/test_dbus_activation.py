@@ -7,6 +7,7 @@ import os
 import shlex
 import signal
 
+import pytest
 from dbus_harness import (
     ACTIVATION_FILE,
     AgentProcess,
@@ -20,6 +21,7 @@ from dbus_harness import (
 from nvshare_agent import dbus_names as names
 
 
+@pytest.mark.root
 def test_call_to_the_bus_name_starts_the_agent(world_dir):
     servicedir = world_dir / "services"
     servicedir.mkdir()

@@ -69,6 +69,7 @@ def test_agent_survives_bus_restart_and_reclaims_its_name(agent, bus):
     assert agent.log().count("dbus connected") == 2
 
 
+@pytest.mark.root
 def test_agent_started_before_its_bus_registers_when_the_bus_appears(world_dir):
     daemon = DbusDaemon(world_dir)
     agent = AgentProcess(world_dir, daemon.address)

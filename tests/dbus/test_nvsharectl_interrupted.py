@@ -16,6 +16,10 @@ from nvshare_agent import dbus_names as names
 from nvshare_agent.dbus_connection import connect_bus
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def nvsharectl_meets(bus, on_call, *args: str):
     """Runs `nvsharectl status`; on_call(stand-in's connection, nvsharectl's pid)
     runs when its call reaches the stand-in agent.  Returns (exit status, stdout, stderr)."""
@@ -41,6 +45,10 @@ async def nvsharectl_meets(bus, on_call, *args: str):
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            # Ctrl-C reaches a program started from a terminal, where SIGINT is not
+            # ignored; a background job or a CI runner may start the tests with it
+            # ignored, and the child would inherit that.
+            preexec_fn=_default_sigint,
         )
         out, err = await asyncio.wait_for(cli.communicate(), TIMEOUT_S)
         return cli.returncode, out.decode(), err.decode()

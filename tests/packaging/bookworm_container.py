@@ -39,6 +39,12 @@ INCLUDE = (
     "python3-dbus-next",
     "python3-sdnotify",
     "python3-typer",
+    # What tests/shim runs besides the clients, for its run under the installed preload.
+    "binutils",
+    "gcc",
+    "libc6-dev",
+    "make",
+    "valgrind",
 )
 INSIDE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -196,8 +202,10 @@ class Container:
         timeout: float = 120,
         env: dict[str, str] | None = None,
         input: str | None = None,
+        cwd: str | None = None,
     ) -> subprocess.CompletedProcess:
-        """argv inside the container, as root, with a clean environment."""
+        """argv inside the container, as root, with a clean environment (in cwd, a path
+        inside the container, when given)."""
         inside_env = {
             "PATH": INSIDE_PATH,
             "LANG": "C.UTF-8",
@@ -208,7 +216,9 @@ class Container:
         }
         inside_env.update(env or {})
         command = (
-            ["nsenter", "-t", str(self.leader_pid), "-a", "env", "-i"]
+            ["nsenter", "-t", str(self.leader_pid), "-a"]
+            + ([f"--wd={self.path(cwd)}"] if cwd else [])
+            + ["env", "-i"]
             + [f"{k}={v}" for k, v in inside_env.items()]
             + argv
         )

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from bookworm_container import Container, ensure_root_tarball, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "agent"))
+from other_users import readable_python_path  # noqa: E402
 from test_man_pages import OPTION, mentions, rendered  # noqa: E402
 
 SHIM = "/usr/lib/x86_64-linux-gnu/libnvshare.so"
@@ -35,10 +38,14 @@ BUS = [
 ADMIN_UID, NOTEBOOK_UID = 1000, 1001
 CLIENT = "/usr/local/bin/standin-client"
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("debootstrap") or not shutil.which("systemd-nspawn"),
-    reason="needs root, debootstrap and systemd-container (packaging/deps.txt)",
-)
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.container,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not shutil.which("debootstrap") or not shutil.which("systemd-nspawn"),
+        reason="needs root, debootstrap and systemd-container (packaging/deps-test.txt)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -244,6 +251,67 @@ def test_preload_holds_the_shim_and_ordinary_programs_still_work(container):
     # The shim really is in every new process.
     maps = container.run(["cat", "/proc/self/maps"]).stdout
     assert SHIM in maps
+
+
+def test_both_programs_print_the_version_in_pyproject(container):
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    for program, name in (
+        ("/usr/bin/nvsharectl", "nvsharectl"),
+        ("/usr/bin/nvshare-agent", "nvshare-agent"),
+    ):
+        assert container.run([program, "--version"]).stdout == f"{name} {version}\n"
+
+
+def test_the_shim_tests_pass_under_the_installed_preload(container, stage):
+    # Where admins run the suite: a node whose /etc/ld.so.preload names the installed
+    # shim, which then loads into every test process too, beside the checkout's build.
+    assert SHIM in container.path("/etc/ld.so.preload").read_text().split()
+    checkout = container.path("/root/nvshare")
+    files = subprocess.run(
+        [
+            "git",
+            "-c",
+            f"safe.directory={REPO}",
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in [f.decode() for f in files if f]:
+        if (REPO / name).is_file():
+            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, checkout / name)
+    for built in ("shim/build", "tests/standin/build"):
+        shutil.copytree(REPO / built, checkout / built, symlinks=True)
+    # The venv's Python packages (pytest, the pinned libraries), for the container's
+    # python3: Debian's 3.11, as the venv's.
+    shutil.copytree(readable_python_path(), container.path("/root/pylib"))
+    with stage("tests/shim under the installed preload"):
+        result = container.run(
+            [
+                "python3",
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-n",
+                "2",
+                "-m",
+                "not container",
+                "tests/shim",
+            ],
+            env={"PYTHONPATH": "/root/pylib", "PYTHONDONTWRITEBYTECODE": "1"},
+            cwd="/root/nvshare",
+            check=False,
+            timeout=900,
+        )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
 
 
 def test_the_portable_shim_on_top_of_the_preloaded_one_leaves_one_in_charge(container):

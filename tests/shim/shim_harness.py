@@ -16,6 +16,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "shim" / "build" / "libnvshare.so"
 # The same objects for containers with an older glibc (shim/Makefile).
@@ -36,6 +38,44 @@ _OWN_PREFIXES = ("NVSHARE_", "STANDIN_", "LD_PRELOAD", "LD_LIBRARY_PATH")
 
 # Generous: CI is a loaded 2-core machine.
 TIMEOUT_S = 60.0
+
+NODE_PRELOAD_FILE = Path("/etc/ld.so.preload")
+
+
+def node_preloads_a_shim() -> bool:
+    """Whether /etc/ld.so.preload names a libnvshare (an installed nvshare): then every
+    process a test starts loads that copy too, after any LD_PRELOAD (ld.so(8))."""
+    try:
+        text = NODE_PRELOAD_FILE.read_text(errors="replace")
+    except OSError:
+        return False
+    names = re.split(r"[\s:]+", "\n".join(line.split("#", 1)[0] for line in text.splitlines()))
+    return any(Path(name).name.startswith("libnvshare") for name in names if name)
+
+
+_HIDE_NODE_PRELOAD = 'mount --bind /dev/null /etc/ld.so.preload && exec "$@"'
+
+
+def without_node_preload() -> list[str]:
+    """A command prefix that runs a process as on a node without nvshare installed, for the
+    tests that need one shim exactly (or none): in a mount namespace of its own where
+    /etc/ld.so.preload reads empty.  No prefix on a node that preloads no shim.  Root
+    makes the namespace; anyone else needs unprivileged user namespaces (Debian 12 has
+    them), else the test skips."""
+    if not node_preloads_a_shim():
+        return []
+    if os.geteuid() == 0:
+        prefix = ["unshare", "--mount", "--propagation", "private"]
+    else:
+        prefix = ["unshare", "--user", "--map-current-user", "--mount"]
+    prefix += ["sh", "-c", _HIDE_NODE_PRELOAD, "sh"]
+    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(
+            "the node preloads an installed libnvshare and this user cannot hide it "
+            f"from a test process ({probe.stderr.strip()[:200]})"
+        )
+    return prefix
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ the agent when one appears, and survives the agent's restart."""
 import os
 import signal
 
+import pytest
 from agent_harness import ShimClient, wait_until
 from shim_harness import STANDIN_GPU
 
@@ -18,6 +19,7 @@ def test_client_finishes_without_agent_with_one_warning(world):
     assert client.stderr.count("\n") == 1, f"only the warning, nothing else:\n{client.stderr}"
 
 
+@pytest.mark.slow
 def test_client_joins_an_agent_started_later(world):
     client = world.client("dlsym", "--duration-ms", 8000, "--sleep-ms", 100, "--launches", 2)
     wait_until(
@@ -31,6 +33,7 @@ def test_client_joins_an_agent_started_later(world):
     assert len(client.warnings()) == 1, client.stderr
 
 
+@pytest.mark.slow
 def test_client_keeps_running_across_an_agent_restart(world):
     first = world.start_agent()
     client = world.client("procaddr", "--duration-ms", 8000, "--sleep-ms", 100, "--launches", 2)

@@ -185,6 +185,7 @@ drop_grace_ms = 20000
 """
 
 
+@pytest.mark.slow
 def test_an_idle_release_carried_out_late_is_dropped_when_launches_came_since_it_was_decided(world):
     # The idle release is decided ~1 s after burst A; its worker first takes the contexts
     # mutex, which another thread's cuCtxDestroy holds from 0.8 s to 3.8 s.  Burst B

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shim_harness import SHIM, STANDIN_BUILD
+from shim_harness import SHIM, STANDIN_BUILD, without_node_preload
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "shim_launch_cost.py"
 
@@ -34,7 +34,7 @@ def test_without_the_shim_the_client_refuses_to_compare_a_function_with_itself()
     env = dict(os.environ, LD_LIBRARY_PATH=str(STANDIN_BUILD), STANDIN_LAUNCH_NOOP="1")
     env.pop("LD_PRELOAD", None)
     done = subprocess.run(
-        [str(STANDIN_BUILD / "client_launch_cost"), "10"],
+        [*without_node_preload(), str(STANDIN_BUILD / "client_launch_cost"), "10"],
         capture_output=True,
         text=True,
         env=env,

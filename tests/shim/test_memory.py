@@ -5,7 +5,7 @@ import re
 import subprocess
 
 import pytest
-from shim_harness import CLIENTS, REPO, STANDIN_GPU
+from shim_harness import CLIENTS, REPO, STANDIN_GPU, without_node_preload
 
 GIB = 1 << 30
 
@@ -14,7 +14,15 @@ GIB = 1 << 30
 def test_clients_work_against_the_standin_alone(world, name):
     # The fixture itself: no shim, no agent, device memory stays device memory.
     client = world.client(
-        name, "--loops", 2, "--fork", "--vmm", "--ipc", "--errno", env=world.env(preload=None)
+        name,
+        "--loops",
+        2,
+        "--fork",
+        "--vmm",
+        "--ipc",
+        "--errno",
+        env=world.env(preload=None),
+        prefix=without_node_preload(),
     )
     result = client.finish_ok()
     assert result["managed"] == "0" and result["errno"] == "kept"
@@ -61,7 +69,16 @@ def test_mem_get_info_reports_the_whole_gpu_less_own_allocations(world, agent, p
         if preload
         else world.env(STANDIN_TOTAL_MEM=total, preload=None)
     )
-    client = world.client("procaddr", "--meminfo", "--loops", 1, "--ints", buffer // 4, env=env)
+    client = world.client(
+        "procaddr",
+        "--meminfo",
+        "--loops",
+        1,
+        "--ints",
+        buffer // 4,
+        env=env,
+        prefix=[] if preload else without_node_preload(),
+    )
     result = client.finish_ok()
     assert result["managed"] == ("1" if preload else "0")
     assert int(result["mem_total"]) == total

@@ -7,6 +7,7 @@ could queue 3 s of work if nothing stopped it."""
 
 import re
 
+import pytest
 from shim_harness import STANDIN_GPU
 
 BUSY = ("--loops", 1, "--launches", 1500, "--stream", "--launch", "kernel")
@@ -22,6 +23,7 @@ def drop_to_release_ms(agent) -> list[float]:
     ]
 
 
+@pytest.mark.slow
 def test_busy_holder_releases_soon_after_a_drop_request(world, agent):
     first = world.client("linked", *BUSY, kernel_us=2000, NVSHARE_MAX_QUEUED_MS=50)
     second = world.client("dlsym", *BUSY, kernel_us=2000, NVSHARE_MAX_QUEUED_MS=50)

@@ -7,7 +7,7 @@ recursed in cuInit until its stack ran out."""
 import shutil
 
 import pytest
-from shim_harness import PORTABLE_SHIM, SHIM, STANDIN_GPU
+from shim_harness import PORTABLE_SHIM, SHIM, STANDIN_GPU, without_node_preload
 
 
 @pytest.fixture
@@ -26,6 +26,8 @@ def test_a_second_copy_leaves_the_process_to_the_first(world, agent, second_copy
         2,
         "--stream",
         env=world.env(NVSHARE_DEBUG=1, preload=f"{SHIM} {second_copy}"),
+        # Two copies exactly: on a node with nvshare installed, its copy would be a third.
+        prefix=without_node_preload(),
     )
     result = client.finish_ok()
     assert result["managed"] == "1", client.describe()

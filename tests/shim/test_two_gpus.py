@@ -8,6 +8,8 @@ on the other GPU waited with it (tests/standin/client_two_gpus.c)."""
 
 import re
 
+import pytest
+
 # Long drop grace: the drained GPU's lock is released, not revoked, while its kernel runs.
 PATIENT_CONFIG = """\
 [scheduler]
@@ -41,6 +43,7 @@ def test_a_long_prefetch_on_one_gpu_does_not_hold_up_the_other(world, agent):
     )
 
 
+@pytest.mark.slow
 def test_a_long_drain_on_one_gpu_does_not_hold_up_the_other(world):
     world.start_agent(config=PATIENT_CONFIG)
     # Thread A's 4 s kernel holds GPU 0, and the shim drains GPU 0 until the kernel ends:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from agent_harness import ShimClient
-from shim_harness import SHIM, STANDIN_BUILD, clean_env
+from shim_harness import SHIM, STANDIN_BUILD, clean_env, without_node_preload
 
 NONCUDA = STANDIN_BUILD / "noncuda"
 BAD_SETTINGS = {
@@ -44,8 +44,10 @@ def report(stdout: str) -> dict:
 )
 def test_non_cuda_program_is_untouched(world, agent, settings):
     env = clean_env(NVSHARE_SOCKET=world.socket_path, LD_LIBRARY_PATH=STANDIN_BUILD, **settings)
-    plain = run([NONCUDA], env)
-    preloaded = run([NONCUDA], dict(env, LD_PRELOAD=str(SHIM)))
+    # The plain run has no shim at all, also on a node with nvshare installed.
+    alone = without_node_preload()
+    plain = run([*alone, NONCUDA], env)
+    preloaded = run([*alone, NONCUDA], dict(env, LD_PRELOAD=str(SHIM)))
     assert plain.returncode == preloaded.returncode == 0
     assert preloaded.stderr == "", "the shim wrote something in a non-CUDA process"
     before, after = report(plain.stdout), report(preloaded.stdout)
@@ -71,7 +73,8 @@ def test_common_programs_are_silent_under_the_preload(world, agent, argv):
 
 
 def test_bad_settings_warn_once_each_and_defaults_apply(world, agent):
-    client = world.client("linked", "--loops", 2, **BAD_SETTINGS)
+    # One copy of the shim: an installed one beside it would read the same variables.
+    client = world.client("linked", "--loops", 2, prefix=without_node_preload(), **BAD_SETTINGS)
     client.finish_ok()
     warnings = client.warnings()
     for name in BAD_SETTINGS:

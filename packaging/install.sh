@@ -1,0 +1,50 @@
+#!/bin/sh
+# `make install`: builds the .deb (its log in build/deb.log, shown only when the
+# build fails), installs it with apt and says what changed on the node.  The
+# build tools were installed and marked automatic just before (install-deps.sh
+# --auto).
+set -eu
+top=$(cd "$(dirname "$0")/.." && pwd)
+shim=/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/libnvshare.so
+log=$top/build/deb.log
+mkdir -p "$top/build"
+echo "nvshare: building the .deb (log: build/deb.log)"
+if ! make -s -C "$top" deb >"$log" 2>&1; then
+    tail -n 25 "$log" >&2
+    echo "nvshare: the .deb did not build; the whole log is $log" >&2
+    exit 1
+fi
+deb=$(ls "$top"/build/nvshare_*_amd64.deb | tail -n 1)
+# apt reads a local .deb as its own user (_apt), who may not enter the owner's
+# home (Debian 12 makes it 0700), and apt then warns that it downloads
+# "unsandboxed as root": hand it a copy from a folder anyone can read.
+staging=$(mktemp -d)
+trap 'rm -rf "$staging"' EXIT
+chmod 0755 "$staging"
+cp "$deb" "$staging/"
+chmod 0644 "$staging/$(basename "$deb")"
+# HideAutoRemove: the build tools just marked automatic are no longer needed,
+# which apt would list here at length; the summary below says it in one line.
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o APT::Get::HideAutoRemove=1 \
+    "$staging/$(basename "$deb")"
+
+version=$(dpkg-query -W -f='${Version}' nvshare)
+echo
+echo "nvshare $version is installed."
+if [ -d /run/systemd/system ]; then
+    if [ "$(systemctl is-active nvshare.socket 2>/dev/null)" = active ]; then
+        echo "  socket:  nvshare.socket listens on /run/nvshare/scheduler.sock; the agent starts with the first client"
+    else
+        echo "  socket:  nvshare.socket is not active: see 'systemctl status nvshare.socket'"
+    fi
+else
+    echo "  socket:  systemd is not running here: nvshare.socket starts at the next boot"
+fi
+if /usr/lib/nvshare/preload-entry has "$shim"; then
+    echo "  preload: /etc/ld.so.preload names $shim: every process started from now on loads it"
+    echo "           (those already running do not); 'sudo nvsharectl preload disable' turns it off"
+else
+    echo "  preload: off ('sudo nvsharectl preload enable' turns it on)"
+fi
+echo "  next:    nvsharectl status     (GPUs, holder, queue, clients; man nvsharectl)"
+echo "           sudo make check       (the tests: needs the network, README.md says more)"
