@@ -1,7 +1,8 @@
 """nvshare-device-plugin: advertises each GPU to the kubelet as --replicas
 devices of one extended resource (docs/kubernetes.md).
 
-Exit codes: 0 stopped cleanly (SIGTERM, SIGINT), 2 bad usage.
+Exit codes: 0 stopped cleanly (SIGTERM, SIGINT), 1 failed, 2 bad usage, 3
+another process serves the plugin's socket (a second plugin on the node).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from nvshare_agent import eventlog, nvml
 from nvshare_agent.protocol import format_uuid
 
 from .devices import DeviceTable, NodePaths
-from .kubelet import KubeletLink
+from .kubelet import EndpointTaken, KubeletLink
 from .service import DevicePluginService, DeviceWatch
 
 log = eventlog.events
@@ -204,6 +205,9 @@ def main(argv=None) -> int:
     eventlog.setup(args.debug)
     try:
         asyncio.run(run(args))
+    except EndpointTaken as e:
+        log.error("%s", e)
+        return 3
     finally:
         eventlog.events.flush()
     return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -41,6 +42,11 @@ RETRY_INTERVAL_S = 2.0
 SocketIdentity = tuple[int, int, int]
 
 
+class EndpointTaken(RuntimeError):
+    """Another process serves the plugin's socket: this one must not take it
+    back, or the two would take turns replacing each other's socket."""
+
+
 def socket_identity(path: Path) -> SocketIdentity | None:
     """What tells this socket apart from another one at the same path; None
     when there is no socket there."""
@@ -51,6 +57,19 @@ def socket_identity(path: Path) -> SocketIdentity | None:
     if not stat.S_ISSOCK(status.st_mode):
         return None
     return (status.st_dev, status.st_ino, status.st_ctime_ns)
+
+
+def someone_serves(path: Path) -> bool:
+    """A connection to a UNIX socket is accepted or refused at once."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
 def endpoint_name(resource_name: str) -> str:
@@ -77,8 +96,16 @@ class KubeletLink:
             await asyncio.sleep(WATCH_INTERVAL_S)
 
     async def check(self) -> None:
-        """Serves again if our socket is gone, registers again if the kubelet's is new."""
-        if self.served is None or socket_identity(self.endpoint) != self.served:
+        """Serves again if our socket is gone, registers again if the kubelet's is
+        new.  Raises EndpointTaken when another process serves our socket's path
+        (the systemd unit and the DaemonSet both running on one node)."""
+        endpoint = socket_identity(self.endpoint)
+        if self.served is None or endpoint != self.served:
+            if endpoint is not None and someone_serves(self.endpoint):
+                raise EndpointTaken(
+                    f"another process serves {self.endpoint}: is a second nvshare device plugin "
+                    "running on this node (the systemd unit and the DaemonSet)?"
+                )
             await self._serve()
             if self.served is None:
                 return

@@ -4,6 +4,7 @@ kubelet restarts, refused requests, and its command line."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -184,6 +185,27 @@ def test_a_bad_allocate_is_a_grpc_error_and_the_plugin_keeps_serving(
         kubelet.allocate([f"{L4}::9"]).container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == L4
     )
     plugin.wait_for_log("refused Allocate")
+
+
+def test_a_second_plugin_on_the_same_socket_exits_3_and_the_first_keeps_serving(
+    kubelet, kubelet_dir, start_plugin
+):
+    first = start_plugin()
+    registered(kubelet)
+    second = start_plugin()
+    assert second.process.wait(30) == 3
+    second.wait_for_log(f"another process serves {kubelet_dir / ENDPOINT}")
+    assert first.running()
+    assert kubelet.allocate([f"{H100}::0"]).container_responses[0].envs
+
+
+def test_a_socket_left_by_a_plugin_that_died_is_taken_over(kubelet, kubelet_dir, start_plugin):
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(kubelet_dir / ENDPOINT))
+    dead.close()  # the file stays, nobody listens
+    start_plugin()
+    registered(kubelet)
+    assert kubelet.allocate([f"{L4}::0"]).container_responses[0].envs
 
 
 def test_sigterm_stops_the_plugin_and_removes_its_socket(kubelet, kubelet_dir, start_plugin):
