@@ -75,30 +75,34 @@ class OneLineParser(argparse.ArgumentParser):
 def parse_args(argv=None) -> argparse.Namespace:
     parser = OneLineParser(
         prog=PROG,
-        description="Advertise each GPU to the kubelet as REPLICAS devices that share it "
+        description="Advertise each GPU to the kubelet as N devices, which containers share "
         "under nvshare.",
     )
     parser.add_argument(
         "--kubelet-dir",
         type=Path,
         default=DEFAULT_KUBELET_DIR,
+        metavar="DIR",
         help=f"the kubelet's device-plugin directory (default {DEFAULT_KUBELET_DIR})",
     )
     parser.add_argument(
         "--resource-name",
         default=DEFAULT_RESOURCE_NAME,
+        metavar="NAME",
         help=f"the extended resource to advertise (default {DEFAULT_RESOURCE_NAME})",
     )
     parser.add_argument(
         "--replicas",
         type=int,
         default=DEFAULT_REPLICAS,
+        metavar="N",
         help=f"devices per GPU, 1 to {MAX_REPLICAS} (default {DEFAULT_REPLICAS})",
     )
     parser.add_argument(
         "--socket-dir",
         type=Path,
         default=DEFAULT_SOCKET_DIR,
+        metavar="DIR",
         help=f"the agent's socket directory on the node, mounted into containers at "
         f"/run/nvshare (default {DEFAULT_SOCKET_DIR})",
     )
@@ -106,6 +110,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--shim-path",
         type=Path,
         default=DEFAULT_SHIM_PATH,
+        metavar="FILE",
         help=f"the shim to mount into containers (default {DEFAULT_SHIM_PATH})",
     )
     parser.add_argument(
@@ -116,7 +121,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="how often to read the GPUs from NVML; a GPU that is gone turns Unhealthy "
         f"(default {DEFAULT_INVENTORY_INTERVAL_S:g})",
     )
-    parser.add_argument("--debug", action="store_true", help="log every request")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="also log every list sent and every preferred allocation",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     args = parser.parse_args(argv)
     problem = arguments_problem(args)
@@ -160,7 +169,7 @@ async def read_inventory_now(watch: DeviceWatch, problem_before: str | None) -> 
         elif problem_before:
             log.info("GPU inventory: NVML answers again")
     for change in await watch.observe([format_uuid(gpu.uuid) for gpu in gpus]):
-        log.info("GPU %s is %s", change.gpu_uuid, change.health)
+        log.info("%s is %s", change.gpu_uuid, change.health)
     return problem
 
 

@@ -206,7 +206,7 @@ def allocate(table: DeviceTable, device_ids: Sequence[str], node: NodePaths) -> 
         )
     (gpu_uuid,) = gpus
     if table.gpu_health(gpu_uuid) != HEALTHY:
-        raise GpuUnhealthy(f"GPU {gpu_uuid} is Unhealthy: NVML no longer shows it on this node")
+        raise GpuUnhealthy(f"{gpu_uuid} is Unhealthy: NVML no longer shows it on this node")
     return ContainerAllocation(
         envs={
             # NVIDIA's container runtime gives the container this GPU (and its driver).

@@ -73,22 +73,26 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 api_pb2.Device(ID=device.id, health=device.health)
                 for device in self.watch.table.devices()
             ]
+            log.debug("ListAndWatch: %d devices, version %d", len(listed), seen)
             yield api_pb2.ListAndWatchResponse(devices=listed)
 
     async def GetPreferredAllocation(self, request, context):
         # Never an error: the answer is only advice, and an error here fails the pod.
-        return api_pb2.PreferredAllocationResponse(
-            container_responses=[
-                api_pb2.ContainerPreferredAllocationResponse(
-                    deviceIDs=devices.preferred_allocation(
-                        container.available_deviceIDs,
-                        container.must_include_deviceIDs,
-                        container.allocation_size,
-                    )
-                )
-                for container in request.container_requests
-            ]
-        )
+        responses = []
+        for container in request.container_requests:
+            chosen = devices.preferred_allocation(
+                container.available_deviceIDs,
+                container.must_include_deviceIDs,
+                container.allocation_size,
+            )
+            log.debug(
+                "GetPreferredAllocation(%d of %d available): %s",
+                container.allocation_size,
+                len(container.available_deviceIDs),
+                ", ".join(chosen),
+            )
+            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
 
     async def Allocate(self, request, context):
         responses = []

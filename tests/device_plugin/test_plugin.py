@@ -99,7 +99,7 @@ def test_a_gpu_that_leaves_the_inventory_turns_unhealthy_on_the_stream_and_comes
     assert L4 in refused.value.details()
     hide_gpus()
     assert kubelet.next_devices() == replicas(H100, 2) + replicas(L4, 2)
-    plugin.wait_for_log(f"GPU {L4} is Unhealthy")
+    plugin.wait_for_log(f"INFO {L4} is Unhealthy")
 
 
 def test_nvml_failing_makes_every_gpu_unhealthy(kubelet, start_plugin, hide_gpus):
