@@ -13,10 +13,11 @@ API v1beta1, over real gRPC, in a directory of its own.
 
 It runs in the tests' process (StandinKubelet), or as a program where only
 Debian's python3-grpcio is at hand (the booted container's test):
-`python3 standin_kubelet.py DIR` serves until SIGTERM and prints one JSON
-object a line: {"registered": {...}}, {"devices": [[ID, HEALTH], ...]}; a line
-"allocate ID..." on its stdin is answered with {"allocate": {...}} or
-{"error": "CODE: details"}.
+`python3 standin_kubelet.py DIR` serves until its stdin closes (or SIGTERM) and
+prints one JSON object a line: {"registered": {...}}, {"devices": [[ID,
+HEALTH], ...]}; a line "allocate ID..." on its stdin is answered with
+{"allocate": {...}} or {"error": "CODE: details"}.  Closing stdin is how a test
+stops it: a signal to `nsenter` would not reach it.
 """
 
 from __future__ import annotations
@@ -224,8 +225,7 @@ def main(argv: list[str]) -> int:
                 say({"allocate": allocation_as_dict(response.container_responses[0])})
             except grpc.RpcError as e:
                 say({"error": f"{e.code().name}: {e.details()}"})
-        while True:  # stdin closed: serve on until SIGTERM
-            signal.pause()
+        return 0
     finally:
         kubelet.stop()
 

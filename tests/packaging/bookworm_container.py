@@ -39,6 +39,8 @@ INCLUDE = (
     "python3-dbus-next",
     "python3-sdnotify",
     "python3-typer",
+    "python3-grpcio",
+    "python3-protobuf",
 )
 INSIDE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
