@@ -150,6 +150,12 @@ def test_the_units_documentation_and_the_readme_links_resolve(container):
     assert links
     for link in links:
         assert container.path(f"/usr/share/doc/nvshare/{link}").is_file(), link
+    # docs/kubernetes.md links the manifests, installed beside docs/.
+    kubernetes = container.path("/usr/share/doc/nvshare/docs/kubernetes.md").read_text()
+    manifests = set(re.findall(r"\]\(\.\./(kubernetes/[\w.-]+)\)", kubernetes))
+    assert len(manifests) == 3, manifests
+    for link in manifests:
+        assert container.path(f"/usr/share/doc/nvshare/{link}").is_file(), link
 
 
 def test_manual_pages_are_installed_and_name_every_option_of_the_installed_programs(
