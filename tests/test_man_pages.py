@@ -1,8 +1,9 @@
 """The manual pages in docs/man/ render without a warning and keep up with the
-programs: every command and option that nvsharectl and nvshare-agent accept is
-named in its page, and every option a page names is accepted.  The lists come
-from the programs themselves (click's command tree, the agent's --help), so a
-new option without a line in the page fails here."""
+programs: every command and option that nvsharectl, nvshare-agent and
+nvshare-device-plugin accept is named in its page, and every option a page
+names is accepted.  The lists come from the programs themselves (click's
+command tree, the others' --help), so a new option without a line in the page
+fails here."""
 
 import os
 import re
@@ -20,7 +21,8 @@ from nvshare_cli.app import app
 REPO = Path(__file__).resolve().parents[1]
 NVSHARECTL_PAGE = REPO / "docs/man/nvsharectl.1"
 AGENT_PAGE = REPO / "docs/man/nvshare-agent.8"
-PAGES = [NVSHARECTL_PAGE, AGENT_PAGE]
+DEVICE_PLUGIN_PAGE = REPO / "docs/man/nvshare-device-plugin.8"
+PAGES = [NVSHARECTL_PAGE, AGENT_PAGE, DEVICE_PLUGIN_PAGE]
 # An option as it appears in running text: not the "-Bus" of "D-Bus".
 OPTION = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*")
 
@@ -75,9 +77,9 @@ def nvsharectl_tree() -> list[tuple[tuple[str, ...], list[click.Parameter]]]:
     return found
 
 
-def agent_options() -> set[str]:
+def help_options(module: str) -> set[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "nvshare_agent", "--help"],
+        [sys.executable, "-m", module, "--help"],
         capture_output=True,
         text=True,
         check=True,
@@ -144,13 +146,21 @@ def test_nvsharectl_page_names_no_option_that_nvsharectl_lacks():
 
 
 @needs_groff
-def test_agent_page_names_exactly_the_options_of_its_help():
-    accepted = agent_options()
-    assert {"--help", "--socket", "--debug"} <= accepted  # the help output still parses
-    page = sections(rendered(AGENT_PAGE))
-    named = set(OPTION.findall(page["SYNOPSIS"] + page["OPTIONS"]))
-    assert accepted - named == set(), f"not in {AGENT_PAGE.name}: {sorted(accepted - named)}"
-    assert named - accepted == set(), f"unknown to nvshare-agent: {sorted(named - accepted)}"
+@pytest.mark.parametrize(
+    "page, module, some_options",
+    [
+        (AGENT_PAGE, "nvshare_agent", {"--help", "--socket", "--debug"}),
+        (DEVICE_PLUGIN_PAGE, "nvshare_device_plugin", {"--help", "--replicas", "--version"}),
+    ],
+    ids=lambda value: value.name if isinstance(value, Path) else None,
+)
+def test_page_names_exactly_the_options_of_its_help(page, module, some_options):
+    accepted = help_options(module)
+    assert some_options <= accepted  # the help output still parses
+    text = sections(rendered(page))
+    named = set(OPTION.findall(text["SYNOPSIS"] + text["OPTIONS"]))
+    assert accepted - named == set(), f"not in {page.name}: {sorted(accepted - named)}"
+    assert named - accepted == set(), f"unknown to {module}: {sorted(named - accepted)}"
 
 
 @needs_groff

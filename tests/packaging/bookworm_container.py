@@ -45,6 +45,8 @@ INCLUDE = (
     "libc6-dev",
     "make",
     "valgrind",
+    "python3-grpcio",
+    "python3-protobuf",
 )
 INSIDE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -2,8 +2,9 @@
 
 One container for the module; the tests run in file order, each one stage of
 an operator's life with the package: install, first client, settings over
-D-Bus, the preload, a notebook-style client, a restart under load, the
-operator's preload switch across an upgrade, purge.
+D-Bus, the preload, the device plugin meeting a (stand-in) kubelet, a
+notebook-style client, a restart under load, the operator's preload switch
+across an upgrade, purge.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import tomllib
 from pathlib import Path
 
@@ -37,6 +40,12 @@ BUS = [
 ]
 ADMIN_UID, NOTEBOOK_UID = 1000, 1001
 CLIENT = "/usr/local/bin/standin-client"
+UNITS = ("nvshare.socket", "nvshare.service")
+PLUGIN_UNITS = ("nvshare-device-plugin.path", "nvshare-device-plugin.service")
+KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+# The test's own files inside the container: readable by the units, which see
+# neither /root (ProtectHome=) nor the container's /tmp (a tmpfs of its own).
+TEST_FILES = "/usr/local/lib/nvshare-test"
 
 pytestmark = [
     pytest.mark.root,
@@ -127,12 +136,8 @@ def test_the_admin_group_exists_before_dbus_reads_the_policy_naming_it(container
 
 def test_installed_units_pass_systemd_analyze_verify(container):
     result = container.run(
-        [
-            "systemd-analyze",
-            "verify",
-            "/lib/systemd/system/nvshare.socket",
-            "/lib/systemd/system/nvshare.service",
-        ],
+        ["systemd-analyze", "verify"]
+        + [f"/lib/systemd/system/{unit}" for unit in UNITS + PLUGIN_UNITS],
         check=False,
     )
     assert result.returncode == 0 and result.stdout + result.stderr == "", result.stderr
@@ -141,16 +146,22 @@ def test_installed_units_pass_systemd_analyze_verify(container):
 def test_the_units_documentation_and_the_readme_links_resolve(container):
     urls = [
         url
-        for unit in ("nvshare.socket", "nvshare.service")
+        for unit in UNITS + PLUGIN_UNITS
         for url in unit_property(container, unit, "Documentation").split()
     ]
-    assert len(urls) == 2
+    assert len(urls) == 4
     for url in urls:
         assert url.startswith("file:") and container.path(url[len("file:") :]).is_file(), url
     readme = container.path("/usr/share/doc/nvshare/README.md").read_text()
     links = set(re.findall(r"\]\((docs/[\w.]+\.md)\)", readme))
     assert links
     for link in links:
+        assert container.path(f"/usr/share/doc/nvshare/{link}").is_file(), link
+    # docs/kubernetes.md links the manifests, installed beside docs/.
+    kubernetes = container.path("/usr/share/doc/nvshare/docs/kubernetes.md").read_text()
+    manifests = set(re.findall(r"\]\(\.\./(kubernetes/[\w.-]+)\)", kubernetes))
+    assert len(manifests) == 3, manifests
+    for link in manifests:
         assert container.path(f"/usr/share/doc/nvshare/{link}").is_file(), link
 
 
@@ -163,6 +174,7 @@ def test_manual_pages_are_installed_and_name_every_option_of_the_installed_progr
     for program, page in (
         ("nvsharectl", "/usr/share/man/man1/nvsharectl.1.gz"),
         ("nvshare-agent", "/usr/share/man/man8/nvshare-agent.8.gz"),
+        ("nvshare-device-plugin", "/usr/share/man/man8/nvshare-device-plugin.8.gz"),
     ):
         source = tmp_path / Path(page).stem
         source.write_bytes(gzip.decompress(container.path(page).read_bytes()))
@@ -324,6 +336,126 @@ def test_the_portable_shim_on_top_of_the_preloaded_one_leaves_one_in_charge(cont
     assert "another copy of libnvshare.so came first" in result.stderr, result.stderr
     maps = container.run(["cat", "/proc/self/maps"], env={"LD_PRELOAD": PORTABLE_SHIM}).stdout
     assert SHIM in maps and PORTABLE_SHIM in maps
+
+
+def test_the_device_plugin_stays_inactive_on_a_node_without_a_kubelet(container):
+    assert not container.path(KUBELET_DIR).exists()
+    path_unit, service = PLUGIN_UNITS
+    assert unit_property(container, path_unit, "UnitFileState") == "enabled"
+    assert unit_property(container, path_unit, "ActiveState") == "active"  # waiting
+    assert unit_property(container, service, "ActiveState") == "inactive"
+    # The postinst started it; its condition said no.
+    assert unit_property(container, service, "ConditionResult") == "no"
+    assert plugin_processes(container) == ""
+
+
+def plugin_processes(container: Container) -> str:
+    found = container.run(
+        ["sh", "-c", "grep -l 'nvshare-[d]evice-plugin' /proc/[0-9]*/cmdline || true"]
+    )
+    return found.stdout.strip()
+
+
+class StandinKubeletInContainer:
+    """tests/device_plugin/standin_kubelet.py run by the container's python3
+    (Debian's python3-grpcio, the installed package's stubs); its JSON lines
+    are read as they come."""
+
+    def __init__(self, container: Container):
+        script = f"{TEST_FILES}/standin_kubelet.py"
+        self.process = container.popen(
+            ["python3", script, KUBELET_DIR],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.events: queue.Queue[dict] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.events.put(json.loads(line))
+
+    def next_event(self, kind: str, timeout: float = 60) -> object:
+        while True:
+            try:
+                event = self.events.get(timeout=timeout)
+            except queue.Empty:
+                raise AssertionError(
+                    f"no {kind!r} from the stand-in kubelet within {timeout:g} s"
+                ) from None
+            if kind in event:
+                return event[kind]
+
+    def send(self, line: str) -> None:
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def stop(self) -> str:
+        # Its stdin closing ends it; a signal would only reach nsenter, which
+        # would leave it running inside with our pipes open.
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+        return self.process.stderr.read()
+
+
+def test_the_device_plugin_starts_and_registers_once_a_kubelet_is_there(container, stage):
+    # The GPUs come from the stand-in pynvml, which the unit is given in place of
+    # the package's copy of the real one (there is no NVML in the container).
+    for name in ("device_plugin/standin_kubelet.py", "agent/fake_nvml/pynvml.py"):
+        target = container.path(f"{TEST_FILES}/{Path(name).name}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / "tests" / name, target)
+    dropin = container.path("/etc/systemd/system/nvshare-device-plugin.service.d/test.conf")
+    dropin.parent.mkdir(parents=True)
+    dropin.write_text(f"[Service]\nEnvironment=PYTHONPATH={TEST_FILES}\n")
+    container.run(["systemctl", "daemon-reload"])
+    service = PLUGIN_UNITS[1]
+    kubelet = StandinKubeletInContainer(container)
+    try:
+        with stage("stand-in kubelet appears, the path unit starts the plugin, it registers"):
+            registered = kubelet.next_event("registered")
+        assert registered == {
+            "version": "v1beta1",
+            "endpoint": "nvshare.com-gpu.sock",
+            "resource_name": "nvshare.com/gpu",
+            "preferred_allocation": True,
+        }
+        devices = kubelet.next_event("devices")
+        assert len(devices) == 20 and {health for _, health in devices} == {"Healthy"}
+        assert devices[0] == ["GPU-0d84ee44-b797-1c71-8ccd-cefec22161de::0", "Healthy"]
+        assert unit_property(container, service, "ActiveState") == "active"
+        assert unit_property(container, service, "ConditionResult") == "yes"
+
+        kubelet.send("allocate GPU-11111111-2222-3333-4444-555555555555::4")
+        given = kubelet.next_event("allocate")
+        assert given["envs"] == {
+            "NVIDIA_VISIBLE_DEVICES": "GPU-11111111-2222-3333-4444-555555555555",
+            "LD_PRELOAD": "/usr/lib/nvshare/libnvshare.so",
+        }
+        assert given["mounts"] == [
+            {"container_path": "/run/nvshare", "host_path": "/run/nvshare", "read_only": True},
+            {
+                "container_path": "/usr/lib/nvshare/libnvshare.so",
+                "host_path": PORTABLE_SHIM,
+                "read_only": True,
+            },
+        ]
+        kubelet.send("allocate GPU-11111111-2222-3333-4444-555555555555::0 nvidia0")
+        assert kubelet.next_event("error").startswith("NOT_FOUND: unknown device ID 'nvidia0'")
+    finally:
+        err = kubelet.stop()
+        dropin.unlink()  # from here on the unit runs as installed
+        container.run(["systemctl", "daemon-reload"])
+    assert "Traceback" not in err, err
+    journal = container.run(["journalctl", "--no-pager", "-o", "cat", "-u", service]).stdout
+    print(f"{service}'s journal:\n{journal}")
+    assert "registered nvshare.com/gpu with the kubelet" in journal, journal
+    assert "Traceback" not in journal, journal
+    assert unit_property(container, service, "NRestarts") == "0"
+    # The kubelet left; the plugin waits for the next one.
+    assert unit_property(container, service, "ActiveState") == "active"
 
 
 def test_notebook_style_client_registers_and_survives_an_agent_restart(container, stage):
@@ -488,6 +620,8 @@ def test_purge_leaves_nothing_behind(container, stage):
         "/run/nvshare",
         "/usr/lib/nvshare",
         "/etc/systemd/system/sockets.target.wants/nvshare.socket",
+        "/etc/systemd/system/paths.target.wants/nvshare-device-plugin.path",
+        f"{KUBELET_DIR}/nvshare.com-gpu.sock",  # the plugin removed its socket as it stopped
     ):
         assert not container.path(path).exists(), path
     units = container.run(["systemctl", "list-unit-files", "--no-legend", "nvshare*"], check=False)
@@ -500,6 +634,9 @@ def test_purge_leaves_nothing_behind(container, stage):
     # No agent left running (minbase has no pgrep).
     agents = container.run(["sh", "-c", "grep -l 'nvshare-[a]gent' /proc/[0-9]*/cmdline || true"])
     assert agents.stdout.strip() == ""
+    assert plugin_processes(container) == ""
+    for unit in PLUGIN_UNITS:
+        assert unit_property(container, unit, "LoadState") == "not-found", unit
     assert container.run(["dpkg-query", "-W", "nvshare"], check=False).returncode != 0
 
 

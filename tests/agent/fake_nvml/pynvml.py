@@ -3,6 +3,8 @@
 FAKE_NVML picks what it does: "two-gpus" (two GPUs and a MIG instance),
 "init-fails", "hangs" (nvmlInit never returns), "crashes" (the process dies),
 "bytes" (old releases' bytes strings), "missing" (import fails).
+FAKE_NVML_HIDDEN may name a file of UUIDs, one a line, that the GPU list leaves
+out while they are in it (a GPU that falls off the bus).
 """
 
 import os
@@ -41,12 +43,21 @@ def nvmlShutdown():
     pass
 
 
+def _visible_devices():
+    hidden_file = os.environ.get("FAKE_NVML_HIDDEN")
+    hidden = set()
+    if hidden_file and os.path.exists(hidden_file):
+        with open(hidden_file) as listing:
+            hidden = set(listing.read().split())
+    return [device for device in DEVICES if device[0] not in hidden]
+
+
 def nvmlDeviceGetCount():
-    return len(DEVICES)
+    return len(_visible_devices())
 
 
 def nvmlDeviceGetHandleByIndex(index):
-    return DEVICES[index]
+    return _visible_devices()[index]
 
 
 def _text(value):
