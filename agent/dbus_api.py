@@ -102,10 +102,12 @@ def load_contract() -> Contract:
     root = ElementTree.fromstring(text)
     (interface,) = [i for i in root.findall("interface") if i.get("name") == names.INTERFACE]
     properties = {
-        p.get("name"): (p.get("type"), p.get("access")) for p in interface.iter("property")
+        p.attrib["name"]: (p.attrib["type"], p.attrib["access"]) for p in interface.iter("property")
     }
     methods = {
-        m.get("name"): "".join(a.get("type") for a in m.iter("arg") if a.get("direction") == "in")
+        m.attrib["name"]: "".join(
+            a.attrib["type"] for a in m.iter("arg") if a.get("direction") == "in"
+        )
         for m in interface.iter("method")
     }
     start = text.index(f'<interface name="{names.INTERFACE}"')

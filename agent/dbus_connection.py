@@ -3,9 +3,8 @@ nvsharectl both use, so fixes to dbus-next 0.2.3 apply to both."""
 
 import asyncio
 
-from dbus_next import AuthError, BusType, DBusError, Message, MessageType
+from dbus_next import AuthError, BusType, DBusError, MessageType
 from dbus_next.aio import MessageBus
-from dbus_next.constants import ErrorType
 
 # Error replies longer than this are cut.  dbus-next's own errors quote what
 # the caller sent (a property, interface or object path of any length); a reply
@@ -75,18 +74,6 @@ class _MessageBus(MessageBus):
             # with a traceback: anyone could fill the journal with normal answers.
             if msg.message_type != MessageType.METHOD_CALL:
                 raise
-
-    def _default_get_machine_id_handler(self, msg, send_reply) -> None:
-        # dbus-next 0.2.3 forwards Peer.GetMachineId to the bus daemon, which
-        # Debian's system.conf refuses; it then builds its error reply with a
-        # list for the text (SignatureBodyMismatchError): the caller waits for
-        # its timeout and the agent logs a traceback, for any user's call.
-        # libdbus and sd-bus answer from the machine's file; so do we.
-        try:
-            reply = Message.new_method_return(msg, "s", [read_machine_id()])
-        except OSError as error:
-            reply = Message.new_error(msg, ErrorType.FAILED, f"cannot read the machine id: {error}")
-        send_reply(reply)
 
     async def _auth_readline(self) -> str:
         # dbus-next 0.2.3 loops on sock_recv until it sees "\r\n"; at EOF

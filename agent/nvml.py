@@ -113,6 +113,7 @@ async def watch_processes(
         env=_child_environment(),
         limit=MAX_LINE_BYTES,
     )
+    assert child.stdout is not None  # stdout=PIPE
     try:
         while True:
             line = await child.stdout.readline()
@@ -219,6 +220,7 @@ def watch_here(interval_s: float) -> None:
         return
     try:
         while True:
+            line: dict[str, object]
             try:
                 line = {"processes": _processes_here(pynvml)}
             except Exception as e:

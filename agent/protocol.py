@@ -15,7 +15,9 @@ from __future__ import annotations
 import enum
 import importlib.resources
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import cffi
 
@@ -43,17 +45,82 @@ MAX_PAYLOAD_BYTES: int = _lib.NVSHARE_MAX_PAYLOAD_BYTES
 HEADER_BYTES: int = ffi.sizeof("struct nvshare_header")
 
 
-def _enum_from_c(name: str, c_enum: str, prefix: str) -> type[enum.IntEnum]:
-    members = {k[len(prefix) :]: v for k, v in ffi.typeof(c_enum).relements.items()}
-    return enum.IntEnum(name, sorted(members.items(), key=lambda kv: kv[1]))
+def _enumerators(c_enum: str, prefix: str) -> dict[str, int]:
+    return {k[len(prefix) :]: v for k, v in ffi.typeof(c_enum).relements.items()}
 
 
-MessageType = _enum_from_c("MessageType", "enum nvshare_message_type", "NVSHARE_MSG_")
-GrantFlags = _enum_from_c("GrantFlags", "enum nvshare_grant_flags", "NVSHARE_GRANT_")
-DropFlags = _enum_from_c("DropFlags", "enum nvshare_drop_flags", "NVSHARE_DROP_")
-Features = _enum_from_c("Features", "enum nvshare_features", "NVSHARE_FEATURE_")
-AntiThrashWire = _enum_from_c("AntiThrashWire", "enum nvshare_anti_thrash", "NVSHARE_ANTI_THRASH_")
-ErrorCode = _enum_from_c("ErrorCode", "enum nvshare_error_code", "NVSHARE_ERR_")
+def _c(c_enum: str, name: str) -> int:
+    return int(ffi.typeof(c_enum).relements[name])
+
+
+def _matches_header(cls: type[enum.IntEnum], c_enum: str, prefix: str) -> None:
+    ours = {member.name: member.value for member in cls}
+    theirs = _enumerators(c_enum, prefix)
+    if ours != theirs:
+        raise AssertionError(f"{cls.__name__} disagrees with {c_enum}: {ours} != {theirs}")
+
+
+# The enums are spelled out (for readers and the type checker) but valued from
+# the header, and checked against it below: an enumerator added on one side
+# only fails at import.
+_MSG = "enum nvshare_message_type"
+
+
+class MessageType(enum.IntEnum):
+    HELLO = _c(_MSG, "NVSHARE_MSG_HELLO")
+    SETTINGS = _c(_MSG, "NVSHARE_MSG_SETTINGS")
+    LOCK_REQUEST = _c(_MSG, "NVSHARE_MSG_LOCK_REQUEST")
+    LOCK_GRANT = _c(_MSG, "NVSHARE_MSG_LOCK_GRANT")
+    DROP_REQUEST = _c(_MSG, "NVSHARE_MSG_DROP_REQUEST")
+    RELEASED = _c(_MSG, "NVSHARE_MSG_RELEASED")
+    REVOKED = _c(_MSG, "NVSHARE_MSG_REVOKED")
+    MEMORY_REPORT = _c(_MSG, "NVSHARE_MSG_MEMORY_REPORT")
+    ERROR = _c(_MSG, "NVSHARE_MSG_ERROR")
+    WELCOME = _c(_MSG, "NVSHARE_MSG_WELCOME")
+    GPU_MEMORY = _c(_MSG, "NVSHARE_MSG_GPU_MEMORY")
+    KEEPALIVE = _c(_MSG, "NVSHARE_MSG_KEEPALIVE")
+
+
+class GrantFlags(enum.IntEnum):
+    EXCLUSIVE = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_EXCLUSIVE")
+    SHARED = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_SHARED")
+    RELEASE_WHEN_IDLE = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_RELEASE_WHEN_IDLE")
+
+
+class DropFlags(enum.IntEnum):
+    WHEN_IDLE = _c("enum nvshare_drop_flags", "NVSHARE_DROP_WHEN_IDLE")
+
+
+class Features(enum.IntEnum):
+    YIELD = _c("enum nvshare_features", "NVSHARE_FEATURE_YIELD")
+    GPU_MEMORY = _c("enum nvshare_features", "NVSHARE_FEATURE_GPU_MEMORY")
+    KEEPALIVE = _c("enum nvshare_features", "NVSHARE_FEATURE_KEEPALIVE")
+
+
+class AntiThrashWire(enum.IntEnum):
+    OFF = _c("enum nvshare_anti_thrash", "NVSHARE_ANTI_THRASH_OFF")
+    ON = _c("enum nvshare_anti_thrash", "NVSHARE_ANTI_THRASH_ON")
+    AUTO = _c("enum nvshare_anti_thrash", "NVSHARE_ANTI_THRASH_AUTO")
+
+
+class ErrorCode(enum.IntEnum):
+    BAD_MAGIC = _c("enum nvshare_error_code", "NVSHARE_ERR_BAD_MAGIC")
+    VERSION_MISMATCH = _c("enum nvshare_error_code", "NVSHARE_ERR_VERSION_MISMATCH")
+    BAD_FRAME = _c("enum nvshare_error_code", "NVSHARE_ERR_BAD_FRAME")
+    PROTOCOL = _c("enum nvshare_error_code", "NVSHARE_ERR_PROTOCOL")
+    FLOOD = _c("enum nvshare_error_code", "NVSHARE_ERR_FLOOD")
+
+
+for _enum_class, _c_enum, _prefix in (
+    (MessageType, _MSG, "NVSHARE_MSG_"),
+    (GrantFlags, "enum nvshare_grant_flags", "NVSHARE_GRANT_"),
+    (DropFlags, "enum nvshare_drop_flags", "NVSHARE_DROP_"),
+    (Features, "enum nvshare_features", "NVSHARE_FEATURE_"),
+    (AntiThrashWire, "enum nvshare_anti_thrash", "NVSHARE_ANTI_THRASH_"),
+    (ErrorCode, "enum nvshare_error_code", "NVSHARE_ERR_"),
+):
+    _matches_header(_enum_class, _c_enum, _prefix)
+
 
 _LOCK_TYPES = (
     MessageType.LOCK_REQUEST,
@@ -124,7 +191,7 @@ class ProtocolError(Exception):
         self.code = ErrorCode(code)
         # The good frames that came before the bad one in the same read: the
         # caller should act on them (a RELEASED must not be lost) before closing.
-        self.messages: list = []
+        self.messages: list[Message] = []
 
 
 # ---------------------------------------------------------------- GPU UUIDs
@@ -206,6 +273,12 @@ class Keepalive:
     waiting_gpus: int
 
 
+#: Every decoded frame is one of these.
+Message = (
+    Hello | WireSettings | LockMessage | MemoryReport | Error | Welcome | GpuMemory | Keepalive
+)
+
+
 # ---------------------------------------------------------------- encoding
 
 
@@ -221,18 +294,19 @@ def encode_header(
     h = ffi.new("struct nvshare_header *")
     h.magic, h.version, h.type = magic, version, msg_type
     h.payload_bytes, h.reserved = payload_bytes, reserved
-    return ffi.buffer(h)[:]
+    return bytes(ffi.buffer(h))
 
 
 # Every type's header is a constant: build each once.
 _HEADER: dict[int, bytes] = {t: encode_header(t, n) for t, n in PAYLOAD_BYTES.items()}
 
 
-def _frame(msg_type: int, payload) -> bytes:
-    return _HEADER[msg_type] + ffi.buffer(payload)[:]
+def _frame(msg_type: int, payload: Any) -> bytes:
+    """payload: a cffi pointer to the type's struct."""
+    return _HEADER[msg_type] + bytes(ffi.buffer(payload))
 
 
-def encode_hello(gpus, command: str, features: int = 0) -> bytes:
+def encode_hello(gpus: Iterable[bytes], command: str, features: int = 0) -> bytes:
     gpus = list(gpus)
     if len(gpus) > MAX_GPUS:
         raise ValueError(f"at most {MAX_GPUS} GPUs fit in a hello, got {len(gpus)}")
@@ -302,11 +376,11 @@ def encode_error(code: int, text: str) -> bytes:
 # ---------------------------------------------------------------- decoding
 
 
-def _c_string(char_array) -> str:
-    return ffi.string(char_array).decode(errors="replace")
+def _c_string(char_array: Any) -> str:
+    return str(ffi.string(char_array).decode(errors="replace"))
 
 
-def decode_payload(msg_type: int, payload: bytes, offset: int = 0):
+def decode_payload(msg_type: int, payload: bytes, offset: int = 0) -> Message:
     """Turn a checked payload (see FrameReader) into one of the message classes."""
     if msg_type in _LOCK_TYPE_SET:
         gpu, lease, flags, idle_ms = LOCK_STRUCT.unpack_from(payload, offset)
@@ -356,13 +430,13 @@ class FrameReader:
 
     __slots__ = ("_pending",)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._pending = b""
 
-    def feed(self, data: bytes) -> list:
+    def feed(self, data: bytes) -> list[Message]:
         if self._pending:
             data = self._pending + data
-        messages = []
+        messages: list[Message] = []
         size = len(data)
         offset = 0
         unpack_header = HEADER_STRUCT.unpack_from

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from . import memory_fit
@@ -159,7 +159,7 @@ class Scheduler:
         *,
         max_gpus_per_client: int = 16,
         hello_timeout_s: float = HELLO_TIMEOUT_S,
-        format_gpu=bytes.hex,
+        format_gpu: Callable[[bytes], str] = bytes.hex,
     ):
         self.settings = settings
         self.max_gpus_per_client = max_gpus_per_client
@@ -476,7 +476,12 @@ class Scheduler:
     # ------------------------------------------------------------ memory (auto)
 
     def _refit(
-        self, gpu: GpuState, now: float, actions: list[Action], reason: str, always_log=False
+        self,
+        gpu: GpuState,
+        now: float,
+        actions: list[Action],
+        reason: str,
+        always_log: bool = False,
     ) -> None:
         """Recompute the GPU's demand and capacity, and whether its memory fits."""
         total = gpu.memory_total_bytes if gpu.from_inventory else 0
@@ -515,7 +520,7 @@ class Scheduler:
         mode = self.settings.anti_thrash
         if mode is AntiThrash.AUTO:
             return "auto-shared" if gpu.fits else "auto-exclusive"
-        return mode.value
+        return str(mode.value)
 
     # ------------------------------------------------------------ usage (auto)
 

@@ -19,6 +19,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_CONFIG_PATH = Path("/etc/nvshare/nvshare.conf")
 DEFAULT_STATE_DIR = Path("/var/lib/nvshare")
@@ -92,7 +93,7 @@ class Settings:
             raise SettingsError(f"memory_limit must be {lo}..{hi} bytes, got {value!r}")
         return self
 
-    def replaced(self, **changes) -> Settings:
+    def replaced(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes).validated()
 
 
@@ -182,7 +183,7 @@ def load_config(path: Path) -> Settings:
         raise SettingsError(f"config {path}: {e}") from None
 
 
-def _parse_value(path: Path, key: str, field: str, text: str):
+def _parse_value(path: Path, key: str, field: str, text: str) -> int | AntiThrash:
     try:
         if field == "anti_thrash":
             return parse_anti_thrash(text)
@@ -245,7 +246,7 @@ class SettingsStore:
     def __init__(self, state_dir: Path):
         self.path = Path(state_dir) / STATE_FILE_NAME
 
-    def load_overrides(self) -> tuple[dict, str | None]:
+    def load_overrides(self) -> tuple[dict[str, Any], str | None]:
         """Returns (overrides, warning). A broken file is a warning, not a failure:
         the daemon must come up, and the config file still gives sane values."""
         try:
@@ -271,7 +272,7 @@ class SettingsStore:
             return {}, f"ignoring saved settings {self.path}: {_one_line(e)[:200]}"
         return overrides, None
 
-    def save_overrides(self, overrides: dict) -> None:
+    def save_overrides(self, overrides: dict[str, Any]) -> None:
         """Write atomically (temp file, fsync, rename, fsync dir): a crash leaves old or new."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".settings.", suffix=".tmp")
@@ -299,7 +300,9 @@ class SettingsStore:
             os.close(dir_fd)
 
 
-def load_settings(config_path: Path, store: SettingsStore) -> tuple[Settings, dict, str | None]:
+def load_settings(
+    config_path: Path, store: SettingsStore
+) -> tuple[Settings, dict[str, Any], str | None]:
     """Defaults < config < persisted overrides. Returns (settings, overrides, warning)."""
     base = load_config(config_path)
     overrides, warning = store.load_overrides()

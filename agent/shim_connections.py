@@ -53,14 +53,16 @@ class ShimConnection(asyncio.BufferedProtocol):
         self.greeted = False
         self.features = 0
         self.closing = False
-        self.transport: asyncio.Transport | None = None
+        # Set by connection_made, before asyncio calls anything else.
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self._reader = FrameReader()
         self._window_start = 0.0
         self._window_frames = 0
 
     # ------------------------------------------------------------ asyncio's side
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         sock = transport.get_extra_info("socket")
         try:

@@ -94,6 +94,8 @@ class AgentClient:
             raise CliError(
                 f"lost the connection to {self._where} during the call ({reason}): is dbus running?"
             ) from None
+        if reply is None:  # dbus-next answers None only for NO_REPLY_EXPECTED calls
+            raise CliError(_NO_ANSWER)
         if reply.message_type == MessageType.ERROR:
             raise _error_from_reply(reply)
         return reply

@@ -49,10 +49,11 @@ def on_off(value: bool) -> str:
 
 
 def size(num_bytes: int) -> str:
+    amount = float(num_bytes)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if num_bytes < 1024 or unit == "GiB":
-            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
-        num_bytes /= 1024
+        if amount < 1024 or unit == "GiB":
+            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
     raise AssertionError("unreachable")
 
 
