@@ -64,19 +64,27 @@ class Agent:
         idle_release_ms=1000,
         debug=False,
         base_env=None,
+        memory_limit=None,
+        socket=None,
     ):
+        """anti_thrash: True/False (on/off, what the phases before auto used), or
+        "on", "off", "auto"; memory_limit: the config's memory_limit (e.g. "1G"); socket: a
+        path of one's own (a restarted agent on the socket its clients know)."""
         # Numbered, so a phase's logs are kept in the order its agents started (keep_agent_logs).
         self.dir = pathlib.Path(
             tempfile.mkdtemp(dir=workdir, prefix=f"agent-{next(Agent.started):04d}-")
         )
         (self.dir / "state").mkdir()
         config = self.dir / "nvshare.conf"
+        if isinstance(anti_thrash, bool):
+            anti_thrash = "on" if anti_thrash else "off"
         config.write_text(
             f"[scheduler]\ntime_quantum = {time_quantum_s}\n"
-            f"anti_thrash = {'on' if anti_thrash else 'off'}\n"
+            f"anti_thrash = {anti_thrash}\n"
             f"idle_release_ms = {idle_release_ms}\n"
+            + (f"memory_limit = {memory_limit}\n" if memory_limit else "")
         )
-        self.socket = self.dir / "scheduler.sock"
+        self.socket = pathlib.Path(socket) if socket else self.dir / "scheduler.sock"
         self.log_path = self.dir / "agent.log"
         env = dict(os.environ if base_env is None else base_env)
         env.pop("LD_PRELOAD", None)
@@ -473,13 +481,20 @@ def warm_up(workdir) -> dict:
     }
 
 
-def notebook_beside_trainer(workdir, time_quantum_s, seconds) -> dict:
-    agent = Agent(workdir, time_quantum_s=time_quantum_s)
+def notebook_beside_trainer(
+    workdir, time_quantum_s, seconds, trainer_extra_s=40, **agent_settings
+) -> dict:
+    """A notebook (a ~50 ms burst of GPU work every 2 s) beside the reference trainer:
+    how long each burst waits for the GPU (the agent's grant lines), and the trainer's
+    step rate meanwhile (compared with the solo phase's)."""
+    agent = Agent(workdir, time_quantum_s=time_quantum_s, **agent_settings)
     try:
-        # The trainer outlives the notebook (it is stopped afterwards), so every burst competes with it.
+        # The trainer outlives the notebook, so every burst competes with it; it stops by
+        # itself soon after, so that its step times come back.
         ready = agent.dir / "trainer-ready"
         training = start_json(
-            trainer("--seconds", str(seconds + 120), "--ready-file", str(ready)), env=agent.env()
+            trainer("--seconds", str(seconds + trainer_extra_s), "--ready-file", str(ready)),
+            env=agent.env(),
         )
         # Its first step, not its first grant: in its setup it leaves the GPU idle for seconds
         # (the shim gives the lock back), and a notebook starting then finds the GPU free.
@@ -492,23 +507,31 @@ def notebook_beside_trainer(workdir, time_quantum_s, seconds) -> dict:
             raise RuntimeError(
                 f"the trainer stopped before the notebook:\n{training.stderr.read()[-3000:]}"
             )
-        training.terminate()
-        training.communicate(timeout=30)
+        trained = finish_json(training, timeout=120)
         waits = [
             float(e["waited_ms"])
             for e in agent.events("grant")
             if e.get("pid") == str(notebook.pid)
         ]
+        modes = [e.get("mode") for e in agent.events("mode")]
     finally:
         agent.stop()
+    # The trainer's rate while the notebook ran, from its own step times (wall clock).
+    start, end = bursts["started_at"], bursts["ended_at"]
+    steps = [t for t in trained["step_times"] if start <= t <= end]
+    rate = (len(steps) - 1) / (steps[-1] - steps[0]) if len(steps) > 2 else float("nan")
     return {
         "time_quantum_s": time_quantum_s,
+        **{key: str(value) for key, value in agent_settings.items()},
         "grant_waits_ms": waits,
         "wait_p50_ms": percentile(waits, 0.5),
         "wait_p95_ms": percentile(waits, 0.95),
         "burst_latency_p50_s": percentile(bursts["burst_latencies_s"], 0.5),
         "burst_latency_p95_s": percentile(bursts["burst_latencies_s"], 0.95),
+        "burst_gpu_ms": bursts.get("burst_gpu_ms"),
         "bursts": len(bursts["burst_latencies_s"]),
+        "trainer_steps_per_s": rate,
+        "auto_modes": modes,
     }
 
 
@@ -659,10 +682,28 @@ def main() -> None:
             "prefetch_probe",
             lambda: run_json([sys.executable, str(HERE / "prefetch_probe.py"), "--gib", "8"]),
         ),
-        # At TQ 30 every wait is a whole quantum: 32 s give two of them (~65 s), and keep the run
-        # under ten minutes on a slower host too.
+        # At TQ 30 every wait is a whole quantum: 32 s give two of them (~65 s).
         ("notebook_tq30", lambda: notebook_beside_trainer(workdir, 30, 32)),
         ("notebook_tq2", lambda: notebook_beside_trainer(workdir, 2, 24)),
+        # Anti-thrash auto (docs/scheduling.md), at the defaults (TQ 30 s): a notebook beside
+        # the trainer while their memory fits the GPU, and with memory_limit set so that it
+        # does not (the real card is never oversubscribed); two trainers, fitting and not, for
+        # two quanta each.
+        (
+            "auto_notebook_fits",
+            lambda: notebook_beside_trainer(workdir, 30, 30, trainer_extra_s=8, anti_thrash="auto"),
+        ),
+        (
+            "auto_notebook_exclusive",
+            lambda: notebook_beside_trainer(
+                workdir, 30, 30, trainer_extra_s=8, anti_thrash="auto", memory_limit="1G"
+            ),
+        ),
+        ("auto_pair_fits", lambda: pair_run(workdir, 64, time_quantum_s=30, anti_thrash="auto")),
+        (
+            "auto_pair_exclusive",
+            lambda: pair_run(workdir, 64, time_quantum_s=30, anti_thrash="auto", memory_limit="1G"),
+        ),
         ("solo_pausing", lambda: solo_run(24, None, *PAUSING)),
         (
             "pair_pausing_tq2",
@@ -679,7 +720,7 @@ def main() -> None:
             ),
         ),
     ]
-    extra = {"solo_pausing", "pair_pausing_tq2", "pair_pausing_off"}
+    extra = {"notebook_tq2", "solo_pausing", "pair_pausing_tq2", "pair_pausing_off"}
     # nvidia-smi's polling goes through the driver every 200 ms; the overhead phase resolves
     # tenths of a microsecond per launch, so nothing else queries the GPU while it runs.
     run_phases(
@@ -706,6 +747,15 @@ def print_table(results: dict) -> None:
         alone = results.get(solo_phase, {}).get("steps_per_s")
         rate = results.get(phase, {}).get("aggregate_steps_per_s")
         return "n/a" if rate is None or not alone else f"{rate / alone:.3f}x"
+
+    def trainer_vs_solo(phase):
+        alone = results.get("solo", {}).get("steps_per_s")
+        rate = results.get(phase, {}).get("trainer_steps_per_s")
+        return "n/a" if rate is None or not alone else f"{rate / alone:.3f}x"
+
+    def waits(phase):
+        p50 = get(phase, "wait_p50_ms", "{:.1f}")
+        return f"{p50} / {get(phase, 'wait_p95_ms', '{:.1f}')}"
 
     def shares(phase):
         values = results.get(phase, {}).get("shares")
@@ -763,7 +813,7 @@ def print_table(results: dict) -> None:
         (
             "3 two trainers, anti-thrash on, TQ 2: aggregate vs solo",
             vs_solo("pair_tq2"),
-            ">= 1.05x",
+            "(withdrawn)",
         ),
         ("3 shares, anti-thrash on, TQ 2", shares("pair_tq2"), "45-55%"),
         ("3 two trainers, anti-thrash off: aggregate vs solo", vs_solo("pair_off"), "(compare)"),
@@ -809,6 +859,31 @@ def print_table(results: dict) -> None:
             + get("notebook_tq2", "wait_p95_ms", "{:.0f}"),
             "(report)",
         ),
+        ("a auto, fits: notebook wait p50/p95 ms", waits("auto_notebook_fits"), "<= 5 / 50"),
+        (
+            "a auto, fits: trainer beside it vs solo",
+            trainer_vs_solo("auto_notebook_fits"),
+            ">= 0.95x",
+        ),
+        (
+            "b auto, not fit, TQ 30: notebook wait p50/p95 ms",
+            waits("auto_notebook_exclusive"),
+            "p95 <= 500",
+        ),
+        (
+            "b auto, not fit: trainer vs solo",
+            trainer_vs_solo("auto_notebook_exclusive"),
+            ">= 0.85x",
+        ),
+        ("c auto, two trainers fit: aggregate vs solo", vs_solo("auto_pair_fits"), ">= 0.99x"),
+        ("c shares", shares("auto_pair_fits"), "45-55%"),
+        (
+            "d auto, two trainers not fit: aggregate vs solo",
+            vs_solo("auto_pair_exclusive"),
+            ">= 0.99x",
+        ),
+        ("d drop->release p50/p99 ms", drops("auto_pair_exclusive"), "<= 100"),
+        ("e anti-thrash on, TQ 30: notebook wait p50/p95 ms", waits("notebook_tq30"), "(today's)"),
     ]
     if "pair_pausing_tq2" in results:
         rows += [

@@ -9,6 +9,7 @@
 #   bench/gpu/run.sh --hook-cost [PROCESSES] [RESULTS_DIR]             (hook_cost.py)
 #   bench/gpu/run.sh --prefetch-split [RESULTS_DIR] [OPTIONS]          (prefetch_split.py)
 #   bench/gpu/run.sh --startup [PAIRS] [RESULTS_DIR]                   (startup.py)
+#   bench/gpu/run.sh --liveness [RESULTS_DIR]                          (liveness.py)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -27,5 +28,6 @@ case "${1:-}" in
     --hook-cost) script=hook_cost.py; shift ;;
     --prefetch-split) script=prefetch_split.py; shift ;;
     --startup) script=startup.py; shift ;;
+    --liveness) script=liveness.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"
