@@ -95,6 +95,7 @@ class Contract:
     xml: str  # the interface element as written in the file
     properties: dict[str, tuple[str, str]]  # name -> (type, access)
     methods: dict[str, str]  # name -> input signature
+    silent: frozenset[str]  # properties that emit no PropertiesChanged
 
 
 def load_contract() -> Contract:
@@ -110,9 +111,16 @@ def load_contract() -> Contract:
         )
         for m in interface.iter("method")
     }
+    silent = frozenset(
+        p.attrib["name"]
+        for p in interface.iter("property")
+        for a in p.iter("annotation")
+        if a.get("name") == "org.freedesktop.DBus.Property.EmitsChangedSignal"
+        and a.get("value") == "false"
+    )
     start = text.index(f'<interface name="{names.INTERFACE}"')
     end = text.index("</interface>", start) + len("</interface>")
-    return Contract(text[start:end], properties, methods)
+    return Contract(text[start:end], properties, methods, silent)
 
 
 # ---------------------------------------------------------------- values
@@ -158,6 +166,31 @@ def gpu_details_to_dbus(snapshot: AgentSnapshot) -> dict:
     }
 
 
+def client_details_to_dbus(snapshot: AgentSnapshot) -> dict:
+    return {
+        _in_range(client.pid, "u"): {
+            key: Variant(dbus_type, getattr(client, key))
+            for key, dbus_type in names.CLIENT_DETAIL_FIELDS
+        }
+        for client in snapshot.clients
+    }
+
+
+def statistics_to_dbus(engine: Engine) -> dict:
+    return {
+        uuid: {
+            "grants": Variant("t", _in_range(stats.grants, "t")),
+            "drops": Variant("t", _in_range(stats.drops, "t")),
+            "revokes": Variant("t", _in_range(stats.revokes, "t")),
+            "wait_seconds_sum": Variant("d", float(stats.wait_sum_s)),
+            "wait_seconds_buckets": Variant(
+                "a(dt)", [[bound, count] for bound, count in stats.cumulative_buckets()]
+            ),
+        }
+        for uuid, stats in engine.gpu_statistics().items()
+    }
+
+
 def property_values(engine: Engine) -> dict:
     """Every property's value now, plain Python, by name."""
     settings, snapshot = engine.settings, engine.snapshot()
@@ -168,6 +201,8 @@ def property_values(engine: Engine) -> dict:
         names.PROP_GPUS: [gpu_to_dbus(gpu) for gpu in snapshot.gpus],
         names.PROP_CLIENTS: clients_to_dbus(snapshot),
         names.PROP_GPU_DETAILS: gpu_details_to_dbus(snapshot),
+        names.PROP_CLIENT_DETAILS: client_details_to_dbus(snapshot),
+        names.PROP_STATISTICS: statistics_to_dbus(engine),
     }
 
 
@@ -440,7 +475,8 @@ class DBusApi:
             return
         values = property_values(self._engine)
         comparable = self._comparable(dict(values))
-        changed = [n for n in values if comparable[n] != self._published.get(n)]
+        silent = self._contract.silent
+        changed = [n for n in values if n not in silent and comparable[n] != self._published.get(n)]
         self._published = comparable
         if not changed:
             return

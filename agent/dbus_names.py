@@ -20,6 +20,8 @@ PROP_ANTI_THRASH_MODE = "AntiThrashMode"  # s, read-write: on, off or auto
 PROP_GPUS = "Gpus"  # GPUS_SIGNATURE, read-only
 PROP_CLIENTS = "Clients"  # CLIENTS_SIGNATURE, read-only
 PROP_GPU_DETAILS = "GpuDetails"  # a{sa{sv}}, read-only: uuid -> GPU_DETAIL_FIELDS
+PROP_CLIENT_DETAILS = "ClientDetails"  # a{ua{sv}}, read-only: pid -> CLIENT_DETAIL_FIELDS
+PROP_STATISTICS = "Statistics"  # a{sa{sv}}, read-only, no signal: uuid -> STATISTICS_FIELDS
 METHOD_GET_GPU = "GetGpu"  # (s uuid) -> GPU_SIGNATURE
 
 # The interface itself, member by member, is agent/io.github.nvshare.Scheduler1.xml.
@@ -44,6 +46,14 @@ GPU_DETAIL_FIELDS = (
     ("mode", "s"),
     ("memory_capacity_bytes", "t"),
     ("memory_demand_bytes", "t"),
+)
+CLIENT_DETAIL_FIELDS = (("user", "s"), ("unit", "s"), ("container", "s"))
+STATISTICS_FIELDS = (
+    ("grants", "t"),
+    ("drops", "t"),
+    ("revokes", "t"),
+    ("wait_seconds_sum", "d"),
+    ("wait_seconds_buckets", "a(dt)"),
 )
 CLIENT_FIELDS = (
     ("pid", "u"),

@@ -15,6 +15,7 @@ nvml_processes().  Data flows one way: adapter -> engine -> core -> actions
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Protocol
@@ -22,11 +23,13 @@ from typing import Protocol
 from . import actions as act
 from . import protocol
 from .eventlog import events as log
+from .identity import ClientIdentity, identify
 from .nvml import GpuInfo
 from .protocol import ErrorCode, Features, MessageType
 from .scheduler import Scheduler
 from .settings import AntiThrash, Settings, SettingsError, SettingsNotSaved, SettingsStore
 from .snapshot import AgentSnapshot
+from .statistics import GpuStatistics
 
 # Subscribers hear about changes at most this often: a busy node hands locks
 # over thousands of times a second, and D-Bus watchers need not see each one.
@@ -85,6 +88,8 @@ class Engine:
         self._timer_at: float | None = None
         self._keepalive: asyncio.TimerHandle | None = None
         self._gone: list[int] = []
+        self.identities: dict[int, ClientIdentity] = {}
+        self.statistics: dict[bytes, GpuStatistics] = {}
         self._subscribers: list[Callable[[], None]] = []
         self._notify_handle: asyncio.TimerHandle | None = None
         self._execute: dict[type, Callable] = {
@@ -161,6 +166,7 @@ class Engine:
         exiting at once), so that no grant goes to one of them in between."""
         if self.links.pop(client, None) is None:
             return
+        self.identities.pop(client, None)
         if not self._gone:
             self.loop.call_soon(self._flush_gone)
         self._gone.append(client)
@@ -209,7 +215,27 @@ class Engine:
         return self.core.settings
 
     def snapshot(self) -> AgentSnapshot:
-        return self.core.snapshot(self.loop.time())
+        snapshot = self.core.snapshot(self.loop.time())
+        if not self.identities:
+            return snapshot
+        by_pid = {self.links[c].pid: who for c, who in self.identities.items() if c in self.links}
+        clients = tuple(
+            dataclasses.replace(c, user=who.user, unit=who.unit, container=who.container)
+            if (who := by_pid.get(c.pid)) is not None
+            else c
+            for c in snapshot.clients
+        )
+        return AgentSnapshot(snapshot.gpus, clients)
+
+    def gpu_statistics(self) -> dict[str, GpuStatistics]:
+        """What was done on each GPU since the agent started, by UUID."""
+        return {gpu_name(uuid): stats for uuid, stats in self.statistics.items()}
+
+    def _stats(self, gpu: bytes) -> GpuStatistics:
+        stats = self.statistics.get(gpu)
+        if stats is None:
+            stats = self.statistics[gpu] = GpuStatistics()
+        return stats
 
     async def change_settings(self, **changes) -> Settings:
         """Validate, save, apply.  Raises SettingsError (a bad value) or
@@ -320,6 +346,7 @@ class Engine:
             link.send(frame)
 
     def _grant(self, a: act.Grant) -> None:
+        self._stats(a.gpu).granted(a.waited_s)
         flags = int(protocol.GrantFlags.EXCLUSIVE if a.exclusive else protocol.GrantFlags.SHARED)
         if a.release_when_idle:
             flags |= int(protocol.GrantFlags.RELEASE_WHEN_IDLE)
@@ -352,6 +379,7 @@ class Engine:
                     a.reason.replace(" ", "_"),
                 )
             return
+        self._stats(a.gpu).drops += 1
         log.info(
             "drop gpu=%s pid=%d lease=%d held_ms=%.1f reason=%s",
             gpu_name(a.gpu),
@@ -362,6 +390,7 @@ class Engine:
         )
 
     def _revoke(self, a: act.Revoke) -> None:
+        self._stats(a.gpu).revokes += 1
         self._send(a.client, protocol.encode_lock(MessageType.REVOKED, a.gpu, a.lease))
         log.warning(
             "revoke gpu=%s pid=%d lease=%d held_ms=%.1f reason=no release within %d ms of the drop request",
@@ -436,6 +465,7 @@ class Engine:
         link = self.links.get(a.client)
         if link is not None:
             link.greeted = True
+            self._look_up_identity(a.client, a.pid, a.uid)
         log.info(
             "connect pid=%d uid=%d gid=%d command=%s gpus=%s",
             a.pid,
@@ -450,6 +480,21 @@ class Engine:
             log.info("disconnect pid=%d", a.pid)
         elif log.debug_enabled:
             log.debug("disconnect pid=%d before hello", a.pid)
+
+    def _look_up_identity(self, client: int, pid: int, uid: int) -> None:
+        """User name and unit for status, read off the loop (NSS may block)."""
+
+        def done(future: asyncio.Future[ClientIdentity]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                return
+            if client in self.links:
+                self.identities[client] = future.result()
+                self._changed()
+
+        try:
+            self.loop.run_in_executor(None, identify, pid, uid).add_done_callback(done)
+        except RuntimeError:  # the loop's executor is shut down: stopping
+            pass
 
 
 def describe_settings(s: Settings) -> str:

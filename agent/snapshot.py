@@ -34,6 +34,9 @@ class ClientSnapshot:
     gid: int
     command: str
     gpus: tuple[ClientGpuSnapshot, ...]
+    user: str = ""  # identity.py: the uid's name
+    unit: str = ""  # its systemd unit
+    container: str = ""  # its container or pod
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,8 +26,13 @@ def gpus_as_dicts(gpus, details=None) -> list:
     return records
 
 
-def clients_as_dicts(clients) -> list:
-    return [_record(client, names.CLIENT_FIELDS) for client in clients]
+def clients_as_dicts(clients, details=None) -> list:
+    """Clients' structs, each with its ClientDetails (user, unit, container) merged in."""
+    records = [_record(client, names.CLIENT_FIELDS) for client in clients]
+    for record in records:
+        for key, value in (details or {}).get(record["pid"], {}).items():
+            record[key] = value
+    return records
 
 
 def status_as_dict(properties: dict) -> dict:
@@ -40,7 +45,9 @@ def status_as_dict(properties: dict) -> dict:
             names.PROP_ANTI_THRASH_MODE, "on" if anti_thrash else "off"
         ),
         "gpus": gpus_as_dicts(properties[names.PROP_GPUS], properties.get(names.PROP_GPU_DETAILS)),
-        "clients": clients_as_dicts(properties[names.PROP_CLIENTS]),
+        "clients": clients_as_dicts(
+            properties[names.PROP_CLIENTS], properties.get(names.PROP_CLIENT_DETAILS)
+        ),
     }
 
 
@@ -111,11 +118,22 @@ def status_text(status: dict) -> str:
     return "\n".join(_fit(line) for line in lines)
 
 
+def who(client: dict) -> str:
+    """The user's name (the uid where the node has none)."""
+    return printable(client.get("user") or "") or str(client["uid"])
+
+
+def origin(client: dict) -> str:
+    """Where the process comes from: its container or pod, else its systemd unit."""
+    unit = printable(client.get("unit") or "").removesuffix(".service")
+    return printable(client.get("container") or "") or unit
+
+
 def clients_text(clients: list, gpus: list) -> str:
     if not clients:
         return "no clients"
     index_of = {gpu["uuid"]: str(i) for i, gpu in enumerate(gpus)}
-    rows = [("PID", "UID", "GPU", "STATE", "MEMORY", "HELD", "COMMAND")]
+    rows = [("PID", "USER", "GPU", "STATE", "MEMORY", "HELD", "COMMAND")]
     for client in clients:
         entries = client["gpus"] or [
             {"uuid": "", "state": "-", "allocated_bytes": 0, "holding_seconds": 0.0}
@@ -124,20 +142,20 @@ def clients_text(clients: list, gpus: list) -> str:
             rows.append(
                 (
                     str(client["pid"]),
-                    str(client["uid"]),
+                    who(client),
                     index_of.get(entry["uuid"], entry["uuid"][:12] or "-"),
                     entry["state"],
                     size(entry["allocated_bytes"]),
                     f"{entry['holding_seconds']:.1f}s",
-                    printable(client["command"]),
+                    printable(client["command"])
+                    + (f" [{origin(client)}]" if origin(client) else ""),
                 )
             )
     widths = [max(len(row[i]) for row in rows) for i in range(6)]
     lines = []
     for row in rows:
         cells = [
-            row[i].rjust(widths[i]) if i in (0, 1, 4, 5) else row[i].ljust(widths[i])
-            for i in range(6)
+            row[i].rjust(widths[i]) if i in (0, 4, 5) else row[i].ljust(widths[i]) for i in range(6)
         ]
         lines.append(_fit("  ".join(cells + [row[6]])))
     return "\n".join(lines)

@@ -98,6 +98,9 @@ class _StubAgent:
     def snapshot(self):
         return AgentSnapshot(gpus=(), clients=self.clients)
 
+    def gpu_statistics(self):
+        return {}
+
 
 async def test_a_property_the_bus_cannot_carry_does_not_hold_back_the_others(bus):
     stub = _StubAgent()

@@ -44,6 +44,9 @@ class _StubAgent:
     def snapshot(self):
         return AgentSnapshot(gpus=(), clients=())
 
+    def gpu_statistics(self):
+        return {}
+
     async def change_settings(self, **setting):
         self.changes.append(setting)
 
