@@ -1,0 +1,67 @@
+"""The scheduling core's state: what it remembers of each GPU, client, lease and
+waiter.  Plain records; scheduler.py and lock_rules.py change them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .usage import UsageMeter
+
+EXCLUSIVE = "exclusive"
+SHARED = "shared"
+# protocol.Features.YIELD, repeated here so the core needs no wire module.
+FEATURE_YIELD = 1
+
+
+@dataclass(slots=True)
+class Lease:
+    number: int
+    mode: str
+    granted_at: float
+    drop_requested_at: float | None = None
+    # auto: this lease holds the turn that busy clients take one at a time
+    # (False: light work beside the turn).  Exclusive leases always do.
+    turn: bool = True
+    release_when_idle: bool = False
+    yield_asked: bool = False  # asked to release once idle (not a drop: no revoke follows)
+
+
+@dataclass(slots=True)
+class Waiter:
+    requested_at: float
+    light: bool = False  # auto: used the GPU much less than the turn holder when it asked
+
+
+@dataclass(slots=True)
+class GpuState:
+    uuid: bytes
+    name: str = ""
+    memory_total_bytes: int = 0  # the inventory's (NVML)
+    from_inventory: bool = False
+    holders: dict[int, Lease] = field(default_factory=dict)  # client -> lease, grant order
+    waiters: dict[int, Waiter] = field(default_factory=dict)  # client -> waiter, request order
+    users: set[int] = field(default_factory=set)  # clients that named this GPU
+    reported_totals: dict[int, int] = field(default_factory=dict)  # client -> GPU_MEMORY
+    process_bytes: dict[int, int] = field(default_factory=dict)  # NVML: pid -> bytes
+    fits: bool = False
+    demand_bytes: int = 0
+    capacity_bytes: int | None = None
+    introduced_by: int | None = None  # a learned GPU: the uid that named it first
+    deadline: float | None = None  # when tick() must look at this GPU next
+    light_check_at: float | None = None
+
+
+@dataclass(slots=True)
+class ClientState:
+    pid: int
+    uid: int
+    gid: int
+    connected_at: float = 0.0
+    greeted: bool = False
+    command: str = ""
+    features: int = 0  # protocol.Features bits the shim announced
+    gpus: dict[bytes, None] = field(default_factory=dict)  # ordered set
+    managed: dict[bytes, int] = field(default_factory=dict)  # gpu -> bytes
+    unmanaged: dict[bytes, int] = field(default_factory=dict)
+    active: set[bytes] = field(default_factory=set)  # GPUs it has a context on (asked or allocated)
+    usage: dict[bytes, UsageMeter] = field(default_factory=dict)
