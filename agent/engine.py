@@ -65,6 +65,9 @@ class ClientLink(Protocol):
 
     def send(self, frame: bytes) -> None: ...
 
+    def hung_up(self) -> bool:
+        """The peer closed its end (cheap to ask: no read)."""
+
     def close(self, code: int, reason: str) -> None:
         """Tell the peer why (ERROR), close; the adapter then calls client_gone()."""
 
@@ -338,7 +341,22 @@ class Engine:
     def execute(self, actions: list) -> None:
         execute = self._execute
         for action in actions:
+            if type(action) is act.Grant and self._gone_before_grant(action):
+                continue
             execute[type(action)](action)
+
+    def _gone_before_grant(self, grant: act.Grant) -> bool:
+        """A client that has hung up is not granted: it leaves now, as its disconnect
+        would make it a moment later, and the GPU goes to the next in line."""
+        link = self.links.get(grant.client)
+        if link is None or not link.hung_up():
+            return False
+        if log.debug_enabled:
+            log.debug("not granted gpu=%s pid=%d reason=hung up", gpu_name(grant.gpu), grant.pid)
+        self.links.pop(grant.client, None)
+        self.identities.pop(grant.client, None)
+        self.execute(self.core.disconnect_many([grant.client], self.loop.time()))
+        return True
 
     def _send(self, client: int, frame: bytes) -> None:
         link = self.links.get(client)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import resource
+import select
 import socket
 import struct
 
@@ -41,6 +42,11 @@ MAX_UNSENT_BYTES = 1 << 20
 # consumed (copied out) before the next recv, so one buffer serves them all.
 _RECV_BUFFER = memoryview(bytearray(64 * 1024))
 
+# Asking whether a peer has hung up: one poll(2) with a zero timeout (register
+# and unregister only change this object's list).  POLLRDHUP: the peer closed.
+_HANG_UP_POLL = select.poll()
+_HUNG_UP = select.POLLHUP | select.POLLRDHUP | select.POLLERR | select.POLLNVAL
+
 
 class ShimConnection(asyncio.BufferedProtocol):
     """One shim process (or anything else that connects); the engine's ClientLink."""
@@ -55,6 +61,7 @@ class ShimConnection(asyncio.BufferedProtocol):
         self.closing = False
         # Set by connection_made, before asyncio calls anything else.
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self._fd = -1
         self._reader = FrameReader()
         self._window_start = 0.0
         self._window_frames = 0
@@ -65,6 +72,7 @@ class ShimConnection(asyncio.BufferedProtocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         sock = transport.get_extra_info("socket")
+        self._fd = sock.fileno()
         try:
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
             self.pid, self.uid, self.gid = _UCRED.unpack(creds)
@@ -136,6 +144,19 @@ class ShimConnection(asyncio.BufferedProtocol):
             self.closing = True
             transport.abort()
             self.connections.detach(self)
+
+    def hung_up(self) -> bool:
+        """Whether the peer has closed its end, though asyncio may not have told us
+        yet: when many shims exit at once, their hang-ups reach the loop over several
+        turns, and a grant to one of them would only wait for its own."""
+        if self.closing or self._fd < 0:
+            return self.closing
+        _HANG_UP_POLL.register(self._fd, select.POLLRDHUP)
+        try:
+            events = _HANG_UP_POLL.poll(0)
+        finally:
+            _HANG_UP_POLL.unregister(self._fd)
+        return bool(events and events[0][1] & _HUNG_UP)
 
     def close(self, code: int, reason: str) -> None:
         """Tell the peer why (best effort), close, and forget it at once."""

@@ -333,8 +333,16 @@ class AsyncShimClient:
     def request(self, gpu: bytes = GPU0) -> None:
         self._writer.write(protocol.encode_lock(MessageType.LOCK_REQUEST, gpu))
 
-    def release(self, grant: protocol.LockMessage) -> None:
-        self._writer.write(protocol.encode_lock(MessageType.RELEASED, grant.gpu, grant.lease))
+    def release(self, grant: protocol.LockMessage, idle_ms: int = 0) -> None:
+        self._writer.write(
+            protocol.encode_lock(MessageType.RELEASED, grant.gpu, grant.lease, idle_ms=idle_ms)
+        )
+
+    def report_memory(self, gpu: bytes, managed: int, unmanaged: int = 0) -> None:
+        self._writer.write(protocol.encode_memory_report(gpu, managed, unmanaged))
+
+    def report_gpu_memory(self, gpu: bytes, total_bytes: int) -> None:
+        self._writer.write(protocol.encode_gpu_memory(gpu, total_bytes))
 
     async def recv(self, timeout: float = TIMEOUT_S):
         while True:
