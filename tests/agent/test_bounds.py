@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from agent_harness import TIMEOUT_S, ShimClient, wait_until
 
 from nvshare_agent import protocol
@@ -78,6 +79,7 @@ WAITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # forty processes to start
 def test_clients_that_die_together_are_not_granted_the_lock_in_turn(start_agent):
     agent = start_agent(config=LONG_QUANTUM)
     path = os.pathsep.join([str(Path(__file__).resolve().parent), *sys.path])
