@@ -31,7 +31,7 @@ ALLOCATES = re.compile(
 # The version-1 entry points take 32-bit device pointers (CUdeviceptr_v1) and
 # sizes; cuda.h has mapped these names to their _v2 since CUDA 3.2, and
 # cuGetProcAddress returns the _v2 for every cudaVersion >= 3020 (measured on
-# the H100: notes/ptrcheck.txt), so no program built in this century reaches
+# the H100 with driver 580), so no program built in this century reaches
 # them.  Their _v2 replacements are in the table (checked below).
 LEGACY_V1 = {
     "cuMemAlloc",
