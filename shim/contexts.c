@@ -162,7 +162,7 @@ static void forget(CUcontext context, int first, int last)
 NVSHARE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     CUresult error;
-    cuCtxDestroy_v2_fn real = NVSHARE_REAL_OR_ERROR(cuCtxDestroy_v2, cuCtxDestroy_v2_fn, &error);
+    cuCtxDestroy_v2_fn real = NVSHARE_REAL_OR_ERROR(cuCtxDestroy_v2, &error);
     if (real == NULL)
         return error;
     int cancel_state = hold_off_cancellation();
@@ -179,8 +179,7 @@ NVSHARE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     CUresult error;
-    cuDevicePrimaryCtxRetain_fn real =
-        NVSHARE_REAL_OR_ERROR(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain_fn, &error);
+    cuDevicePrimaryCtxRetain_fn real = NVSHARE_REAL_OR_ERROR(cuDevicePrimaryCtxRetain, &error);
     if (real == NULL)
         return error;
     CUresult result = real(pctx, dev);
@@ -222,13 +221,12 @@ static CUresult end_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real, en
 /* The version-1 names too: cudart of CUDA 13 asks cuGetProcAddress for them
  * with cudaVersion 7000 (measured on the H100), and cudaDeviceReset resets
  * through cuDevicePrimaryCtxReset. */
-#define DEFINE_PRIMARY_END(name, how)                                           \
-    NVSHARE_EXPORT CUresult name(CUdevice dev)                                  \
-    {                                                                           \
-        CUresult error;                                                         \
-        cuDevicePrimaryCtxReset_v2_fn real =                                    \
-            NVSHARE_REAL_OR_ERROR(name, cuDevicePrimaryCtxReset_v2_fn, &error); \
-        return real == NULL ? error : end_primary(dev, real, how);              \
+#define DEFINE_PRIMARY_END(name, how)                                             \
+    NVSHARE_EXPORT CUresult name(CUdevice dev)                                    \
+    {                                                                             \
+        CUresult error;                                                           \
+        cuDevicePrimaryCtxReset_v2_fn real = NVSHARE_REAL_OR_ERROR(name, &error); \
+        return real == NULL ? error : end_primary(dev, real, how);                \
     }
 DEFINE_PRIMARY_END(cuDevicePrimaryCtxRelease, PRIMARY_RELEASE)
 DEFINE_PRIMARY_END(cuDevicePrimaryCtxRelease_v2, PRIMARY_RELEASE)

@@ -189,7 +189,7 @@ out:
 NVSHARE_EXPORT CUresult cuInit(unsigned int flags)
 {
     CUresult error;
-    cuInit_fn real = NVSHARE_REAL_OR_ERROR(cuInit, cuInit_fn, &error);
+    cuInit_fn real = NVSHARE_REAL_OR_ERROR(cuInit, &error);
     if (real == NULL)
         return error;
     CUresult result = real(flags);

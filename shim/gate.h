@@ -47,10 +47,10 @@ int nvshare_current_context_slot(void);
 void nvshare_wait_for_gate(int gpu);
 
 /* stream: the one the call goes to (NULL for none or the default stream);
- * hook_id: the calling hook's row. */
-static inline struct nvshare_gate *nvshare_gate_enter(CUstream stream, int hook_id)
+ * per_thread: the calling hook's row is a per-thread-stream variant (hooks.h). */
+static inline struct nvshare_gate *nvshare_gate_enter(CUstream stream, int per_thread)
 {
-    if (nvshare_capture_takes(stream, hook_id))
+    if (nvshare_capture_takes(stream, per_thread))
         return 0; /* capturing: calls record graph nodes, nothing runs */
     if (!atomic_load_explicit(&nvshare_client_running, memory_order_acquire)) {
         nvshare_client_start();

@@ -265,8 +265,7 @@ NVSHARE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int 
                                             CUdriverProcAddressQueryResult *symbolStatus)
 {
     CUresult error;
-    cuGetProcAddress_v2_fn real =
-        NVSHARE_REAL_OR_ERROR(cuGetProcAddress_v2, cuGetProcAddress_v2_fn, &error);
+    cuGetProcAddress_v2_fn real = NVSHARE_REAL_OR_ERROR(cuGetProcAddress_v2, &error);
     if (real == NULL)
         return error;
     CUresult result = real(symbol, pfn, cudaVersion, flags, symbolStatus);
@@ -282,7 +281,7 @@ NVSHARE_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cud
                                          cuuint64_t flags)
 {
     CUresult error;
-    cuGetProcAddress_fn real = NVSHARE_REAL_OR_ERROR(cuGetProcAddress, cuGetProcAddress_fn, &error);
+    cuGetProcAddress_fn real = NVSHARE_REAL_OR_ERROR(cuGetProcAddress, &error);
     if (real == NULL)
         return error;
     CUresult result = real(symbol, pfn, cudaVersion, flags);

@@ -48,9 +48,10 @@ static inline void *nvshare_real_or_error(int hook_id, CUresult *error)
     return nvshare_real[hook_id];
 }
 
-/* Typed: cuMemAlloc_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAlloc_v2, cuMemAlloc_v2_fn, &error); */
-#define NVSHARE_REAL_OR_ERROR(name, type, error) \
-    ((type)nvshare_real_or_error(NVSHARE_HOOK_ID_##name, (error)))
+/* Typed as the hook of that row is (the driver's function has its type):
+ * __typeof__(&cuMemAlloc_v2) real = NVSHARE_REAL_OR_ERROR(cuMemAlloc_v2, &error); */
+#define NVSHARE_REAL_OR_ERROR(name, error) \
+    ((__typeof__(&name))nvshare_real_or_error(NVSHARE_HOOK_ID_##name, (error)))
 
 /* The hook for a function the driver handed out, or the function itself when
  * the table has no row for it.  name/cuda_version/flags only feed a debug

@@ -148,7 +148,7 @@ uint64_t nvshare_memory_gpu_total(int gpu)
 static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *what)
 {
     nvshare_client_start();
-    cuMemAllocManaged_fn managed = NVSHARE_REAL(cuMemAllocManaged, cuMemAllocManaged_fn);
+    cuMemAllocManaged_fn managed = NVSHARE_REAL(cuMemAllocManaged);
     CUcontext context;
     int gpu = nvshare_current_gpu(&context);
     if (managed == NULL || gpu < 0 || dptr == NULL)
@@ -190,7 +190,7 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
 NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     CUresult error;
-    cuMemAlloc_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAlloc_v2, cuMemAlloc_v2_fn, &error);
+    cuMemAlloc_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAlloc_v2, &error);
     if (real == NULL)
         return error;
     int saved_errno = errno;
@@ -205,8 +205,7 @@ NVSHARE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, si
                                            size_t Height, unsigned int ElementSizeBytes)
 {
     CUresult error;
-    cuMemAllocPitch_v2_fn real =
-        NVSHARE_REAL_OR_ERROR(cuMemAllocPitch_v2, cuMemAllocPitch_v2_fn, &error);
+    cuMemAllocPitch_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAllocPitch_v2, &error);
     if (real == NULL)
         return error;
     int saved_errno = errno;
@@ -240,49 +239,49 @@ static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t bytes, CUstrea
     return allocate_managed(dptr, bytes, what);
 }
 
-#define DEFINE_ASYNC_ALLOC(name, per_thread)                                                   \
-    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)         \
-    {                                                                                          \
-        CUresult error;                                                                        \
-        cuMemAllocAsync_fn real = NVSHARE_REAL_OR_ERROR(name, cuMemAllocAsync_fn, &error);     \
-        if (real == NULL)                                                                      \
-            return error;                                                                      \
-        int saved_errno = errno;                                                               \
-        CUresult result = allocate_stream_ordered(dptr, bytesize, hStream, per_thread, #name); \
-        if (result == NOT_CONVERTED)                                                           \
-            result = real(dptr, bytesize, hStream);                                            \
-        errno = saved_errno;                                                                   \
-        return result;                                                                         \
+#define DEFINE_ASYNC_ALLOC(name)                                                         \
+    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)   \
+    {                                                                                    \
+        CUresult error;                                                                  \
+        __typeof__(&name) real = NVSHARE_REAL_OR_ERROR(name, &error);                    \
+        if (real == NULL)                                                                \
+            return error;                                                                \
+        int saved_errno = errno;                                                         \
+        CUresult result = allocate_stream_ordered(dptr, bytesize, hStream,               \
+                                                  NVSHARE_HOOK_PER_THREAD(name), #name); \
+        if (result == NOT_CONVERTED)                                                     \
+            result = real(dptr, bytesize, hStream);                                      \
+        errno = saved_errno;                                                             \
+        return result;                                                                   \
     }
-DEFINE_ASYNC_ALLOC(cuMemAllocAsync, 0)
-DEFINE_ASYNC_ALLOC(cuMemAllocAsync_ptsz, 1)
+DEFINE_ASYNC_ALLOC(cuMemAllocAsync)
+DEFINE_ASYNC_ALLOC(cuMemAllocAsync_ptsz)
 
-#define DEFINE_POOL_ALLOC(name, per_thread)                                                    \
-    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,        \
-                                 CUstream hStream)                                             \
-    {                                                                                          \
-        CUresult error;                                                                        \
-        cuMemAllocFromPoolAsync_fn real =                                                      \
-            NVSHARE_REAL_OR_ERROR(name, cuMemAllocFromPoolAsync_fn, &error);                   \
-        if (real == NULL)                                                                      \
-            return error;                                                                      \
-        int saved_errno = errno;                                                               \
-        CUresult result = allocate_stream_ordered(dptr, bytesize, hStream, per_thread, #name); \
-        if (result == NOT_CONVERTED)                                                           \
-            result = real(dptr, bytesize, pool, hStream);                                      \
-        errno = saved_errno;                                                                   \
-        return result;                                                                         \
+#define DEFINE_POOL_ALLOC(name)                                                          \
+    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,  \
+                                 CUstream hStream)                                       \
+    {                                                                                    \
+        CUresult error;                                                                  \
+        __typeof__(&name) real = NVSHARE_REAL_OR_ERROR(name, &error);                    \
+        if (real == NULL)                                                                \
+            return error;                                                                \
+        int saved_errno = errno;                                                         \
+        CUresult result = allocate_stream_ordered(dptr, bytesize, hStream,               \
+                                                  NVSHARE_HOOK_PER_THREAD(name), #name); \
+        if (result == NOT_CONVERTED)                                                     \
+            result = real(dptr, bytesize, pool, hStream);                                \
+        errno = saved_errno;                                                             \
+        return result;                                                                   \
     }
-DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync, 0)
-DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, 1)
+DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync)
+DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
 
 /* The application's own managed memory: not converted, but counted and
  * prefetched like ours. */
 NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     CUresult error;
-    cuMemAllocManaged_fn real =
-        NVSHARE_REAL_OR_ERROR(cuMemAllocManaged, cuMemAllocManaged_fn, &error);
+    cuMemAllocManaged_fn real = NVSHARE_REAL_OR_ERROR(cuMemAllocManaged, &error);
     if (real == NULL)
         return error;
     CUresult result = real(dptr, bytesize, flags);
@@ -317,7 +316,7 @@ static CUresult free_managed(CUdeviceptr dptr, int *was_ours, int parked_too)
         return CUDA_SUCCESS;
     if (parked && !parked_too)
         return CUDA_ERROR_INVALID_VALUE; /* freed twice */
-    CUresult result = NVSHARE_REAL(cuMemFree_v2, cuMemFree_v2_fn)(dptr);
+    CUresult result = NVSHARE_REAL(cuMemFree_v2)(dptr);
     /* A parked block the driver would not free is gone for the application
      * already: nothing could free it later. */
     if (result != CUDA_SUCCESS && !parked)
@@ -331,7 +330,7 @@ static CUresult free_managed(CUdeviceptr dptr, int *was_ours, int parked_too)
 NVSHARE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     CUresult error;
-    cuMemFree_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemFree_v2, cuMemFree_v2_fn, &error);
+    cuMemFree_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemFree_v2, &error);
     if (real == NULL)
         return error;
     int saved_errno = errno, ours;
@@ -394,21 +393,24 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
 NVSHARE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
     CUresult error;
-    cuMemFreeAsync_fn real = NVSHARE_REAL_OR_ERROR(cuMemFreeAsync, cuMemFreeAsync_fn, &error);
-    return real == NULL ? error : free_async(dptr, hStream, 0, real);
+    cuMemFreeAsync_fn real = NVSHARE_REAL_OR_ERROR(cuMemFreeAsync, &error);
+    return real == NULL ? error
+                        : free_async(dptr, hStream, NVSHARE_HOOK_PER_THREAD(cuMemFreeAsync), real);
 }
 
 NVSHARE_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
     CUresult error;
-    cuMemFreeAsync_fn real = NVSHARE_REAL_OR_ERROR(cuMemFreeAsync_ptsz, cuMemFreeAsync_fn, &error);
-    return real == NULL ? error : free_async(dptr, hStream, 1, real);
+    cuMemFreeAsync_fn real = NVSHARE_REAL_OR_ERROR(cuMemFreeAsync_ptsz, &error);
+    return real == NULL
+               ? error
+               : free_async(dptr, hStream, NVSHARE_HOOK_PER_THREAD(cuMemFreeAsync_ptsz), real);
 }
 
 NVSHARE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
     CUresult error;
-    cuMemGetInfo_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemGetInfo_v2, cuMemGetInfo_v2_fn, &error);
+    cuMemGetInfo_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemGetInfo_v2, &error);
     if (real == NULL)
         return error;
     CUresult result = real(free_bytes, total_bytes);
@@ -457,10 +459,8 @@ struct prefetch_range {
 void nvshare_memory_prefetch(int gpu, int slot, void *unused)
 {
     (void)unused;
-    cuMemPrefetchAsync_v2_fn prefetch_v2 =
-        NVSHARE_REAL(cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_fn);
-    cuMemPrefetchAsync_v1_fn prefetch_v1 =
-        NVSHARE_REAL(cuMemPrefetchAsync, cuMemPrefetchAsync_v1_fn);
+    cuMemPrefetchAsync_v2_fn prefetch_v2 = NVSHARE_REAL(cuMemPrefetchAsync_v2);
+    cuMemPrefetchAsync_v1_fn prefetch_v1 = NVSHARE_REAL(cuMemPrefetchAsync);
     if (prefetch_v2 == NULL && prefetch_v1 == NULL)
         return;
 

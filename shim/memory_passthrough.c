@@ -27,7 +27,7 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
                                     const CUmemAllocationProp *prop, unsigned long long flags)
 {
     CUresult error;
-    cuMemCreate_fn real = NVSHARE_REAL_OR_ERROR(cuMemCreate, cuMemCreate_fn, &error);
+    cuMemCreate_fn real = NVSHARE_REAL_OR_ERROR(cuMemCreate, &error);
     if (real == NULL)
         return error;
     CUresult result = real(handle, size, prop, flags);
@@ -52,7 +52,7 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
 NVSHARE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     CUresult error;
-    cuMemRelease_fn real = NVSHARE_REAL_OR_ERROR(cuMemRelease, cuMemRelease_fn, &error);
+    cuMemRelease_fn real = NVSHARE_REAL_OR_ERROR(cuMemRelease, &error);
     if (real == NULL)
         return error;
     CUresult result = real(handle);
@@ -75,7 +75,7 @@ NVSHARE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                  CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
     CUresult error;
-    cuMemMap_fn real = NVSHARE_REAL_OR_ERROR(cuMemMap, cuMemMap_fn, &error);
+    cuMemMap_fn real = NVSHARE_REAL_OR_ERROR(cuMemMap, &error);
     if (real == NULL)
         return error;
     CUresult result = real(ptr, size, offset, handle, flags);
@@ -107,7 +107,7 @@ NVSHARE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle
 {
     CUresult error;
     cuMemRetainAllocationHandle_fn real =
-        NVSHARE_REAL_OR_ERROR(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle_fn, &error);
+        NVSHARE_REAL_OR_ERROR(cuMemRetainAllocationHandle, &error);
     if (real == NULL)
         return error;
     CUresult result = real(handle, addr);
@@ -128,7 +128,7 @@ NVSHARE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle
 NVSHARE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     CUresult error;
-    cuMemUnmap_fn real = NVSHARE_REAL_OR_ERROR(cuMemUnmap, cuMemUnmap_fn, &error);
+    cuMemUnmap_fn real = NVSHARE_REAL_OR_ERROR(cuMemUnmap, &error);
     if (real == NULL)
         return error;
     CUresult result = real(ptr, size);
@@ -181,8 +181,7 @@ NVSHARE_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle ha
                                            unsigned int Flags)
 {
     CUresult error;
-    cuIpcOpenMemHandle_fn real =
-        NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle, cuIpcOpenMemHandle_fn, &error);
+    cuIpcOpenMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle, &error);
     return real == NULL ? error : open_ipc(pdptr, handle, Flags, real);
 }
 
@@ -190,16 +189,14 @@ NVSHARE_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle
                                               unsigned int Flags)
 {
     CUresult error;
-    cuIpcOpenMemHandle_fn real =
-        NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle_fn, &error);
+    cuIpcOpenMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle_v2, &error);
     return real == NULL ? error : open_ipc(pdptr, handle, Flags, real);
 }
 
 NVSHARE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
     CUresult error;
-    cuIpcCloseMemHandle_fn real =
-        NVSHARE_REAL_OR_ERROR(cuIpcCloseMemHandle, cuIpcCloseMemHandle_fn, &error);
+    cuIpcCloseMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcCloseMemHandle, &error);
     if (real == NULL)
         return error;
     CUresult result = real(dptr);

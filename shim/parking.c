@@ -225,7 +225,7 @@ int nvshare_unpark(size_t bytes, CUstream stream, CUdeviceptr *pointer)
 NVSHARE_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
     CUresult error;
-    cuMemPoolTrimTo_fn real = NVSHARE_REAL_OR_ERROR(cuMemPoolTrimTo, cuMemPoolTrimTo_fn, &error);
+    cuMemPoolTrimTo_fn real = NVSHARE_REAL_OR_ERROR(cuMemPoolTrimTo, &error);
     if (real == NULL)
         return error;
     CUresult result = real(pool, minBytesToKeep);
@@ -259,15 +259,15 @@ static void forget_stream(CUstream stream)
     pthread_mutex_unlock(&parking_mutex);
 }
 
-#define DEFINE_STREAM_DESTROY(name)                                                              \
-    NVSHARE_EXPORT CUresult name(CUstream hStream)                                               \
-    {                                                                                            \
-        CUresult error;                                                                          \
-        cuStreamDestroy_v2_fn real = NVSHARE_REAL_OR_ERROR(name, cuStreamDestroy_v2_fn, &error); \
-        if (real == NULL)                                                                        \
-            return error;                                                                        \
-        forget_stream(hStream);                                                                  \
-        return nvshare_capture_destroy_stream(hStream, real);                                    \
+#define DEFINE_STREAM_DESTROY(name)                                       \
+    NVSHARE_EXPORT CUresult name(CUstream hStream)                        \
+    {                                                                     \
+        CUresult error;                                                   \
+        cuStreamDestroy_v2_fn real = NVSHARE_REAL_OR_ERROR(name, &error); \
+        if (real == NULL)                                                 \
+            return error;                                                 \
+        forget_stream(hStream);                                           \
+        return nvshare_capture_destroy_stream(hStream, real);             \
     }
 DEFINE_STREAM_DESTROY(cuStreamDestroy)
 DEFINE_STREAM_DESTROY(cuStreamDestroy_v2)

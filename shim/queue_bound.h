@@ -6,9 +6,9 @@
 
 #include "cuda_abi.h"
 
-/* After a successful launch on gpu's stream; hook_id tells per-thread-stream
- * variants apart. */
-void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id);
+/* After a successful launch on gpu's stream; per_thread: the launching hook's
+ * row is a per-thread-stream variant (hooks.h). */
+void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread);
 
 /* 1 while a mark recorded on gpu, in any context, has not completed: work
  * this process queued there still runs, or a thread waits in the bound for
