@@ -19,7 +19,7 @@
 
 #include "capture.h"
 #include "hooks.h"
-#include "interpose.h"
+#include "driver.h"
 
 enum { CAPTURE_STATUS_NONE = 0 };
 enum { CAPTURE_MODE_RELAXED = 2 };

@@ -30,7 +30,7 @@
 
 #include "capture.h"
 #include "hooks.h"
-#include "interpose.h"
+#include "driver.h"
 #include "log.h"
 #include "memory.h"
 #include "nvshare_protocol.h"

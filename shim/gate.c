@@ -16,7 +16,7 @@
 #include "config.h"
 #include "contexts.h"
 #include "hooks.h"
-#include "interpose.h"
+#include "driver.h"
 #include "lock_client.h"
 #include "lock_state.h"
 #include "log.h"

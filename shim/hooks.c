@@ -6,11 +6,10 @@
 
 #include <stddef.h>
 
+#include "driver.h"
 #include "gate.h"
 #include "interpose.h"
 #include "queue_bound.h"
-
-void *nvshare_real[NVSHARE_HOOK_COUNT];
 
 /* errno: the gate's slow path saves and restores it itself; the driver's own
  * errno changes reach the caller untouched.  stream is the call's stream
@@ -35,7 +34,6 @@ void *nvshare_real[NVSHARE_HOOK_COUNT];
 NVSHARE_HOOK_TABLE(GATED_HOOK, NOT_GATED)
 #undef NOT_GATED
 
-#define GATED_ROW(name, signature, stream, launch) {#name, (void *)name},
-#define OWN_ROW(name, kind, stream, prototype)     {#name, (void *)name},
-const struct nvshare_hook nvshare_hooks[NVSHARE_HOOK_COUNT] = {
-    NVSHARE_HOOK_TABLE(GATED_ROW, OWN_ROW)};
+#define GATED_ROW(name, signature, stream, launch) (void *)name,
+#define OWN_ROW(name, kind, stream, prototype)     (void *)name,
+void *const nvshare_hook_functions[NVSHARE_HOOK_COUNT] = {NVSHARE_HOOK_TABLE(GATED_ROW, OWN_ROW)};

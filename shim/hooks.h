@@ -411,20 +411,4 @@ NVSHARE_HOOK_TABLE(NVSHARE_DECLARE_GATED, NVSHARE_DECLARE_OWN)
 #undef NVSHARE_DECLARE_GATED
 #undef NVSHARE_DECLARE_OWN
 
-struct nvshare_hook {
-    const char *name; /* exported symbol, as libcuda names it */
-    void *hook;       /* the shim's function of that name */
-};
-
-extern const struct nvshare_hook nvshare_hooks[NVSHARE_HOOK_COUNT];
-
-/* The driver's function for each row, filled by nvshare_resolve_driver()
- * (NULL when this driver lacks it). */
-extern void *nvshare_real[NVSHARE_HOOK_COUNT];
-
-/* Typed access to a row's real function, for the shim's own calls (hooks start with
- * NVSHARE_REAL_OR_ERROR, interpose.h): NVSHARE_REAL(cuMemAlloc_v2)(&pointer, bytes).
- * The driver's function has the hook's type. */
-#define NVSHARE_REAL(name) ((__typeof__(&name))nvshare_real[NVSHARE_HOOK_ID_##name])
-
 #endif /* NVSHARE_HOOKS_H */

@@ -30,7 +30,7 @@
 #include "config.h"
 #include "contexts.h"
 #include "gate.h"
-#include "interpose.h"
+#include "driver.h"
 #include "lock_state.h"
 #include "log.h"
 #include "memory.h"

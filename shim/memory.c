@@ -39,7 +39,7 @@
 #include "contexts.h"
 #include "gate.h"
 #include "hooks.h"
-#include "interpose.h"
+#include "driver.h"
 #include "lock_client.h"
 #include "log.h"
 #include "nvshare_protocol.h"

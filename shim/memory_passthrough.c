@@ -18,7 +18,7 @@
 #include "allocation_map.h"
 #include "gate.h"
 #include "hooks.h"
-#include "interpose.h"
+#include "driver.h"
 #include "log.h"
 #include "memory_internal.h"
 #include "nvshare_protocol.h"

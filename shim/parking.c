@@ -34,7 +34,7 @@
 #include "contexts.h"
 #include "gate.h"
 #include "hooks.h"
-#include "interpose.h"
+#include "driver.h"
 #include "log.h"
 #include "memory_internal.h"
 #include "nvshare_protocol.h"

@@ -25,7 +25,7 @@
 #include "contexts.h"
 #include "gate.h"
 #include "hooks.h"
-#include "interpose.h"
+#include "driver.h"
 #include "nvshare_protocol.h"
 
 #define MIN_LAUNCHES_PER_MARK 8
