@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "devices.h"
 #include "gate.h"
 #include "lock_state.h"
 #include "log.h"
@@ -35,16 +36,8 @@ int nvshare_send_frame(uint16_t type, const void *payload, uint32_t bytes)
 
 int nvshare_send_lock_message(uint16_t type, int gpu, uint64_t lease)
 {
-    struct nvshare_lock_message message = {.gpu = client.uuids[gpu], .lease = lease};
+    struct nvshare_lock_message message = {.gpu = *nvshare_gpu_uuid(gpu), .lease = lease};
     return nvshare_send_frame(type, &message, sizeof message);
-}
-
-int nvshare_gpu_of_uuid(const struct nvshare_gpu_uuid *uuid)
-{
-    for (int gpu = 0; gpu < client.gpu_count; gpu++)
-        if (memcmp(client.uuids[gpu].bytes, uuid->bytes, NVSHARE_UUID_BYTES) == 0)
-            return gpu;
-    return -1;
 }
 
 /* ---- connection -------------------------------------------------------------------------- */
@@ -101,8 +94,9 @@ void nvshare_connect_to_agent(int first_attempt)
     struct timeval send_timeout = {.tv_sec = SEND_TIMEOUT_S};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
 
-    struct nvshare_hello hello = {.gpu_count = (uint32_t)client.gpu_count};
-    memcpy(hello.gpus, client.uuids, sizeof hello.gpus);
+    struct nvshare_hello hello = {.gpu_count = (uint32_t)nvshare_gpu_count()};
+    for (int gpu = 0; gpu < nvshare_gpu_count(); gpu++)
+        hello.gpus[gpu] = *nvshare_gpu_uuid(gpu);
     /* The program's name (argv[0]'s base name), not this thread's. */
     strncpy(hello.command, program_invocation_short_name, sizeof hello.command - 1);
 
@@ -124,5 +118,5 @@ void nvshare_connect_to_agent(int first_attempt)
         return;
     }
     nvshare_memory_mark_all_changed();
-    nvshare_debug("connected to the agent at %s (%d GPUs)", path, client.gpu_count);
+    nvshare_debug("connected to the agent at %s (%d GPUs)", path, nvshare_gpu_count());
 }

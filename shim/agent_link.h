@@ -8,8 +8,6 @@
 
 int nvshare_send_frame(uint16_t type, const void *payload, uint32_t bytes);
 int nvshare_send_lock_message(uint16_t type, int gpu, uint64_t lease);
-/* The index of the GPU with this UUID in the client's list, or -1. */
-int nvshare_gpu_of_uuid(const struct nvshare_gpu_uuid *uuid);
 /* Connects and says HELLO; on failure runs unscheduled (warning once on the
  * first attempt) and sets the next retry time. */
 void nvshare_connect_to_agent(int first_attempt);

@@ -17,7 +17,7 @@
  * lock_client.c) and while one of them is destroyed, so neither sees the
  * other half done.  Per GPU, so that a long release on one GPU holds up
  * nothing on another.  Taking a slot also takes it, but only when a thread's
- * current context changes (gate.c caches the answer).  cuCtxDestroy does not
+ * current context changes (nvshare_current_gpu caches the answer).  cuCtxDestroy does not
  * say the context's GPU, so it takes every GPU's, in order.  They are
  * recursive: should the driver call back into a hook on the destroying
  * thread, that thread must not wait for itself.
@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "capture.h"
+#include "devices.h"
 #include "hooks.h"
 #include "driver.h"
 #include "log.h"
@@ -48,7 +49,6 @@ struct gpu_contexts {
 static struct gpu_contexts gpus[NVSHARE_MAX_GPUS] = {
     [0 ... NVSHARE_MAX_GPUS - 1] = {.mutex = RECURSIVE},
 };
-atomic_uint nvshare_context_generation = 1;
 
 /* A thread cancelled while it holds a GPU's mutex would leave it locked for
  * every later context call of the process, and the driver calls made under it
@@ -101,6 +101,38 @@ int nvshare_context_slot(int gpu, CUcontext context)
                           "the work of the others",
                           NVSHARE_CONTEXT_SLOTS, gpu);
     return slot;
+}
+
+/* ---- which GPU a call runs on ---------------------------------------------------------- */
+
+static __thread CUcontext cached_context;
+static __thread int cached_gpu;
+static __thread int cached_slot;
+static __thread unsigned cached_generation;
+
+int nvshare_current_gpu(CUcontext *context)
+{
+    CUcontext current = NULL;
+    if (nvshare_driver.ctx_get_current == NULL ||
+        nvshare_driver.ctx_get_current(&current) != CUDA_SUCCESS || current == NULL)
+        return -1;
+    *context = current;
+    unsigned generation = atomic_load_explicit(&nvshare_context_generation, memory_order_relaxed);
+    if (current != cached_context || cached_generation != generation) {
+        CUdevice device;
+        if (nvshare_driver.ctx_get_device(&device) != CUDA_SUCCESS)
+            return -1;
+        cached_gpu = device >= 0 && device < nvshare_gpu_count() ? device : -1;
+        cached_slot = nvshare_context_slot(cached_gpu, current);
+        cached_context = current;
+        cached_generation = generation;
+    }
+    return cached_gpu;
+}
+
+int nvshare_current_context_slot(void)
+{
+    return cached_slot;
 }
 
 static int run_in(int gpu, int slot, void (*fn)(int gpu, int slot, void *arg), void *arg)

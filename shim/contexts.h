@@ -13,9 +13,16 @@
  * taken (a release then cannot wait for that context's work: warned once). */
 int nvshare_context_slot(int gpu, CUcontext context);
 
-/* Bumped whenever a context is forgotten: what threads cached about their
- * current context may be stale. */
-extern atomic_uint nvshare_context_generation;
+/* The GPU (device ordinal) of the calling thread's current context, or -1
+ * when there is none (or the GPUs are not known yet: devices.c); *context
+ * receives the context.  The first call in a context gives it a slot.  The
+ * answer is cached per thread until the context or nvshare_context_generation
+ * changes. */
+int nvshare_current_gpu(CUcontext *context);
+
+/* The slot of the context the calling thread's last nvshare_current_gpu
+ * found (-1: none free). */
+int nvshare_current_context_slot(void);
 
 /* Calls fn with each tracked context of gpu pushed current in turn.  No
  * context can be destroyed meanwhile (its destroy waits). */

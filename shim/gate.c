@@ -15,6 +15,7 @@
 
 #include "config.h"
 #include "contexts.h"
+#include "devices.h"
 #include "hooks.h"
 #include "driver.h"
 #include "lock_client.h"
@@ -38,38 +39,6 @@ struct lock_client nvshare_lock_client = {
 #define client nvshare_lock_client
 
 static pthread_mutex_t start_mutex = PTHREAD_MUTEX_INITIALIZER;
-
-/* ---- which GPU a call runs on ---------------------------------------------------------- */
-
-static __thread CUcontext cached_context;
-static __thread int cached_gpu;
-static __thread int cached_slot;
-static __thread unsigned cached_generation;
-
-int nvshare_current_gpu(CUcontext *context)
-{
-    CUcontext current = NULL;
-    if (nvshare_driver.ctx_get_current == NULL ||
-        nvshare_driver.ctx_get_current(&current) != CUDA_SUCCESS || current == NULL)
-        return -1;
-    *context = current;
-    unsigned generation = atomic_load_explicit(&nvshare_context_generation, memory_order_relaxed);
-    if (current != cached_context || cached_generation != generation) {
-        CUdevice device;
-        if (nvshare_driver.ctx_get_device(&device) != CUDA_SUCCESS)
-            return -1;
-        cached_gpu = device >= 0 && device < client.gpu_count ? device : -1;
-        cached_slot = nvshare_context_slot(cached_gpu, current);
-        cached_context = current;
-        cached_generation = generation;
-    }
-    return cached_gpu;
-}
-
-int nvshare_current_context_slot(void)
-{
-    return cached_slot;
-}
 
 void nvshare_wait_for_gate(int gpu)
 {
@@ -150,29 +119,13 @@ void nvshare_client_start(void)
     int saved_errno = errno;
     static int fork_handler_installed;
     pthread_mutex_lock(&start_mutex);
-    int count = 0;
-    if (atomic_load(&nvshare_client_running) || nvshare_driver.device_get_count == NULL ||
-        nvshare_driver.device_get_count(&count) != CUDA_SUCCESS)
+    if (atomic_load(&nvshare_client_running) || nvshare_devices_discover() != 0)
         goto out; /* before cuInit: try again at the next call */
-    if (count > NVSHARE_MAX_GPUS) {
-        NVSHARE_WARN_ONCE("this process sees %d GPUs; nvshare schedules the first %d, work on "
-                          "the others runs unscheduled",
-                          count, NVSHARE_MAX_GPUS);
-        count = NVSHARE_MAX_GPUS;
-    }
-    for (int gpu = 0; gpu < count; gpu++) {
-        CUuuid uuid = {{0}};
-        if (nvshare_driver.device_get_uuid != NULL)
-            nvshare_driver.device_get_uuid(&uuid, gpu);
-        memcpy(client.uuids[gpu].bytes, uuid.bytes, NVSHARE_UUID_BYTES);
-    }
-    client.gpu_count = count;
     nvshare_config();
     if (!fork_handler_installed) {
         pthread_atfork(NULL, NULL, forget_after_fork);
         fork_handler_installed = 1;
     }
-    atomic_fetch_add(&nvshare_context_generation, 1); /* GPUs now count: look again */
 
     client.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     int failed = client.wake_fd < 0 || nvshare_start_shim_thread(nvshare_client_main, NULL) != 0;

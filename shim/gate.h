@@ -17,6 +17,7 @@
 #include <stdatomic.h>
 
 #include "capture.h"
+#include "contexts.h"
 #include "cuda_abi.h"
 #include "nvshare_protocol.h"
 
@@ -33,15 +34,6 @@ extern atomic_int nvshare_client_running;
 
 /* Starts the client at the first CUDA call; harmless to call again. */
 void nvshare_client_start(void);
-
-/* The GPU (device ordinal) of the calling thread's current context, or -1
- * when there is none; *context receives the context.  The first call in a
- * context gives it a slot (contexts.c). */
-int nvshare_current_gpu(CUcontext *context);
-
-/* The slot of the context the calling thread's last nvshare_current_gpu
- * found (-1: none free). */
-int nvshare_current_context_slot(void);
 
 /* Slow path: ask for the lock of gpu and wait until its gate opens. */
 void nvshare_wait_for_gate(int gpu);

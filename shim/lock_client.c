@@ -28,6 +28,7 @@
 #include "agent_link.h"
 #include "capture.h"
 #include "config.h"
+#include "devices.h"
 #include "contexts.h"
 #include "gate.h"
 #include "driver.h"
@@ -293,7 +294,7 @@ static void send_releases(void)
     } released[NVSHARE_MAX_GPUS];
     int count = 0, again = 0;
     pthread_mutex_lock(&client.mutex);
-    for (int gpu = 0; gpu < client.gpu_count; gpu++) {
+    for (int gpu = 0; gpu < nvshare_gpu_count(); gpu++) {
         struct gpu_lock *lock = &client.locks[gpu];
         if (!lock->drained)
             continue;
@@ -466,7 +467,7 @@ static void send_wanted_requests(void)
 {
     int wanted[NVSHARE_MAX_GPUS], count = 0;
     pthread_mutex_lock(&client.mutex);
-    for (int gpu = 0; gpu < client.gpu_count; gpu++) {
+    for (int gpu = 0; gpu < nvshare_gpu_count(); gpu++) {
         if (client.locks[gpu].state == LOCK_WANTED) {
             client.locks[gpu].state = LOCK_REQUESTED;
             client.locks[gpu].requested_at_ms = nvshare_now_ms();
@@ -485,8 +486,8 @@ static void send_wanted_requests(void)
 
 static void send_memory_reports(void)
 {
-    for (int gpu = 0; gpu < client.gpu_count && client.socket_fd >= 0; gpu++) {
-        struct nvshare_memory_report report = {.gpu = client.uuids[gpu]};
+    for (int gpu = 0; gpu < nvshare_gpu_count() && client.socket_fd >= 0; gpu++) {
+        struct nvshare_memory_report report = {.gpu = *nvshare_gpu_uuid(gpu)};
         if (!nvshare_memory_take_report(gpu, &report.managed_bytes, &report.unmanaged_bytes))
             continue;
         if (nvshare_send_frame(NVSHARE_MSG_MEMORY_REPORT, &report, sizeof report) != 0)
@@ -504,7 +505,7 @@ static int release_idle_gpus(void)
     int exclusive_holds = 0, inline_gpus[NVSHARE_MAX_GPUS], inline_count = 0;
     unsigned inline_tickets[NVSHARE_MAX_GPUS];
     double now = nvshare_now_ms();
-    for (int gpu = 0; gpu < client.gpu_count && idle_ms > 0; gpu++) {
+    for (int gpu = 0; gpu < nvshare_gpu_count() && idle_ms > 0; gpu++) {
         struct gpu_lock *lock = &client.locks[gpu];
         if (lock->state != LOCK_HELD || lock->shared || !atomic_load(&nvshare_gates[gpu].open))
             continue;

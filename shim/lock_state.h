@@ -51,8 +51,6 @@ struct lock_client {
     pthread_cond_t changed; /* a gate opened or a lock changed state */
     int socket_fd;          /* -1 while unscheduled; only the client thread uses it */
     int wake_fd;
-    int gpu_count; /* fixed once the client runs */
-    struct nvshare_gpu_uuid uuids[NVSHARE_MAX_GPUS];
     struct nvshare_settings settings;
     int have_settings;
     struct gpu_lock locks[NVSHARE_MAX_GPUS];

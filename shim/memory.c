@@ -37,6 +37,7 @@
 #include "memory_internal.h"
 #include "config.h"
 #include "contexts.h"
+#include "devices.h"
 #include "gate.h"
 #include "hooks.h"
 #include "driver.h"
@@ -52,7 +53,6 @@ struct gpu_memory {
     uint64_t managed_bytes;
     uint64_t unmanaged_bytes;
     uint64_t reserved_bytes; /* allocations under way, counted against the limit */
-    uint64_t total_bytes;    /* the GPU's memory; 0 until known */
     int changed;             /* totals not yet reported */
 };
 
@@ -133,27 +133,17 @@ static int is_managed(const struct allocation *entry)
     return entry->kind == ALLOCATION_CONVERTED || entry->kind == ALLOCATION_APP_MANAGED;
 }
 
-uint64_t nvshare_memory_gpu_total(int gpu)
-{
-    if (gpus[gpu].total_bytes == 0 && nvshare_driver.device_total_mem != NULL) {
-        size_t bytes = 0;
-        if (nvshare_driver.device_total_mem(&bytes, gpu) == CUDA_SUCCESS)
-            gpus[gpu].total_bytes = bytes;
-    }
-    return gpus[gpu].total_bytes;
-}
-
 /* The conversion itself.  NOT_CONVERTED: no context or driver support, so
  * the caller passes the call through and the driver answers as it would. */
 static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *what)
 {
-    nvshare_client_start();
+    nvshare_devices_discover();
     cuMemAllocManaged_fn managed = NVSHARE_REAL(cuMemAllocManaged);
     CUcontext context;
     int gpu = nvshare_current_gpu(&context);
     if (managed == NULL || gpu < 0 || dptr == NULL)
         return NOT_CONVERTED;
-    uint64_t total = nvshare_memory_gpu_total(gpu);
+    uint64_t total = nvshare_gpu_total_bytes(gpu);
 
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct gpu_memory *memory = &gpus[gpu];
@@ -233,7 +223,7 @@ static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t bytes, CUstrea
     stream = nvshare_actual_stream(stream, per_thread);
     if (nvshare_thread_capture_open() || !nvshare_stream_may_record(stream))
         return NOT_CONVERTED;
-    nvshare_client_start();
+    nvshare_devices_discover();
     if (nvshare_unpark(bytes, stream, dptr))
         return CUDA_SUCCESS;
     return allocate_managed(dptr, bytes, what);
@@ -287,7 +277,7 @@ NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, un
     CUresult result = real(dptr, bytesize, flags);
     int saved_errno = errno;
     CUcontext context;
-    nvshare_client_start();
+    nvshare_devices_discover();
     int gpu = result == CUDA_SUCCESS ? nvshare_current_gpu(&context) : -1;
     if (gpu >= 0)
         nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytesize, gpu,
@@ -418,7 +408,7 @@ NVSHARE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
         return result;
     int saved_errno = errno;
     CUcontext context;
-    nvshare_client_start();
+    nvshare_devices_discover();
     int gpu = nvshare_current_gpu(&context);
     if (gpu >= 0) {
         pthread_mutex_lock(&nvshare_memory_mutex);

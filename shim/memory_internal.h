@@ -26,7 +26,5 @@ int nvshare_memory_set_kind(uint64_t pointer, int gpu, int slot, enum allocation
                             enum allocation_kind to, uint64_t *bytes);
 /* Forgets and frees a parked allocation (parking.c). */
 void nvshare_memory_free_parked(uint64_t pointer);
-/* gpu's total memory in bytes; 0 when unknown. */
-uint64_t nvshare_memory_gpu_total(int gpu);
 
 #endif

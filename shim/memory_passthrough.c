@@ -16,6 +16,8 @@
 #include <pthread.h>
 
 #include "allocation_map.h"
+#include "contexts.h"
+#include "devices.h"
 #include "gate.h"
 #include "hooks.h"
 #include "driver.h"
@@ -37,7 +39,7 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
     NVSHARE_WARN_ONCE("cuMemCreate (CUDA virtual memory: JAX's default allocator, PyTorch's "
                       "expandable_segments) cannot be made managed: that memory stays on the GPU "
                       "while others run (for JAX set XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async)");
-    nvshare_client_start();
+    nvshare_devices_discover();
     CUcontext context;
     int gpu = prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
                   ? prop->location.id
@@ -163,7 +165,7 @@ static CUresult open_ipc(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int
     int saved_errno = errno;
     NVSHARE_WARN_ONCE("cuIpcOpenMemHandle: memory shared by another process cannot be made "
                       "managed; it is counted but stays on the GPU");
-    nvshare_client_start();
+    nvshare_devices_discover();
     CUcontext context;
     int gpu = nvshare_current_gpu(&context);
     CUdeviceptr base = 0;

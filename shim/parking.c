@@ -32,6 +32,7 @@
 
 #include "capture.h"
 #include "contexts.h"
+#include "devices.h"
 #include "gate.h"
 #include "hooks.h"
 #include "driver.h"
@@ -182,7 +183,7 @@ int nvshare_park(CUdeviceptr pointer, CUstream stream)
         parked_bytes[gpu][slot] += bytes;
     }
     /* A GPU of unknown size bounds only the number of blocks. */
-    uint64_t limit = nvshare_memory_gpu_total(gpu) / PARKED_SHARE_OF_GPU;
+    uint64_t limit = nvshare_gpu_total_bytes(gpu) / PARKED_SHARE_OF_GPU;
     uint64_t held = parked_bytes[gpu][slot];
     uint64_t excess = limit > 0 && held > limit ? held - limit : 0;
     pthread_mutex_unlock(&parking_mutex);
