@@ -9,7 +9,6 @@
 #include <errno.h>
 #include <pthread.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -19,6 +18,7 @@
 #include "hooks.h"
 #include "driver.h"
 #include "lock_client.h"
+#include "shim_threads.h"
 #include "lock_state.h"
 #include "log.h"
 #include "memory.h"
@@ -33,7 +33,6 @@ struct lock_client nvshare_lock_client = {
     .changed = PTHREAD_COND_INITIALIZER,
     .workers = {[0 ... NVSHARE_MAX_GPUS - 1] = {.wake = PTHREAD_COND_INITIALIZER}},
     .socket_fd = -1,
-    .wake_fd = -1,
 };
 /* The one instance, by a short name. */
 #define client nvshare_lock_client
@@ -89,10 +88,8 @@ static void forget_after_fork(void)
     atomic_store(&nvshare_client_running, 0);
     if (client.socket_fd >= 0)
         close(client.socket_fd);
-    if (client.wake_fd >= 0)
-        close(client.wake_fd);
     client.socket_fd = -1;
-    client.wake_fd = -1;
+    nvshare_doorbell_forget_after_fork();
     client.mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     client.changed = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
     start_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
@@ -127,8 +124,8 @@ void nvshare_client_start(void)
         fork_handler_installed = 1;
     }
 
-    client.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    int failed = client.wake_fd < 0 || nvshare_start_shim_thread(nvshare_client_main, NULL) != 0;
+    int failed =
+        nvshare_doorbell_open() != 0 || nvshare_start_shim_thread(nvshare_client_main, NULL) != 0;
     if (failed) {
         nvshare_warn("cannot start the nvshare client thread: running unscheduled");
         nvshare_set_all_gates(1);

@@ -33,6 +33,7 @@
 #include "gate.h"
 #include "driver.h"
 #include "lock_state.h"
+#include "shim_threads.h"
 #include "log.h"
 #include "memory.h"
 #include "nvshare_protocol.h"
@@ -243,21 +244,6 @@ static void *gpu_worker_main(void *argument)
         pthread_mutex_lock(&client.mutex);
     }
     return NULL;
-}
-
-int nvshare_start_shim_thread(void *(*thread_main)(void *), void *arg)
-{
-    sigset_t all, previous;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &previous); /* the thread inherits this mask */
-    pthread_attr_t attributes;
-    pthread_attr_init(&attributes);
-    pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
-    pthread_t thread;
-    int failed = pthread_create(&thread, &attributes, thread_main, arg);
-    pthread_attr_destroy(&attributes);
-    pthread_sigmask(SIG_SETMASK, &previous, NULL);
-    return failed;
 }
 
 /* Called with the mutex held, by the client thread: hands job to gpu's
@@ -559,7 +545,7 @@ void *nvshare_client_main(void *unused)
             timeout = wait < 0 ? 0 : (int)wait + 1;
         }
         struct pollfd watched[2] = {
-            {.fd = client.wake_fd, .events = POLLIN},
+            {.fd = nvshare_doorbell_fd(), .events = POLLIN},
             {.fd = client.socket_fd, .events = POLLIN},
         };
         int ready = poll(watched, client.socket_fd >= 0 ? 2 : 1, timeout);
@@ -567,26 +553,12 @@ void *nvshare_client_main(void *unused)
             struct timespec pause = {.tv_nsec = 10000000};
             nanosleep(&pause, NULL);
         }
-        if (ready > 0 && (watched[0].revents & POLLIN)) {
-            uint64_t count;
-            ssize_t ignored = read(client.wake_fd, &count, sizeof count);
-            (void)ignored;
-        }
+        if (ready > 0 && (watched[0].revents & POLLIN))
+            nvshare_doorbell_drain();
         if (client.socket_fd >= 0 && ready > 0 && watched[1].revents)
             read_frames();
         if (client.socket_fd < 0 && nvshare_now_ms() >= client.retry_at_ms)
             nvshare_connect_to_agent(0);
     }
     return NULL;
-}
-
-void nvshare_client_wake(void)
-{
-    int saved_errno = errno;
-    uint64_t one = 1;
-    if (client.wake_fd >= 0) {
-        ssize_t ignored = write(client.wake_fd, &one, sizeof one);
-        (void)ignored;
-    }
-    errno = saved_errno;
 }

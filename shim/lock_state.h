@@ -50,7 +50,6 @@ struct lock_client {
     pthread_mutex_t mutex;
     pthread_cond_t changed; /* a gate opened or a lock changed state */
     int socket_fd;          /* -1 while unscheduled; only the client thread uses it */
-    int wake_fd;
     struct nvshare_settings settings;
     int have_settings;
     struct gpu_lock locks[NVSHARE_MAX_GPUS];
@@ -60,9 +59,6 @@ struct lock_client {
 };
 
 extern struct lock_client nvshare_lock_client;
-
-/* The client thread's body (lock_client.c). */
-void *nvshare_client_main(void *unused);
 
 void nvshare_set_all_gates(int open);
 

@@ -41,7 +41,7 @@
 #include "gate.h"
 #include "hooks.h"
 #include "driver.h"
-#include "lock_client.h"
+#include "shim_threads.h"
 #include "log.h"
 #include "nvshare_protocol.h"
 #include "parking.h"
