@@ -18,7 +18,7 @@
 #include "gate.h"
 #include "lock_state.h"
 #include "log.h"
-#include "memory.h"
+#include "memory_accounting.h"
 #include "wire.h"
 
 #define RECONNECT_INTERVAL_MS 1000.0

@@ -33,7 +33,8 @@
 #include "hooks.h"
 #include "driver.h"
 #include "log.h"
-#include "memory.h"
+#include "memory_accounting.h"
+#include "memory_prefetch.h"
 #include "nvshare_protocol.h"
 #include "parking.h"
 #include "queue_bound.h"
@@ -179,6 +180,7 @@ static void forget(CUcontext context, int first, int last)
             nvshare_queue_forget_context(gpu, slot);
             nvshare_parking_forget_context(gpu, slot);
             nvshare_memory_forget_context(gpu, slot);
+            nvshare_prefetch_forget_context(gpu, slot);
             contexts->slots[slot] = NULL;
             for (int other = 0; contexts->newest == slot && other < NVSHARE_CONTEXT_SLOTS;
                  other++) {

@@ -21,7 +21,8 @@
 #include "shim_threads.h"
 #include "lock_state.h"
 #include "log.h"
-#include "memory.h"
+#include "memory_accounting.h"
+#include "memory_prefetch.h"
 #include "parking.h"
 #include "queue_bound.h"
 
@@ -104,6 +105,7 @@ static void forget_after_fork(void)
     }
     nvshare_contexts_forget_after_fork();
     nvshare_memory_forget_after_fork();
+    nvshare_prefetch_forget_after_fork();
     nvshare_parking_forget_after_fork();
     nvshare_queue_forget_after_fork();
     nvshare_capture_forget_after_fork();

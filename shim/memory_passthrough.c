@@ -18,11 +18,10 @@
 #include "allocation_map.h"
 #include "contexts.h"
 #include "devices.h"
-#include "gate.h"
 #include "hooks.h"
 #include "driver.h"
 #include "log.h"
-#include "memory_internal.h"
+#include "memory_accounting.h"
 #include "nvshare_protocol.h"
 
 NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,

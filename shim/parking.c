@@ -33,11 +33,10 @@
 #include "capture.h"
 #include "contexts.h"
 #include "devices.h"
-#include "gate.h"
 #include "hooks.h"
 #include "driver.h"
 #include "log.h"
-#include "memory_internal.h"
+#include "memory_accounting.h"
 #include "nvshare_protocol.h"
 
 #define PARKED_BLOCKS       32 /* per GPU and context */
