@@ -32,6 +32,23 @@ void nvshare_in_each_context(int gpu, void (*fn)(int gpu, int slot, void *arg), 
  * has none (or it could not be made current). */
 int nvshare_in_one_context(int gpu, void (*fn)(int gpu, int slot, void *arg), void *arg);
 
+/* ---- for tearing a context down (lifecycle.c) ----
+ * The driver frees a context (cuCtxDestroy, a primary context's reset or last
+ * release) between hold and let_go, and everything the shim kept for it is
+ * forgotten there: no thread works in those GPUs' contexts meanwhile. */
+
+/* Takes the mutexes of GPUs first..last, in order, with cancellation held
+ * off; returns the cancel state for let_go. */
+int nvshare_contexts_hold(int first, int last);
+void nvshare_contexts_let_go(int first, int last, int cancel_state);
+/* gpu's primary context, learnt from cuDevicePrimaryCtxRetain (NULL: not seen). */
+void nvshare_contexts_set_primary(int gpu, CUcontext primary);
+CUcontext nvshare_contexts_primary(int gpu); /* held */
+/* The slots context has on gpu, one bit each (held). */
+unsigned nvshare_contexts_slots_of(int gpu, CUcontext context);
+/* Gives those slots up (held); the caller then bumps nvshare_context_generation. */
+void nvshare_contexts_free_slots(int gpu, unsigned slots);
+
 /* In a forked child: forget the parent's contexts without touching them. */
 void nvshare_contexts_forget_after_fork(void);
 

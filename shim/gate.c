@@ -1,7 +1,6 @@
 /*
- * The application side of the lock: which GPU a call runs on, waiting at a
- * closed gate, starting the client at the first CUDA call, and forgetting it
- * all in a forked child.  The client thread itself is in lock_client.c.
+ * The application side of the lock: waiting at a closed gate.  The client
+ * thread itself is in lock_client.c.
  */
 #define _GNU_SOURCE
 #include "gate.h"
@@ -12,19 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "contexts.h"
-#include "devices.h"
-#include "hooks.h"
-#include "driver.h"
-#include "lock_client.h"
 #include "shim_threads.h"
 #include "lock_state.h"
-#include "log.h"
-#include "memory_accounting.h"
-#include "memory_prefetch.h"
-#include "parking.h"
-#include "queue_bound.h"
 
 struct nvshare_gate nvshare_gates[NVSHARE_MAX_GPUS];
 atomic_int nvshare_client_running;
@@ -37,8 +25,6 @@ struct lock_client nvshare_lock_client = {
 };
 /* The one instance, by a short name. */
 #define client nvshare_lock_client
-
-static pthread_mutex_t start_mutex = PTHREAD_MUTEX_INITIALIZER;
 
 void nvshare_wait_for_gate(int gpu)
 {
@@ -78,22 +64,15 @@ void nvshare_wait_for_gate(int gpu)
     errno = saved_errno;
 }
 
-/* ---- start and fork -------------------------------------------------------------------- */
-
-/* In the child of fork: only the forking thread exists, the client thread
- * does not, and mutexes may have been copied locked.  Reset to "never
- * started" with plain stores (no allocation, no locking); the child's first
- * GPU call starts its own client and connection. */
-static void forget_after_fork(void)
+/* In a forked child (lifecycle.c): the lock client as never started, with
+ * plain stores. */
+void nvshare_lock_forget_after_fork(void)
 {
-    atomic_store(&nvshare_client_running, 0);
     if (client.socket_fd >= 0)
         close(client.socket_fd);
     client.socket_fd = -1;
-    nvshare_doorbell_forget_after_fork();
     client.mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     client.changed = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
-    start_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     client.have_settings = 0;
     client.inbox.used = 0;
     memset(client.locks, 0, sizeof client.locks);
@@ -103,49 +82,4 @@ static void forget_after_fork(void)
         atomic_store(&nvshare_gates[gpu].open, 0);
         atomic_store(&nvshare_gates[gpu].inflight, 0);
     }
-    nvshare_contexts_forget_after_fork();
-    nvshare_memory_forget_after_fork();
-    nvshare_prefetch_forget_after_fork();
-    nvshare_parking_forget_after_fork();
-    nvshare_queue_forget_after_fork();
-    nvshare_capture_forget_after_fork();
-}
-
-void nvshare_client_start(void)
-{
-    if (atomic_load(&nvshare_client_running) || nvshare_resolve_driver() != 0)
-        return;
-    int saved_errno = errno;
-    static int fork_handler_installed;
-    pthread_mutex_lock(&start_mutex);
-    if (atomic_load(&nvshare_client_running) || nvshare_devices_discover() != 0)
-        goto out; /* before cuInit: try again at the next call */
-    nvshare_config();
-    if (!fork_handler_installed) {
-        pthread_atfork(NULL, NULL, forget_after_fork);
-        fork_handler_installed = 1;
-    }
-
-    int failed =
-        nvshare_doorbell_open() != 0 || nvshare_start_shim_thread(nvshare_client_main, NULL) != 0;
-    if (failed) {
-        nvshare_warn("cannot start the nvshare client thread: running unscheduled");
-        nvshare_set_all_gates(1);
-    }
-    atomic_store(&nvshare_client_running, 1);
-out:
-    pthread_mutex_unlock(&start_mutex);
-    errno = saved_errno;
-}
-
-NVSHARE_EXPORT CUresult cuInit(unsigned int flags)
-{
-    CUresult error;
-    cuInit_fn real = NVSHARE_REAL_OR_ERROR(cuInit, &error);
-    if (real == NULL)
-        return error;
-    CUresult result = real(flags);
-    if (result == CUDA_SUCCESS)
-        nvshare_client_start();
-    return result;
 }

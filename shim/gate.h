@@ -19,21 +19,9 @@
 #include "capture.h"
 #include "contexts.h"
 #include "cuda_abi.h"
+#include "lifecycle.h"
+#include "lock_state.h"
 #include "nvshare_protocol.h"
-
-struct nvshare_gate {
-    atomic_int open;      /* 1: held, shared, or unscheduled (no agent) */
-    atomic_int inflight;  /* submissions between gate and driver right now */
-    atomic_uint activity; /* bumped per passage; idle = unchanged */
-} __attribute__((aligned(64)));
-
-extern struct nvshare_gate nvshare_gates[NVSHARE_MAX_GPUS];
-
-/* 1 once the client thread runs. */
-extern atomic_int nvshare_client_running;
-
-/* Starts the client at the first CUDA call; harmless to call again. */
-void nvshare_client_start(void);
 
 /* Slow path: ask for the lock of gpu and wait until its gate opens. */
 void nvshare_wait_for_gate(int gpu);

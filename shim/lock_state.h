@@ -12,6 +12,17 @@
 #include "nvshare_protocol.h"
 #include "wire.h"
 
+struct nvshare_gate {
+    atomic_int open;      /* 1: held, shared, or unscheduled (no agent) */
+    atomic_int inflight;  /* submissions between gate and driver right now */
+    atomic_uint activity; /* bumped per passage; idle = unchanged */
+} __attribute__((aligned(64)));
+
+extern struct nvshare_gate nvshare_gates[NVSHARE_MAX_GPUS];
+
+/* 1 once the client thread runs. */
+extern atomic_int nvshare_client_running;
+
 enum lock_state {
     LOCK_IDLE = 0,  /* not held, nobody waiting */
     LOCK_WANTED,    /* a thread waits; the request is not sent yet */
@@ -61,5 +72,8 @@ struct lock_client {
 extern struct lock_client nvshare_lock_client;
 
 void nvshare_set_all_gates(int open);
+
+/* In a forked child (lifecycle.c). */
+void nvshare_lock_forget_after_fork(void);
 
 #endif
