@@ -1,4 +1,5 @@
-/* The lock client's link to the agent (agent_link.c); client thread only. */
+/* The client thread's connection to the agent (agent_link.c): the socket,
+ * frames in and out.  Used by the client thread only. */
 #ifndef NVSHARE_AGENT_LINK_H
 #define NVSHARE_AGENT_LINK_H
 
@@ -6,12 +7,29 @@
 
 #include "nvshare_protocol.h"
 
-int nvshare_send_frame(uint16_t type, const void *payload, uint32_t bytes);
-int nvshare_send_lock_message(uint16_t type, int gpu, uint64_t lease);
-/* Connects and says HELLO; on failure runs unscheduled (warning once on the
- * first attempt) and sets the next retry time. */
-void nvshare_connect_to_agent(int first_attempt);
-/* The agent is gone or spoke nonsense: warn once, open every gate, retry later. */
-void nvshare_lose_agent(const char *why);
+/* Connects to the agent's socket (NVSHARE_SOCKET).  0, or errno's value. */
+int nvshare_link_connect(void);
+/* Says HELLO: this process's GPUs and name.  0 when sent. */
+int nvshare_link_hello(void);
+/* 1 while connected. */
+int nvshare_link_up(void);
+/* The socket to poll (-1 while not connected). */
+int nvshare_link_fd(void);
+void nvshare_link_close(void);
+
+/* 0 when the whole frame went out. */
+int nvshare_link_send(uint16_t type, const void *payload, uint32_t bytes);
+int nvshare_link_send_lock(uint16_t type, int gpu, uint64_t lease);
+
+/* Reads what the socket has: 1 read (or nothing yet), 0 closed by the agent,
+ * -1 error (errno says). */
+int nvshare_link_receive(void);
+/* The next complete frame read: 1 taken, 0 none yet, -1 not a frame of this
+ * protocol (header says what came). */
+int nvshare_link_next_frame(struct nvshare_header *header,
+                            unsigned char payload[NVSHARE_MAX_PAYLOAD_BYTES]);
+
+/* In a forked child: the parent's connection is closed, none is open. */
+void nvshare_link_forget_after_fork(void);
 
 #endif

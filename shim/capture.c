@@ -1,8 +1,8 @@
 /*
  * Stream capture (CUDA graphs).  Work "launched" into a capturing stream only
  * records graph nodes, so a thread with an open capture passes the gate
- * without the lock; and while any capture is open the client thread must not
- * call cuCtxSynchronize (the driver refuses it during a capture in any mode
+ * without the lock; and while any capture is open a release (on the GPU's
+ * worker) must not call cuCtxSynchronize (the driver refuses it during a capture in any mode
  * and invalidates the capture), so releases wait for captures to end (idle
  * releases are skipped, drops wait up to the agent's drop grace).
  *

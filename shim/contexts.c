@@ -51,7 +51,7 @@ static struct gpu_contexts gpus[NVSHARE_MAX_GPUS] = {
  * (a context's destruction) may reach cancellation points.  So cancellation
  * is held off until the mutex is given back, and acted on at the thread's
  * next cancellation point.  (pthread_cleanup_push would need glibc 2.34's
- * symbols, as in gate.c.) */
+ * symbols, as in lock_state.c.) */
 static int hold_off_cancellation(void)
 {
     int cancel_state;

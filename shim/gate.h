@@ -1,15 +1,8 @@
 /*
- * The per-GPU gate every GATED hook passes (the fast path of the lock).
- *
- * While this process holds a GPU (or runs unscheduled), passing costs two
- * atomic read-modify-writes and a load: no syscall, no mutex.  Otherwise the
- * caller asks the client thread for the lock and waits (lock_client.c).
- *
- * Why inflight is raised *before* open is read: the client thread closes the
- * gate and then waits for inflight to reach zero.  With both sides using
- * sequentially consistent operations, either the submitter sees the gate
- * closed (and backs out) or the client thread sees it inside; a submission
- * can never slip past a release.
+ * Passing the per-GPU gate: the fast path of the lock, inlined into every
+ * GATED hook (hooks.c).  The gate itself, and why inflight is raised before
+ * open is read, are in lock_state.h; the slow path (asking for the lock and
+ * waiting) is nvshare_lock_wait_for_gate.
  */
 #ifndef NVSHARE_GATE_H
 #define NVSHARE_GATE_H
@@ -21,10 +14,6 @@
 #include "cuda_abi.h"
 #include "lifecycle.h"
 #include "lock_state.h"
-#include "nvshare_protocol.h"
-
-/* Slow path: ask for the lock of gpu and wait until its gate opens. */
-void nvshare_wait_for_gate(int gpu);
 
 /* stream: the one the call goes to (NULL for none or the default stream);
  * per_thread: the calling hook's row is a per-thread-stream variant (hooks.h). */
@@ -47,10 +36,10 @@ static inline struct nvshare_gate *nvshare_gate_enter(CUstream stream, int per_t
         if (atomic_load(&gate->open))
             break;
         atomic_fetch_sub(&gate->inflight, 1);
-        nvshare_wait_for_gate(gpu);
+        nvshare_lock_wait_for_gate(gpu);
     }
-    /* Approximate on purpose (no lock prefix): the client thread only asks
-     * "did it change?". */
+    /* Approximate on purpose (no lock prefix): the idle look only asks "did
+     * it change?". */
     atomic_store_explicit(&gate->activity,
                           atomic_load_explicit(&gate->activity, memory_order_relaxed) + 1,
                           memory_order_relaxed);

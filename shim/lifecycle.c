@@ -18,6 +18,7 @@
 #include "contexts.h"
 #include "devices.h"
 #include "driver.h"
+#include "gpu_worker.h"
 #include "hooks.h"
 #include "lock_client.h"
 #include "lock_state.h"
@@ -40,8 +41,10 @@ static void forget_after_fork(void)
 {
     atomic_store(&nvshare_client_running, 0);
     start_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    nvshare_link_forget_after_fork();
     nvshare_doorbell_forget_after_fork();
     nvshare_lock_forget_after_fork();
+    nvshare_workers_forget_after_fork();
     nvshare_devices_forget_after_fork();
     nvshare_contexts_forget_after_fork();
     nvshare_memory_forget_after_fork();
@@ -69,7 +72,7 @@ void nvshare_client_start(void)
         nvshare_doorbell_open() != 0 || nvshare_start_shim_thread(nvshare_client_main, NULL) != 0;
     if (failed) {
         nvshare_warn("cannot start the nvshare client thread: running unscheduled");
-        nvshare_set_all_gates(1);
+        nvshare_lock_run_unscheduled();
     }
     atomic_store(&nvshare_client_running, 1);
 out:
