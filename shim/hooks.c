@@ -1,6 +1,5 @@
 /*
- * The GATED hooks, generated from the table in hooks.h, and the table of
- * every hook's address (interpose.c hands them out).
+ * The GATED hooks, generated from the table in hooks.h.
  */
 #include "hooks.h"
 
@@ -8,7 +7,6 @@
 
 #include "driver.h"
 #include "gate.h"
-#include "interpose.h"
 #include "queue_bound.h"
 
 /* errno: the gate's slow path saves and restores it itself; the driver's own
@@ -33,7 +31,3 @@
 #define NOT_GATED(name, kind, stream, prototype)
 NVSHARE_HOOK_TABLE(GATED_HOOK, NOT_GATED)
 #undef NOT_GATED
-
-#define GATED_ROW(name, signature, stream, launch) (void *)name,
-#define OWN_ROW(name, kind, stream, prototype)     (void *)name,
-void *const nvshare_hook_functions[NVSHARE_HOOK_COUNT] = {NVSHARE_HOOK_TABLE(GATED_ROW, OWN_ROW)};

@@ -26,6 +26,12 @@
 #include "hooks.h"
 #include "log.h"
 
+/* Every row's hook, in the table's order: the generated ones (hooks.c) and
+ * the hand-written ones, declared in hooks.h. */
+#define GATED_ROW(name, signature, stream, launch) (void *)name,
+#define OWN_ROW(name, kind, stream, prototype)     (void *)name,
+static void *const hook_functions[NVSHARE_HOOK_COUNT] = {NVSHARE_HOOK_TABLE(GATED_ROW, OWN_ROW)};
+
 struct pointer_to_hook {
     uintptr_t real;
     void *hook;
@@ -49,7 +55,7 @@ static void build_map(void)
         if (nvshare_real[row] == NULL)
             continue;
         hook_map[hook_map_size].real = (uintptr_t)nvshare_real[row];
-        hook_map[hook_map_size].hook = nvshare_hook_functions[row];
+        hook_map[hook_map_size].hook = hook_functions[row];
         hook_map_size++;
     }
     qsort(hook_map, hook_map_size, sizeof hook_map[0], by_real_address);
@@ -145,7 +151,7 @@ static int in_charge(nvshare_dlsym_fn lookup)
 static int is_own_hook(const void *function)
 {
     for (size_t row = 0; row < NVSHARE_HOOK_COUNT; row++) {
-        if (nvshare_hook_functions[row] == function)
+        if (hook_functions[row] == function)
             return 1;
     }
     return 0;

@@ -5,9 +5,6 @@
 
 #include "hooks.h"
 
-/* Every row's hook, in the table's order (hooks.c). */
-extern void *const nvshare_hook_functions[NVSHARE_HOOK_COUNT];
-
 /* The hook for a function the driver handed out, or the function itself when
  * the table has no row for it.  name/cuda_version/flags only feed a debug
  * line when a hooked family hands out an unknown variant. */

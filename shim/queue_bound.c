@@ -23,7 +23,6 @@
 #include "capture.h"
 #include "config.h"
 #include "contexts.h"
-#include "gate.h"
 #include "hooks.h"
 #include "driver.h"
 #include "nvshare_protocol.h"
