@@ -74,9 +74,10 @@ int nvshare_link_send(uint16_t type, const void *payload, uint32_t bytes)
     return nvshare_wire_send(socket_fd, type, payload, bytes);
 }
 
-int nvshare_link_send_lock(uint16_t type, int gpu, uint64_t lease)
+int nvshare_link_send_lock(uint16_t type, int gpu, uint64_t lease, uint32_t idle_ms)
 {
-    struct nvshare_lock_message message = {.gpu = *nvshare_gpu_uuid(gpu), .lease = lease};
+    struct nvshare_lock_message message = {
+        .gpu = *nvshare_gpu_uuid(gpu), .lease = lease, .idle_ms = idle_ms};
     return nvshare_link_send(type, &message, sizeof message);
 }
 

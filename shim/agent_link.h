@@ -19,7 +19,8 @@ void nvshare_link_close(void);
 
 /* 0 when the whole frame went out. */
 int nvshare_link_send(uint16_t type, const void *payload, uint32_t bytes);
-int nvshare_link_send_lock(uint16_t type, int gpu, uint64_t lease);
+/* A lock message about gpu (idle_ms: RELEASED's, else 0). */
+int nvshare_link_send_lock(uint16_t type, int gpu, uint64_t lease, uint32_t idle_ms);
 
 /* Reads what the socket has: 1 read (or nothing yet), 0 closed by the agent,
  * -1 error (errno says). */

@@ -118,9 +118,10 @@ static void drain(int gpu, enum release_reason reason, uint32_t ticket)
     nvshare_lock_step(gpu, &drained, &jobs, &before);
     if (jobs.stale)
         return;
-    nvshare_debug("release gpu=%d lease=%llu reason=%s held_ms=%.1f drain_ms=%.2f", gpu,
+    nvshare_debug("release gpu=%d lease=%llu reason=%s held_ms=%.1f drain_ms=%.2f idle_ms=%u", gpu,
                   (unsigned long long)before.lease, reason == RELEASE_IDLE ? "idle" : "drop",
-                  drained.now_ms - before.granted_at_ms, drained.now_ms - started_ms);
+                  drained.now_ms - before.granted_at_ms, drained.now_ms - started_ms,
+                  before.released_idle_ms);
 }
 
 static void prefetch_then_open(int gpu, uint32_t ticket)

@@ -95,12 +95,12 @@ static int carry_out(int gpu, const struct nvshare_lock_jobs *jobs)
         const struct nvshare_lock_job *job = &jobs->job[i];
         if (job->kind == NVSHARE_JOB_SEND_REQUEST) {
             nvshare_debug("request gpu=%d", gpu);
-            if (nvshare_link_send_lock(NVSHARE_MSG_LOCK_REQUEST, gpu, 0) != 0) {
+            if (nvshare_link_send_lock(NVSHARE_MSG_LOCK_REQUEST, gpu, 0, 0) != 0) {
                 lose_agent("request not sent");
                 return -1;
             }
         } else if (job->kind == NVSHARE_JOB_SEND_RELEASED) {
-            if (nvshare_link_send_lock(NVSHARE_MSG_RELEASED, gpu, job->lease) != 0) {
+            if (nvshare_link_send_lock(NVSHARE_MSG_RELEASED, gpu, job->lease, job->idle_ms) != 0) {
                 lose_agent("release not sent");
                 return -1;
             }
@@ -199,12 +199,19 @@ static void on_grant(int gpu, const struct nvshare_lock_message *message)
 
 static void on_drop_request(int gpu, const struct nvshare_lock_message *message)
 {
-    struct nvshare_lock_event drop = {
-        .kind = NVSHARE_EVENT_DROP, .lease = message->lease, .flags = message->flags};
+    struct nvshare_lock_event drop = {.kind = NVSHARE_EVENT_DROP,
+                                      .lease = message->lease,
+                                      .flags = message->flags,
+                                      .idle_ms = message->idle_ms};
     struct nvshare_lock_jobs jobs;
     nvshare_lock_step(gpu, &drop, &jobs, NULL);
-    nvshare_debug("drop gpu=%d lease=%llu%s", gpu, (unsigned long long)message->lease,
-                  jobs.stale ? " (stale, ignored)" : "");
+    if (message->flags & NVSHARE_DROP_WHEN_IDLE)
+        nvshare_debug("drop gpu=%d lease=%llu when idle for %u ms%s", gpu,
+                      (unsigned long long)message->lease, message->idle_ms,
+                      jobs.stale ? " (stale, ignored)" : "");
+    else
+        nvshare_debug("drop gpu=%d lease=%llu%s", gpu, (unsigned long long)message->lease,
+                      jobs.stale ? " (stale, ignored)" : "");
     carry_out(gpu, &jobs);
 }
 

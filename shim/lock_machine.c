@@ -13,6 +13,7 @@
 #include "lock_machine.h"
 
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "nvshare_protocol.h"
@@ -25,6 +26,12 @@ static void add(struct nvshare_lock_jobs *jobs, int kind, int work, uint32_t tic
     if (jobs->count < NVSHARE_LOCK_MAX_JOBS)
         jobs->job[jobs->count++] =
             (struct nvshare_lock_job){.kind = kind, .work = work, .ticket = ticket, .lease = lease};
+}
+
+static void add_released(struct nvshare_lock_jobs *jobs, uint64_t lease, uint32_t idle_ms)
+{
+    add(jobs, NVSHARE_JOB_SEND_RELEASED, NVSHARE_WORK_NONE, 0, lease);
+    jobs->job[jobs->count - 1].idle_ms = idle_ms;
 }
 
 static void add_job(struct nvshare_lock_jobs *jobs, int kind)
@@ -74,6 +81,7 @@ static void post_work(struct nvshare_lock_machine *lock, int work, struct nvshar
     lock->ticket = lock->last_ticket;
     lock->work_taken = 0;
     lock->drop_requested = 0;
+    lock->released_idle_ms = 0; /* an idle release says how long, after posting */
     add(jobs, NVSHARE_JOB_POST_WORK, work, lock->ticket, lock->lease);
 }
 
@@ -113,7 +121,7 @@ static void on_grant(struct nvshare_lock_machine *lock, const struct nvshare_loc
         /* Not asked for: a duplicate is ignored, anything else given back. */
         jobs->stale = 1;
         if (!ours(lock, event->lease))
-            add(jobs, NVSHARE_JOB_SEND_RELEASED, NVSHARE_WORK_NONE, 0, event->lease);
+            add_released(jobs, event->lease, 0);
         return;
     }
     lock->phase = NVSHARE_LOCK_HELD;
@@ -135,6 +143,13 @@ static void on_drop(struct nvshare_lock_machine *lock, const struct nvshare_lock
         jobs->stale = 1;
         return;
     }
+    if (event->flags & NVSHARE_DROP_WHEN_IDLE) {
+        /* Someone waits: release through the idle path once idle this long,
+         * not at once.  Kept for this lease; a later plain drop still drains. */
+        lock->idle_drop = 1;
+        lock->idle_drop_ms = event->idle_ms;
+        return;
+    }
     if (lock->work == NVSHARE_WORK_NONE)
         post_work(lock, NVSHARE_WORK_RELEASE_DROP, jobs);
     else
@@ -153,16 +168,33 @@ static void on_revoked(struct nvshare_lock_machine *lock, const struct nvshare_l
     add_job(jobs, NVSHARE_JOB_WAKE_WAITERS);
 }
 
-/* Early release: a held, exclusive lock whose gate saw no passage for
- * idle_release_ms (its worker then checks that no work this process queued
- * is still running). */
+/* How long this lease may stay idle before it is released: 1 and *limit_ms,
+ * or 0 when it is never released for being idle.  Exclusive leases, and
+ * shared ones granted with RELEASE_WHEN_IDLE, go after the agent's
+ * idle_release_ms; a WHEN_IDLE drop request may ask for less (or, for a
+ * plain shared lease, for any). */
+static int idle_limit(const struct nvshare_lock_machine *lock, uint32_t idle_release_ms,
+                      uint32_t *limit_ms)
+{
+    int shared = (lock->grant_flags & NVSHARE_GRANT_SHARED) != 0;
+    int when_idle = (lock->grant_flags & NVSHARE_GRANT_RELEASE_WHEN_IDLE) != 0;
+    int limited = idle_release_ms > 0 && (!shared || when_idle);
+    *limit_ms = idle_release_ms;
+    if (lock->idle_drop && (!limited || lock->idle_drop_ms < *limit_ms))
+        *limit_ms = lock->idle_drop_ms;
+    return limited || lock->idle_drop;
+}
+
+/* Early release: a held lock whose gate saw no passage for its idle limit
+ * (its worker then checks that no work this process queued is still
+ * running). */
 static void on_idle_look(struct nvshare_lock_machine *lock, const struct nvshare_lock_event *event,
                          struct nvshare_lock_jobs *jobs)
 {
     jobs->look_in_ms = -1;
-    uint32_t idle_ms = event->idle_release_ms;
-    int shared = (lock->grant_flags & NVSHARE_GRANT_SHARED) != 0;
-    if (lock->phase != NVSHARE_LOCK_HELD || !lock->gate_open || idle_ms == 0 || shared)
+    uint32_t idle_ms;
+    if (lock->phase != NVSHARE_LOCK_HELD || !lock->gate_open ||
+        !idle_limit(lock, event->idle_release_ms, &idle_ms))
         return;
     uint32_t step = idle_ms / 4;
     jobs->look_in_ms = step < IDLE_LOOK_MIN_MS   ? IDLE_LOOK_MIN_MS
@@ -177,7 +209,9 @@ static void on_idle_look(struct nvshare_lock_machine *lock, const struct nvshare
         lock->seen_activity = event->activity;
         lock->activity_changed_at_ms = event->now_ms;
     } else if (event->now_ms - lock->activity_changed_at_ms >= idle_ms) {
+        double idle_for = event->now_ms - lock->activity_changed_at_ms;
         post_work(lock, NVSHARE_WORK_RELEASE_IDLE, jobs);
+        lock->released_idle_ms = idle_for < UINT32_MAX ? (uint32_t)idle_for : UINT32_MAX;
     }
 }
 
@@ -202,6 +236,7 @@ static void on_prefetched(struct nvshare_lock_machine *lock, const struct nvshar
     }
     if (drop) {
         lock->work = NVSHARE_WORK_RELEASE_DROP; /* a drop came during the prefetch */
+        lock->released_idle_ms = 0;
         add(jobs, NVSHARE_JOB_DRAIN, NVSHARE_WORK_RELEASE_DROP, event->ticket, lock->lease);
     }
     add_job(jobs, NVSHARE_JOB_WAKE_WAITERS);
@@ -228,10 +263,12 @@ static void on_busy_after_all(struct nvshare_lock_machine *lock,
         jobs->stale = 1;
     }
     add_job(jobs, NVSHARE_JOB_WAKE_WAITERS);
-    if (drop)
+    if (drop) {
+        lock->released_idle_ms = 0; /* not idle after all: a drop of a busy GPU */
         add(jobs, NVSHARE_JOB_DRAIN, NVSHARE_WORK_RELEASE_DROP, event->ticket, lock->lease);
-    else
+    } else {
         add_job(jobs, NVSHARE_JOB_WAKE_CLIENT); /* its idle watch goes on */
+    }
 }
 
 static void on_close_for_drain(struct nvshare_lock_machine *lock,
@@ -261,7 +298,7 @@ static void on_send_release(struct nvshare_lock_machine *lock, struct nvshare_lo
 {
     if (!lock->drained)
         return;
-    add(jobs, NVSHARE_JOB_SEND_RELEASED, NVSHARE_WORK_NONE, 0, lock->lease);
+    add_released(jobs, lock->lease, lock->released_idle_ms);
     end_lease(lock, jobs); /* asked again right after RELEASED */
 }
 

@@ -37,21 +37,27 @@ enum nvshare_lock_work {
 };
 
 struct nvshare_lock_machine {
-    int phase;     /* enum nvshare_lock_phase */
-    int gate_open; /* what the gate is: the carrier opens and closes the real one by the jobs */
     uint64_t lease;
-    uint32_t grant_flags; /* enum nvshare_grant_flags of the lease */
-    int want_again;       /* a thread arrived while the lock was being released */
     double requested_at_ms;
     double granted_at_ms;
-    uint32_t seen_activity; /* idle detection: the gate's passages at the last look */
-    double activity_changed_at_ms;
-    int work;             /* enum nvshare_lock_work posted to the worker, or running there */
-    uint32_t ticket;      /* names that posting: a worker's results for a job the lock no
-                            longer has (revoked, agent lost) are dropped */
-    int work_taken;       /* the worker has started it */
-    int drop_requested;   /* a drop request came while a job ran */
-    int drained;          /* released on the GPU: RELEASED is due */
+    double activity_changed_at_ms; /* idle detection: when the gate's passages last changed */
+    int phase;                     /* enum nvshare_lock_phase */
+    int gate_open;                 /* what the gate is: the carrier opens and closes the real one */
+    uint32_t grant_flags;          /* enum nvshare_grant_flags of the lease */
+    int want_again;                /* a thread arrived while the lock was being released */
+    uint32_t seen_activity;        /* idle detection: the gate's passages at the last look */
+    int work; /* enum nvshare_lock_work posted to the worker, or running there */
+    /* Names that posting: a worker's results for work the lock no longer has
+     * (revoked, agent lost) are dropped. */
+    uint32_t ticket;
+    int work_taken;        /* the worker has started it */
+    int drop_requested;    /* a drop request came while work ran */
+    int drained;           /* released on the GPU: RELEASED is due */
+    int idle_drop;         /* a DROP_REQUEST with NVSHARE_DROP_WHEN_IDLE came for this lease: */
+    uint32_t idle_drop_ms; /* release once idle this long (if sooner than idle_release_ms) */
+    /* RELEASED's idle_ms: how long no gated call had run when an idle release
+     * was decided; 0 for a drop. */
+    uint32_t released_idle_ms;
     uint32_t last_ticket; /* the last ticket given; outlives the lease, so none repeats */
 };
 
@@ -78,6 +84,7 @@ struct nvshare_lock_event {
     uint32_t activity;        /* the gate's passage counter now */
     uint64_t lease;           /* GRANT, DROP, REVOKED */
     uint32_t flags;           /* GRANT: enum nvshare_grant_flags; DROP: enum nvshare_drop_flags */
+    uint32_t idle_ms;         /* DROP with NVSHARE_DROP_WHEN_IDLE: the idle time to release at */
     int prefetch;             /* GRANT: prefetch before the gate opens */
     uint32_t ticket;          /* the worker's events: the work they are about */
     int gate_closed;          /* BUSY_AFTER_ALL: the worker had closed the gate */
@@ -100,7 +107,8 @@ struct nvshare_lock_job {
     int kind; /* enum nvshare_lock_job_kind */
     int work; /* POST_WORK, RUN_WORK: enum nvshare_lock_work */
     uint32_t ticket;
-    uint64_t lease; /* SEND_RELEASED */
+    uint64_t lease;   /* SEND_RELEASED */
+    uint32_t idle_ms; /* SEND_RELEASED: the lock message's idle_ms */
 };
 
 struct nvshare_lock_jobs {

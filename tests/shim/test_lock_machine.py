@@ -21,6 +21,8 @@ BEGIN, END = "/* BEGIN NVSHARE LOCK MACHINE */", "/* END NVSHARE LOCK MACHINE */
 
 EXCLUSIVE = int(protocol.GrantFlags.EXCLUSIVE)
 SHARED = int(protocol.GrantFlags.SHARED)
+RELEASE_WHEN_IDLE = int(protocol.GrantFlags.RELEASE_WHEN_IDLE)
+WHEN_IDLE = int(protocol.DropFlags.WHEN_IDLE)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,7 @@ class Lock:
             }[job.work]
             return (name, work, job.ticket)
         if name == "SEND_RELEASED":
-            return (name, job.lease)
+            return (name, job.lease, job.idle_ms)
         return (name,)
 
     @property
@@ -97,6 +99,13 @@ class Lock:
 
     def ticket(self, jobs) -> int:
         return next(job[2] for job in jobs if job[0] == "POST_WORK")
+
+    def release(self, ticket: int) -> list[tuple]:
+        """The worker drains (the GPU turns out idle) and the client thread sends RELEASED."""
+        self.step("TAKE_WORK")
+        self.step("CLOSE_FOR_DRAIN", ticket=ticket)
+        self.step("DRAINED", ticket=ticket)
+        return self.step("SEND_RELEASE")
 
 
 @pytest.fixture
@@ -154,7 +163,7 @@ def test_an_idle_exclusive_lock_is_released_after_idle_release_ms_without_a_pass
     assert lock.step("CLOSE_FOR_DRAIN", ticket=ticket) == [("CLOSE_GATE",)]
     assert lock.last.seen_activity == 1
     assert lock.step("DRAINED", ticket=ticket) == [("WAKE_CLIENT",)]
-    assert lock.step("SEND_RELEASE") == [("SEND_RELEASED", 7)]
+    assert lock.step("SEND_RELEASE") == [("SEND_RELEASED", 7, 100)], "idle since 60 ms"
     assert lock.phase == "IDLE" and not lock.gate_open
 
 
@@ -237,10 +246,10 @@ def test_a_stale_drop_is_ignored(lock):
 
 
 def test_a_grant_not_asked_for_is_given_back_and_a_duplicate_ignored(lock):
-    assert lock.step("GRANT", lease=3) == [("SEND_RELEASED", 3)] and lock.last.stale
+    assert lock.step("GRANT", lease=3) == [("SEND_RELEASED", 3, 0)] and lock.last.stale
     lock.granted(lease=7)
     assert lock.step("GRANT", lease=7) == [] and lock.last.stale
-    assert lock.step("GRANT", lease=8) == [("SEND_RELEASED", 8)]
+    assert lock.step("GRANT", lease=8) == [("SEND_RELEASED", 8, 0)]
 
 
 def test_a_revoked_lock_closes_the_gate_and_a_thread_that_came_meanwhile_asks_again(lock):
@@ -264,7 +273,7 @@ def test_a_thread_arriving_during_a_release_asks_again_right_after_released(lock
     lock.step("CLOSE_FOR_DRAIN", ticket=ticket)
     lock.step("THREAD_WAITS")
     lock.step("DRAINED", ticket=ticket)
-    assert lock.step("SEND_RELEASE") == [("SEND_RELEASED", 7), ("WAKE_CLIENT",)]
+    assert lock.step("SEND_RELEASE") == [("SEND_RELEASED", 7, 0), ("WAKE_CLIENT",)]
     assert lock.phase == "WANTED"
 
 
@@ -286,3 +295,110 @@ def test_connecting_keeps_a_thread_that_already_waits(lock):
     lock.step("THREAD_WAITS")
     assert lock.step("CONNECTED") == [("WAKE_WAITERS",)]
     assert lock.phase == "WANTED"
+
+
+# ---- RELEASED.idle_ms, shared leases released when idle, WHEN_IDLE drop requests
+
+
+def idle_release(lock, now: float, idle_release_ms: int = 100) -> list[tuple]:
+    """One idle look at now; the release it decides, carried out."""
+    jobs = lock.step("IDLE_LOOK", now=now, idle_release_ms=idle_release_ms)
+    posted = [j for j in jobs if j[0] == "POST_WORK"]
+    assert [j[1] for j in posted] == ["RELEASE_IDLE"], jobs
+    return lock.release(lock.ticket(jobs))
+
+
+def test_released_after_an_idle_release_carries_the_idle_time(lock):
+    lock.granted(lease=7, now=0.0)
+    lock.activity = 1
+    lock.step("IDLE_LOOK", now=20.0, idle_release_ms=100)  # the last passage, seen at 20 ms
+    assert lock.step("IDLE_LOOK", now=119.0, idle_release_ms=100) == []
+    assert idle_release(lock, now=145.0) == [("SEND_RELEASED", 7, 125)]
+
+
+def test_released_after_a_drop_of_a_busy_gpu_carries_no_idle_time(lock):
+    lock.granted(lease=7, now=0.0)
+    ticket = lock.ticket(lock.step("DROP", now=5.0, lease=7))
+    assert lock.release(ticket) == [("SEND_RELEASED", 7, 0)]
+
+
+def test_an_idle_release_that_turns_into_a_drop_carries_no_idle_time(lock):
+    lock.granted(lease=7, now=0.0)
+    ticket = lock.ticket(lock.step("IDLE_LOOK", now=200.0, idle_release_ms=100))
+    lock.step("TAKE_WORK")
+    lock.step("DROP", lease=7)
+    lock.step("BUSY_AFTER_ALL", ticket=ticket, gate_closed=0)  # queued work: busy after all
+    lock.step("CLOSE_FOR_DRAIN", ticket=ticket)
+    lock.step("DRAINED", ticket=ticket)
+    assert lock.step("SEND_RELEASE") == [("SEND_RELEASED", 7, 0)]
+
+
+def test_a_shared_lease_granted_release_when_idle_is_released_when_idle(lock):
+    lock.granted(lease=7, flags=SHARED | RELEASE_WHEN_IDLE, now=0.0)
+    assert lock.step("IDLE_LOOK", now=99.0, idle_release_ms=100) == []
+    assert lock.last.look_in_ms == 25
+    assert idle_release(lock, now=100.0) == [("SEND_RELEASED", 7, 100)]
+
+
+def test_a_when_idle_drop_does_not_drain_at_once(lock):
+    lock.granted(lease=7, now=0.0)
+    assert lock.step("DROP", now=10.0, lease=7, flags=WHEN_IDLE, idle_ms=300) == []
+    assert lock.phase == "HELD" and lock.gate_open and lock.state.work == 0
+
+
+def test_a_when_idle_drop_releases_once_idle_for_its_time_before_idle_release_ms(lock):
+    lock.granted(lease=7, now=0.0)
+    lock.step("DROP", now=10.0, lease=7, flags=WHEN_IDLE, idle_ms=300)
+    assert lock.step("IDLE_LOOK", now=299.0, idle_release_ms=10_000) == []
+    assert lock.last.look_in_ms == 75, "looks as often as the shorter limit asks"
+    assert idle_release(lock, now=300.0, idle_release_ms=10_000) == [("SEND_RELEASED", 7, 300)]
+
+
+def test_a_when_idle_drop_never_makes_the_idle_release_later(lock):
+    lock.granted(lease=7, now=0.0)
+    lock.step("DROP", now=10.0, lease=7, flags=WHEN_IDLE, idle_ms=5000)
+    assert idle_release(lock, now=100.0, idle_release_ms=100) == [("SEND_RELEASED", 7, 100)]
+
+
+def test_a_when_idle_drop_applies_without_idle_release_ms_and_to_a_plain_shared_lease(lock):
+    lock.granted(lease=7, flags=SHARED, now=0.0)
+    lock.step("DROP", now=10.0, lease=7, flags=WHEN_IDLE, idle_ms=200)
+    assert idle_release(lock, now=200.0, idle_release_ms=0) == [("SEND_RELEASED", 7, 200)]
+
+
+def test_a_busy_holder_keeps_the_gpu_after_a_when_idle_drop_until_it_is_idle(lock):
+    lock.granted(lease=7, now=0.0)
+    lock.step("DROP", now=1.0, lease=7, flags=WHEN_IDLE, idle_ms=200)
+    for now in range(50, 2000, 50):  # a passage between every two looks
+        lock.activity += 1
+        assert lock.step("IDLE_LOOK", now=float(now), idle_release_ms=10_000) == []
+    assert lock.step("IDLE_LOOK", now=2100.0, idle_release_ms=10_000) == []
+    assert idle_release(lock, now=2150.0, idle_release_ms=10_000) == [("SEND_RELEASED", 7, 200)]
+
+
+def test_queued_work_still_counts_as_busy_after_a_when_idle_drop(lock):
+    lock.granted(lease=7, now=0.0)
+    lock.step("DROP", now=1.0, lease=7, flags=WHEN_IDLE, idle_ms=200)
+    ticket = lock.ticket(lock.step("IDLE_LOOK", now=200.0, idle_release_ms=10_000))
+    lock.step("TAKE_WORK")
+    lock.step("BUSY_AFTER_ALL", now=900.0, ticket=ticket, gate_closed=0)
+    assert lock.phase == "HELD" and lock.state.activity_changed_at_ms == 900.0
+    assert lock.step("IDLE_LOOK", now=1099.0, idle_release_ms=10_000) == []
+    assert idle_release(lock, now=1100.0, idle_release_ms=10_000) == [("SEND_RELEASED", 7, 200)]
+
+
+def test_a_plain_drop_after_a_when_idle_one_drains_at_once(lock):
+    lock.granted(lease=7, now=0.0)
+    lock.step("DROP", now=1.0, lease=7, flags=WHEN_IDLE, idle_ms=5000)
+    jobs = lock.step("DROP", now=2.0, lease=7)
+    assert [j[:2] for j in jobs] == [("POST_WORK", "RELEASE_DROP")]
+
+
+def test_the_when_idle_limit_is_forgotten_with_its_lease(lock):
+    lock.granted(lease=7, now=0.0)
+    lock.step("DROP", now=1.0, lease=7, flags=WHEN_IDLE, idle_ms=50)
+    assert lock.step("DROP", now=2.0, lease=6, flags=WHEN_IDLE, idle_ms=10) == []
+    assert lock.last.stale, "a stale lease's limit is not taken"
+    idle_release(lock, now=60.0, idle_release_ms=10_000)
+    lock.granted(lease=8, now=100.0)
+    assert lock.step("IDLE_LOOK", now=5000.0, idle_release_ms=10_000) == []
