@@ -9,7 +9,7 @@
 
 /* Connects to the agent's socket (NVSHARE_SOCKET).  0, or errno's value. */
 int nvshare_link_connect(void);
-/* Says HELLO: this process's GPUs and name.  0 when sent. */
+/* Says HELLO: this process's GPUs, name and features.  0 when sent. */
 int nvshare_link_hello(void);
 /* 1 while connected. */
 int nvshare_link_up(void);

@@ -39,6 +39,10 @@
 
 static double retry_at_ms;
 
+/* What this connection's agent announced in WELCOME (none: an older agent). */
+static uint32_t agent_features;
+static uint32_t keepalive_ms;
+
 /* ---- the connection ---------------------------------------------------------------------- */
 
 static void run_unscheduled(const char *why)
@@ -74,6 +78,8 @@ static void connect_to_agent(int first_attempt)
         retry_at_ms = nvshare_now_ms() + RECONNECT_INTERVAL_MS;
         return;
     }
+    agent_features = 0;
+    keepalive_ms = 0;
     struct nvshare_lock_event connected = {.kind = NVSHARE_EVENT_CONNECTED};
     struct nvshare_lock_jobs jobs[NVSHARE_MAX_GPUS];
     nvshare_lock_step_each(NVSHARE_MAX_GPUS, &connected, jobs);
@@ -134,6 +140,21 @@ static void send_wanted_requests(void)
 {
     struct nvshare_lock_event request = {.kind = NVSHARE_EVENT_SEND_REQUEST};
     step_each_and_carry_out(&request);
+}
+
+/* Each GPU's total memory, for an agent without NVML (a container, CI):
+ * once per connection, to an agent that announced GPU_MEMORY.  A GPU whose
+ * size the driver did not give is left out rather than reported empty. */
+static void send_gpu_memory(void)
+{
+    for (int gpu = 0; gpu < nvshare_gpu_count() && nvshare_link_up(); gpu++) {
+        struct nvshare_gpu_memory memory = {.gpu = *nvshare_gpu_uuid(gpu),
+                                            .total_bytes = nvshare_gpu_total_bytes(gpu)};
+        if (memory.total_bytes == 0)
+            continue;
+        if (nvshare_link_send(NVSHARE_MSG_GPU_MEMORY, &memory, sizeof memory) != 0)
+            lose_agent("gpu memory not sent");
+    }
 }
 
 static void send_memory_reports(void)
@@ -238,6 +259,21 @@ static void on_frame(const struct nvshare_header *header, const unsigned char *p
                       settings.anti_thrash, settings.time_quantum_ms, settings.idle_release_ms);
         return;
     }
+    case NVSHARE_MSG_WELCOME: {
+        struct nvshare_welcome welcome;
+        if (header->payload_bytes != sizeof welcome)
+            break;
+        memcpy(&welcome, payload, sizeof welcome);
+        agent_features = welcome.features;
+        keepalive_ms = welcome.features & NVSHARE_FEATURE_KEEPALIVE ? welcome.keepalive_ms : 0;
+        nvshare_debug("welcome features=%u keepalive_ms=%u", welcome.features,
+                      welcome.keepalive_ms);
+        if (agent_features & NVSHARE_FEATURE_GPU_MEMORY)
+            send_gpu_memory();
+        return;
+    }
+    case NVSHARE_MSG_KEEPALIVE:
+        return; /* only its arrival counts (liveness) */
     case NVSHARE_MSG_LOCK_GRANT:
     case NVSHARE_MSG_DROP_REQUEST:
     case NVSHARE_MSG_REVOKED: {
