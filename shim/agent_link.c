@@ -7,6 +7,7 @@
 #include "agent_link.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -27,8 +28,14 @@ int nvshare_link_connect(void)
     const char *path = nvshare_config()->socket_path;
     struct sockaddr_un address = {.sun_family = AF_UNIX};
     strcpy(address.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&address, sizeof address) != 0) {
+    /* Non-blocking for the connect only: with the agent's backlog full (nobody
+     * accepts: the agent stopped, or a socket unit whose service cannot start)
+     * a blocking connect would wait for good; this one fails with EAGAIN and
+     * is tried again later.  A connect that goes into the backlog succeeds at
+     * once, and the agent's silence is the client thread's to notice. */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&address, sizeof address) != 0 ||
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
         int why = errno;
         if (fd >= 0)
             close(fd);

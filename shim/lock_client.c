@@ -9,9 +9,19 @@
  * find a gate closed wake it through its doorbell and wait; they never hold
  * anything the application needs.
  *
- * Fail-open: with no agent (never there, or gone) every gate stays open and
- * the process runs unscheduled; the thread retries the connection every
- * second and, once back, closes the gates so the next GPU call asks again.
+ * Fail-open: with no agent (never there, gone, or silent) every gate stays
+ * open and the process runs unscheduled; the thread retries the connection
+ * every second and, once an agent answers, closes the gates so the next GPU
+ * call asks again.
+ *
+ * An agent that does not answer is as good as none: a stopped agent, or a
+ * socket whose service cannot start, takes the connect into its backlog and
+ * never says a word, and the program would wait at its first GPU call for
+ * good.  So an agent has LIVENESS_MS to answer HELLO, and one that announced
+ * KEEPALIVE (it sends one every keepalive_ms to a shim whose request waits,
+ * however long the queue) must not go silent for longer than that, or three
+ * keepalive intervals if longer, while a request waits.  An older agent's
+ * grants may take as long as its queue: only its answer to HELLO is timed.
  */
 #define _GNU_SOURCE
 #include "lock_client.h"
@@ -36,8 +46,15 @@
 #include "shim_threads.h"
 
 #define RECONNECT_INTERVAL_MS 1000.0
+#define LIVENESS_MS           3000.0
 
 static double retry_at_ms;
+
+/* This connection: the agent has answered (any frame but ERROR); when it was
+ * last heard (or connected to); since when a request has waited (one or more). */
+static int answered;
+static double heard_at_ms;
+static double waiting_since_ms;
 
 /* What this connection's agent announced in WELCOME (none: an older agent). */
 static uint32_t agent_features;
@@ -48,6 +65,7 @@ static uint32_t keepalive_ms;
 static void run_unscheduled(const char *why)
 {
     nvshare_link_close();
+    answered = 0;
     nvshare_lock_run_unscheduled();
     retry_at_ms = nvshare_now_ms() + RECONNECT_INTERVAL_MS;
     nvshare_debug("running unscheduled: %s", why);
@@ -63,7 +81,8 @@ static void lose_agent(const char *why)
 }
 
 /* Connects and says HELLO; on failure runs unscheduled (warning once on the
- * first attempt) and sets the next retry time. */
+ * first attempt) and sets the next retry time.  The locks are not touched
+ * until the agent answers: a process running unscheduled goes on so. */
 static void connect_to_agent(int first_attempt)
 {
     const char *path = nvshare_config()->socket_path;
@@ -80,15 +99,52 @@ static void connect_to_agent(int first_attempt)
     }
     agent_features = 0;
     keepalive_ms = 0;
-    struct nvshare_lock_event connected = {.kind = NVSHARE_EVENT_CONNECTED};
-    struct nvshare_lock_jobs jobs[NVSHARE_MAX_GPUS];
-    nvshare_lock_step_each(NVSHARE_MAX_GPUS, &connected, jobs);
+    answered = 0;
+    heard_at_ms = nvshare_now_ms();
     if (nvshare_link_hello() != 0) {
         lose_agent("hello not sent");
         return;
     }
-    nvshare_memory_mark_all_changed();
     nvshare_debug("connected to the agent at %s (%d GPUs)", path, nvshare_gpu_count());
+}
+
+/* The agent's first frame: scheduled from now on.  The next GPU call of each
+ * GPU asks for its lock (threads already waiting keep their place). */
+static void agent_answered(void)
+{
+    answered = 1;
+    struct nvshare_lock_event connected = {.kind = NVSHARE_EVENT_CONNECTED};
+    struct nvshare_lock_jobs jobs[NVSHARE_MAX_GPUS];
+    nvshare_lock_step_each(NVSHARE_MAX_GPUS, &connected, jobs);
+    nvshare_memory_mark_all_changed();
+}
+
+/* How long the agent may stay silent now; 0: no bound. */
+static double liveness_ms(void)
+{
+    if (!answered)
+        return LIVENESS_MS;
+    if (!(agent_features & NVSHARE_FEATURE_KEEPALIVE) || nvshare_lock_requests_waiting() == 0)
+        return 0;
+    return 3.0 * keepalive_ms > LIVENESS_MS ? 3.0 * keepalive_ms : LIVENESS_MS;
+}
+
+/* When the agent's silence ends the connection; 0: never. */
+static double silent_deadline_ms(void)
+{
+    double bound = liveness_ms();
+    if (bound == 0)
+        return 0;
+    double since = answered && waiting_since_ms > heard_at_ms ? waiting_since_ms : heard_at_ms;
+    return since + bound;
+}
+
+static void agent_silent(double bound_ms)
+{
+    NVSHARE_WARN_ONCE("the nvshare agent has not answered for %.0f s: running unscheduled, "
+                      "retrying in the background",
+                      bound_ms / 1000);
+    run_unscheduled("the agent is silent");
 }
 
 /* ---- what the lock machines ask for ----------------------------------------------------- */
@@ -138,8 +194,11 @@ static void send_releases(void)
 
 static void send_wanted_requests(void)
 {
+    int waited = nvshare_lock_requests_waiting();
     struct nvshare_lock_event request = {.kind = NVSHARE_EVENT_SEND_REQUEST};
     step_each_and_carry_out(&request);
+    if (!waited)
+        waiting_since_ms = nvshare_now_ms(); /* the agent's silence counts from here */
 }
 
 /* Each GPU's total memory, for an agent without NVML (a container, CI):
@@ -326,6 +385,9 @@ static void read_frames(void)
             lose_agent("protocol mismatch");
             return;
         }
+        heard_at_ms = nvshare_now_ms();
+        if (!answered && header.type != NVSHARE_MSG_ERROR)
+            agent_answered();
         on_frame(&header, payload);
     }
 }
@@ -342,16 +404,26 @@ void *nvshare_client_main(void *unused)
     connect_to_agent(1);
     for (;;) {
         int timeout = -1;
-        if (nvshare_link_up())
+        if (nvshare_link_up() && answered) {
             send_releases();
-        if (nvshare_link_up()) {
-            send_wanted_requests();
-            send_memory_reports();
+            if (nvshare_link_up()) {
+                send_wanted_requests();
+                send_memory_reports();
+            }
+            if (nvshare_link_up())
+                timeout = release_idle_gpus();
         }
-        if (nvshare_link_up())
-            timeout = release_idle_gpus();
+        double now = nvshare_now_ms(), deadline = silent_deadline_ms();
+        if (nvshare_link_up() && deadline > 0) {
+            if (now >= deadline) {
+                agent_silent(liveness_ms());
+                continue;
+            }
+            int until_silent = (int)(deadline - now) + 1;
+            timeout = timeout < 0 || until_silent < timeout ? until_silent : timeout;
+        }
         if (!nvshare_link_up()) {
-            double wait = retry_at_ms - nvshare_now_ms();
+            double wait = retry_at_ms - now;
             timeout = wait < 0 ? 0 : (int)wait + 1;
         }
         struct pollfd watched[2] = {

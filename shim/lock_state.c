@@ -154,6 +154,16 @@ int nvshare_lock_take_work(int gpu, int *work, uint32_t *ticket)
     return taken;
 }
 
+int nvshare_lock_requests_waiting(void)
+{
+    int waiting = 0;
+    pthread_mutex_lock(&mutex);
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
+        waiting += locks[gpu].phase == NVSHARE_LOCK_REQUESTED;
+    pthread_mutex_unlock(&mutex);
+    return waiting;
+}
+
 void nvshare_lock_set_settings(const struct nvshare_settings *agent_settings)
 {
     pthread_mutex_lock(&mutex);

@@ -58,6 +58,9 @@ void nvshare_lock_wait_for_work(int gpu, int *work, uint32_t *ticket);
  * 1 and the work, or 0. */
 int nvshare_lock_take_work(int gpu, int *work, uint32_t *ticket);
 
+/* How many GPUs' requests wait for a grant. */
+int nvshare_lock_requests_waiting(void);
+
 /* The agent's SETTINGS: kept while connected. */
 void nvshare_lock_set_settings(const struct nvshare_settings *settings);
 /* 1 and *settings when the agent has sent them, else 0. */
