@@ -42,6 +42,7 @@ static void forget_after_fork(void)
     atomic_store(&nvshare_client_running, 0);
     start_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     nvshare_link_forget_after_fork();
+    nvshare_client_forget_after_fork();
     nvshare_doorbell_forget_after_fork();
     nvshare_lock_forget_after_fork();
     nvshare_workers_forget_after_fork();
