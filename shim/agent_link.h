@@ -30,7 +30,21 @@ int nvshare_link_receive(void);
 int nvshare_link_next_frame(struct nvshare_header *header,
                             unsigned char payload[NVSHARE_MAX_PAYLOAD_BYTES]);
 
-/* In a forked child: the parent's connection is closed, none is open. */
+/* ---- when to try again ----
+ * After a failed try or a lost agent: the next try after the backoff, and the
+ * socket's directory watched meanwhile. */
+void nvshare_link_retry_later(void);
+/* The agent answered: should it go, the next try is at once; no watch. */
+void nvshare_link_answered(void);
+/* The agent stayed silent: the next try after the longest backoff. */
+void nvshare_link_slow_down(void);
+double nvshare_link_retry_at_ms(void);
+/* The directory watch to poll while no agent is connected (-1: none); when it
+ * is readable, nvshare_link_read_watch (a socket that appeared is tried now). */
+int nvshare_link_watch_fd(void);
+void nvshare_link_read_watch(void);
+
+/* In a forked child: the parent's connection and watch are closed. */
 void nvshare_link_forget_after_fork(void);
 
 #endif

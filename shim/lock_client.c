@@ -12,12 +12,7 @@
  * Fail-open: with no agent (never there, gone, or silent) every gate stays
  * open and the process runs unscheduled; the thread keeps trying to connect
  * and, once an agent answers, closes the gates so the next GPU call asks
- * again.  After losing an agent that had answered it tries again at once
- * (under systemd the socket outlives the agent: the connect waits in its
- * backlog for the new one), then after 50 ms, doubling up to 1 s.  Meanwhile
- * it watches the socket's directory (inotify), so a socket created anew (the
- * agent with --socket removes and re-creates it) is tried within milliseconds
- * of appearing; where inotify is not to be had, the backoff alone.
+ * again (when to try again is agent_link.c's).
  *
  * An agent that does not answer is as good as none: a stopped agent, or a
  * socket whose service cannot start, takes the connect into its backlog and
@@ -33,12 +28,10 @@
 
 #include <errno.h>
 #include <poll.h>
-#include <sys/inotify.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "agent_link.h"
 #include "capture.h"
@@ -52,17 +45,7 @@
 #include "nvshare_protocol.h"
 #include "shim_threads.h"
 
-#define RECONNECT_FIRST_MS 50.0
-#define RECONNECT_MAX_MS   1000.0
-/* The socket appeared: it is bound, and listening a moment later. */
-#define REAPPEARED_FIRST_MS 5.0
-#define LIVENESS_MS         3000.0
-
-static double retry_at_ms;
-/* The wait before the next attempt, should this one fail; 0: at once. */
-static double backoff_ms = RECONNECT_FIRST_MS;
-/* inotify on the socket's directory while no agent has answered; -1: none. */
-static int watch_fd = -1;
+#define LIVENESS_MS 3000.0
 
 /* This connection: the agent has answered (any frame but ERROR); when it was
  * last heard (or connected to); since when a request has waited (one or more). */
@@ -76,72 +59,12 @@ static uint32_t keepalive_ms;
 
 /* ---- the connection ---------------------------------------------------------------------- */
 
-static void schedule_retry(void)
-{
-    retry_at_ms = nvshare_now_ms() + backoff_ms;
-    backoff_ms = backoff_ms == 0                     ? RECONNECT_FIRST_MS
-                 : 2 * backoff_ms > RECONNECT_MAX_MS ? RECONNECT_MAX_MS
-                                                     : 2 * backoff_ms;
-}
-
-/* The socket's directory, watched for the socket's name: created, moved in,
- * or its attributes changed (a socket unit or the agent sets its mode). */
-static void watch_socket_directory(void)
-{
-    if (watch_fd >= 0)
-        return;
-    char directory[sizeof nvshare_config()->socket_path];
-    strcpy(directory, nvshare_config()->socket_path);
-    char *slash = strrchr(directory, '/');
-    if (slash == NULL)
-        strcpy(directory, ".");
-    else if (slash == directory)
-        slash[1] = '\0';
-    else
-        *slash = '\0';
-    int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-    if (fd >= 0 && inotify_add_watch(fd, directory, IN_CREATE | IN_MOVED_TO | IN_ATTRIB) < 0) {
-        nvshare_debug("cannot watch %s (%s): reconnecting by backoff alone", directory,
-                      strerror(errno));
-        close(fd);
-        fd = -1;
-    }
-    watch_fd = fd;
-}
-
-static void stop_watching(void)
-{
-    if (watch_fd >= 0)
-        close(watch_fd);
-    watch_fd = -1;
-}
-
-/* Reads what the watch saw: 1 when the socket (re)appeared. */
-static int socket_reappeared(void)
-{
-    const char *path = nvshare_config()->socket_path;
-    const char *name = strrchr(path, '/') != NULL ? strrchr(path, '/') + 1 : path;
-    char events[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
-    int seen = 0;
-    ssize_t got;
-    while ((got = read(watch_fd, events, sizeof events)) > 0) {
-        for (char *at = events; at < events + got;) {
-            const struct inotify_event *event = (const struct inotify_event *)(void *)at;
-            if ((event->mask & IN_Q_OVERFLOW) || (event->len > 0 && strcmp(event->name, name) == 0))
-                seen = 1;
-            at += sizeof *event + event->len;
-        }
-    }
-    return seen;
-}
-
 static void run_unscheduled(const char *why)
 {
     nvshare_link_close();
     answered = 0;
     nvshare_lock_run_unscheduled();
-    watch_socket_directory();
-    schedule_retry();
+    nvshare_link_retry_later();
     nvshare_debug("running unscheduled: %s", why);
 }
 
@@ -168,7 +91,7 @@ static void connect_to_agent(int first_attempt)
                               path, strerror(error));
             run_unscheduled("no agent");
         } else {
-            schedule_retry();
+            nvshare_link_retry_later();
         }
         return;
     }
@@ -188,8 +111,7 @@ static void connect_to_agent(int first_attempt)
 static void agent_answered(void)
 {
     answered = 1;
-    backoff_ms = 0; /* this one is alive: should it go, try again at once */
-    stop_watching();
+    nvshare_link_answered();
     struct nvshare_lock_event connected = {.kind = NVSHARE_EVENT_CONNECTED};
     struct nvshare_lock_jobs jobs[NVSHARE_MAX_GPUS];
     nvshare_lock_step_each(NVSHARE_MAX_GPUS, &connected, jobs);
@@ -221,8 +143,7 @@ static void agent_silent(double bound_ms)
     NVSHARE_WARN_ONCE("the nvshare agent has not answered for %.0f s: running unscheduled, "
                       "retrying in the background",
                       bound_ms / 1000);
-    /* Not at once: each try leaves a connection in a silent agent's backlog. */
-    backoff_ms = RECONNECT_MAX_MS;
+    nvshare_link_slow_down();
     run_unscheduled("the agent is silent");
 }
 
@@ -502,12 +423,13 @@ void *nvshare_client_main(void *unused)
             timeout = timeout < 0 || until_silent < timeout ? until_silent : timeout;
         }
         if (!nvshare_link_up()) {
-            double wait = retry_at_ms - now;
+            double wait = nvshare_link_retry_at_ms() - now;
             timeout = wait < 0 ? 0 : (int)wait + 1;
         }
         struct pollfd watched[2] = {
             {.fd = nvshare_doorbell_fd(), .events = POLLIN},
-            {.fd = nvshare_link_up() ? nvshare_link_fd() : watch_fd, .events = POLLIN},
+            {.fd = nvshare_link_up() ? nvshare_link_fd() : nvshare_link_watch_fd(),
+             .events = POLLIN},
         };
         int ready = poll(watched, watched[1].fd >= 0 ? 2 : 1, timeout);
         if (ready < 0 && errno != EINTR) {
@@ -518,11 +440,9 @@ void *nvshare_client_main(void *unused)
             nvshare_doorbell_drain();
         if (nvshare_link_up() && ready > 0 && watched[1].revents)
             read_frames();
-        else if (!nvshare_link_up() && ready > 0 && watched[1].revents && socket_reappeared()) {
-            retry_at_ms = nvshare_now_ms(); /* now, and soon after: it listens a moment later */
-            backoff_ms = REAPPEARED_FIRST_MS;
-        }
-        if (!nvshare_link_up() && nvshare_now_ms() >= retry_at_ms)
+        else if (!nvshare_link_up() && ready > 0 && watched[1].revents)
+            nvshare_link_read_watch();
+        if (!nvshare_link_up() && nvshare_now_ms() >= nvshare_link_retry_at_ms())
             connect_to_agent(0);
     }
     return NULL;
@@ -530,9 +450,5 @@ void *nvshare_client_main(void *unused)
 
 void nvshare_client_forget_after_fork(void)
 {
-    if (watch_fd >= 0)
-        close(watch_fd);
-    watch_fd = -1;
     answered = 0;
-    backoff_ms = RECONNECT_FIRST_MS;
 }
