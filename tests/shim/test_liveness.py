@@ -16,6 +16,7 @@ import socket
 import time
 
 from fake_agent import FakeAgent
+from shim_harness import STANDIN_GPU
 
 from nvshare_agent.protocol import MessageType
 
@@ -106,3 +107,26 @@ def test_an_older_agents_long_wait_is_kept(world):
         client.finish_ok(timeout=30)
     assert min(c.t for c in world.calls(client.pid) if c.gated) >= grant.t
     assert client.warnings() == [], client.stderr
+
+
+PATIENT_QUEUE_CONFIG = """\
+[scheduler]
+time_quantum = 30
+anti_thrash = on
+idle_release_ms = 100
+drop_grace_ms = 20000
+"""
+
+
+def test_a_long_wait_behind_another_holder_of_the_real_agent_is_kept(world):
+    # 7 s in the real agent's queue, more than twice the bound: an agent that announces
+    # KEEPALIVE keeps the waiter's connection alive, an older one is not timed.
+    agent = world.start_agent(config=PATIENT_QUEUE_CONFIG)
+    holder = world.client("linked", "--duration-ms", 7000, kernel_us=2000)
+    agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={holder.pid}\b")
+    waiter = world.client("linked", "--loops", 1)
+    holder.finish_ok()
+    waiter.finish_ok()
+    assert waiter.warnings() == [], waiter.stderr
+    released = max(c.t for c in world.calls(holder.pid) if c.gated)
+    assert min(c.t for c in world.calls(waiter.pid) if c.gated) >= released
