@@ -54,7 +54,7 @@ venv: $(VENV)/.installed
 lint-venv: $(VENV)/.lint-installed
 
 # Formatting, lint, types and the shim's static checks; changes nothing.
-lint: lint-deps lint-venv
+lint: lint-deps lint-venv shim
 	$(PY) -m ruff format --check --quiet .
 	$(PY) -m ruff check --quiet .
 	mkdir -p $(TYPECHECK_ROOT)
@@ -64,6 +64,7 @@ lint: lint-deps lint-venv
 	cd $(TYPECHECK_ROOT) && ../../$(PY) -m mypy --config-file ../../pyproject.toml -p nvshare_agent -p nvshare_cli -p nvshare_device_plugin
 	clang-format --dry-run --Werror $(C_FILES)
 	clang-tidy --quiet $(SHIM_SOURCES) -- $(SHIM_TIDY_FLAGS)
+	$(PY) tools/check_shim_layers.py
 
 # Rewrites the files lint would complain about, where a tool can.
 format: lint-venv

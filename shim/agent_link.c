@@ -1,128 +1,221 @@
 /*
- * The lock client's link to the agent: frames on the socket, connecting
- * (HELLO), and falling back to running unscheduled when the agent is not
- * there or goes away.  Used by the client thread only (lock_client.c).
+ * The lock client's connection to the agent: the UNIX socket, HELLO, frames
+ * of nvshare_protocol.h in and out, and when to try again.  Used by the
+ * client thread only (lock_client.c), which decides what to send, what the
+ * frames mean and when an agent is lost.
+ *
+ * After losing an agent that had answered, the next try is at once (under
+ * systemd the socket outlives the agent: the connect waits in its backlog for
+ * the new one), then after 50 ms, doubling up to 1 s.  Meanwhile the socket's
+ * directory is watched (inotify), so a socket created anew (the agent with
+ * --socket removes and re-creates it) is tried within milliseconds of
+ * appearing; where inotify is not to be had, the backoff alone.  No try is
+ * made sooner than that: nothing spins while the agent is away.
  */
 #define _GNU_SOURCE
 #include "agent_link.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "config.h"
-#include "gate.h"
-#include "lock_state.h"
+#include "devices.h"
 #include "log.h"
-#include "memory.h"
 #include "wire.h"
 
-#define RECONNECT_INTERVAL_MS 1000.0
-#define SEND_TIMEOUT_S        2
+#define SEND_TIMEOUT_S      2
+#define RECONNECT_FIRST_MS  50.0
+#define RECONNECT_MAX_MS    1000.0
+#define REAPPEARED_FIRST_MS 5.0 /* the socket appeared: bound, and listening a moment later */
 
-/* The one instance, by a short name. */
-#define client nvshare_lock_client
+static int socket_fd = -1;
+static struct nvshare_inbox inbox;
 
-/* ---- frames ------------------------------------------------------------------------------ */
+static double retry_at_ms;
+/* The wait before the next try, should this one fail; 0: at once. */
+static double backoff_ms = RECONNECT_FIRST_MS;
+/* inotify on the socket's directory while no agent has answered; -1: none. */
+static int watch_fd = -1;
 
-int nvshare_send_frame(uint16_t type, const void *payload, uint32_t bytes)
-{
-    return nvshare_wire_send(client.socket_fd, type, payload, bytes);
-}
-
-int nvshare_send_lock_message(uint16_t type, int gpu, uint64_t lease)
-{
-    struct nvshare_lock_message message = {.gpu = client.uuids[gpu], .lease = lease};
-    return nvshare_send_frame(type, &message, sizeof message);
-}
-
-int nvshare_gpu_of_uuid(const struct nvshare_gpu_uuid *uuid)
-{
-    for (int gpu = 0; gpu < client.gpu_count; gpu++)
-        if (memcmp(client.uuids[gpu].bytes, uuid->bytes, NVSHARE_UUID_BYTES) == 0)
-            return gpu;
-    return -1;
-}
-
-/* ---- connection -------------------------------------------------------------------------- */
-
-void nvshare_set_all_gates(int open)
-{
-    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
-        atomic_store(&nvshare_gates[gpu].open, open);
-}
-
-static void run_unscheduled(const char *why)
-{
-    if (client.socket_fd >= 0)
-        close(client.socket_fd);
-    pthread_mutex_lock(&client.mutex);
-    client.socket_fd = -1;
-    client.inbox.used = 0;
-    client.have_settings = 0;
-    memset(client.locks, 0, sizeof client.locks);
-    nvshare_set_all_gates(1);
-    pthread_cond_broadcast(&client.changed);
-    pthread_mutex_unlock(&client.mutex);
-    client.retry_at_ms = nvshare_now_ms() + RECONNECT_INTERVAL_MS;
-    nvshare_debug("running unscheduled: %s", why);
-}
-
-void nvshare_lose_agent(const char *why)
-{
-    NVSHARE_WARN_ONCE("lost the nvshare agent (%s): running unscheduled, reconnecting in "
-                      "the background",
-                      why);
-    run_unscheduled(why);
-}
-
-void nvshare_connect_to_agent(int first_attempt)
+int nvshare_link_connect(void)
 {
     const char *path = nvshare_config()->socket_path;
     struct sockaddr_un address = {.sun_family = AF_UNIX};
     strcpy(address.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&address, sizeof address) != 0) {
+    /* Non-blocking for the connect only: with the agent's backlog full (nobody
+     * accepts: the agent stopped, or a socket unit whose service cannot start)
+     * a blocking connect would wait for good; this one fails with EAGAIN and
+     * is tried again later.  A connect that goes into the backlog succeeds at
+     * once, and the agent's silence is the client thread's to notice. */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&address, sizeof address) != 0 ||
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
         int why = errno;
         if (fd >= 0)
             close(fd);
-        if (first_attempt) {
-            NVSHARE_WARN_ONCE("cannot reach the nvshare agent at %s (%s): running unscheduled, "
-                              "retrying in the background",
-                              path, strerror(why));
-            run_unscheduled("no agent");
-        }
-        client.retry_at_ms = nvshare_now_ms() + RECONNECT_INTERVAL_MS;
-        return;
+        return why;
     }
     struct timeval send_timeout = {.tv_sec = SEND_TIMEOUT_S};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
+    socket_fd = fd;
+    inbox.used = 0;
+    return 0;
+}
 
-    struct nvshare_hello hello = {.gpu_count = (uint32_t)client.gpu_count};
-    memcpy(hello.gpus, client.uuids, sizeof hello.gpus);
+int nvshare_link_hello(void)
+{
+    /* The additions this shim honours: WHEN_IDLE drops and RELEASE_WHEN_IDLE
+     * grants (lock_machine.c), and KEEPALIVE frames while it waits (lock_client.c). */
+    struct nvshare_hello hello = {.gpu_count = (uint32_t)nvshare_gpu_count(),
+                                  .features = NVSHARE_FEATURE_YIELD | NVSHARE_FEATURE_KEEPALIVE};
+    for (int gpu = 0; gpu < nvshare_gpu_count(); gpu++)
+        hello.gpus[gpu] = *nvshare_gpu_uuid(gpu);
     /* The program's name (argv[0]'s base name), not this thread's. */
     strncpy(hello.command, program_invocation_short_name, sizeof hello.command - 1);
+    return nvshare_link_send(NVSHARE_MSG_HELLO, &hello, sizeof hello);
+}
 
-    pthread_mutex_lock(&client.mutex);
-    client.socket_fd = fd;
-    client.inbox.used = 0;
-    /* Scheduled from now on: the next GPU call of each GPU asks for its lock.
-     * Threads already waiting (before the first connection) keep their place. */
-    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
-        if (client.locks[gpu].state != LOCK_WANTED)
-            memset(&client.locks[gpu], 0, sizeof client.locks[gpu]);
-    }
-    nvshare_set_all_gates(0);
-    pthread_cond_broadcast(&client.changed);
-    pthread_mutex_unlock(&client.mutex);
+int nvshare_link_up(void)
+{
+    return socket_fd >= 0;
+}
 
-    if (nvshare_send_frame(NVSHARE_MSG_HELLO, &hello, sizeof hello) != 0) {
-        nvshare_lose_agent("hello not sent");
+int nvshare_link_fd(void)
+{
+    return socket_fd;
+}
+
+void nvshare_link_close(void)
+{
+    if (socket_fd >= 0)
+        close(socket_fd);
+    socket_fd = -1;
+    inbox.used = 0;
+}
+
+int nvshare_link_send(uint16_t type, const void *payload, uint32_t bytes)
+{
+    return nvshare_wire_send(socket_fd, type, payload, bytes);
+}
+
+int nvshare_link_send_lock(uint16_t type, int gpu, uint64_t lease, uint32_t idle_ms)
+{
+    struct nvshare_lock_message message = {
+        .gpu = *nvshare_gpu_uuid(gpu), .lease = lease, .idle_ms = idle_ms};
+    return nvshare_link_send(type, &message, sizeof message);
+}
+
+int nvshare_link_receive(void)
+{
+    return nvshare_wire_receive(socket_fd, &inbox);
+}
+
+int nvshare_link_next_frame(struct nvshare_header *header,
+                            unsigned char payload[NVSHARE_MAX_PAYLOAD_BYTES])
+{
+    return nvshare_wire_next_frame(&inbox, header, payload);
+}
+
+/* ---- when to try again ------------------------------------------------------------------- */
+
+/* The socket's directory, watched for the socket's name: created, moved in,
+ * or its attributes changed (a socket unit or the agent sets its mode). */
+static void watch_socket_directory(void)
+{
+    if (watch_fd >= 0)
         return;
+    char directory[sizeof nvshare_config()->socket_path];
+    strcpy(directory, nvshare_config()->socket_path);
+    char *slash = strrchr(directory, '/');
+    if (slash == NULL)
+        strcpy(directory, ".");
+    else if (slash == directory)
+        slash[1] = '\0';
+    else
+        *slash = '\0';
+    int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (fd >= 0 && inotify_add_watch(fd, directory, IN_CREATE | IN_MOVED_TO | IN_ATTRIB) < 0) {
+        nvshare_debug("cannot watch %s (%s): reconnecting by backoff alone", directory,
+                      strerror(errno));
+        close(fd);
+        fd = -1;
     }
-    nvshare_memory_mark_all_changed();
-    nvshare_debug("connected to the agent at %s (%d GPUs)", path, client.gpu_count);
+    watch_fd = fd;
+}
+
+static void stop_watching(void)
+{
+    if (watch_fd >= 0)
+        close(watch_fd);
+    watch_fd = -1;
+}
+
+/* Reads what the watch saw: 1 when the socket (re)appeared. */
+static int socket_reappeared(void)
+{
+    const char *path = nvshare_config()->socket_path;
+    const char *name = strrchr(path, '/') != NULL ? strrchr(path, '/') + 1 : path;
+    char events[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    int seen = 0;
+    ssize_t got;
+    while ((got = read(watch_fd, events, sizeof events)) > 0) {
+        for (char *at = events; at < events + got;) {
+            const struct inotify_event *event = (const struct inotify_event *)(void *)at;
+            if ((event->mask & IN_Q_OVERFLOW) || (event->len > 0 && strcmp(event->name, name) == 0))
+                seen = 1;
+            at += sizeof *event + event->len;
+        }
+    }
+    return seen;
+}
+
+void nvshare_link_retry_later(void)
+{
+    watch_socket_directory();
+    retry_at_ms = nvshare_now_ms() + backoff_ms;
+    backoff_ms = backoff_ms == 0                     ? RECONNECT_FIRST_MS
+                 : 2 * backoff_ms > RECONNECT_MAX_MS ? RECONNECT_MAX_MS
+                                                     : 2 * backoff_ms;
+}
+
+void nvshare_link_answered(void)
+{
+    backoff_ms = 0; /* this one is alive: should it go, try again at once */
+    stop_watching();
+}
+
+void nvshare_link_slow_down(void)
+{
+    backoff_ms = RECONNECT_MAX_MS; /* each try leaves a connection in a silent agent's backlog */
+}
+
+double nvshare_link_retry_at_ms(void)
+{
+    return retry_at_ms;
+}
+
+int nvshare_link_watch_fd(void)
+{
+    return watch_fd;
+}
+
+void nvshare_link_read_watch(void)
+{
+    if (socket_reappeared()) {
+        retry_at_ms = nvshare_now_ms(); /* now, and soon after: it listens a moment later */
+        backoff_ms = REAPPEARED_FIRST_MS;
+    }
+}
+
+void nvshare_link_forget_after_fork(void)
+{
+    nvshare_link_close();
+    stop_watching();
+    backoff_ms = RECONNECT_FIRST_MS;
 }

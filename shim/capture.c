@@ -1,8 +1,8 @@
 /*
  * Stream capture (CUDA graphs).  Work "launched" into a capturing stream only
  * records graph nodes, so a thread with an open capture passes the gate
- * without the lock; and while any capture is open the client thread must not
- * call cuCtxSynchronize (the driver refuses it during a capture in any mode
+ * without the lock; and while any capture is open a release (on the GPU's
+ * worker) must not call cuCtxSynchronize (the driver refuses it during a capture in any mode
  * and invalidates the capture), so releases wait for captures to end (idle
  * releases are skipped, drops wait up to the agent's drop grace).
  *
@@ -19,7 +19,7 @@
 
 #include "capture.h"
 #include "hooks.h"
-#include "interpose.h"
+#include "driver.h"
 
 enum { CAPTURE_STATUS_NONE = 0 };
 enum { CAPTURE_MODE_RELAXED = 2 };
@@ -77,11 +77,11 @@ int nvshare_thread_capture_open_slow(void)
 
 static int stream_capturing(CUstream stream);
 
-int nvshare_capture_takes_slow(CUstream stream, int hook_id)
+int nvshare_capture_takes_slow(CUstream stream, int per_thread)
 {
     if (nvshare_thread_capture_open_slow())
         return 1;
-    stream = nvshare_actual_stream(stream, nvshare_hook_per_thread(hook_id));
+    stream = nvshare_actual_stream(stream, per_thread);
     if (stream == NULL || stream == NVSHARE_CU_STREAM_LEGACY)
         return 0; /* the legacy stream is never captured */
     int saved_errno = errno;
@@ -192,14 +192,14 @@ void nvshare_capture_forget_context(CUcontext context)
     pthread_mutex_unlock(&captures_mutex);
 }
 
-#define BEGIN_CAPTURE(name, per_thread, fn_type, params, args)       \
-    NVSHARE_EXPORT CUresult name params                              \
-    {                                                                \
-        CUresult error;                                              \
-        fn_type real = NVSHARE_REAL_OR_ERROR(name, fn_type, &error); \
-        if (real == NULL)                                            \
-            return error;                                            \
-        return began(real args, hStream, per_thread);                \
+#define BEGIN_CAPTURE(name, params, args)                                \
+    NVSHARE_EXPORT CUresult name params                                  \
+    {                                                                    \
+        CUresult error;                                                  \
+        __typeof__(&name) real = NVSHARE_REAL_OR_ERROR(name, &error);    \
+        if (real == NULL)                                                \
+            return error;                                                \
+        return began(real args, hStream, NVSHARE_HOOK_PER_THREAD(name)); \
     }
 
 #define TO_GRAPH_PARAMS                                                 \
@@ -207,16 +207,12 @@ void nvshare_capture_forget_context(CUcontext context)
      const void *dependencyData, size_t numDependencies, int mode)
 #define TO_GRAPH_ARGS (hStream, hGraph, dependencies, dependencyData, numDependencies, mode)
 
-BEGIN_CAPTURE(cuStreamBeginCapture, 0, cuStreamBeginCapture_fn, (CUstream hStream), (hStream))
-BEGIN_CAPTURE(cuStreamBeginCapture_ptsz, 1, cuStreamBeginCapture_fn, (CUstream hStream), (hStream))
-BEGIN_CAPTURE(cuStreamBeginCapture_v2, 0, cuStreamBeginCapture_v2_fn, (CUstream hStream, int mode),
-              (hStream, mode))
-BEGIN_CAPTURE(cuStreamBeginCapture_v2_ptsz, 1, cuStreamBeginCapture_v2_fn,
-              (CUstream hStream, int mode), (hStream, mode))
-BEGIN_CAPTURE(cuStreamBeginCaptureToGraph, 0, cuStreamBeginCaptureToGraph_fn, TO_GRAPH_PARAMS,
-              TO_GRAPH_ARGS)
-BEGIN_CAPTURE(cuStreamBeginCaptureToGraph_ptsz, 1, cuStreamBeginCaptureToGraph_fn, TO_GRAPH_PARAMS,
-              TO_GRAPH_ARGS)
+BEGIN_CAPTURE(cuStreamBeginCapture, (CUstream hStream), (hStream))
+BEGIN_CAPTURE(cuStreamBeginCapture_ptsz, (CUstream hStream), (hStream))
+BEGIN_CAPTURE(cuStreamBeginCapture_v2, (CUstream hStream, int mode), (hStream, mode))
+BEGIN_CAPTURE(cuStreamBeginCapture_v2_ptsz, (CUstream hStream, int mode), (hStream, mode))
+BEGIN_CAPTURE(cuStreamBeginCaptureToGraph, TO_GRAPH_PARAMS, TO_GRAPH_ARGS)
+BEGIN_CAPTURE(cuStreamBeginCaptureToGraph_ptsz, TO_GRAPH_PARAMS, TO_GRAPH_ARGS)
 
 static int stream_capturing(CUstream stream)
 {
@@ -248,17 +244,19 @@ static CUresult end_capture(CUstream stream, CUgraph *graph, int per_thread,
 NVSHARE_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
     CUresult error;
-    cuStreamEndCapture_fn real =
-        NVSHARE_REAL_OR_ERROR(cuStreamEndCapture, cuStreamEndCapture_fn, &error);
-    return real == NULL ? error : end_capture(hStream, phGraph, 0, real);
+    cuStreamEndCapture_fn real = NVSHARE_REAL_OR_ERROR(cuStreamEndCapture, &error);
+    return real == NULL
+               ? error
+               : end_capture(hStream, phGraph, NVSHARE_HOOK_PER_THREAD(cuStreamEndCapture), real);
 }
 
 NVSHARE_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
 {
     CUresult error;
-    cuStreamEndCapture_fn real =
-        NVSHARE_REAL_OR_ERROR(cuStreamEndCapture_ptsz, cuStreamEndCapture_fn, &error);
-    return real == NULL ? error : end_capture(hStream, phGraph, 1, real);
+    cuStreamEndCapture_fn real = NVSHARE_REAL_OR_ERROR(cuStreamEndCapture_ptsz, &error);
+    return real == NULL ? error
+                        : end_capture(hStream, phGraph,
+                                      NVSHARE_HOOK_PER_THREAD(cuStreamEndCapture_ptsz), real);
 }
 
 void nvshare_capture_forget_after_fork(void)

@@ -10,7 +10,7 @@
 extern atomic_int nvshare_active_captures;
 
 int nvshare_thread_capture_open_slow(void);
-int nvshare_capture_takes_slow(CUstream stream, int hook_id);
+int nvshare_capture_takes_slow(CUstream stream, int per_thread);
 
 /* 1 when a capture the calling thread began is still open.  A thread sees its
  * own begin. */
@@ -20,14 +20,14 @@ static inline int nvshare_thread_capture_open(void)
            nvshare_thread_capture_open_slow();
 }
 
-/* 1 when a call on stream (by the hook of row hook_id) only adds to a graph:
+/* 1 when a call on stream (by a hook whose row says per_thread) only adds to a graph:
  * the calling thread has a capture open, or stream is capturing (another
  * thread's capture, in relaxed mode or joined through an event).  On every
  * gated call: one load while no capture is open. */
-static inline int nvshare_capture_takes(CUstream stream, int hook_id)
+static inline int nvshare_capture_takes(CUstream stream, int per_thread)
 {
     return atomic_load_explicit(&nvshare_active_captures, memory_order_acquire) != 0 &&
-           nvshare_capture_takes_slow(stream, hook_id);
+           nvshare_capture_takes_slow(stream, per_thread);
 }
 
 void nvshare_capture_forget_after_fork(void);

@@ -51,9 +51,7 @@ static unsigned read_count(const char *name, unsigned fallback, unsigned largest
 static void load(void)
 {
     int saved_errno = errno;
-    /* debug first, so that later warnings already know it. */
-    config.debug = 0;
-    config.debug = read_flag("NVSHARE_DEBUG", 0);
+    config.debug = nvshare_debug_enabled(); /* log.c reads NVSHARE_DEBUG */
     const char *socket_path = secure_getenv("NVSHARE_SOCKET");
     if (socket_path == NULL || *socket_path == '\0')
         socket_path = DEFAULT_SOCKET;

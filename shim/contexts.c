@@ -10,17 +10,18 @@
  * driver frees the context, or the shim would later hand it dangling handles.
  * So a context takes a slot here when a thread first uses it, and gives it
  * up when it is destroyed: cuCtxDestroy, cuDevicePrimaryCtxReset, or
- * cuDevicePrimaryCtxRelease of its last reference.
+ * cuDevicePrimaryCtxRelease of its last reference (those hooks are in
+ * lifecycle.c, which forgets the context everywhere).
  *
  * Each GPU has a mutex, held while the shim works in its contexts (a
- * release's synchronisation, a grant's prefetch, on that GPU's worker in
- * lock_client.c) and while one of them is destroyed, so neither sees the
- * other half done.  Per GPU, so that a long release on one GPU holds up
- * nothing on another.  Taking a slot also takes it, but only when a thread's
- * current context changes (gate.c caches the answer).  cuCtxDestroy does not
- * say the context's GPU, so it takes every GPU's, in order.  They are
- * recursive: should the driver call back into a hook on the destroying
- * thread, that thread must not wait for itself.
+ * release's synchronisation, a grant's prefetch, on that GPU's worker) and
+ * while one of them is destroyed, so neither sees the other half done.  Per
+ * GPU, so that a long release on one GPU holds up nothing on another.  Taking
+ * a slot also takes it, but only when a thread's current context changes
+ * (nvshare_current_gpu caches the answer).  cuCtxDestroy does not say the
+ * context's GPU, so it takes every GPU's, in order.  They are recursive:
+ * should the driver call back into a hook on the destroying thread, that
+ * thread must not wait for itself.
  */
 #define _GNU_SOURCE
 #include "contexts.h"
@@ -28,14 +29,10 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "capture.h"
-#include "hooks.h"
-#include "interpose.h"
+#include "devices.h"
+#include "driver.h"
 #include "log.h"
-#include "memory.h"
 #include "nvshare_protocol.h"
-#include "parking.h"
-#include "queue_bound.h"
 
 struct gpu_contexts {
     pthread_mutex_t mutex;
@@ -48,14 +45,13 @@ struct gpu_contexts {
 static struct gpu_contexts gpus[NVSHARE_MAX_GPUS] = {
     [0 ... NVSHARE_MAX_GPUS - 1] = {.mutex = RECURSIVE},
 };
-atomic_uint nvshare_context_generation = 1;
 
 /* A thread cancelled while it holds a GPU's mutex would leave it locked for
  * every later context call of the process, and the driver calls made under it
  * (a context's destruction) may reach cancellation points.  So cancellation
  * is held off until the mutex is given back, and acted on at the thread's
  * next cancellation point.  (pthread_cleanup_push would need glibc 2.34's
- * symbols, as in gate.c.) */
+ * symbols, as in lock_state.c.) */
 static int hold_off_cancellation(void)
 {
     int cancel_state;
@@ -63,16 +59,19 @@ static int hold_off_cancellation(void)
     return cancel_state;
 }
 
-static void lock_all(void)
+int nvshare_contexts_hold(int first, int last)
 {
-    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
+    int cancel_state = hold_off_cancellation();
+    for (int gpu = first; gpu <= last; gpu++)
         pthread_mutex_lock(&gpus[gpu].mutex);
+    return cancel_state;
 }
 
-static void unlock_all(void)
+void nvshare_contexts_let_go(int first, int last, int cancel_state)
 {
-    for (int gpu = NVSHARE_MAX_GPUS - 1; gpu >= 0; gpu--)
+    for (int gpu = last; gpu >= first; gpu--)
         pthread_mutex_unlock(&gpus[gpu].mutex);
+    pthread_setcancelstate(cancel_state, NULL);
 }
 
 int nvshare_context_slot(int gpu, CUcontext context)
@@ -101,6 +100,38 @@ int nvshare_context_slot(int gpu, CUcontext context)
                           "the work of the others",
                           NVSHARE_CONTEXT_SLOTS, gpu);
     return slot;
+}
+
+/* ---- which GPU a call runs on ---------------------------------------------------------- */
+
+static __thread CUcontext cached_context;
+static __thread int cached_gpu;
+static __thread int cached_slot;
+static __thread unsigned cached_generation;
+
+int nvshare_current_gpu(CUcontext *context)
+{
+    CUcontext current = NULL;
+    if (nvshare_driver.ctx_get_current == NULL ||
+        nvshare_driver.ctx_get_current(&current) != CUDA_SUCCESS || current == NULL)
+        return -1;
+    *context = current;
+    unsigned generation = atomic_load_explicit(&nvshare_context_generation, memory_order_relaxed);
+    if (current != cached_context || cached_generation != generation) {
+        CUdevice device;
+        if (nvshare_driver.ctx_get_device(&device) != CUDA_SUCCESS)
+            return -1;
+        cached_gpu = device >= 0 && device < nvshare_gpu_count() ? device : -1;
+        cached_slot = nvshare_context_slot(cached_gpu, current);
+        cached_context = current;
+        cached_generation = generation;
+    }
+    return cached_gpu;
+}
+
+int nvshare_current_context_slot(void)
+{
+    return cached_slot;
 }
 
 static int run_in(int gpu, int slot, void (*fn)(int gpu, int slot, void *arg), void *arg)
@@ -132,108 +163,42 @@ int nvshare_in_one_context(int gpu, void (*fn)(int gpu, int slot, void *arg), vo
     return ran;
 }
 
-/* The driver has just freed context, of a GPU in [first, last]: drop all
- * that belongs to it.  Called with those GPUs' mutexes held. */
-static void forget(CUcontext context, int first, int last)
+void nvshare_contexts_set_primary(int gpu, CUcontext primary)
 {
-    if (context == NULL)
-        return;
-    nvshare_capture_forget_context(context);
-    for (int gpu = first; gpu <= last; gpu++) {
-        struct gpu_contexts *contexts = &gpus[gpu];
-        for (int slot = 0; slot < NVSHARE_CONTEXT_SLOTS; slot++) {
-            if (contexts->slots[slot] != context)
-                continue;
-            nvshare_queue_forget_context(gpu, slot);
-            nvshare_parking_forget_context(gpu, slot);
-            nvshare_memory_forget_context(gpu, slot);
-            contexts->slots[slot] = NULL;
-            for (int other = 0; contexts->newest == slot && other < NVSHARE_CONTEXT_SLOTS;
-                 other++) {
-                if (contexts->slots[other] != NULL)
-                    contexts->newest = other;
-            }
-            nvshare_debug("context gone gpu=%d slot=%d", gpu, slot);
+    pthread_mutex_lock(&gpus[gpu].mutex);
+    gpus[gpu].primary = primary;
+    pthread_mutex_unlock(&gpus[gpu].mutex);
+}
+
+CUcontext nvshare_contexts_primary(int gpu)
+{
+    return gpus[gpu].primary;
+}
+
+unsigned nvshare_contexts_slots_of(int gpu, CUcontext context)
+{
+    unsigned slots = 0;
+    for (int slot = 0; context != NULL && slot < NVSHARE_CONTEXT_SLOTS; slot++) {
+        if (gpus[gpu].slots[slot] == context)
+            slots |= 1U << slot;
+    }
+    return slots;
+}
+
+void nvshare_contexts_free_slots(int gpu, unsigned slots)
+{
+    struct gpu_contexts *contexts = &gpus[gpu];
+    for (int slot = 0; slot < NVSHARE_CONTEXT_SLOTS; slot++) {
+        if (!(slots & (1U << slot)))
+            continue;
+        contexts->slots[slot] = NULL;
+        for (int other = 0; contexts->newest == slot && other < NVSHARE_CONTEXT_SLOTS; other++) {
+            if (contexts->slots[other] != NULL)
+                contexts->newest = other;
         }
+        nvshare_debug("context gone gpu=%d slot=%d", gpu, slot);
     }
-    atomic_fetch_add(&nvshare_context_generation, 1);
 }
-
-NVSHARE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
-{
-    CUresult error;
-    cuCtxDestroy_v2_fn real = NVSHARE_REAL_OR_ERROR(cuCtxDestroy_v2, cuCtxDestroy_v2_fn, &error);
-    if (real == NULL)
-        return error;
-    int cancel_state = hold_off_cancellation();
-    lock_all();
-    CUresult result = real(ctx);
-    if (result == CUDA_SUCCESS)
-        forget(ctx, 0, NVSHARE_MAX_GPUS - 1);
-    unlock_all();
-    pthread_setcancelstate(cancel_state, NULL);
-    return result;
-}
-
-/* Only to learn each GPU's primary context, which a reset or the last release frees. */
-NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
-{
-    CUresult error;
-    cuDevicePrimaryCtxRetain_fn real =
-        NVSHARE_REAL_OR_ERROR(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain_fn, &error);
-    if (real == NULL)
-        return error;
-    CUresult result = real(pctx, dev);
-    if (result == CUDA_SUCCESS && dev >= 0 && dev < NVSHARE_MAX_GPUS) {
-        pthread_mutex_lock(&gpus[dev].mutex);
-        gpus[dev].primary = *pctx;
-        pthread_mutex_unlock(&gpus[dev].mutex);
-        nvshare_debug("primary context retained gpu=%d primary=%p", (int)dev, (void *)*pctx);
-    }
-    return result;
-}
-
-/* A reset always frees the primary context; a release only when it gave up
- * the last reference (until then it only counts down). */
-enum primary_end { PRIMARY_RESET, PRIMARY_RELEASE };
-
-static CUresult end_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real, enum primary_end how)
-{
-    if (dev < 0 || dev >= NVSHARE_MAX_GPUS)
-        return real(dev); /* not a GPU the shim tracks: the driver answers */
-    int cancel_state = hold_off_cancellation();
-    pthread_mutex_lock(&gpus[dev].mutex);
-    CUresult result = real(dev);
-    unsigned flags;
-    int active = 0;
-    if (result == CUDA_SUCCESS &&
-        (how == PRIMARY_RESET ||
-         (nvshare_driver.primary_ctx_get_state != NULL &&
-          nvshare_driver.primary_ctx_get_state(dev, &flags, &active) == CUDA_SUCCESS && !active)))
-        forget(gpus[dev].primary, dev, dev);
-    nvshare_debug("primary context %s gpu=%d result=%d still_active=%d primary=%p",
-                  how == PRIMARY_RESET ? "reset" : "release", (int)dev, (int)result, active,
-                  (void *)gpus[dev].primary);
-    pthread_mutex_unlock(&gpus[dev].mutex);
-    pthread_setcancelstate(cancel_state, NULL);
-    return result;
-}
-
-/* The version-1 names too: cudart of CUDA 13 asks cuGetProcAddress for them
- * with cudaVersion 7000 (measured on the H100), and cudaDeviceReset resets
- * through cuDevicePrimaryCtxReset. */
-#define DEFINE_PRIMARY_END(name, how)                                           \
-    NVSHARE_EXPORT CUresult name(CUdevice dev)                                  \
-    {                                                                           \
-        CUresult error;                                                         \
-        cuDevicePrimaryCtxReset_v2_fn real =                                    \
-            NVSHARE_REAL_OR_ERROR(name, cuDevicePrimaryCtxReset_v2_fn, &error); \
-        return real == NULL ? error : end_primary(dev, real, how);              \
-    }
-DEFINE_PRIMARY_END(cuDevicePrimaryCtxRelease, PRIMARY_RELEASE)
-DEFINE_PRIMARY_END(cuDevicePrimaryCtxRelease_v2, PRIMARY_RELEASE)
-DEFINE_PRIMARY_END(cuDevicePrimaryCtxReset, PRIMARY_RESET)
-DEFINE_PRIMARY_END(cuDevicePrimaryCtxReset_v2, PRIMARY_RESET)
 
 void nvshare_contexts_forget_after_fork(void)
 {

@@ -1,15 +1,8 @@
 /*
- * The per-GPU gate every GATED hook passes (the fast path of the lock).
- *
- * While this process holds a GPU (or runs unscheduled), passing costs two
- * atomic read-modify-writes and a load: no syscall, no mutex.  Otherwise the
- * caller asks the client thread for the lock and waits (lock_client.c).
- *
- * Why inflight is raised *before* open is read: the client thread closes the
- * gate and then waits for inflight to reach zero.  With both sides using
- * sequentially consistent operations, either the submitter sees the gate
- * closed (and backs out) or the client thread sees it inside; a submission
- * can never slip past a release.
+ * Passing the per-GPU gate: the fast path of the lock, inlined into every
+ * GATED hook (hooks.c).  The gate itself, and why inflight is raised before
+ * open is read, are in lock_state.h; the slow path (asking for the lock and
+ * waiting) is nvshare_lock_wait_for_gate.
  */
 #ifndef NVSHARE_GATE_H
 #define NVSHARE_GATE_H
@@ -17,40 +10,16 @@
 #include <stdatomic.h>
 
 #include "capture.h"
+#include "contexts.h"
 #include "cuda_abi.h"
-#include "nvshare_protocol.h"
-
-struct nvshare_gate {
-    atomic_int open;      /* 1: held, shared, or unscheduled (no agent) */
-    atomic_int inflight;  /* submissions between gate and driver right now */
-    atomic_uint activity; /* bumped per passage; idle = unchanged */
-} __attribute__((aligned(64)));
-
-extern struct nvshare_gate nvshare_gates[NVSHARE_MAX_GPUS];
-
-/* 1 once the client thread runs. */
-extern atomic_int nvshare_client_running;
-
-/* Starts the client at the first CUDA call; harmless to call again. */
-void nvshare_client_start(void);
-
-/* The GPU (device ordinal) of the calling thread's current context, or -1
- * when there is none; *context receives the context.  The first call in a
- * context gives it a slot (contexts.c). */
-int nvshare_current_gpu(CUcontext *context);
-
-/* The slot of the context the calling thread's last nvshare_current_gpu
- * found (-1: none free). */
-int nvshare_current_context_slot(void);
-
-/* Slow path: ask for the lock of gpu and wait until its gate opens. */
-void nvshare_wait_for_gate(int gpu);
+#include "lifecycle.h"
+#include "lock_state.h"
 
 /* stream: the one the call goes to (NULL for none or the default stream);
- * hook_id: the calling hook's row. */
-static inline struct nvshare_gate *nvshare_gate_enter(CUstream stream, int hook_id)
+ * per_thread: the calling hook's row is a per-thread-stream variant (hooks.h). */
+static inline struct nvshare_gate *nvshare_gate_enter(CUstream stream, int per_thread)
 {
-    if (nvshare_capture_takes(stream, hook_id))
+    if (nvshare_capture_takes(stream, per_thread))
         return 0; /* capturing: calls record graph nodes, nothing runs */
     if (!atomic_load_explicit(&nvshare_client_running, memory_order_acquire)) {
         nvshare_client_start();
@@ -67,10 +36,10 @@ static inline struct nvshare_gate *nvshare_gate_enter(CUstream stream, int hook_
         if (atomic_load(&gate->open))
             break;
         atomic_fetch_sub(&gate->inflight, 1);
-        nvshare_wait_for_gate(gpu);
+        nvshare_lock_wait_for_gate(gpu);
     }
-    /* Approximate on purpose (no lock prefix): the client thread only asks
-     * "did it change?". */
+    /* Approximate on purpose (no lock prefix): the idle look only asks "did
+     * it change?". */
     atomic_store_explicit(&gate->activity,
                           atomic_load_explicit(&gate->activity, memory_order_relaxed) + 1,
                           memory_order_relaxed);

@@ -22,14 +22,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "driver.h"
 #include "hooks.h"
 #include "log.h"
 
-struct nvshare_driver nvshare_driver;
-
-typedef void *(*dlsym_fn)(void *handle, const char *name);
-static _Atomic(dlsym_fn) real_dlsym_slot;
+/* Every row's hook, in the table's order: the generated ones (hooks.c) and
+ * the hand-written ones, declared in hooks.h. */
+#define GATED_ROW(name, signature, stream, launch) (void *)name,
+#define OWN_ROW(name, kind, stream, prototype)     (void *)name,
+static void *const hook_functions[NVSHARE_HOOK_COUNT] = {NVSHARE_HOOK_TABLE(GATED_ROW, OWN_ROW)};
 
 struct pointer_to_hook {
     uintptr_t real;
@@ -38,26 +39,7 @@ struct pointer_to_hook {
 static struct pointer_to_hook hook_map[NVSHARE_HOOK_COUNT];
 static size_t hook_map_size;
 
-static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
-static atomic_int driver_state; /* 0 unresolved, 1 resolved, -1 libcuda missing */
-
-/* Sanitizer runtimes call dlsym while they initialise, before their shadow
- * memory exists: the code on that path must not be instrumented. */
-#define NOT_SANITIZED __attribute__((no_sanitize_address, no_sanitize_thread))
-
-/* glibc 2.34 moved dlsym into libc as dlsym@@GLIBC_2.34 and kept
- * dlsym@GLIBC_2.2.5 for binaries linked before; find whichever exists. */
-NOT_SANITIZED static dlsym_fn real_dlsym(void)
-{
-    dlsym_fn found = atomic_load_explicit(&real_dlsym_slot, memory_order_acquire);
-    if (found == NULL) {
-        found = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-        if (found == NULL)
-            found = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-        atomic_store_explicit(&real_dlsym_slot, found, memory_order_release);
-    }
-    return found;
-}
+static pthread_once_t map_once = PTHREAD_ONCE_INIT;
 
 static int by_real_address(const void *a, const void *b)
 {
@@ -66,64 +48,17 @@ static int by_real_address(const void *a, const void *b)
     return (left > right) - (left < right);
 }
 
-#define LOOKUP(handle, field, name) \
-    nvshare_driver.field = (__typeof__(nvshare_driver.field))lookup((handle), (name))
-
-static void resolve(void)
+/* The driver's address of every row -> the row's hook, sorted for a binary search. */
+static void build_map(void)
 {
-    int saved_errno = errno;
-    dlsym_fn lookup = real_dlsym();
-    void *handle = dlopen("libcuda.so.1", RTLD_LAZY);
-    if (lookup == NULL || handle == NULL) {
-        atomic_store(&driver_state, -1);
-        errno = saved_errno;
-        return;
-    }
     for (size_t row = 0; row < NVSHARE_HOOK_COUNT; row++) {
-        void *real = lookup(handle, nvshare_hooks[row].name);
-        nvshare_real[row] = real;
-        if (real == NULL)
+        if (nvshare_real[row] == NULL)
             continue;
-        hook_map[hook_map_size].real = (uintptr_t)real;
-        hook_map[hook_map_size].hook = nvshare_hooks[row].hook;
+        hook_map[hook_map_size].real = (uintptr_t)nvshare_real[row];
+        hook_map[hook_map_size].hook = hook_functions[row];
         hook_map_size++;
     }
     qsort(hook_map, hook_map_size, sizeof hook_map[0], by_real_address);
-
-    LOOKUP(handle, device_get_count, "cuDeviceGetCount");
-    LOOKUP(handle, device_get_uuid, "cuDeviceGetUuid_v2");
-    if (nvshare_driver.device_get_uuid == NULL)
-        LOOKUP(handle, device_get_uuid, "cuDeviceGetUuid");
-    LOOKUP(handle, device_total_mem, "cuDeviceTotalMem_v2");
-    LOOKUP(handle, ctx_get_current, "cuCtxGetCurrent");
-    LOOKUP(handle, ctx_get_device, "cuCtxGetDevice");
-    LOOKUP(handle, ctx_synchronize, "cuCtxSynchronize");
-    LOOKUP(handle, ctx_push_current, "cuCtxPushCurrent_v2");
-    LOOKUP(handle, ctx_pop_current, "cuCtxPopCurrent_v2");
-    LOOKUP(handle, primary_ctx_get_state, "cuDevicePrimaryCtxGetState");
-    LOOKUP(handle, stream_create, "cuStreamCreate");
-    LOOKUP(handle, stream_synchronize, "cuStreamSynchronize");
-    LOOKUP(handle, stream_is_capturing, "cuStreamIsCapturing");
-    LOOKUP(handle, stream_get_ctx, "cuStreamGetCtx");
-    LOOKUP(handle, thread_exchange_capture_mode, "cuThreadExchangeStreamCaptureMode");
-    LOOKUP(handle, event_create, "cuEventCreate");
-    LOOKUP(handle, event_record, "cuEventRecord");
-    LOOKUP(handle, event_query, "cuEventQuery");
-    LOOKUP(handle, event_synchronize, "cuEventSynchronize");
-    LOOKUP(handle, event_elapsed_time, "cuEventElapsedTime_v2");
-    if (nvshare_driver.event_elapsed_time == NULL)
-        LOOKUP(handle, event_elapsed_time, "cuEventElapsedTime");
-    LOOKUP(handle, mem_get_address_range, "cuMemGetAddressRange_v2");
-    /* The handle stays open for the life of the process: hooks point into it. */
-    atomic_store_explicit(&driver_state, 1, memory_order_release);
-    errno = saved_errno;
-}
-
-int nvshare_resolve_driver(void)
-{
-    if (atomic_load_explicit(&driver_state, memory_order_acquire) == 0)
-        pthread_once(&resolve_once, resolve);
-    return atomic_load_explicit(&driver_state, memory_order_acquire) == 1 ? 0 : -1;
 }
 
 /* "cuMemcpyHtoDAsync_v2_ptsz" and "cuMemcpyHtoDAsync" share the base
@@ -149,7 +84,7 @@ static int family_is_hooked(const char *name)
 {
     size_t length = base_length(name);
     for (size_t row = 0; row < NVSHARE_HOOK_COUNT; row++) {
-        const char *hooked = nvshare_hooks[row].name;
+        const char *hooked = nvshare_hook_names[row];
         if (base_length(hooked) == length && strncmp(hooked, name, length) == 0)
             return 1;
     }
@@ -160,6 +95,7 @@ void *nvshare_hook_for(void *real, const char *name, int cuda_version, unsigned 
 {
     if (real == NULL || nvshare_resolve_driver() != 0)
         return real;
+    pthread_once(&map_once, build_map);
     size_t low = 0, high = hook_map_size;
     while (low < high) {
         size_t middle = (low + high) / 2;
@@ -170,7 +106,7 @@ void *nvshare_hook_for(void *real, const char *name, int cuda_version, unsigned 
     }
     if (low < hook_map_size && hook_map[low].real == (uintptr_t)real)
         return hook_map[low].hook;
-    if (name != NULL && nvshare_config()->debug && family_is_hooked(name))
+    if (name != NULL && nvshare_debug_enabled() && family_is_hooked(name))
         nvshare_debug("%s (cudaVersion %d, flags %llu) resolved to a function the hook table "
                       "does not know; it runs ungated",
                       name, cuda_version, flags);
@@ -197,7 +133,7 @@ NVSHARE_EXPORT extern const char nvshare_shim_marker __attribute__((alias("own_m
 
 static atomic_int copy_role; /* 0 not known yet, 1 in charge, -1 stays out */
 
-static int in_charge(dlsym_fn lookup)
+static int in_charge(nvshare_dlsym_fn lookup)
 {
     int role = atomic_load_explicit(&copy_role, memory_order_acquire);
     if (role == 0) {
@@ -215,15 +151,15 @@ static int in_charge(dlsym_fn lookup)
 static int is_own_hook(const void *function)
 {
     for (size_t row = 0; row < NVSHARE_HOOK_COUNT; row++) {
-        if (nvshare_hooks[row].hook == function)
+        if (hook_functions[row] == function)
             return 1;
     }
     return 0;
 }
 
-NOT_SANITIZED static void *interposed_dlsym(void *handle, const char *name)
+NVSHARE_NOT_SANITIZED static void *interposed_dlsym(void *handle, const char *name)
 {
-    dlsym_fn lookup = real_dlsym();
+    nvshare_dlsym_fn lookup = nvshare_real_dlsym();
     if (handle == RTLD_NEXT || lookup == NULL || name == NULL || name[0] != 'c' || name[1] != 'u' ||
         !in_charge(lookup))
         return lookup ? lookup(handle, name) : NULL;
@@ -235,7 +171,7 @@ NOT_SANITIZED static void *interposed_dlsym(void *handle, const char *name)
          * the shim hooks is exported, so the first lookup never misses it. */
         return lookup(handle, name);
     }
-    if (atomic_load_explicit(&driver_state, memory_order_acquire) == 0) {
+    if (!nvshare_driver_looked_for()) {
         /* Never load libcuda for a non-CUDA "cu..." name (cuserid): resolve
          * only when the driver is already in the process. */
         int saved_errno = errno;
@@ -265,8 +201,7 @@ NVSHARE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int 
                                             CUdriverProcAddressQueryResult *symbolStatus)
 {
     CUresult error;
-    cuGetProcAddress_v2_fn real =
-        NVSHARE_REAL_OR_ERROR(cuGetProcAddress_v2, cuGetProcAddress_v2_fn, &error);
+    cuGetProcAddress_v2_fn real = NVSHARE_REAL_OR_ERROR(cuGetProcAddress_v2, &error);
     if (real == NULL)
         return error;
     CUresult result = real(symbol, pfn, cudaVersion, flags, symbolStatus);
@@ -282,7 +217,7 @@ NVSHARE_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cud
                                          cuuint64_t flags)
 {
     CUresult error;
-    cuGetProcAddress_fn real = NVSHARE_REAL_OR_ERROR(cuGetProcAddress, cuGetProcAddress_fn, &error);
+    cuGetProcAddress_fn real = NVSHARE_REAL_OR_ERROR(cuGetProcAddress, &error);
     if (real == NULL)
         return error;
     CUresult result = real(symbol, pfn, cudaVersion, flags);

@@ -1,408 +1,338 @@
 /*
  * The lock client: one thread per process, started by the first CUDA call,
- * that talks to the agent (shim/nvshare_protocol.h) and opens and closes the
- * per-GPU gates of gate.h.
+ * that talks to the agent (shim/nvshare_protocol.h) for every GPU's lock.
  *
- * Only this thread touches the socket (agent_link.c: frames, connecting,
- * running unscheduled).  Application threads that find a gate closed mark
- * the GPU "wanted", wake this thread through an eventfd and wait on a
- * condition variable; they never hold anything the application needs.
+ * Only this thread touches the socket (agent_link.c).  It turns the agent's
+ * frames and its own periodic looks into events for the GPUs' lock machines
+ * (lock_state.c, lock_machine.c) and carries out what they return: frames to
+ * send, work for a GPU's worker (gpu_worker.c).  Application threads that
+ * find a gate closed wake it through its doorbell and wait; they never hold
+ * anything the application needs.
  *
- * Fail-open: with no agent (never there, or gone) every gate stays open and
- * the process runs unscheduled; the thread retries the connection every
- * second and, once back, closes the gates so the next GPU call asks again.
+ * Fail-open: with no agent (never there, gone, or silent) every gate stays
+ * open and the process runs unscheduled; the thread keeps trying to connect
+ * and, once an agent answers, closes the gates so the next GPU call asks
+ * again (when to try again is agent_link.c's).
+ *
+ * An agent that does not answer is as good as none: a stopped agent, or a
+ * socket whose service cannot start, takes the connect into its backlog and
+ * never says a word, and the program would wait at its first GPU call for
+ * good.  So an agent has LIVENESS_MS to answer HELLO, and one that announced
+ * KEEPALIVE (it sends one every keepalive_ms to a shim whose request waits,
+ * however long the queue) must not go silent for longer than that, or three
+ * keepalive intervals if longer, while a request waits.  An older agent's
+ * grants may take as long as its queue: only its answer to HELLO is timed.
  */
 #define _GNU_SOURCE
 #include "lock_client.h"
 
 #include <errno.h>
 #include <poll.h>
-#include <signal.h>
-#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "agent_link.h"
 #include "capture.h"
 #include "config.h"
-#include "contexts.h"
-#include "gate.h"
-#include "interpose.h"
+#include "devices.h"
+#include "gpu_worker.h"
+#include "lock_machine.h"
 #include "lock_state.h"
 #include "log.h"
-#include "memory.h"
+#include "memory_accounting.h"
 #include "nvshare_protocol.h"
-#include "queue_bound.h"
-#include "wire.h"
+#include "shim_threads.h"
 
-/* The one instance, by a short name. */
-#define client nvshare_lock_client
+#define LIVENESS_MS 3000.0
 
-/* ---- lock transitions ------------------------------------------------------------------ */
+/* This connection: the agent has answered (any frame but ERROR); when it was
+ * last heard (or connected to); since when a request has waited (one or more). */
+static int answered;
+static double heard_at_ms;
+static double waiting_since_ms;
 
-/* A grant's prefetch and a release's drain wait for the GPU: seconds for a
- * large working set or a long kernel.  Each GPU's wait runs on a worker
- * thread of that GPU, started at its first transition, so the client thread
- * goes on serving the process's other GPUs meanwhile (their grants, drops and
- * requests).  The socket stays the client thread's: a worker that has
- * drained its GPU marks the lock drained, and the client thread sends
- * RELEASED. */
+/* What this connection's agent announced in WELCOME (none: an older agent). */
+static uint32_t agent_features;
+static uint32_t keepalive_ms;
 
-enum release_reason { RELEASE_IDLE, RELEASE_DROP };
+/* ---- the connection ---------------------------------------------------------------------- */
 
-/* Called with the mutex held, the lock held and its gate closed; the caller
- * wakes the waiting threads.  Those that found the gate closed meanwhile
- * (during a grant's prefetch, or a release that did not happen) go through
- * now: none needs a new request. */
-static void open_gate(int gpu)
+static void run_unscheduled(const char *why)
 {
-    struct gpu_lock *lock = &client.locks[gpu];
-    lock->want_again = 0;
-    /* Idle counts from here: the prefetch before it may take longer than the idle release. */
-    lock->seen_activity = atomic_load(&nvshare_gates[gpu].activity);
-    lock->activity_changed_at_ms = nvshare_now_ms();
-    atomic_store(&nvshare_gates[gpu].open, 1);
+    nvshare_link_close();
+    answered = 0;
+    nvshare_lock_run_unscheduled();
+    nvshare_link_retry_later();
+    nvshare_debug("running unscheduled: %s", why);
 }
 
-/* Called with the mutex held: is the job named ticket still the lock's? */
-static int job_current(int gpu, unsigned ticket)
+/* The agent is gone or spoke nonsense: warn once, open every gate, retry later. */
+static void lose_agent(const char *why)
 {
-    return client.locks[gpu].job_ticket == ticket && client.locks[gpu].state == LOCK_HELD;
+    NVSHARE_WARN_ONCE("lost the nvshare agent (%s): running unscheduled, reconnecting in "
+                      "the background",
+                      why);
+    run_unscheduled(why);
 }
 
-static void job_done(int gpu)
+/* Connects and says HELLO; on failure runs unscheduled (warning once on the
+ * first attempt) and sets the next retry time.  The locks are not touched
+ * until the agent answers: a process running unscheduled goes on so. */
+static void connect_to_agent(int first_attempt)
 {
-    struct gpu_lock *lock = &client.locks[gpu];
-    lock->job = JOB_NONE;
-    lock->job_taken = 0;
-    lock->drop_requested = 0;
-}
-
-/* An idle release found the GPU busy after all.  Returns 1 when it goes on
- * as a drop instead: one came meanwhile, and the worker is the one to honour
- * it (the client thread only posts a drop while no job runs). */
-static int abort_idle_release(int gpu, unsigned ticket, int gate_closed)
-{
-    int drop = 0;
-    pthread_mutex_lock(&client.mutex);
-    if (job_current(gpu, ticket)) {
-        drop = client.locks[gpu].drop_requested;
-        if (!drop) {
-            job_done(gpu);
-            if (gate_closed)
-                open_gate(gpu);
-            else
-                client.locks[gpu].activity_changed_at_ms = nvshare_now_ms();
+    const char *path = nvshare_config()->socket_path;
+    int error = nvshare_link_connect();
+    if (error != 0) {
+        if (first_attempt) {
+            NVSHARE_WARN_ONCE("cannot reach the nvshare agent at %s (%s): running unscheduled, "
+                              "retrying in the background",
+                              path, strerror(error));
+            run_unscheduled("no agent");
+        } else {
+            nvshare_link_retry_later();
         }
-    }
-    pthread_cond_broadcast(&client.changed);
-    pthread_mutex_unlock(&client.mutex);
-    if (!drop)
-        nvshare_client_wake(); /* its idle watch goes on */
-    return drop;
-}
-
-/* The driver refuses cuCtxSynchronize during a capture of any mode, from any
- * thread, and invalidates the capture (capture.c).  Wait for it to end, but
- * not past the agent's drop grace: by then the lock is revoked anyway. */
-static void wait_for_captures_to_end(void)
-{
-    pthread_mutex_lock(&client.mutex);
-    double grace_ms = client.have_settings ? client.settings.drop_grace_ms : 5000;
-    pthread_mutex_unlock(&client.mutex);
-    double deadline = nvshare_now_ms() + grace_ms;
-    while (atomic_load(&nvshare_active_captures) > 0 && nvshare_now_ms() < deadline) {
-        struct timespec pause = {.tv_nsec = 1000000};
-        nanosleep(&pause, NULL);
-    }
-}
-
-static void synchronize_context(int gpu, int slot, void *unused)
-{
-    (void)gpu, (void)slot, (void)unused;
-    nvshare_driver.ctx_synchronize();
-}
-
-/* Close the gate, let submissions in progress leave it, wait for the GPU to
- * finish what was submitted, then mark the lock drained.  Runs on the GPU's
- * worker (never an application thread: no application launch ever
- * synchronises). */
-static void drain(int gpu, enum release_reason reason, unsigned ticket)
-{
-    struct nvshare_gate *gate = &nvshare_gates[gpu];
-    struct gpu_lock *lock = &client.locks[gpu];
-    double started = nvshare_now_ms();
-
-    /* No passage, but the GPU still runs what was queued (a thread may be
-     * waiting for it in the queue bound, making no passage meanwhile): not
-     * idle yet.  The idle time counts from when that work is done. */
-    if (reason == RELEASE_IDLE && nvshare_queue_work_pending(gpu)) {
-        if (!abort_idle_release(gpu, ticket, 0))
-            return;
-        reason = RELEASE_DROP;
-    }
-    pthread_mutex_lock(&client.mutex);
-    if (!job_current(gpu, ticket)) {
-        pthread_mutex_unlock(&client.mutex);
         return;
     }
-    unsigned idle_activity = lock->seen_activity;
-    atomic_store(&gate->open, 0);
-    pthread_mutex_unlock(&client.mutex);
-
-    for (unsigned spins = 0; atomic_load(&gate->inflight) != 0; spins++) {
-        struct timespec pause = {.tv_nsec = spins < 100 ? 20000 : 1000000};
-        nanosleep(&pause, NULL);
-    }
-    /* A launch got in just before the gate closed (not idle after all), or
-     * a capture is open (its end would be waited for). */
-    if (reason == RELEASE_IDLE && (atomic_load(&gate->activity) != idle_activity ||
-                                   atomic_load(&nvshare_active_captures) > 0)) {
-        if (!abort_idle_release(gpu, ticket, 1))
-            return;
-        reason = RELEASE_DROP;
-    }
-    wait_for_captures_to_end();
-    nvshare_in_each_context(gpu, synchronize_context, NULL);
-    double drained = nvshare_now_ms();
-
-    pthread_mutex_lock(&client.mutex);
-    int current = job_current(gpu, ticket);
-    uint64_t lease = lock->lease;
-    double held_ms = drained - lock->granted_at_ms;
-    if (current)
-        lock->drained = 1;
-    pthread_mutex_unlock(&client.mutex);
-    if (!current)
+    agent_features = 0;
+    keepalive_ms = 0;
+    answered = 0;
+    heard_at_ms = nvshare_now_ms();
+    if (nvshare_link_hello() != 0) {
+        lose_agent("hello not sent");
         return;
-    nvshare_debug("release gpu=%d lease=%llu reason=%s held_ms=%.1f drain_ms=%.2f", gpu,
-                  (unsigned long long)lease, reason == RELEASE_IDLE ? "idle" : "drop", held_ms,
-                  drained - started);
-    nvshare_client_wake(); /* the client thread sends RELEASED */
-}
-
-static void prefetch_then_open(int gpu, unsigned ticket)
-{
-    nvshare_in_one_context(gpu, nvshare_memory_prefetch, NULL);
-    pthread_mutex_lock(&client.mutex);
-    struct gpu_lock *lock = &client.locks[gpu];
-    int current = job_current(gpu, ticket), drop = current && lock->drop_requested;
-    uint64_t lease = lock->lease;
-    double since_grant_ms = nvshare_now_ms() - lock->granted_at_ms;
-    if (current && !drop) {
-        job_done(gpu);
-        open_gate(gpu);
     }
-    if (drop)
-        lock->job = JOB_RELEASE_DROP; /* a drop came during the prefetch */
-    pthread_cond_broadcast(&client.changed);
-    pthread_mutex_unlock(&client.mutex);
-    if (current)
-        nvshare_debug("gate gpu=%d lease=%llu %s ms_after_grant=%.2f", gpu,
-                      (unsigned long long)lease, drop ? "stays closed for a drop" : "open",
-                      since_grant_ms);
-    if (current && !drop)
-        nvshare_client_wake(); /* its idle watch starts now */
-    if (drop)
-        drain(gpu, RELEASE_DROP, ticket);
+    nvshare_debug("connected to the agent at %s (%d GPUs)", path, nvshare_gpu_count());
 }
 
-static void run_job(int gpu, enum lock_job job, unsigned ticket)
+/* The agent's first frame: scheduled from now on.  The next GPU call of each
+ * GPU asks for its lock (threads already waiting keep their place). */
+static void agent_answered(void)
 {
-    if (job == JOB_PREFETCH)
-        prefetch_then_open(gpu, ticket);
-    else
-        drain(gpu, job == JOB_RELEASE_IDLE ? RELEASE_IDLE : RELEASE_DROP, ticket);
+    answered = 1;
+    nvshare_link_answered();
+    struct nvshare_lock_event connected = {.kind = NVSHARE_EVENT_CONNECTED};
+    struct nvshare_lock_jobs jobs[NVSHARE_MAX_GPUS];
+    nvshare_lock_step_each(NVSHARE_MAX_GPUS, &connected, jobs);
+    nvshare_memory_mark_all_changed();
 }
 
-static void *gpu_worker_main(void *argument)
+/* How long the agent may stay silent now; 0: no bound. */
+static double liveness_ms(void)
 {
-    int gpu = (int)(intptr_t)argument;
-    char name[16];
-    snprintf(name, sizeof name, "nvshare-gpu%d", gpu);
-    prctl(PR_SET_NAME, name, 0, 0, 0);
-    /* Its driver calls are the shim's own (prefetches, synchronisations):
-     * none may invalidate an application's capture. */
-    nvshare_capture_relax();
-    pthread_mutex_lock(&client.mutex);
-    for (;;) {
-        struct gpu_lock *lock = &client.locks[gpu];
-        if (lock->job == JOB_NONE || lock->job_taken) {
-            pthread_cond_wait(&client.workers[gpu].wake, &client.mutex);
-            continue;
-        }
-        lock->job_taken = 1;
-        enum lock_job job = lock->job;
-        unsigned ticket = lock->job_ticket;
-        pthread_mutex_unlock(&client.mutex);
-        run_job(gpu, job, ticket);
-        pthread_mutex_lock(&client.mutex);
-    }
-    return NULL;
-}
-
-int nvshare_start_shim_thread(void *(*thread_main)(void *), void *arg)
-{
-    sigset_t all, previous;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &previous); /* the thread inherits this mask */
-    pthread_attr_t attributes;
-    pthread_attr_init(&attributes);
-    pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
-    pthread_t thread;
-    int failed = pthread_create(&thread, &attributes, thread_main, arg);
-    pthread_attr_destroy(&attributes);
-    pthread_sigmask(SIG_SETMASK, &previous, NULL);
-    return failed;
-}
-
-/* Called with the mutex held, by the client thread: hands job to gpu's
- * worker.  Returns the job's ticket when no worker could be started, and
- * the caller runs it itself once it has let go of the mutex; 0 otherwise. */
-static unsigned post_job(int gpu, enum lock_job job)
-{
-    struct gpu_lock *lock = &client.locks[gpu];
-    struct gpu_worker *worker = &client.workers[gpu];
-    if (++worker->last_ticket == 0)
-        worker->last_ticket = 1; /* 0 names no job */
-    lock->job = job;
-    lock->job_ticket = worker->last_ticket;
-    lock->job_taken = 0;
-    lock->drop_requested = 0;
-    if (!worker->started && nvshare_start_shim_thread(gpu_worker_main, (void *)(intptr_t)gpu) == 0)
-        worker->started = 1;
-    if (worker->started) {
-        pthread_cond_signal(&worker->wake);
+    if (!answered)
+        return LIVENESS_MS;
+    if (!(agent_features & NVSHARE_FEATURE_KEEPALIVE) || nvshare_lock_requests_waiting() == 0)
         return 0;
-    }
-    NVSHARE_WARN_ONCE(
-        "cannot start a GPU worker thread: lock transitions wait on the client thread");
-    lock->job_taken = 1;
-    return lock->job_ticket;
+    return 3.0 * keepalive_ms > LIVENESS_MS ? 3.0 * keepalive_ms : LIVENESS_MS;
 }
 
-/* Locks whose GPU a worker has drained: forget them and tell the agent. */
+/* When the agent's silence ends the connection; 0: never. */
+static double silent_deadline_ms(void)
+{
+    double bound = liveness_ms();
+    if (bound == 0)
+        return 0;
+    double since = answered && waiting_since_ms > heard_at_ms ? waiting_since_ms : heard_at_ms;
+    return since + bound;
+}
+
+static void agent_silent(double bound_ms)
+{
+    NVSHARE_WARN_ONCE("the nvshare agent has not answered for %.0f s: running unscheduled, "
+                      "retrying in the background",
+                      bound_ms / 1000);
+    nvshare_link_slow_down();
+    run_unscheduled("the agent is silent");
+}
+
+/* ---- what the lock machines ask for ----------------------------------------------------- */
+
+/* Sends the frames jobs ask for, and hands posted work to the GPU's worker.
+ * 0, or -1 when the agent was lost. */
+static int carry_out(int gpu, const struct nvshare_lock_jobs *jobs)
+{
+    for (int i = 0; i < jobs->count; i++) {
+        const struct nvshare_lock_job *job = &jobs->job[i];
+        if (job->kind == NVSHARE_JOB_SEND_REQUEST) {
+            nvshare_debug("request gpu=%d", gpu);
+            if (nvshare_link_send_lock(NVSHARE_MSG_LOCK_REQUEST, gpu, 0, 0) != 0) {
+                lose_agent("request not sent");
+                return -1;
+            }
+        } else if (job->kind == NVSHARE_JOB_SEND_RELEASED) {
+            if (nvshare_link_send_lock(NVSHARE_MSG_RELEASED, gpu, job->lease, job->idle_ms) != 0) {
+                lose_agent("release not sent");
+                return -1;
+            }
+        } else if (job->kind == NVSHARE_JOB_POST_WORK) {
+            nvshare_worker_post(gpu);
+        }
+    }
+    return 0;
+}
+
+/* Every GPU's machine with event, and what each asks for. */
+static void step_each_and_carry_out(struct nvshare_lock_event *event)
+{
+    struct nvshare_lock_jobs jobs[NVSHARE_MAX_GPUS];
+    int count = nvshare_gpu_count();
+    nvshare_lock_step_each(count, event, jobs);
+    for (int gpu = 0; gpu < count && nvshare_link_up(); gpu++)
+        if (carry_out(gpu, &jobs[gpu]) != 0)
+            return;
+}
+
+/* Locks whose GPU a worker has drained: RELEASED (and asked again if a
+ * thread came meanwhile). */
 static void send_releases(void)
 {
-    struct {
-        int gpu;
-        uint64_t lease;
-    } released[NVSHARE_MAX_GPUS];
-    int count = 0, again = 0;
-    pthread_mutex_lock(&client.mutex);
-    for (int gpu = 0; gpu < client.gpu_count; gpu++) {
-        struct gpu_lock *lock = &client.locks[gpu];
-        if (!lock->drained)
+    struct nvshare_lock_event release = {.kind = NVSHARE_EVENT_SEND_RELEASE};
+    step_each_and_carry_out(&release);
+}
+
+static void send_wanted_requests(void)
+{
+    int waited = nvshare_lock_requests_waiting();
+    struct nvshare_lock_event request = {.kind = NVSHARE_EVENT_SEND_REQUEST};
+    step_each_and_carry_out(&request);
+    if (!waited)
+        waiting_since_ms = nvshare_now_ms(); /* the agent's silence counts from here */
+}
+
+/* Each GPU's total memory, for an agent without NVML (a container, CI):
+ * once per connection, to an agent that announced GPU_MEMORY.  A GPU whose
+ * size the driver did not give is left out rather than reported empty. */
+static void send_gpu_memory(void)
+{
+    for (int gpu = 0; gpu < nvshare_gpu_count() && nvshare_link_up(); gpu++) {
+        struct nvshare_gpu_memory memory = {.gpu = *nvshare_gpu_uuid(gpu),
+                                            .total_bytes = nvshare_gpu_total_bytes(gpu)};
+        if (memory.total_bytes == 0)
             continue;
-        released[count].gpu = gpu;
-        released[count++].lease = lock->lease;
-        int wanted = lock->want_again;
-        memset(lock, 0, sizeof *lock);
-        if (wanted) {
-            lock->state = LOCK_WANTED; /* asked again right after RELEASED */
-            again = 1;
-        }
+        if (nvshare_link_send(NVSHARE_MSG_GPU_MEMORY, &memory, sizeof memory) != 0)
+            lose_agent("gpu memory not sent");
     }
-    pthread_mutex_unlock(&client.mutex);
-    for (int i = 0; i < count; i++) {
-        if (nvshare_send_lock_message(NVSHARE_MSG_RELEASED, released[i].gpu, released[i].lease) !=
-            0) {
-            nvshare_lose_agent("release not sent");
-            return;
-        }
-    }
-    if (again)
-        nvshare_client_wake();
 }
 
-static void on_grant(int gpu, uint64_t lease, uint32_t flags)
+static void send_memory_reports(void)
 {
-    struct gpu_lock *lock = &client.locks[gpu];
-    pthread_mutex_lock(&client.mutex);
-    if (lock->state != LOCK_REQUESTED) {
-        int duplicate = lock->state == LOCK_HELD && lock->lease == lease;
-        pthread_mutex_unlock(&client.mutex);
-        nvshare_debug("grant gpu=%d lease=%llu not asked for: %s", gpu, (unsigned long long)lease,
-                      duplicate ? "ignored" : "released");
-        if (!duplicate && nvshare_send_lock_message(NVSHARE_MSG_RELEASED, gpu, lease) != 0)
-            nvshare_lose_agent("release not sent");
-        return;
+    for (int gpu = 0; gpu < nvshare_gpu_count() && nvshare_link_up(); gpu++) {
+        struct nvshare_memory_report report = {.gpu = *nvshare_gpu_uuid(gpu)};
+        if (!nvshare_memory_take_report(gpu, &report.managed_bytes, &report.unmanaged_bytes))
+            continue;
+        if (nvshare_link_send(NVSHARE_MSG_MEMORY_REPORT, &report, sizeof report) != 0)
+            lose_agent("memory report not sent");
     }
-    double now = nvshare_now_ms();
-    lock->state = LOCK_HELD;
-    lock->lease = lease;
-    lock->shared = (flags & NVSHARE_GRANT_SHARED) != 0;
-    lock->granted_at_ms = now;
-    int shared = lock->shared;
-    double waited_ms = now - lock->requested_at_ms;
-    unsigned inline_ticket = 0;
-    if (nvshare_config()->prefetch) {
-        inline_ticket = post_job(gpu, JOB_PREFETCH); /* the worker opens the gate */
-    } else {
-        open_gate(gpu);
-        pthread_cond_broadcast(&client.changed);
-    }
-    pthread_mutex_unlock(&client.mutex);
-    nvshare_debug("grant gpu=%d lease=%llu mode=%s waited_ms=%.2f", gpu, (unsigned long long)lease,
-                  shared ? "shared" : "exclusive", waited_ms);
-    if (inline_ticket)
-        run_job(gpu, JOB_PREFETCH, inline_ticket);
 }
 
-static void on_drop_request(int gpu, uint64_t lease)
+/* Early release of idle GPUs (lock_machine.c decides).  Returns the poll
+ * timeout until the next look. */
+static int release_idle_gpus(void)
 {
-    struct gpu_lock *lock = &client.locks[gpu];
-    unsigned inline_ticket = 0;
-    pthread_mutex_lock(&client.mutex);
-    int ours = lock->state == LOCK_HELD && lock->lease == lease;
-    if (ours && lock->job == JOB_NONE)
-        inline_ticket = post_job(gpu, JOB_RELEASE_DROP);
-    else if (ours)
-        lock->drop_requested = 1; /* the running job ends in a release */
-    pthread_mutex_unlock(&client.mutex);
-    nvshare_debug("drop gpu=%d lease=%llu%s", gpu, (unsigned long long)lease,
-                  ours ? "" : " (stale, ignored)");
-    if (inline_ticket)
-        run_job(gpu, JOB_RELEASE_DROP, inline_ticket);
+    struct nvshare_settings settings;
+    struct nvshare_lock_event look = {.kind = NVSHARE_EVENT_IDLE_LOOK};
+    if (nvshare_lock_settings(&settings))
+        look.idle_release_ms = settings.idle_release_ms;
+    struct nvshare_lock_jobs jobs[NVSHARE_MAX_GPUS];
+    int count = nvshare_gpu_count(), timeout = -1;
+    nvshare_lock_step_each(count, &look, jobs);
+    for (int gpu = 0; gpu < count; gpu++) {
+        carry_out(gpu, &jobs[gpu]);
+        if (jobs[gpu].look_in_ms >= 0 && (timeout < 0 || jobs[gpu].look_in_ms < timeout))
+            timeout = jobs[gpu].look_in_ms;
+    }
+    return timeout;
 }
 
-static void on_revoked(int gpu, uint64_t lease)
+/* ---- frames from the agent -------------------------------------------------------------- */
+
+static int has_job(const struct nvshare_lock_jobs *jobs, int kind)
 {
-    struct gpu_lock *lock = &client.locks[gpu];
-    pthread_mutex_lock(&client.mutex);
-    if (lock->state == LOCK_HELD && lock->lease == lease) {
-        atomic_store(&nvshare_gates[gpu].open, 0);
-        int again = lock->want_again;
-        memset(lock, 0, sizeof *lock);
-        if (again) {
-            lock->state = LOCK_WANTED;
-            nvshare_client_wake();
-        }
-        pthread_cond_broadcast(&client.changed);
-    }
-    pthread_mutex_unlock(&client.mutex);
+    for (int i = 0; i < jobs->count; i++)
+        if (jobs->job[i].kind == kind)
+            return 1;
+    return 0;
+}
+
+static void on_grant(int gpu, const struct nvshare_lock_message *message)
+{
+    struct nvshare_lock_event grant = {.kind = NVSHARE_EVENT_GRANT,
+                                       .lease = message->lease,
+                                       .flags = message->flags,
+                                       .prefetch = nvshare_config()->prefetch};
+    struct nvshare_lock_jobs jobs;
+    struct nvshare_lock_machine before;
+    nvshare_lock_step(gpu, &grant, &jobs, &before);
+    if (jobs.stale)
+        nvshare_debug("grant gpu=%d lease=%llu not asked for: %s", gpu,
+                      (unsigned long long)message->lease,
+                      has_job(&jobs, NVSHARE_JOB_SEND_RELEASED) ? "released" : "ignored");
+    else
+        nvshare_debug("grant gpu=%d lease=%llu mode=%s waited_ms=%.2f", gpu,
+                      (unsigned long long)message->lease,
+                      message->flags & NVSHARE_GRANT_SHARED ? "shared" : "exclusive",
+                      grant.now_ms - before.requested_at_ms);
+    carry_out(gpu, &jobs);
+}
+
+static void on_drop_request(int gpu, const struct nvshare_lock_message *message)
+{
+    struct nvshare_lock_event drop = {.kind = NVSHARE_EVENT_DROP,
+                                      .lease = message->lease,
+                                      .flags = message->flags,
+                                      .idle_ms = message->idle_ms};
+    struct nvshare_lock_jobs jobs;
+    nvshare_lock_step(gpu, &drop, &jobs, NULL);
+    if (message->flags & NVSHARE_DROP_WHEN_IDLE)
+        nvshare_debug("drop gpu=%d lease=%llu when idle for %u ms%s", gpu,
+                      (unsigned long long)message->lease, message->idle_ms,
+                      jobs.stale ? " (stale, ignored)" : "");
+    else
+        nvshare_debug("drop gpu=%d lease=%llu%s", gpu, (unsigned long long)message->lease,
+                      jobs.stale ? " (stale, ignored)" : "");
+    carry_out(gpu, &jobs);
+}
+
+static void on_revoked(int gpu, const struct nvshare_lock_message *message)
+{
+    struct nvshare_lock_event revoked = {.kind = NVSHARE_EVENT_REVOKED, .lease = message->lease};
+    struct nvshare_lock_jobs jobs;
+    nvshare_lock_step(gpu, &revoked, &jobs, NULL);
     NVSHARE_WARN_ONCE("the nvshare agent revoked this process's lock of a GPU (a drop request "
                       "was not honoured in time)");
-    nvshare_debug("revoked gpu=%d lease=%llu", gpu, (unsigned long long)lease);
+    nvshare_debug("revoked gpu=%d lease=%llu", gpu, (unsigned long long)message->lease);
 }
 
 static void on_frame(const struct nvshare_header *header, const unsigned char *payload)
 {
     switch (header->type) {
-    case NVSHARE_MSG_SETTINGS:
-        if (header->payload_bytes != sizeof(struct nvshare_settings))
+    case NVSHARE_MSG_SETTINGS: {
+        struct nvshare_settings settings;
+        if (header->payload_bytes != sizeof settings)
             break;
-        pthread_mutex_lock(&client.mutex);
-        memcpy(&client.settings, payload, sizeof client.settings);
-        client.have_settings = 1;
-        pthread_mutex_unlock(&client.mutex);
+        memcpy(&settings, payload, sizeof settings);
+        nvshare_lock_set_settings(&settings);
         nvshare_debug("settings anti_thrash=%u time_quantum_ms=%u idle_release_ms=%u",
-                      client.settings.anti_thrash, client.settings.time_quantum_ms,
-                      client.settings.idle_release_ms);
+                      settings.anti_thrash, settings.time_quantum_ms, settings.idle_release_ms);
         return;
+    }
+    case NVSHARE_MSG_WELCOME: {
+        struct nvshare_welcome welcome;
+        if (header->payload_bytes != sizeof welcome)
+            break;
+        memcpy(&welcome, payload, sizeof welcome);
+        agent_features = welcome.features;
+        keepalive_ms = welcome.features & NVSHARE_FEATURE_KEEPALIVE ? welcome.keepalive_ms : 0;
+        nvshare_debug("welcome features=%u keepalive_ms=%u", welcome.features,
+                      welcome.keepalive_ms);
+        if (agent_features & NVSHARE_FEATURE_GPU_MEMORY)
+            send_gpu_memory();
+        return;
+    }
+    case NVSHARE_MSG_KEEPALIVE:
+        return; /* only its arrival counts (liveness) */
     case NVSHARE_MSG_LOCK_GRANT:
     case NVSHARE_MSG_DROP_REQUEST:
     case NVSHARE_MSG_REVOKED: {
@@ -414,11 +344,11 @@ static void on_frame(const struct nvshare_header *header, const unsigned char *p
         if (gpu < 0)
             return;
         if (header->type == NVSHARE_MSG_LOCK_GRANT)
-            on_grant(gpu, message.lease, message.flags);
+            on_grant(gpu, &message);
         else if (header->type == NVSHARE_MSG_DROP_REQUEST)
-            on_drop_request(gpu, message.lease);
+            on_drop_request(gpu, &message);
         else
-            on_revoked(gpu, message.lease);
+            on_revoked(gpu, &message);
         return;
     }
     case NVSHARE_MSG_ERROR: {
@@ -428,7 +358,7 @@ static void on_frame(const struct nvshare_header *header, const unsigned char *p
         memcpy(&error, payload, sizeof error);
         error.text[sizeof error.text - 1] = '\0';
         NVSHARE_WARN_ONCE("the nvshare agent refused this process: %s", error.text);
-        nvshare_lose_agent("agent sent an error");
+        lose_agent("agent sent an error");
         return;
     }
     default:
@@ -440,100 +370,29 @@ static void on_frame(const struct nvshare_header *header, const unsigned char *p
 
 static void read_frames(void)
 {
-    int status = nvshare_wire_receive(client.socket_fd, &client.inbox);
+    int status = nvshare_link_receive();
     if (status <= 0) {
-        nvshare_lose_agent(status == 0 ? "connection closed" : strerror(errno));
+        lose_agent(status == 0 ? "connection closed" : strerror(errno));
         return;
     }
     struct nvshare_header header;
     unsigned char payload[NVSHARE_MAX_PAYLOAD_BYTES];
-    while (client.socket_fd >= 0 &&
-           (status = nvshare_wire_next_frame(&client.inbox, &header, payload)) != 0) {
+    while (nvshare_link_up() && (status = nvshare_link_next_frame(&header, payload)) != 0) {
         if (status < 0) {
             NVSHARE_WARN_ONCE("the nvshare agent speaks another protocol (magic 0x%x, "
                               "version %u; this shim speaks %u)",
                               header.magic, header.version, NVSHARE_PROTOCOL_VERSION);
-            nvshare_lose_agent("protocol mismatch");
+            lose_agent("protocol mismatch");
             return;
         }
+        heard_at_ms = nvshare_now_ms();
+        if (!answered && header.type != NVSHARE_MSG_ERROR)
+            agent_answered();
         on_frame(&header, payload);
     }
 }
 
 /* ---- the thread -------------------------------------------------------------------------- */
-
-static void send_wanted_requests(void)
-{
-    int wanted[NVSHARE_MAX_GPUS], count = 0;
-    pthread_mutex_lock(&client.mutex);
-    for (int gpu = 0; gpu < client.gpu_count; gpu++) {
-        if (client.locks[gpu].state == LOCK_WANTED) {
-            client.locks[gpu].state = LOCK_REQUESTED;
-            client.locks[gpu].requested_at_ms = nvshare_now_ms();
-            wanted[count++] = gpu;
-        }
-    }
-    pthread_mutex_unlock(&client.mutex);
-    for (int i = 0; i < count; i++) {
-        nvshare_debug("request gpu=%d", wanted[i]);
-        if (nvshare_send_lock_message(NVSHARE_MSG_LOCK_REQUEST, wanted[i], 0) != 0) {
-            nvshare_lose_agent("request not sent");
-            return;
-        }
-    }
-}
-
-static void send_memory_reports(void)
-{
-    for (int gpu = 0; gpu < client.gpu_count && client.socket_fd >= 0; gpu++) {
-        struct nvshare_memory_report report = {.gpu = client.uuids[gpu]};
-        if (!nvshare_memory_take_report(gpu, &report.managed_bytes, &report.unmanaged_bytes))
-            continue;
-        if (nvshare_send_frame(NVSHARE_MSG_MEMORY_REPORT, &report, sizeof report) != 0)
-            nvshare_lose_agent("memory report not sent");
-    }
-}
-
-/* Early release: a held, exclusive GPU whose gate saw no passage for
- * idle_release_ms (its worker then checks that no work this process queued
- * is still running).  Returns the poll timeout until the next look. */
-static int release_idle_gpus(void)
-{
-    pthread_mutex_lock(&client.mutex);
-    unsigned idle_ms = client.have_settings ? client.settings.idle_release_ms : 0;
-    int exclusive_holds = 0, inline_gpus[NVSHARE_MAX_GPUS], inline_count = 0;
-    unsigned inline_tickets[NVSHARE_MAX_GPUS];
-    double now = nvshare_now_ms();
-    for (int gpu = 0; gpu < client.gpu_count && idle_ms > 0; gpu++) {
-        struct gpu_lock *lock = &client.locks[gpu];
-        if (lock->state != LOCK_HELD || lock->shared || !atomic_load(&nvshare_gates[gpu].open))
-            continue;
-        exclusive_holds++;
-        /* While a job is posted, seen_activity stays what the idle decision saw:
-         * its worker may start late (waiting for the contexts' mutex) and must
-         * count the passages made since the decision, not since this look. */
-        if (lock->job != JOB_NONE)
-            continue;
-        unsigned activity = atomic_load(&nvshare_gates[gpu].activity);
-        if (activity != lock->seen_activity) {
-            lock->seen_activity = activity;
-            lock->activity_changed_at_ms = now;
-        } else if (lock->job == JOB_NONE && now - lock->activity_changed_at_ms >= idle_ms) {
-            unsigned ticket = post_job(gpu, JOB_RELEASE_IDLE);
-            if (ticket) {
-                inline_gpus[inline_count] = gpu;
-                inline_tickets[inline_count++] = ticket;
-            }
-        }
-    }
-    pthread_mutex_unlock(&client.mutex);
-    for (int i = 0; i < inline_count; i++)
-        run_job(inline_gpus[i], JOB_RELEASE_IDLE, inline_tickets[i]);
-    if (exclusive_holds == 0)
-        return -1;
-    int step = (int)(idle_ms / 4);
-    return step < 1 ? 1 : step > 250 ? 250 : step;
-}
 
 void *nvshare_client_main(void *unused)
 {
@@ -542,50 +401,54 @@ void *nvshare_client_main(void *unused)
     /* Every driver call of this thread is the shim's own (prefetches, their
      * stream's synchronisation): none may invalidate an application's capture. */
     nvshare_capture_relax();
-    nvshare_connect_to_agent(1);
+    connect_to_agent(1);
     for (;;) {
         int timeout = -1;
-        if (client.socket_fd >= 0)
+        if (nvshare_link_up() && answered) {
             send_releases();
-        if (client.socket_fd >= 0) {
-            send_wanted_requests();
-            send_memory_reports();
+            if (nvshare_link_up()) {
+                send_wanted_requests();
+                send_memory_reports();
+            }
+            if (nvshare_link_up())
+                timeout = release_idle_gpus();
         }
-        if (client.socket_fd >= 0)
-            timeout = release_idle_gpus();
-        if (client.socket_fd < 0) {
-            double wait = client.retry_at_ms - nvshare_now_ms();
+        double now = nvshare_now_ms(), deadline = silent_deadline_ms();
+        if (nvshare_link_up() && deadline > 0) {
+            if (now >= deadline) {
+                agent_silent(liveness_ms());
+                continue;
+            }
+            int until_silent = (int)(deadline - now) + 1;
+            timeout = timeout < 0 || until_silent < timeout ? until_silent : timeout;
+        }
+        if (!nvshare_link_up()) {
+            double wait = nvshare_link_retry_at_ms() - now;
             timeout = wait < 0 ? 0 : (int)wait + 1;
         }
         struct pollfd watched[2] = {
-            {.fd = client.wake_fd, .events = POLLIN},
-            {.fd = client.socket_fd, .events = POLLIN},
+            {.fd = nvshare_doorbell_fd(), .events = POLLIN},
+            {.fd = nvshare_link_up() ? nvshare_link_fd() : nvshare_link_watch_fd(),
+             .events = POLLIN},
         };
-        int ready = poll(watched, client.socket_fd >= 0 ? 2 : 1, timeout);
+        int ready = poll(watched, watched[1].fd >= 0 ? 2 : 1, timeout);
         if (ready < 0 && errno != EINTR) {
             struct timespec pause = {.tv_nsec = 10000000};
             nanosleep(&pause, NULL);
         }
-        if (ready > 0 && (watched[0].revents & POLLIN)) {
-            uint64_t count;
-            ssize_t ignored = read(client.wake_fd, &count, sizeof count);
-            (void)ignored;
-        }
-        if (client.socket_fd >= 0 && ready > 0 && watched[1].revents)
+        if (ready > 0 && (watched[0].revents & POLLIN))
+            nvshare_doorbell_drain();
+        if (nvshare_link_up() && ready > 0 && watched[1].revents)
             read_frames();
-        if (client.socket_fd < 0 && nvshare_now_ms() >= client.retry_at_ms)
-            nvshare_connect_to_agent(0);
+        else if (!nvshare_link_up() && ready > 0 && watched[1].revents)
+            nvshare_link_read_watch();
+        if (!nvshare_link_up() && nvshare_now_ms() >= nvshare_link_retry_at_ms())
+            connect_to_agent(0);
     }
     return NULL;
 }
 
-void nvshare_client_wake(void)
+void nvshare_client_forget_after_fork(void)
 {
-    int saved_errno = errno;
-    uint64_t one = 1;
-    if (client.wake_fd >= 0) {
-        ssize_t ignored = write(client.wake_fd, &one, sizeof one);
-        (void)ignored;
-    }
-    errno = saved_errno;
+    answered = 0;
 }

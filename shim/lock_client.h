@@ -1,12 +1,11 @@
-/* The client thread's services for the rest of the shim. */
+/* The lock client's thread (lock_client.c). */
 #ifndef NVSHARE_LOCK_CLIENT_H
 #define NVSHARE_LOCK_CLIENT_H
 
-/* Wake the client thread: memory totals changed. */
-void nvshare_client_wake(void);
+/* The client thread's body: started once per process, at the first CUDA call. */
+void *nvshare_client_main(void *unused);
 
-/* Starts one of the shim's own threads: detached, and taking no signals (they
- * belong to the application's threads).  Returns pthread_create's error. */
-int nvshare_start_shim_thread(void *(*thread_main)(void *), void *arg);
+/* In a forked child: the parent's connection state and directory watch are not its own. */
+void nvshare_client_forget_after_fork(void);
 
 #endif

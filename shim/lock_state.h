@@ -1,71 +1,76 @@
-/* The lock client's state, shared by the application side (gate.c) and the
- * client thread (lock_client.c).  Everything here is guarded by
- * nvshare_lock_client.mutex unless a field says otherwise. */
+/*
+ * The lock client's state (lock_state.c): each GPU's lock machine and gate,
+ * and the agent's settings, behind one mutex.  The only way to change a lock
+ * is a step of its machine (lock_machine.h) through here; the gate and
+ * wake-up jobs a step returns are carried out here, under the mutex, and the
+ * rest (frames to send, work to start) go back to the caller.
+ */
 #ifndef NVSHARE_LOCK_STATE_H
 #define NVSHARE_LOCK_STATE_H
 
-#include <pthread.h>
 #include <stdatomic.h>
-#include <stddef.h>
 #include <stdint.h>
 
+#include "lock_machine.h"
 #include "nvshare_protocol.h"
-#include "wire.h"
 
-enum lock_state {
-    LOCK_IDLE = 0,  /* not held, nobody waiting */
-    LOCK_WANTED,    /* a thread waits; the request is not sent yet */
-    LOCK_REQUESTED, /* LOCK_REQUEST sent, no grant yet */
-    LOCK_HELD       /* granted (gate open), or being released (gate closed) */
-};
+/*
+ * The per-GPU gate every GATED hook passes (the fast path, gate.h).
+ *
+ * While this process holds a GPU (or runs unscheduled), passing costs two
+ * atomic read-modify-writes and a load: no syscall, no mutex.  Otherwise the
+ * caller asks the client thread for the lock and waits
+ * (nvshare_lock_wait_for_gate).
+ *
+ * Why inflight is raised *before* open is read: a release closes the gate and
+ * then waits for inflight to reach zero.  With both sides using sequentially
+ * consistent operations, either the submitter sees the gate closed (and backs
+ * out) or the release sees it inside; a submission can never slip past a
+ * release.
+ */
+struct nvshare_gate {
+    atomic_int open;      /* 1: held, shared, or unscheduled (no agent) */
+    atomic_int inflight;  /* submissions between gate and driver right now */
+    atomic_uint activity; /* bumped per passage; idle = unchanged */
+} __attribute__((aligned(64)));
 
-/* The slow half of a transition, which runs on the GPU's worker thread
- * (lock_client.c): a grant's prefetch, a release's drain. */
-enum lock_job { JOB_NONE = 0, JOB_PREFETCH, JOB_RELEASE_IDLE, JOB_RELEASE_DROP };
+extern struct nvshare_gate nvshare_gates[NVSHARE_MAX_GPUS];
 
-struct gpu_lock {
-    enum lock_state state;
-    uint64_t lease;
-    int shared;     /* granted with anti-thrash off */
-    int want_again; /* a thread arrived while the lock was being released */
-    double requested_at_ms;
-    double granted_at_ms;
-    unsigned seen_activity; /* idle detection: gate activity at the last look */
-    double activity_changed_at_ms;
-    enum lock_job job;   /* posted to the GPU's worker, or running there */
-    unsigned job_ticket; /* names that posting: a worker drops the results of a job
-                                       its lock no longer has (revoked, agent lost) */
-    int job_taken;       /* the worker has started it */
-    int drop_requested;  /* a drop request came while a job ran */
-    int drained;         /* released on the GPU: the client thread sends RELEASED */
-};
+/* 1 once the client thread runs (lifecycle.c). */
+extern atomic_int nvshare_client_running;
 
-struct gpu_worker {
-    pthread_cond_t wake; /* a job was posted */
-    int started;
-    unsigned last_ticket;
-};
+/* Steps gpu's machine with event, its time and the gate's activity filled in
+ * here.  before (may be NULL) receives the machine as it was. */
+void nvshare_lock_step(int gpu, struct nvshare_lock_event *event, struct nvshare_lock_jobs *jobs,
+                       struct nvshare_lock_machine *before);
+/* The same event for GPUs 0..count-1 under one hold of the mutex;
+ * jobs[gpu] receives each one's jobs. */
+void nvshare_lock_step_each(int count, const struct nvshare_lock_event *event,
+                            struct nvshare_lock_jobs jobs[]);
 
-struct lock_client {
-    pthread_mutex_t mutex;
-    pthread_cond_t changed; /* a gate opened or a lock changed state */
-    int socket_fd;          /* -1 while unscheduled; only the client thread uses it */
-    int wake_fd;
-    int gpu_count; /* fixed once the client runs */
-    struct nvshare_gpu_uuid uuids[NVSHARE_MAX_GPUS];
-    struct nvshare_settings settings;
-    int have_settings;
-    struct gpu_lock locks[NVSHARE_MAX_GPUS];
-    struct gpu_worker workers[NVSHARE_MAX_GPUS];
-    double retry_at_ms;         /* client thread only */
-    struct nvshare_inbox inbox; /* client thread only */
-};
+/* An application thread, at gpu's closed gate: asks for the lock (the client
+ * thread hears) and waits until the gate opens or the client stops. */
+void nvshare_lock_wait_for_gate(int gpu);
 
-extern struct lock_client nvshare_lock_client;
+/* gpu's worker: waits until work is posted, takes it. */
+void nvshare_lock_wait_for_work(int gpu, int *work, uint32_t *ticket);
+/* Takes posted work without waiting (when no worker could be started):
+ * 1 and the work, or 0. */
+int nvshare_lock_take_work(int gpu, int *work, uint32_t *ticket);
 
-/* The client thread's body (lock_client.c). */
-void *nvshare_client_main(void *unused);
+/* How many GPUs' requests wait for a grant. */
+int nvshare_lock_requests_waiting(void);
 
-void nvshare_set_all_gates(int open);
+/* The agent's SETTINGS: kept while connected. */
+void nvshare_lock_set_settings(const struct nvshare_settings *settings);
+/* 1 and *settings when the agent has sent them, else 0. */
+int nvshare_lock_settings(struct nvshare_settings *settings);
+
+/* No agent: every lock forgotten (AGENT_LOST), every gate open, the
+ * settings forgotten, waiting threads woken. */
+void nvshare_lock_run_unscheduled(void);
+
+/* In a forked child (lifecycle.c): as never started, with plain stores. */
+void nvshare_lock_forget_after_fork(void);
 
 #endif

@@ -1,14 +1,21 @@
+#define _GNU_SOURCE
 #include "log.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
+/* NVSHARE_DEBUG is read here, not in config.c: logging sits below everything
+ * else, configuration included (config.c warns through it), and a copy of the
+ * shim that never starts a client (a second copy in the process, interpose.c)
+ * still logs.  Read at the first debug line, never at load time. */
+static int debug_enabled;
+static pthread_once_t debug_once = PTHREAD_ONCE_INIT;
 
 /* One write(2) per line so lines of several threads and processes do not
  * interleave, and no stdio: stderr's FILE lock and buffer belong to the
@@ -35,9 +42,26 @@ static void write_line(const char *prefix, const char *fmt, va_list args)
     errno = saved_errno;
 }
 
+static void read_debug(void)
+{
+    int saved_errno = errno;
+    const char *text = secure_getenv("NVSHARE_DEBUG");
+    if (text != NULL && strcmp(text, "1") == 0)
+        debug_enabled = 1;
+    else if (text != NULL && *text != '\0' && strcmp(text, "0") != 0)
+        nvshare_warn("NVSHARE_DEBUG=%.40s is not 0 or 1; using 0", text);
+    errno = saved_errno;
+}
+
+int nvshare_debug_enabled(void)
+{
+    pthread_once(&debug_once, read_debug);
+    return debug_enabled;
+}
+
 void nvshare_debug(const char *fmt, ...)
 {
-    if (!nvshare_config()->debug)
+    if (!nvshare_debug_enabled())
         return;
     va_list args;
     va_start(args, fmt);

@@ -6,6 +6,8 @@
 
 #define NVSHARE_PRINTF(a, b) __attribute__((format(printf, a, b)))
 
+/* NVSHARE_DEBUG=1 (read once, at the first call; a bad value warns once). */
+int nvshare_debug_enabled(void);
 /* Debug lines appear only with NVSHARE_DEBUG=1. */
 void nvshare_debug(const char *fmt, ...) NVSHARE_PRINTF(1, 2);
 /* "[nvshare] warning: ..." lines always appear. */

@@ -23,144 +23,41 @@
  *  - cuMemGetInfo_v2 reports the whole GPU minus this process's allocations,
  *    so frameworks size their caches for the GPU, not for what others hold.
  *
- * The mutex guards the maps and totals only; no driver call runs under it.
+ * What the shim knows of each allocation and the totals per GPU are kept in
+ * memory_accounting.c, below these hooks.
  */
 #define _GNU_SOURCE
-#include "memory.h"
-
 #include <errno.h>
-#include <pthread.h>
-#include <stdlib.h>
-#include <string.h>
+#include <stdint.h>
 
 #include "allocation_map.h"
-#include "memory_internal.h"
+#include "capture.h"
 #include "config.h"
 #include "contexts.h"
-#include "gate.h"
+#include "devices.h"
+#include "driver.h"
 #include "hooks.h"
-#include "interpose.h"
-#include "lock_client.h"
 #include "log.h"
-#include "nvshare_protocol.h"
+#include "memory_accounting.h"
 #include "parking.h"
 
 #define PITCH_ALIGNMENT 512
 #define NOT_CONVERTED   (-1)
 
-struct gpu_memory {
-    uint64_t managed_bytes;
-    uint64_t unmanaged_bytes;
-    uint64_t reserved_bytes; /* allocations under way, counted against the limit */
-    uint64_t total_bytes;    /* the GPU's memory; 0 until known */
-    int changed;             /* totals not yet reported */
-};
-
-pthread_mutex_t nvshare_memory_mutex = PTHREAD_MUTEX_INITIALIZER;
-struct allocation_map nvshare_pointer_map;
-struct allocation_map nvshare_handle_map;
-struct allocation_map nvshare_vmm_mapping_map;
-static struct gpu_memory gpus[NVSHARE_MAX_GPUS];
-
-/* A grant's prefetch may be split into chunks spread over several streams
- * (an experiment: bench/gpu/prefetch_split.py builds the shim with other values). */
-#ifndef NVSHARE_PREFETCH_STREAMS
-#define NVSHARE_PREFETCH_STREAMS 1
-#elif NVSHARE_PREFETCH_STREAMS < 1
-#error "NVSHARE_PREFETCH_STREAMS must be at least 1"
-#endif
-#ifndef NVSHARE_PREFETCH_CHUNK_BYTES
-#define NVSHARE_PREFETCH_CHUNK_BYTES (256ULL << 20)
-#endif
-
-/* The prefetch streams of each GPU and context, created on the client thread. */
-static CUstream prefetch_streams[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS][NVSHARE_PREFETCH_STREAMS];
-
-static void count(int gpu, enum allocation_kind kind, uint64_t bytes, int adding)
-{
-    uint64_t *total = kind == ALLOCATION_VMM || kind == ALLOCATION_IPC ? &gpus[gpu].unmanaged_bytes
-                                                                       : &gpus[gpu].managed_bytes;
-    *total = adding ? *total + bytes : (*total >= bytes ? *total - bytes : 0);
-    gpus[gpu].changed = 1;
-}
-
-void nvshare_memory_remember(struct allocation_map *map, uint64_t key, uint64_t bytes, int gpu,
-                             int context_slot, enum allocation_kind kind)
-{
-    struct allocation entry = {.key = key,
-                               .bytes = bytes,
-                               .gpu = gpu,
-                               .context_slot = context_slot,
-                               .kind = kind,
-                               .opens = 1};
-    pthread_mutex_lock(&nvshare_memory_mutex);
-    struct allocation *known = allocation_map_find(map, key);
-    if (known != NULL && kind == ALLOCATION_IPC && known->kind == ALLOCATION_IPC) {
-        known->opens++; /* a handle opened again: the same mapping, its reference counted */
-    } else {
-        /* An address handed out again while still known: its free went unseen (a
-         * context past the slots), so the old entry's bytes are gone. */
-        if (known != NULL)
-            count(known->gpu, known->kind, known->bytes, 0);
-        if (allocation_map_put(map, &entry) == 0)
-            count(gpu, kind, bytes, 1);
-    }
-    pthread_mutex_unlock(&nvshare_memory_mutex);
-    nvshare_client_wake();
-}
-
-int nvshare_memory_forget(struct allocation_map *map, uint64_t key, enum allocation_kind kind)
-{
-    struct allocation entry;
-    pthread_mutex_lock(&nvshare_memory_mutex);
-    struct allocation *found = allocation_map_find(map, key);
-    if (found != NULL && found->kind == kind && found->opens > 1) {
-        found->opens--; /* an IPC mapping still open, a VMM handle still mapped or unreleased */
-        pthread_mutex_unlock(&nvshare_memory_mutex);
-        return 1;
-    }
-    int known = found != NULL && found->kind == kind && allocation_map_take(map, key, &entry);
-    if (known)
-        count(entry.gpu, entry.kind, entry.bytes, 0);
-    pthread_mutex_unlock(&nvshare_memory_mutex);
-    if (known)
-        nvshare_client_wake();
-    return known;
-}
-
-static int is_managed(const struct allocation *entry)
-{
-    return entry->kind == ALLOCATION_CONVERTED || entry->kind == ALLOCATION_APP_MANAGED;
-}
-
-uint64_t nvshare_memory_gpu_total(int gpu)
-{
-    if (gpus[gpu].total_bytes == 0 && nvshare_driver.device_total_mem != NULL) {
-        size_t bytes = 0;
-        if (nvshare_driver.device_total_mem(&bytes, gpu) == CUDA_SUCCESS)
-            gpus[gpu].total_bytes = bytes;
-    }
-    return gpus[gpu].total_bytes;
-}
-
 /* The conversion itself.  NOT_CONVERTED: no context or driver support, so
  * the caller passes the call through and the driver answers as it would. */
 static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *what)
 {
-    nvshare_client_start();
-    cuMemAllocManaged_fn managed = NVSHARE_REAL(cuMemAllocManaged, cuMemAllocManaged_fn);
+    nvshare_devices_discover();
+    cuMemAllocManaged_fn managed = NVSHARE_REAL(cuMemAllocManaged);
     CUcontext context;
     int gpu = nvshare_current_gpu(&context);
     if (managed == NULL || gpu < 0 || dptr == NULL)
         return NOT_CONVERTED;
-    uint64_t total = nvshare_memory_gpu_total(gpu);
+    uint64_t total = nvshare_gpu_total_bytes(gpu);
 
-    pthread_mutex_lock(&nvshare_memory_mutex);
-    struct gpu_memory *memory = &gpus[gpu];
-    uint64_t in_use = memory->managed_bytes + memory->unmanaged_bytes + memory->reserved_bytes;
-    if (!nvshare_config()->single_oversub && total != 0 &&
-        (in_use > total || bytes > total - in_use)) {
-        pthread_mutex_unlock(&nvshare_memory_mutex);
+    uint64_t in_use;
+    if (!nvshare_memory_reserve(gpu, bytes, total, nvshare_config()->single_oversub, &in_use)) {
         /* Parked blocks are held only for reuse: they give way first. */
         if (nvshare_parking_free(gpu, in_use + bytes - total) > 0)
             return allocate_managed(dptr, bytes, what);
@@ -170,14 +67,10 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
                       (unsigned long long)total);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    memory->reserved_bytes += bytes;
-    pthread_mutex_unlock(&nvshare_memory_mutex);
 
     CUresult result = managed(dptr, bytes, CU_MEM_ATTACH_GLOBAL);
 
-    pthread_mutex_lock(&nvshare_memory_mutex);
-    memory->reserved_bytes -= bytes;
-    pthread_mutex_unlock(&nvshare_memory_mutex);
+    nvshare_memory_unreserve(gpu, bytes);
     if (result != CUDA_SUCCESS)
         return result;
     nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytes, gpu, nvshare_current_context_slot(),
@@ -190,7 +83,7 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
 NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     CUresult error;
-    cuMemAlloc_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAlloc_v2, cuMemAlloc_v2_fn, &error);
+    cuMemAlloc_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAlloc_v2, &error);
     if (real == NULL)
         return error;
     int saved_errno = errno;
@@ -205,8 +98,7 @@ NVSHARE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, si
                                            size_t Height, unsigned int ElementSizeBytes)
 {
     CUresult error;
-    cuMemAllocPitch_v2_fn real =
-        NVSHARE_REAL_OR_ERROR(cuMemAllocPitch_v2, cuMemAllocPitch_v2_fn, &error);
+    cuMemAllocPitch_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAllocPitch_v2, &error);
     if (real == NULL)
         return error;
     int saved_errno = errno;
@@ -234,61 +126,61 @@ static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t bytes, CUstrea
     stream = nvshare_actual_stream(stream, per_thread);
     if (nvshare_thread_capture_open() || !nvshare_stream_may_record(stream))
         return NOT_CONVERTED;
-    nvshare_client_start();
+    nvshare_devices_discover();
     if (nvshare_unpark(bytes, stream, dptr))
         return CUDA_SUCCESS;
     return allocate_managed(dptr, bytes, what);
 }
 
-#define DEFINE_ASYNC_ALLOC(name, per_thread)                                                   \
-    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)         \
-    {                                                                                          \
-        CUresult error;                                                                        \
-        cuMemAllocAsync_fn real = NVSHARE_REAL_OR_ERROR(name, cuMemAllocAsync_fn, &error);     \
-        if (real == NULL)                                                                      \
-            return error;                                                                      \
-        int saved_errno = errno;                                                               \
-        CUresult result = allocate_stream_ordered(dptr, bytesize, hStream, per_thread, #name); \
-        if (result == NOT_CONVERTED)                                                           \
-            result = real(dptr, bytesize, hStream);                                            \
-        errno = saved_errno;                                                                   \
-        return result;                                                                         \
+#define DEFINE_ASYNC_ALLOC(name)                                                         \
+    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)   \
+    {                                                                                    \
+        CUresult error;                                                                  \
+        __typeof__(&name) real = NVSHARE_REAL_OR_ERROR(name, &error);                    \
+        if (real == NULL)                                                                \
+            return error;                                                                \
+        int saved_errno = errno;                                                         \
+        CUresult result = allocate_stream_ordered(dptr, bytesize, hStream,               \
+                                                  NVSHARE_HOOK_PER_THREAD(name), #name); \
+        if (result == NOT_CONVERTED)                                                     \
+            result = real(dptr, bytesize, hStream);                                      \
+        errno = saved_errno;                                                             \
+        return result;                                                                   \
     }
-DEFINE_ASYNC_ALLOC(cuMemAllocAsync, 0)
-DEFINE_ASYNC_ALLOC(cuMemAllocAsync_ptsz, 1)
+DEFINE_ASYNC_ALLOC(cuMemAllocAsync)
+DEFINE_ASYNC_ALLOC(cuMemAllocAsync_ptsz)
 
-#define DEFINE_POOL_ALLOC(name, per_thread)                                                    \
-    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,        \
-                                 CUstream hStream)                                             \
-    {                                                                                          \
-        CUresult error;                                                                        \
-        cuMemAllocFromPoolAsync_fn real =                                                      \
-            NVSHARE_REAL_OR_ERROR(name, cuMemAllocFromPoolAsync_fn, &error);                   \
-        if (real == NULL)                                                                      \
-            return error;                                                                      \
-        int saved_errno = errno;                                                               \
-        CUresult result = allocate_stream_ordered(dptr, bytesize, hStream, per_thread, #name); \
-        if (result == NOT_CONVERTED)                                                           \
-            result = real(dptr, bytesize, pool, hStream);                                      \
-        errno = saved_errno;                                                                   \
-        return result;                                                                         \
+#define DEFINE_POOL_ALLOC(name)                                                          \
+    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,  \
+                                 CUstream hStream)                                       \
+    {                                                                                    \
+        CUresult error;                                                                  \
+        __typeof__(&name) real = NVSHARE_REAL_OR_ERROR(name, &error);                    \
+        if (real == NULL)                                                                \
+            return error;                                                                \
+        int saved_errno = errno;                                                         \
+        CUresult result = allocate_stream_ordered(dptr, bytesize, hStream,               \
+                                                  NVSHARE_HOOK_PER_THREAD(name), #name); \
+        if (result == NOT_CONVERTED)                                                     \
+            result = real(dptr, bytesize, pool, hStream);                                \
+        errno = saved_errno;                                                             \
+        return result;                                                                   \
     }
-DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync, 0)
-DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, 1)
+DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync)
+DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
 
 /* The application's own managed memory: not converted, but counted and
  * prefetched like ours. */
 NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     CUresult error;
-    cuMemAllocManaged_fn real =
-        NVSHARE_REAL_OR_ERROR(cuMemAllocManaged, cuMemAllocManaged_fn, &error);
+    cuMemAllocManaged_fn real = NVSHARE_REAL_OR_ERROR(cuMemAllocManaged, &error);
     if (real == NULL)
         return error;
     CUresult result = real(dptr, bytesize, flags);
     int saved_errno = errno;
     CUcontext context;
-    nvshare_client_start();
+    nvshare_devices_discover();
     int gpu = result == CUDA_SUCCESS ? nvshare_current_gpu(&context) : -1;
     if (gpu >= 0)
         nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytesize, gpu,
@@ -297,82 +189,28 @@ NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, un
     return result;
 }
 
-/* Forget a managed allocation, free it, and remember it again if the driver
- * refused (taking it out first keeps a racing allocation that reuses the
- * address from being forgotten instead).  A parked one is freed only when
- * parking asks: to the application it is freed already. */
-static CUresult free_managed(CUdeviceptr dptr, int *was_ours, int parked_too)
-{
-    struct allocation entry;
-    pthread_mutex_lock(&nvshare_memory_mutex);
-    struct allocation *found = allocation_map_find(&nvshare_pointer_map, dptr);
-    int parked = found != NULL && found->kind == ALLOCATION_PARKED;
-    *was_ours = found != NULL && (parked_too ? parked : is_managed(found) || parked);
-    if (*was_ours && (!parked || parked_too)) {
-        allocation_map_take(&nvshare_pointer_map, dptr, &entry);
-        count(entry.gpu, entry.kind, entry.bytes, 0);
-    }
-    pthread_mutex_unlock(&nvshare_memory_mutex);
-    if (!*was_ours)
-        return CUDA_SUCCESS;
-    if (parked && !parked_too)
-        return CUDA_ERROR_INVALID_VALUE; /* freed twice */
-    CUresult result = NVSHARE_REAL(cuMemFree_v2, cuMemFree_v2_fn)(dptr);
-    /* A parked block the driver would not free is gone for the application
-     * already: nothing could free it later. */
-    if (result != CUDA_SUCCESS && !parked)
-        nvshare_memory_remember(&nvshare_pointer_map, entry.key, entry.bytes, entry.gpu,
-                                entry.context_slot, entry.kind);
-    else
-        nvshare_client_wake();
-    return result;
-}
-
 NVSHARE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     CUresult error;
-    cuMemFree_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemFree_v2, cuMemFree_v2_fn, &error);
+    cuMemFree_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemFree_v2, &error);
     if (real == NULL)
         return error;
     int saved_errno = errno, ours;
-    CUresult result = free_managed(dptr, &ours, 0);
+    CUresult result = nvshare_memory_free(dptr, &ours);
     if (!ours)
         result = real(dptr);
     errno = saved_errno;
     return result;
 }
 
-void nvshare_memory_free_parked(uint64_t pointer)
-{
-    int ours;
-    free_managed(pointer, &ours, 1);
-}
-
-int nvshare_memory_set_kind(uint64_t pointer, int gpu, int slot, enum allocation_kind from,
-                            enum allocation_kind to, uint64_t *bytes)
-{
-    pthread_mutex_lock(&nvshare_memory_mutex);
-    struct allocation *found = allocation_map_find(&nvshare_pointer_map, pointer);
-    int changed =
-        found != NULL && found->kind == from && found->gpu == gpu && found->context_slot == slot;
-    if (changed) {
-        found->kind = to;
-        *bytes = found->bytes;
-    }
-    pthread_mutex_unlock(&nvshare_memory_mutex);
-    return changed;
-}
-
 static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
                            cuMemFreeAsync_fn real)
 {
     int saved_errno = errno;
-    pthread_mutex_lock(&nvshare_memory_mutex);
-    struct allocation *found = allocation_map_find(&nvshare_pointer_map, dptr);
-    int ours = found != NULL && is_managed(found);
-    int converted = ours && found->kind == ALLOCATION_CONVERTED;
-    int parked = found != NULL && found->kind == ALLOCATION_PARKED;
-    pthread_mutex_unlock(&nvshare_memory_mutex);
+    enum allocation_kind kind = nvshare_memory_kind_of(dptr);
+    int ours = nvshare_memory_kind_is_managed(kind);
+    int converted = kind == ALLOCATION_CONVERTED;
+    int parked = kind == ALLOCATION_PARKED;
     CUresult result;
     stream = nvshare_actual_stream(stream, per_thread);
     if (parked) {
@@ -385,7 +223,7 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
         /* Stream order: work already queued on the stream may use the memory. */
         result = nvshare_driver.stream_synchronize(stream);
         if (result == CUDA_SUCCESS)
-            result = free_managed(dptr, &ours, 0);
+            result = nvshare_memory_free(dptr, &ours);
     }
     errno = saved_errno;
     return result;
@@ -394,21 +232,24 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
 NVSHARE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
     CUresult error;
-    cuMemFreeAsync_fn real = NVSHARE_REAL_OR_ERROR(cuMemFreeAsync, cuMemFreeAsync_fn, &error);
-    return real == NULL ? error : free_async(dptr, hStream, 0, real);
+    cuMemFreeAsync_fn real = NVSHARE_REAL_OR_ERROR(cuMemFreeAsync, &error);
+    return real == NULL ? error
+                        : free_async(dptr, hStream, NVSHARE_HOOK_PER_THREAD(cuMemFreeAsync), real);
 }
 
 NVSHARE_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
     CUresult error;
-    cuMemFreeAsync_fn real = NVSHARE_REAL_OR_ERROR(cuMemFreeAsync_ptsz, cuMemFreeAsync_fn, &error);
-    return real == NULL ? error : free_async(dptr, hStream, 1, real);
+    cuMemFreeAsync_fn real = NVSHARE_REAL_OR_ERROR(cuMemFreeAsync_ptsz, &error);
+    return real == NULL
+               ? error
+               : free_async(dptr, hStream, NVSHARE_HOOK_PER_THREAD(cuMemFreeAsync_ptsz), real);
 }
 
 NVSHARE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
     CUresult error;
-    cuMemGetInfo_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemGetInfo_v2, cuMemGetInfo_v2_fn, &error);
+    cuMemGetInfo_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemGetInfo_v2, &error);
     if (real == NULL)
         return error;
     CUresult result = real(free_bytes, total_bytes);
@@ -416,137 +257,12 @@ NVSHARE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
         return result;
     int saved_errno = errno;
     CUcontext context;
-    nvshare_client_start();
+    nvshare_devices_discover();
     int gpu = nvshare_current_gpu(&context);
     if (gpu >= 0) {
-        pthread_mutex_lock(&nvshare_memory_mutex);
-        uint64_t used = gpus[gpu].managed_bytes + gpus[gpu].unmanaged_bytes;
-        pthread_mutex_unlock(&nvshare_memory_mutex);
+        uint64_t used = nvshare_memory_used(gpu);
         *free_bytes = *total_bytes > used ? *total_bytes - used : 0;
     }
     errno = saved_errno;
     return result;
-}
-
-/* ---- for the client thread --------------------------------------------------------------- */
-
-int nvshare_memory_take_report(int gpu, uint64_t *managed_bytes, uint64_t *unmanaged_bytes)
-{
-    pthread_mutex_lock(&nvshare_memory_mutex);
-    int changed = gpus[gpu].changed;
-    gpus[gpu].changed = 0;
-    *managed_bytes = gpus[gpu].managed_bytes;
-    *unmanaged_bytes = gpus[gpu].unmanaged_bytes;
-    pthread_mutex_unlock(&nvshare_memory_mutex);
-    return changed;
-}
-
-void nvshare_memory_mark_all_changed(void)
-{
-    pthread_mutex_lock(&nvshare_memory_mutex);
-    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
-        gpus[gpu].changed = 1;
-    pthread_mutex_unlock(&nvshare_memory_mutex);
-}
-
-struct prefetch_range {
-    CUdeviceptr start;
-    uint64_t bytes;
-};
-
-void nvshare_memory_prefetch(int gpu, int slot, void *unused)
-{
-    (void)unused;
-    cuMemPrefetchAsync_v2_fn prefetch_v2 =
-        NVSHARE_REAL(cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_fn);
-    cuMemPrefetchAsync_v1_fn prefetch_v1 =
-        NVSHARE_REAL(cuMemPrefetchAsync, cuMemPrefetchAsync_v1_fn);
-    if (prefetch_v2 == NULL && prefetch_v1 == NULL)
-        return;
-
-    pthread_mutex_lock(&nvshare_memory_mutex);
-    size_t count = 0;
-    struct prefetch_range *ranges = malloc((nvshare_pointer_map.used + 1) * sizeof *ranges);
-    for (size_t i = 0; ranges != NULL && i < nvshare_pointer_map.capacity; i++) {
-        const struct allocation *entry = &nvshare_pointer_map.slots[i];
-        if (entry->key != 0 && entry->gpu == gpu && is_managed(entry))
-            ranges[count++] = (struct prefetch_range){entry->key, entry->bytes};
-    }
-    pthread_mutex_unlock(&nvshare_memory_mutex);
-    if (count == 0) {
-        free(ranges);
-        return;
-    }
-    double started = nvshare_now_ms();
-    CUstream *streams = prefetch_streams[gpu][slot];
-    int stream_count = 0;
-    for (; stream_count < NVSHARE_PREFETCH_STREAMS; stream_count++) {
-        CUstream *stream = &streams[stream_count];
-        if (*stream == NULL &&
-            nvshare_driver.stream_create(stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
-            *stream = NULL; /* whatever a failed call left there is no stream */
-            break;
-        }
-    }
-    uint64_t bytes = 0;
-    int next_stream = 0;
-    for (size_t i = 0; stream_count > 0 && i < count; i++) {
-        CUmemLocation location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = gpu};
-        uint64_t chunk = stream_count > 1 ? NVSHARE_PREFETCH_CHUNK_BYTES : ranges[i].bytes;
-        for (uint64_t offset = 0; offset < ranges[i].bytes; offset += chunk) {
-            CUdeviceptr start = ranges[i].start + offset;
-            uint64_t length = ranges[i].bytes - offset < chunk ? ranges[i].bytes - offset : chunk;
-            CUstream stream = streams[next_stream];
-            next_stream = (next_stream + 1) % stream_count;
-            /* A range freed since the snapshot only makes this call fail. */
-            CUresult result = prefetch_v2 != NULL ? prefetch_v2(start, length, location, 0, stream)
-                                                  : prefetch_v1(start, length, gpu, stream);
-            if (result == CUDA_SUCCESS)
-                bytes += length;
-        }
-    }
-    for (int i = 0; i < stream_count; i++)
-        nvshare_driver.stream_synchronize(streams[i]);
-    double elapsed_ms = nvshare_now_ms() - started;
-    nvshare_debug("prefetch gpu=%d allocations=%zu bytes=%llu ms=%.2f GB/s=%.1f", gpu, count,
-                  (unsigned long long)bytes, elapsed_ms,
-                  elapsed_ms > 0 ? (double)bytes / 1e6 / elapsed_ms : 0.0);
-    free(ranges);
-}
-
-void nvshare_memory_forget_context(int gpu, int slot)
-{
-    /* Freed with their context. */
-    memset(prefetch_streams[gpu][slot], 0, sizeof prefetch_streams[gpu][slot]);
-    pthread_mutex_lock(&nvshare_memory_mutex);
-    size_t gone = 0;
-    uint64_t *keys = malloc((nvshare_pointer_map.used + 1) * sizeof *keys);
-    for (size_t i = 0; keys != NULL && i < nvshare_pointer_map.capacity; i++) {
-        const struct allocation *entry = &nvshare_pointer_map.slots[i];
-        if (entry->key != 0 && entry->gpu == gpu && entry->context_slot == slot)
-            keys[gone++] = entry->key;
-    }
-    /* Taken after the walk: taking moves entries of the map around. */
-    for (size_t i = 0; i < gone; i++) {
-        struct allocation entry;
-        if (allocation_map_take(&nvshare_pointer_map, keys[i], &entry))
-            count(entry.gpu, entry.kind, entry.bytes, 0);
-    }
-    pthread_mutex_unlock(&nvshare_memory_mutex);
-    free(keys);
-    if (gone > 0) {
-        nvshare_debug("forgot %zu allocations of a destroyed context on GPU %d", gone, gpu);
-        nvshare_client_wake();
-    }
-}
-
-void nvshare_memory_forget_after_fork(void)
-{
-    nvshare_memory_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
-    /* The parent's maps are left allocated: freeing in a fork handler is unsafe. */
-    memset(&nvshare_pointer_map, 0, sizeof nvshare_pointer_map);
-    memset(&nvshare_handle_map, 0, sizeof nvshare_handle_map);
-    memset(&nvshare_vmm_mapping_map, 0, sizeof nvshare_vmm_mapping_map);
-    memset(gpus, 0, sizeof gpus);
-    memset(prefetch_streams, 0, sizeof prefetch_streams);
 }

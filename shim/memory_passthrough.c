@@ -16,18 +16,19 @@
 #include <pthread.h>
 
 #include "allocation_map.h"
-#include "gate.h"
+#include "contexts.h"
+#include "devices.h"
 #include "hooks.h"
-#include "interpose.h"
+#include "driver.h"
 #include "log.h"
-#include "memory_internal.h"
+#include "memory_accounting.h"
 #include "nvshare_protocol.h"
 
 NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                     const CUmemAllocationProp *prop, unsigned long long flags)
 {
     CUresult error;
-    cuMemCreate_fn real = NVSHARE_REAL_OR_ERROR(cuMemCreate, cuMemCreate_fn, &error);
+    cuMemCreate_fn real = NVSHARE_REAL_OR_ERROR(cuMemCreate, &error);
     if (real == NULL)
         return error;
     CUresult result = real(handle, size, prop, flags);
@@ -37,7 +38,7 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
     NVSHARE_WARN_ONCE("cuMemCreate (CUDA virtual memory: JAX's default allocator, PyTorch's "
                       "expandable_segments) cannot be made managed: that memory stays on the GPU "
                       "while others run (for JAX set XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async)");
-    nvshare_client_start();
+    nvshare_devices_discover();
     CUcontext context;
     int gpu = prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
                   ? prop->location.id
@@ -52,7 +53,7 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
 NVSHARE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     CUresult error;
-    cuMemRelease_fn real = NVSHARE_REAL_OR_ERROR(cuMemRelease, cuMemRelease_fn, &error);
+    cuMemRelease_fn real = NVSHARE_REAL_OR_ERROR(cuMemRelease, &error);
     if (real == NULL)
         return error;
     CUresult result = real(handle);
@@ -75,7 +76,7 @@ NVSHARE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                  CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
     CUresult error;
-    cuMemMap_fn real = NVSHARE_REAL_OR_ERROR(cuMemMap, cuMemMap_fn, &error);
+    cuMemMap_fn real = NVSHARE_REAL_OR_ERROR(cuMemMap, &error);
     if (real == NULL)
         return error;
     CUresult result = real(ptr, size, offset, handle, flags);
@@ -107,7 +108,7 @@ NVSHARE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle
 {
     CUresult error;
     cuMemRetainAllocationHandle_fn real =
-        NVSHARE_REAL_OR_ERROR(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle_fn, &error);
+        NVSHARE_REAL_OR_ERROR(cuMemRetainAllocationHandle, &error);
     if (real == NULL)
         return error;
     CUresult result = real(handle, addr);
@@ -128,7 +129,7 @@ NVSHARE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle
 NVSHARE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     CUresult error;
-    cuMemUnmap_fn real = NVSHARE_REAL_OR_ERROR(cuMemUnmap, cuMemUnmap_fn, &error);
+    cuMemUnmap_fn real = NVSHARE_REAL_OR_ERROR(cuMemUnmap, &error);
     if (real == NULL)
         return error;
     CUresult result = real(ptr, size);
@@ -163,7 +164,7 @@ static CUresult open_ipc(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int
     int saved_errno = errno;
     NVSHARE_WARN_ONCE("cuIpcOpenMemHandle: memory shared by another process cannot be made "
                       "managed; it is counted but stays on the GPU");
-    nvshare_client_start();
+    nvshare_devices_discover();
     CUcontext context;
     int gpu = nvshare_current_gpu(&context);
     CUdeviceptr base = 0;
@@ -181,8 +182,7 @@ NVSHARE_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle ha
                                            unsigned int Flags)
 {
     CUresult error;
-    cuIpcOpenMemHandle_fn real =
-        NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle, cuIpcOpenMemHandle_fn, &error);
+    cuIpcOpenMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle, &error);
     return real == NULL ? error : open_ipc(pdptr, handle, Flags, real);
 }
 
@@ -190,16 +190,14 @@ NVSHARE_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle
                                               unsigned int Flags)
 {
     CUresult error;
-    cuIpcOpenMemHandle_fn real =
-        NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle_fn, &error);
+    cuIpcOpenMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle_v2, &error);
     return real == NULL ? error : open_ipc(pdptr, handle, Flags, real);
 }
 
 NVSHARE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
     CUresult error;
-    cuIpcCloseMemHandle_fn real =
-        NVSHARE_REAL_OR_ERROR(cuIpcCloseMemHandle, cuIpcCloseMemHandle_fn, &error);
+    cuIpcCloseMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcCloseMemHandle, &error);
     if (real == NULL)
         return error;
     CUresult result = real(dptr);

@@ -32,11 +32,11 @@
 
 #include "capture.h"
 #include "contexts.h"
-#include "gate.h"
+#include "devices.h"
 #include "hooks.h"
-#include "interpose.h"
+#include "driver.h"
 #include "log.h"
-#include "memory_internal.h"
+#include "memory_accounting.h"
 #include "nvshare_protocol.h"
 
 #define PARKED_BLOCKS       32 /* per GPU and context */
@@ -182,7 +182,7 @@ int nvshare_park(CUdeviceptr pointer, CUstream stream)
         parked_bytes[gpu][slot] += bytes;
     }
     /* A GPU of unknown size bounds only the number of blocks. */
-    uint64_t limit = nvshare_memory_gpu_total(gpu) / PARKED_SHARE_OF_GPU;
+    uint64_t limit = nvshare_gpu_total_bytes(gpu) / PARKED_SHARE_OF_GPU;
     uint64_t held = parked_bytes[gpu][slot];
     uint64_t excess = limit > 0 && held > limit ? held - limit : 0;
     pthread_mutex_unlock(&parking_mutex);
@@ -225,7 +225,7 @@ int nvshare_unpark(size_t bytes, CUstream stream, CUdeviceptr *pointer)
 NVSHARE_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
     CUresult error;
-    cuMemPoolTrimTo_fn real = NVSHARE_REAL_OR_ERROR(cuMemPoolTrimTo, cuMemPoolTrimTo_fn, &error);
+    cuMemPoolTrimTo_fn real = NVSHARE_REAL_OR_ERROR(cuMemPoolTrimTo, &error);
     if (real == NULL)
         return error;
     CUresult result = real(pool, minBytesToKeep);
@@ -259,15 +259,15 @@ static void forget_stream(CUstream stream)
     pthread_mutex_unlock(&parking_mutex);
 }
 
-#define DEFINE_STREAM_DESTROY(name)                                                              \
-    NVSHARE_EXPORT CUresult name(CUstream hStream)                                               \
-    {                                                                                            \
-        CUresult error;                                                                          \
-        cuStreamDestroy_v2_fn real = NVSHARE_REAL_OR_ERROR(name, cuStreamDestroy_v2_fn, &error); \
-        if (real == NULL)                                                                        \
-            return error;                                                                        \
-        forget_stream(hStream);                                                                  \
-        return nvshare_capture_destroy_stream(hStream, real);                                    \
+#define DEFINE_STREAM_DESTROY(name)                                       \
+    NVSHARE_EXPORT CUresult name(CUstream hStream)                        \
+    {                                                                     \
+        CUresult error;                                                   \
+        cuStreamDestroy_v2_fn real = NVSHARE_REAL_OR_ERROR(name, &error); \
+        if (real == NULL)                                                 \
+            return error;                                                 \
+        forget_stream(hStream);                                           \
+        return nvshare_capture_destroy_stream(hStream, real);             \
     }
 DEFINE_STREAM_DESTROY(cuStreamDestroy)
 DEFINE_STREAM_DESTROY(cuStreamDestroy_v2)

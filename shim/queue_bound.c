@@ -23,9 +23,8 @@
 #include "capture.h"
 #include "config.h"
 #include "contexts.h"
-#include "gate.h"
 #include "hooks.h"
-#include "interpose.h"
+#include "driver.h"
 #include "nvshare_protocol.h"
 
 #define MIN_LAUNCHES_PER_MARK 8
@@ -128,7 +127,7 @@ static CUevent mark_to_wait_for(struct launch_queue *queue, unsigned max_queued_
     return NULL;
 }
 
-void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
+void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
 {
     int slot = nvshare_current_context_slot();
     if (slot < 0)
@@ -146,9 +145,8 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id)
     pthread_once(&queues_once, init_queues);
     pthread_mutex_t *mutex = &queue_mutexes[gpu][slot];
     if (pthread_mutex_trylock(mutex) != 0)
-        return;         /* another thread is taking this mark */
-    if (stream == NULL) /* the row's name says which default stream: look only when needed */
-        stream = nvshare_actual_stream(stream, nvshare_hook_per_thread(hook_id));
+        return; /* another thread is taking this mark */
+    stream = nvshare_actual_stream(stream, per_thread);
     if (!nvshare_stream_may_record(stream)) {
         pthread_mutex_unlock(mutex);
         return;

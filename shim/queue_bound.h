@@ -6,13 +6,13 @@
 
 #include "cuda_abi.h"
 
-/* After a successful launch on gpu's stream; hook_id tells per-thread-stream
- * variants apart. */
-void nvshare_queue_note_launch(int gpu, CUstream stream, int hook_id);
+/* After a successful launch on gpu's stream; per_thread: the launching hook's
+ * row is a per-thread-stream variant (hooks.h). */
+void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread);
 
 /* 1 while a mark recorded on gpu, in any context, has not completed: work
  * this process queued there still runs, or a thread waits in the bound for
- * it.  The idle release asks before it counts the GPU idle (lock_client.c). */
+ * it.  The idle release asks before it counts the GPU idle (gpu_worker.c). */
 int nvshare_queue_work_pending(int gpu);
 
 /* The driver freed the context of (gpu, slot): forget its events (contexts.c). */

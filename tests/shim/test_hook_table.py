@@ -14,7 +14,6 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HOOKS_H = REPO / "shim" / "hooks.h"
-HOOKS_C = REPO / "shim" / "hooks.c"
 EXPORTS = REPO / "tests" / "data" / "libcuda-exports.txt"
 
 # Families that run work on the GPU (kernels, graphs, copies, sets, prefetches,
@@ -31,7 +30,7 @@ ALLOCATES = re.compile(
 # The version-1 entry points take 32-bit device pointers (CUdeviceptr_v1) and
 # sizes; cuda.h has mapped these names to their _v2 since CUDA 3.2, and
 # cuGetProcAddress returns the _v2 for every cudaVersion >= 3020 (measured on
-# the H100: notes/ptrcheck.txt), so no program built in this century reaches
+# the H100 with driver 580), so no program built in this century reaches
 # them.  Their _v2 replacements are in the table (checked below).
 LEGACY_V1 = {
     "cuMemAlloc",
@@ -82,12 +81,17 @@ EXEMPT = {
 }
 
 
-def table_rows():
+def table_columns():
+    """(kind, name, signature or kind, stream, launch or prototype) for every row."""
     text = HOOKS_H.read_text()
     body = text[text.index("#define NVSHARE_HOOK_TABLE") : text.index("enum nvshare_hook_kind")]
-    rows = re.findall(r"\b(GATED|OWN)\((\w+),\s*(\w+)\)", body)
+    rows = re.findall(r"\b(GATED|OWN)\((\w+),\s*(\w+),\s*(\w+),\s*(\w+)\)", body)
     assert rows, "no rows parsed from shim/hooks.h"
-    return [(name, kind if kind != "GATED" else "GATED", detail) for kind, name, detail in rows]
+    return rows
+
+
+def table_rows():
+    return [(name, kind, detail) for kind, name, detail, _, _ in table_columns()]
 
 
 def exports():
@@ -139,9 +143,37 @@ def test_gated_rows_cover_their_families_kinds():
 
 
 def test_every_gated_signature_is_defined():
-    defined = set(re.findall(r"#define (SIG_\w+)", HOOKS_C.read_text()))
+    defined = set(re.findall(r"#define (SIG_\w+)", HOOKS_H.read_text()))
     used = {detail for _, kind, detail in table_rows() if kind == "GATED"}
     assert used <= defined, f"undefined signatures: {sorted(used - defined)}"
+
+
+def test_the_stream_column_agrees_with_the_name():
+    # The hooks act on the column (NULL is the calling thread's own stream or the legacy
+    # one), never on the name; a row copied from its sibling must not keep the wrong one.
+    wrong = [
+        (name, stream)
+        for _, name, _, stream, _ in table_columns()
+        if stream != ("PER_THREAD" if name.endswith(("_ptsz", "_ptds")) else "LEGACY")
+    ]
+    assert not wrong, f"rows whose stream column disagrees with their name: {wrong}"
+
+
+def test_launch_rows_are_the_kernel_and_graph_launches():
+    # LAUNCH feeds the queue-ahead bound (it times kernels between its marks).
+    launches = {name for kind, name, _, _, launch in table_columns() if launch == "LAUNCH"}
+    assert launches == {
+        name
+        for kind, name, _, _, _ in table_columns()
+        if kind == "GATED"
+        and re.match(
+            r"cu(Launch(Kernel|KernelEx|CooperativeKernel|Grid|GridAsync)?|GraphLaunch)"
+            r"(_ptsz)?$",
+            name,
+        )
+    }
+    other = {launch for kind, _, _, _, launch in table_columns() if kind == "GATED"} - {"LAUNCH"}
+    assert other == {"SUBMIT"}, other
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,9 @@
 /*
  * Stand-in driver: cuGetProcAddress and cuGetProcAddress_v2.
  *
- * As the real driver does (measured on the H100 with driver 580, see
- * /work/notes/ptrcheck.txt in the project notes), a base name resolves to the
- * newest ABI variant that the caller's cudaVersion allows ("cuMemAlloc" ->
- * cuMemAlloc_v2), to its per-thread-stream variant under
+ * As the real driver does (measured on the H100 with driver 580), a base
+ * name resolves to the newest ABI variant that the caller's cudaVersion
+ * allows ("cuMemAlloc" -> cuMemAlloc_v2), to its per-thread-stream variant under
  * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (_ptsz/_ptds), and to NULL
  * with VERSION_NOT_SUFFICIENT when the function is newer than cudaVersion.
  * Every returned pointer is the address of one of this library's own exported

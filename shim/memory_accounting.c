@@ -1,0 +1,262 @@
+/*
+ * What the shim knows of this process's device memory: every allocation it
+ * converted, counted or parked (by address, and VMM memory by handle), and the
+ * totals per GPU that the client thread reports to the agent (coalesced: the
+ * allocations ring the client thread's doorbell, the thread sends the latest
+ * totals).  The hooks that allocate and free (memory.c, memory_passthrough.c,
+ * parking.c) and the grant's prefetch (memory_prefetch.c) all read and write
+ * here.
+ *
+ * The mutex guards the maps and totals only; no driver call runs under it.
+ */
+#define _GNU_SOURCE
+#include "memory_accounting.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "allocation_map.h"
+#include "driver.h"
+#include "hooks.h"
+#include "log.h"
+#include "nvshare_protocol.h"
+#include "shim_threads.h"
+
+struct gpu_memory {
+    uint64_t managed_bytes;
+    uint64_t unmanaged_bytes;
+    uint64_t reserved_bytes; /* allocations under way, counted against the limit */
+    int changed;             /* totals not yet reported */
+};
+
+pthread_mutex_t nvshare_memory_mutex = PTHREAD_MUTEX_INITIALIZER;
+struct allocation_map nvshare_pointer_map;
+struct allocation_map nvshare_handle_map;
+struct allocation_map nvshare_vmm_mapping_map;
+static struct gpu_memory gpus[NVSHARE_MAX_GPUS];
+
+static void count(int gpu, enum allocation_kind kind, uint64_t bytes, int adding)
+{
+    uint64_t *total = kind == ALLOCATION_VMM || kind == ALLOCATION_IPC ? &gpus[gpu].unmanaged_bytes
+                                                                       : &gpus[gpu].managed_bytes;
+    *total = adding ? *total + bytes : (*total >= bytes ? *total - bytes : 0);
+    gpus[gpu].changed = 1;
+}
+
+void nvshare_memory_remember(struct allocation_map *map, uint64_t key, uint64_t bytes, int gpu,
+                             int context_slot, enum allocation_kind kind)
+{
+    struct allocation entry = {.key = key,
+                               .bytes = bytes,
+                               .gpu = gpu,
+                               .context_slot = context_slot,
+                               .kind = kind,
+                               .opens = 1};
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    struct allocation *known = allocation_map_find(map, key);
+    if (known != NULL && kind == ALLOCATION_IPC && known->kind == ALLOCATION_IPC) {
+        known->opens++; /* a handle opened again: the same mapping, its reference counted */
+    } else {
+        /* An address handed out again while still known: its free went unseen (a
+         * context past the slots), so the old entry's bytes are gone. */
+        if (known != NULL)
+            count(known->gpu, known->kind, known->bytes, 0);
+        if (allocation_map_put(map, &entry) == 0)
+            count(gpu, kind, bytes, 1);
+    }
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    nvshare_client_wake();
+}
+
+int nvshare_memory_forget(struct allocation_map *map, uint64_t key, enum allocation_kind kind)
+{
+    struct allocation entry;
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    struct allocation *found = allocation_map_find(map, key);
+    if (found != NULL && found->kind == kind && found->opens > 1) {
+        found->opens--; /* an IPC mapping still open, a VMM handle still mapped or unreleased */
+        pthread_mutex_unlock(&nvshare_memory_mutex);
+        return 1;
+    }
+    int known = found != NULL && found->kind == kind && allocation_map_take(map, key, &entry);
+    if (known)
+        count(entry.gpu, entry.kind, entry.bytes, 0);
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    if (known)
+        nvshare_client_wake();
+    return known;
+}
+
+static int is_managed(const struct allocation *entry)
+{
+    return nvshare_memory_kind_is_managed(entry->kind);
+}
+
+int nvshare_memory_kind_is_managed(enum allocation_kind kind)
+{
+    return kind == ALLOCATION_CONVERTED || kind == ALLOCATION_APP_MANAGED;
+}
+
+enum allocation_kind nvshare_memory_kind_of(uint64_t pointer)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    struct allocation *found = allocation_map_find(&nvshare_pointer_map, pointer);
+    enum allocation_kind kind = found != NULL ? found->kind : 0;
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    return kind;
+}
+
+int nvshare_memory_reserve(int gpu, uint64_t bytes, uint64_t total, int over_total_allowed,
+                           uint64_t *in_use)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    struct gpu_memory *memory = &gpus[gpu];
+    *in_use = memory->managed_bytes + memory->unmanaged_bytes + memory->reserved_bytes;
+    int fits = over_total_allowed || total == 0 || (*in_use <= total && bytes <= total - *in_use);
+    if (fits)
+        memory->reserved_bytes += bytes;
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    return fits;
+}
+
+void nvshare_memory_unreserve(int gpu, uint64_t bytes)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    gpus[gpu].reserved_bytes -= bytes;
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+}
+
+uint64_t nvshare_memory_used(int gpu)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    uint64_t used = gpus[gpu].managed_bytes + gpus[gpu].unmanaged_bytes;
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    return used;
+}
+
+/* Forget a managed allocation, free it, and remember it again if the driver
+ * refused (taking it out first keeps a racing allocation that reuses the
+ * address from being forgotten instead).  A parked one is freed only when
+ * parking asks: to the application it is freed already. */
+static CUresult free_managed(CUdeviceptr dptr, int *was_ours, int parked_too)
+{
+    struct allocation entry;
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    struct allocation *found = allocation_map_find(&nvshare_pointer_map, dptr);
+    int parked = found != NULL && found->kind == ALLOCATION_PARKED;
+    *was_ours = found != NULL && (parked_too ? parked : is_managed(found) || parked);
+    if (*was_ours && (!parked || parked_too)) {
+        allocation_map_take(&nvshare_pointer_map, dptr, &entry);
+        count(entry.gpu, entry.kind, entry.bytes, 0);
+    }
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    if (!*was_ours)
+        return CUDA_SUCCESS;
+    if (parked && !parked_too)
+        return CUDA_ERROR_INVALID_VALUE; /* freed twice */
+    CUresult result = NVSHARE_REAL(cuMemFree_v2)(dptr);
+    /* A parked block the driver would not free is gone for the application
+     * already: nothing could free it later. */
+    if (result != CUDA_SUCCESS && !parked)
+        nvshare_memory_remember(&nvshare_pointer_map, entry.key, entry.bytes, entry.gpu,
+                                entry.context_slot, entry.kind);
+    else
+        nvshare_client_wake();
+    return result;
+}
+
+CUresult nvshare_memory_free(CUdeviceptr pointer, int *was_ours)
+{
+    return free_managed(pointer, was_ours, 0);
+}
+
+void nvshare_memory_free_parked(uint64_t pointer)
+{
+    int ours;
+    free_managed(pointer, &ours, 1);
+}
+
+int nvshare_memory_set_kind(uint64_t pointer, int gpu, int slot, enum allocation_kind from,
+                            enum allocation_kind to, uint64_t *bytes)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    struct allocation *found = allocation_map_find(&nvshare_pointer_map, pointer);
+    int changed =
+        found != NULL && found->kind == from && found->gpu == gpu && found->context_slot == slot;
+    if (changed) {
+        found->kind = to;
+        *bytes = found->bytes;
+    }
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    return changed;
+}
+
+struct nvshare_memory_range *nvshare_memory_managed_ranges(int gpu, size_t *count)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    *count = 0;
+    struct nvshare_memory_range *ranges = malloc((nvshare_pointer_map.used + 1) * sizeof *ranges);
+    for (size_t i = 0; ranges != NULL && i < nvshare_pointer_map.capacity; i++) {
+        const struct allocation *entry = &nvshare_pointer_map.slots[i];
+        if (entry->key != 0 && entry->gpu == gpu && is_managed(entry))
+            ranges[(*count)++] = (struct nvshare_memory_range){entry->key, entry->bytes};
+    }
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    return ranges;
+}
+
+/* ---- for the client thread --------------------------------------------------------------- */
+
+int nvshare_memory_take_report(int gpu, uint64_t *managed_bytes, uint64_t *unmanaged_bytes)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    int changed = gpus[gpu].changed;
+    gpus[gpu].changed = 0;
+    *managed_bytes = gpus[gpu].managed_bytes;
+    *unmanaged_bytes = gpus[gpu].unmanaged_bytes;
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    return changed;
+}
+
+void nvshare_memory_mark_all_changed(void)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
+        gpus[gpu].changed = 1;
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+}
+
+void nvshare_memory_forget_context(int gpu, int slot)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    size_t gone = 0;
+    uint64_t *keys = malloc((nvshare_pointer_map.used + 1) * sizeof *keys);
+    for (size_t i = 0; keys != NULL && i < nvshare_pointer_map.capacity; i++) {
+        const struct allocation *entry = &nvshare_pointer_map.slots[i];
+        if (entry->key != 0 && entry->gpu == gpu && entry->context_slot == slot)
+            keys[gone++] = entry->key;
+    }
+    /* Taken after the walk: taking moves entries of the map around. */
+    for (size_t i = 0; i < gone; i++) {
+        struct allocation entry;
+        if (allocation_map_take(&nvshare_pointer_map, keys[i], &entry))
+            count(entry.gpu, entry.kind, entry.bytes, 0);
+    }
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    free(keys);
+    if (gone > 0) {
+        nvshare_debug("forgot %zu allocations of a destroyed context on GPU %d", gone, gpu);
+        nvshare_client_wake();
+    }
+}
+
+void nvshare_memory_forget_after_fork(void)
+{
+    nvshare_memory_mutex = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    /* The parent's maps are left allocated: freeing in a fork handler is unsafe. */
+    memset(&nvshare_pointer_map, 0, sizeof nvshare_pointer_map);
+    memset(&nvshare_handle_map, 0, sizeof nvshare_handle_map);
+    memset(&nvshare_vmm_mapping_map, 0, sizeof nvshare_vmm_mapping_map);
+    memset(gpus, 0, sizeof gpus);
+}

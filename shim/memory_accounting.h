@@ -1,0 +1,77 @@
+/* What the shim knows of this process's device memory (memory_accounting.c):
+ * its allocations by address and VMM handle, and the totals per GPU that go
+ * to the agent.  Below the hooks that convert (memory.c), pass through
+ * (memory_passthrough.c) and park (parking.c), and below the client thread
+ * that reports the totals. */
+#ifndef NVSHARE_MEMORY_ACCOUNTING_H
+#define NVSHARE_MEMORY_ACCOUNTING_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "allocation_map.h"
+#include "cuda_abi.h"
+
+/* Guards the maps and the totals; no driver call runs under it. */
+extern pthread_mutex_t nvshare_memory_mutex;
+extern struct allocation_map nvshare_pointer_map;     /* device address -> allocation */
+extern struct allocation_map nvshare_handle_map;      /* VMM handle -> allocation */
+extern struct allocation_map nvshare_vmm_mapping_map; /* VMM mapped address -> its handle, bytes */
+
+/* Record an allocation and add it to its GPU's totals (then the agent hears).
+ * context_slot: the context it belongs to (nvshare_current_context_slot). */
+void nvshare_memory_remember(struct allocation_map *map, uint64_t key, uint64_t bytes, int gpu,
+                             int context_slot, enum allocation_kind kind);
+/* Drop key if it is an allocation of that kind; returns 1 when it was. */
+int nvshare_memory_forget(struct allocation_map *map, uint64_t key, enum allocation_kind kind);
+
+/* The kind of the allocation at pointer; 0 when the shim does not know it. */
+enum allocation_kind nvshare_memory_kind_of(uint64_t pointer);
+/* 1 for the kinds that are managed memory (converted, or the application's own). */
+int nvshare_memory_kind_is_managed(enum allocation_kind kind);
+
+/* Counts bytes about to be allocated on gpu against its limit: 1 when they
+ * fit (total 0: no limit known), 0 when not; *in_use says what the process
+ * holds already.  nvshare_memory_unreserve gives them back once the
+ * allocation is made (and remembered) or failed. */
+int nvshare_memory_reserve(int gpu, uint64_t bytes, uint64_t total, int over_total_allowed,
+                           uint64_t *in_use);
+void nvshare_memory_unreserve(int gpu, uint64_t bytes);
+/* Managed and unmanaged bytes gpu's allocations hold (cuMemGetInfo). */
+uint64_t nvshare_memory_used(int gpu);
+
+/* Frees a managed allocation of the shim's (converted or the application's
+ * own) through the driver; *was_ours 0 leaves it to the caller.  A parked one
+ * is already freed to the application: CUDA_ERROR_INVALID_VALUE. */
+CUresult nvshare_memory_free(CUdeviceptr pointer, int *was_ours);
+/* Changes the kind of the allocation at pointer from `from` to `to` if it is one of gpu's, made
+ * in context slot; returns 1 and its size in *bytes when it did. */
+int nvshare_memory_set_kind(uint64_t pointer, int gpu, int slot, enum allocation_kind from,
+                            enum allocation_kind to, uint64_t *bytes);
+/* Forgets and frees a parked allocation (parking.c). */
+void nvshare_memory_free_parked(uint64_t pointer);
+
+/* The managed allocations of gpu, for a grant's prefetch: a malloc'd array
+ * (the caller frees it) of *count ranges. */
+struct nvshare_memory_range {
+    CUdeviceptr start;
+    uint64_t bytes;
+};
+struct nvshare_memory_range *nvshare_memory_managed_ranges(int gpu, size_t *count);
+
+/* Totals of gpu for a MEMORY_REPORT; returns 1 when they changed since the
+ * last call (reports are coalesced: many allocations, one frame). */
+int nvshare_memory_take_report(int gpu, uint64_t *managed_bytes, uint64_t *unmanaged_bytes);
+
+/* After (re)connecting: report every GPU again. */
+void nvshare_memory_mark_all_changed(void);
+
+/* The driver freed the context of (gpu, slot): drop the allocations made in
+ * it, without touching them (lifecycle.c). */
+void nvshare_memory_forget_context(int gpu, int slot);
+
+/* In a forked child: drop the parent's bookkeeping without freeing or locking. */
+void nvshare_memory_forget_after_fork(void);
+
+#endif
