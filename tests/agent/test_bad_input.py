@@ -174,6 +174,7 @@ def test_fuzzed_frames_never_take_the_agent_down(start_agent):
     assert_still_serves(agent)
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_many_queued_clients_and_the_holder_vanishing_together(start_agent, tmp_path):
     """The original C scheduler died of SIGPIPE here: it wrote grants to clients that had just exited."""
     agent = start_agent()

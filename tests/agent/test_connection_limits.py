@@ -132,6 +132,7 @@ def test_a_connection_that_says_no_hello_is_closed_after_the_timeout(start_agent
     agent.wait_for_log(r"closing pid=\d+ code=PROTOCOL reason=no HELLO within", count=2)
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_connections_past_the_per_uid_limit_are_refused_but_other_users_still_connect(
     start_settled_agent, many_fds, world_dir
 ):

@@ -235,6 +235,7 @@ def queued_behind_a_stopped_agent(tmp_path, socket_from, at_most: int) -> int:
     return queued
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_bad_config_is_one_line_and_exit_code_2(tmp_path):
     config = tmp_path / "nvshare.conf"
     for text, message in [

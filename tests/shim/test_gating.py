@@ -142,6 +142,7 @@ drop_grace_ms = 300
 """
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_the_idle_release_counts_from_the_gate_opening_not_from_the_grant(world):
     # A 300 ms prefetch, a 100 ms idle release: counted from the grant, the lock was released
     # as idle the moment the gate opened, unless the woken thread got through first; it then
@@ -161,6 +162,7 @@ def test_the_idle_release_counts_from_the_gate_opening_not_from_the_grant(world)
     assert len(held) == 5 and min(held) >= 300 + 100, client.stderr
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_a_thread_that_waited_through_the_grant_prefetch_asks_for_the_gpu_once(world):
     # The prefetch (1.2 s) outlasts the waiting thread's timed wait (1 s), which wakes to find
     # the lock held and the gate still closed, as during a release.  Taken for one, that asked
@@ -215,6 +217,7 @@ def test_an_idle_release_carried_out_late_is_dropped_when_launches_came_since_it
     )
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_two_busy_clients_alternate_on_drop_requests(world, agent):
     # TQ 1 s.  Short kernels keep each client's gate busy (the shim's queue bound
     # spreads the launches over the burst), so neither goes idle: only drop
@@ -234,6 +237,7 @@ def test_two_busy_clients_alternate_on_drop_requests(world, agent):
     assert_kernels_never_overlap(world.calls())
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_many_launching_threads_never_slip_past_a_release(world, agent):
     # Four threads per client launch at once while drop requests move the GPU.
     # Client a's launches spend 5 ms in the driver before their kernel (1 ms) is
@@ -254,6 +258,7 @@ def test_many_launching_threads_never_slip_past_a_release(world, agent):
     assert_kernels_never_overlap(world.calls())
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_revoked_client_keeps_running(world, agent):
     # Each kernel takes 1.5 s: far past the 300 ms drop grace, so the lock is revoked.
     client = world.client(
@@ -358,6 +363,7 @@ def test_a_thread_cancelled_while_it_waits_at_the_gate_leaves_the_process_workin
     holder.finish_ok()
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_a_thread_cancelled_while_it_destroys_a_context_leaves_the_process_working(world, agent):
     # The shim holds every GPU's contexts mutex across cuCtxDestroy, and the driver may reach
     # a cancellation point in it (the stand-in sleeps there); so may the shim's debug log.

@@ -15,10 +15,14 @@ import signal
 import socket
 import time
 
+import pytest
 from fake_agent import FakeAgent
 from shim_harness import STANDIN_GPU
 
 from nvshare_agent.protocol import MessageType
+
+# Each waits out the shim's 3 s liveness bound or a reconnect series: seconds each.
+pytestmark = pytest.mark.slow
 
 SILENT_WARNING = (
     "[nvshare] warning: the nvshare agent has not answered for 3 s: running unscheduled, "

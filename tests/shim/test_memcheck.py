@@ -13,6 +13,7 @@ llvm-project#75290; valgrind runs one thread at a time, so its fork is safe."""
 
 import subprocess
 
+import pytest
 from shim_harness import SHIM_ASAN, STANDIN_GPU
 
 VALGRIND = [
@@ -34,6 +35,7 @@ def test_shim_is_valgrind_clean(world, agent):
     agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b")
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_destroying_and_resetting_contexts_is_valgrind_clean(world, agent):
     client = world.client("contexts", "lifecycle", 100, kernel_us=20, prefix=VALGRIND)
     code = client.wait(timeout=120)
@@ -41,6 +43,7 @@ def test_destroying_and_resetting_contexts_is_valgrind_clean(world, agent):
     assert client.result()["result"] == "ok"
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_parking_stream_ordered_frees_is_valgrind_clean(world, agent):
     for args, extra in ((("reuse",), {}), (("cap", 12), {"STANDIN_TOTAL_MEM": 64 << 20})):
         client = world.client("stream_ordered", *args, kernel_us=50_000, prefix=VALGRIND, **extra)
@@ -49,6 +52,7 @@ def test_parking_stream_ordered_frees_is_valgrind_clean(world, agent):
         assert client.result()["result"] == "ok"
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_forked_child_is_valgrind_clean(world, agent):
     # Memory errors only: in a child forked from a threaded process whatever the
     # parent's other threads held (the stand-in's events, the shim's maps, which

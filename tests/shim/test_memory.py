@@ -185,6 +185,7 @@ def test_prefetch_can_be_turned_off(world, agent):
     assert prefetches(world, client.pid) == []
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_a_shim_built_to_split_the_prefetch_covers_each_buffer_in_chunks_over_its_streams(
     world, agent, tmp_path
 ):

@@ -77,6 +77,7 @@ def test_marks_are_rare_for_tiny_kernels_and_every_8_launches_for_long_ones(worl
 LONG_KERNELS = ("--loops", 1, "--launches", 16, "--stream", "--launch", "kernel")
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_a_thread_waiting_in_the_bound_keeps_the_gpu_it_keeps_busy(world):
     # Kernels of 100 ms: every 8th launch the thread waits in the bound for up to 1.6 s of
     # its own queued work, passing no gate meanwhile. The GPU is busy with that work all the

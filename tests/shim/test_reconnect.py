@@ -14,9 +14,13 @@ import random
 import time
 from pathlib import Path
 
+import pytest
 from fake_agent import FakeAgent
 
 from nvshare_agent.protocol import MessageType
+
+# Each waits out the shim's 3 s liveness bound or a reconnect series: seconds each.
+pytestmark = pytest.mark.slow
 
 TRIALS = 12
 BOUND_S = 0.3

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from fake_agent import FakeAgent
 from shim_harness import STANDIN_GPU
 
@@ -42,6 +43,7 @@ def test_a_when_idle_drop_is_honoured_once_the_holder_has_been_idle_that_long(wo
     assert 300 <= released.message.idle_ms < 1200, released.message
 
 
+@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
 def test_a_busy_holder_keeps_the_gpu_after_a_when_idle_drop_until_it_is_idle(world):
     # Busy for 2 s (bursts back to back), then idle: the drop "when idle for 300 ms",
     # sent at the grant, is honoured 300 ms after the last call, not before.
