@@ -29,7 +29,13 @@ class Lease:
 @dataclass(slots=True)
 class Waiter:
     requested_at: float
-    light: bool = False  # auto: used the GPU much less than the turn holder when it asked
+    # auto, judged when it asks: light enough to run beside the turn (little use, or
+    # much less than the turn holder's) ...
+    light: bool = False
+    # ... and much less use than the holder's (a ratio, not the floor): may take an
+    # exclusive holder's GPU after its minimum slice.  Two new clients have little use
+    # each; only this keeps them from taking the GPU from each other slice by slice.
+    much_lighter: bool = False
 
 
 @dataclass(slots=True)

@@ -66,14 +66,16 @@ class LockRules:
                 return client
         return None
 
-    def _is_light(self, gpu: GpuState, client: int, now: float) -> bool:
+    def _judge(self, gpu: GpuState, client: int, now: float) -> tuple[bool, bool]:
+        """(light, much lighter than the turn holder) for a request arriving now."""
         if self.settings.anti_thrash is not AntiThrash.AUTO:
-            return False
+            return False, False
         holder = self._turn_holder(gpu)
         if holder is None:
-            return False  # nothing to cut in ahead of: it takes the turn
+            return False, False  # nothing to cut in ahead of: it takes the turn
         used = self._usage(client, gpu.uuid, now)
-        return used < LIGHT_FLOOR or used <= LIGHT_RATIO * self._usage(holder, gpu.uuid, now)
+        much_lighter = used < LIGHT_RATIO * self._usage(holder, gpu.uuid, now)
+        return used < LIGHT_FLOOR or much_lighter, much_lighter
 
     def _still_light(self, gpu: GpuState, client: int, turn: int | None, now: float) -> bool:
         used = self._usage(client, gpu.uuid, now)
@@ -200,7 +202,7 @@ class LockRules:
             if now >= held.granted_at + self.settings.time_quantum_s:
                 self._ask_to_drop(gpu, client, held, now, actions, "quantum over")
             elif (
-                best.light
+                best.much_lighter
                 and not draining
                 and not self._is_starving(best, now)
                 and now >= held.granted_at + self.settings.min_slice_ms / 1000.0
@@ -318,7 +320,7 @@ class LockRules:
         light_waits = False
         if policy == "auto-exclusive":
             best = gpu.waiters[self._best_waiter(gpu, now)]
-            light_waits = best.light and not self._is_starving(best, now)
+            light_waits = best.much_lighter and not self._is_starving(best, now)
         for held in gpu.holders.values():
             if held.drop_requested_at is not None:
                 when = held.drop_requested_at + grace

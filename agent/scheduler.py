@@ -27,8 +27,10 @@ Per GPU, by the anti-thrash setting (docs/scheduling.md has the diagrams):
   waiters are served least recent use first (usage.py), and a holder that
   others wait for is asked to release as soon as it goes idle.
 
-  Light means: recent use under LIGHT_FLOOR, or at most LIGHT_RATIO of the
-  turn holder's, judged when the request arrives.  Starvation bound: a waiter
+  Light means: recent use under LIGHT_FLOOR, or under LIGHT_RATIO of the turn
+  holder's, judged when the request arrives; taking an exclusive holder's GPU
+  early needs the second (much less use), so that two new busy clients do not
+  take it from each other slice by slice.  Starvation bound: a waiter
   that has waited a quantum goes before every one that has not (oldest first),
   and no light waiter may cut in ahead of it, so every waiter is granted
   within quantum + n x (quantum + drop_grace), n the clients on the GPU
@@ -171,7 +173,8 @@ class Scheduler(LockRules):
         if uuid not in state.active:
             state.active.add(uuid)  # its context now takes memory there
             self._refit(gpu, now, actions, "new client")
-        gpu.waiters[client] = Waiter(now, light=self._is_light(gpu, client, now))
+        light, much_lighter = self._judge(gpu, client, now)
+        gpu.waiters[client] = Waiter(now, light, much_lighter)
         self._update(gpu, now, actions)
         if client in gpu.waiters:
             actions.insert(0, Queued(client, state.pid, uuid, len(gpu.waiters)))
@@ -430,7 +433,7 @@ class Scheduler(LockRules):
         if changed and fits:
             # Running side by side again: who is light is judged afresh.
             for client, waiter in gpu.waiters.items():
-                waiter.light = self._is_light(gpu, client, now)
+                waiter.light, waiter.much_lighter = self._judge(gpu, client, now)
         if changed or always_log:
             mode = SHARED if fits else EXCLUSIVE
             actions.append(ModeChanged(gpu.uuid, mode, demand, capacity, reason))

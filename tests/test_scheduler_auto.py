@@ -408,3 +408,24 @@ def test_clients_gone_at_once_are_not_granted_in_turn():
     assert [g.client for g in of(Grant, actions)] == [5]
     assert {g.client for g in of(Gone, actions)} == {1, 2, 3, 4}
     assert holder.lease not in [g.lease for g in of(Grant, actions)]
+
+
+def test_two_new_busy_clients_do_not_take_the_gpu_from_each_other_slice_by_slice():
+    # Both new: each has little use, so each is "light" by the floor; taking turns
+    # by the minimum slice would cost a drain and a prefetch every 100 ms.  Only
+    # much less use than the holder's lets a waiter in early: that happens once.
+    s = exclusive_gpu(n_clients=2)
+    leases = {1: one(Grant, s.request(1, G0, 0.0)).lease}
+    s.request(2, G0, 0.001)
+    now, early_drops = 0.0, 0
+    while now < 5.0:
+        due = s.next_deadline()
+        now = due if due is not None and due < 5.0 else 5.0
+        for drop in of(AskToDrop, s.tick(now)):
+            if drop.when_idle_ms:
+                continue
+            early_drops += drop.reason == "light work waits"
+            grant = one(Grant, s.release(drop.client, G0, drop.lease, now + 0.05))
+            leases[grant.client] = grant.lease
+            s.request(drop.client, G0, now + 0.06)  # busy: asks again at once
+    assert early_drops == 1
