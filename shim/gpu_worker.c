@@ -33,6 +33,10 @@
 
 enum release_reason { RELEASE_IDLE, RELEASE_DROP };
 
+/* A context with no work synchronises in microseconds; one that takes longer
+ * than this had work to finish: the process was not idle. */
+#define IDLE_PROBE_BUSY_MS 2.0
+
 static int started[NVSHARE_MAX_GPUS]; /* the client thread's */
 
 static int has_job(const struct nvshare_lock_jobs *jobs, int kind)
@@ -90,6 +94,21 @@ static void drain(int gpu, enum release_reason reason, uint32_t ticket)
         if (!busy_after_all(gpu, ticket, 0))
             return;
         reason = RELEASE_DROP;
+    }
+    /* The marks do not cover everything: the launches after a thread's last mark,
+     * copies, work of streams that no launch marked.  A thread waiting for such work
+     * (PyTorch's loss.item() at the end of a step) makes no passage for as long as
+     * it runs, which a short idle wait (a WHEN_IDLE drop, 50 ms) took for idle: a
+     * trainer gave its turn away mid-step.  So ask the GPU: a context that takes more
+     * than a moment to synchronise, gate still open, was busy. */
+    if (reason == RELEASE_IDLE && atomic_load(&nvshare_active_captures) == 0) {
+        double probe_started_ms = nvshare_now_ms();
+        nvshare_in_each_context(gpu, synchronize_context, NULL);
+        if (nvshare_now_ms() - probe_started_ms > IDLE_PROBE_BUSY_MS) {
+            if (!busy_after_all(gpu, ticket, 0))
+                return;
+            reason = RELEASE_DROP;
+        }
     }
     struct nvshare_lock_event close = {.kind = NVSHARE_EVENT_CLOSE_FOR_DRAIN, .ticket = ticket};
     struct nvshare_lock_jobs jobs;

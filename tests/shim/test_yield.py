@@ -110,3 +110,33 @@ def test_a_plain_shared_grant_is_kept_while_idle(world):
         time.sleep(0.2)
     assert connection.all(MessageType.RELEASED) == []
     assert len(connection.all(MessageType.LOCK_REQUEST)) == 1
+
+
+def test_a_holder_waiting_for_its_own_long_kernel_is_not_idle(world):
+    # One launch of a 600 ms kernel, then the thread waits for it: no passage and no
+    # queue-bound mark (a mark needs 8 launches) for 600 ms, as PyTorch's loss.item()
+    # waits at the end of a step.  A "when idle for 50 ms" drop must wait for the
+    # kernel: the shim asks the GPU before it calls that idle.  (It gave the GPU away
+    # 50 ms into the kernel, and asked again for the next one.)
+    def drop_when_idle(connection, grant):
+        connection.drop(grant, WHEN_IDLE, 50)
+
+    with FakeAgent(world.socket_path, on_grant=drop_when_idle) as agent:
+        client = world.client(
+            "linked",
+            "--loops",
+            3,
+            "--launches",
+            1,
+            "--launch",
+            "kernel",
+            "--linger-ms",
+            1000,
+            kernel_us=600_000,
+        )
+        connection = agent.wait_for_connection()
+        released = connection.wait_for(MessageType.RELEASED)
+        client.finish_ok()
+    calls = gated_times(world, client.pid)
+    assert released.t > max(calls), "released while its kernels still ran"
+    assert len(connection.all(MessageType.LOCK_REQUEST)) == 1, "the GPU was given up mid-run"
