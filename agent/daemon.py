@@ -124,6 +124,7 @@ async def _read_nvml(engine: Engine) -> None:
     if node.problem or not node.gpus:
         reason = node.problem or "NVML lists no GPU"
         log.info("no GPU inventory (%s); learning GPUs from clients", reason)
+        engine.inventory_missing()
         return
     engine.add_gpus(node.gpus, node.mig_uuids)
     try:

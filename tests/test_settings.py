@@ -48,9 +48,10 @@ def test_a_gpu_is_named_by_nvml_index_or_uuid_in_one_spelling(text, canonical):
 
 
 @pytest.mark.parametrize(
-    "text", ["", "one", "-1", "1.0", "GPU-1234", "MIG-" + UUID[4:], "１", "99999", UUID + "0"]
+    "text", ["", "one", "-1", "1.0", "GPU-1234", "MIG-" + UUID[4:], "\uff11", "99999", UUID + "0"]
 )
 def test_anything_else_is_not_a_gpu(text):
+    # (U+FF11 is a fullwidth 1: a digit to str.isdigit, no number to an admin.)
     with pytest.raises(SettingsError, match="a GPU is named by its UUID .* or its NVML index"):
         parse_gpu_id(text)
 
