@@ -19,7 +19,8 @@ from . import nvml, systemd
 from .engine import Engine, describe_settings
 from .eventlog import events as log
 from .listener import Listener
-from .settings import Settings, SettingsStore
+from .settings import Settings
+from .settings_files import SettingsStore
 from .shim_connections import ShimConnections
 from .snapshot import AgentSnapshot
 

@@ -32,10 +32,9 @@ from .settings import (
     Settings,
     SettingsError,
     SettingsNotSaved,
-    SettingsStore,
     gpu_override_entries,
-    overrides_after,
 )
+from .settings_files import SettingsStore, overrides_after
 from .snapshot import AgentSnapshot
 from .statistics import GpuStatistics
 

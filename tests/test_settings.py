@@ -1,5 +1,5 @@
-"""Settings per GPU: naming a GPU, validation, the config file's [gpu:ID] sections and the
-state file's saved changes (agent/settings.py).  No agent runs here; the agent's own
+"""Settings per GPU: naming a GPU, validation (agent/settings.py), the config file's [gpu:ID]
+sections and the state file's saved changes (agent/settings_files.py).  No agent runs here; the agent's own
 start-up with such files is in tests/agent/test_settings_files.py."""
 
 from __future__ import annotations
@@ -14,13 +14,10 @@ from nvshare_agent.settings import (
     GpuOverrides,
     Settings,
     SettingsError,
-    SettingsStore,
     gpu_key,
-    load_config,
-    load_settings,
-    overrides_after,
     parse_gpu_id,
 )
+from nvshare_agent.settings_files import SettingsStore, load_config, load_settings, overrides_after
 
 UUID = "GPU-5374616e-6469-6e00-0000-000000000001"
 UUID_RAW = bytes.fromhex("5374616e64696e000000000000000001")
