@@ -105,6 +105,7 @@ time_quantum = 30
 """
 
 
+@pytest.mark.slow  # a 3 s kernel each: the rival must wait past GPU 0's quantum
 @pytest.mark.parametrize("named_by", ["uuid", "index"])
 def test_a_process_on_two_gpus_is_asked_to_drop_each_by_that_gpus_quantum(world, named_by):
     if named_by == "uuid":
