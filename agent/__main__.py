@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from . import daemon, eventlog, settings, systemd
+from . import daemon, eventlog, settings, settings_files, systemd
 from .bus_address import EXAMPLE, bus_address_problem, system_bus_problem
 from .text import excerpt
 from .version import version
@@ -39,17 +39,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--config",
         type=Path,
-        default=settings.DEFAULT_CONFIG_PATH,
-        help=f"config file (default {settings.DEFAULT_CONFIG_PATH})",
+        default=settings_files.DEFAULT_CONFIG_PATH,
+        help=f"config file (default {settings_files.DEFAULT_CONFIG_PATH})",
     )
     parser.add_argument(
         "--state-dir",
         type=Path,
         default=Path(
-            os.environ.get("STATE_DIRECTORY", "").split(":")[0] or settings.DEFAULT_STATE_DIR
+            os.environ.get("STATE_DIRECTORY", "").split(":")[0] or settings_files.DEFAULT_STATE_DIR
         ),
         help="where run-time setting changes persist (default $STATE_DIRECTORY or "
-        f"{settings.DEFAULT_STATE_DIR})",
+        f"{settings_files.DEFAULT_STATE_DIR})",
     )
     parser.add_argument("--debug", action="store_true", help="log every request and ignored frame")
     parser.add_argument(
@@ -90,9 +90,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     eventlog.setup(args.debug)
     log = eventlog.events
-    store = settings.SettingsStore(args.state_dir)
+    store = settings_files.SettingsStore(args.state_dir)
     try:
-        current, overrides, warning = settings.load_settings(args.config, store)
+        current, overrides, warning = settings_files.load_settings(args.config, store)
     except settings.SettingsError as e:
         print(f"nvshare-agent: error: {e}", file=sys.stderr)
         return 2

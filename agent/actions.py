@@ -137,6 +137,25 @@ class ModeChanged:
     reason: str
 
 
+@dataclass(slots=True)
+class GpuSettingsApplied:
+    """Log only: what a GPU sets for itself changed (a settings change, or the
+    inventory gave a GPU learned from clients its NVML index)."""
+
+    gpu: bytes
+    index: int | None
+    settings: Settings  # what it runs by now
+    own: tuple[str, ...]  # the fields it sets for itself; () when it follows the node
+
+
+@dataclass(slots=True)
+class IndexSettingsUnused:
+    """Log only: GPUs named by NVML index have settings of their own, and there is
+    no NVML inventory to find them in."""
+
+    gpu_ids: tuple[str, ...]
+
+
 Action = (
     Grant
     | AskToDrop
@@ -150,4 +169,6 @@ Action = (
     | Greeted
     | Gone
     | ModeChanged
+    | GpuSettingsApplied
+    | IndexSettingsUnused
 )

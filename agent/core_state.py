@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .settings import DEFAULT_SETTINGS, NO_OVERRIDES, GpuOverrides, Settings
 from .usage import UsageMeter
 
 EXCLUSIVE = "exclusive"
@@ -53,6 +54,10 @@ class GpuState:
     demand_bytes: int = 0
     capacity_bytes: int | None = None
     introduced_by: int | None = None  # a learned GPU: the uid that named it first
+    index: int | None = None  # its place in NVML's numbering; None: not in the inventory
+    own: GpuOverrides = NO_OVERRIDES  # what it sets for itself (by index, and by UUID over it)
+    # What it runs by: the node-wide settings with its own over them (the scheduler sets it).
+    settings: Settings = DEFAULT_SETTINGS
     deadline: float | None = None  # when tick() must look at this GPU next
     light_check_at: float | None = None
 

@@ -19,7 +19,8 @@ from . import nvml, systemd
 from .engine import Engine, describe_settings
 from .eventlog import events as log
 from .listener import Listener
-from .settings import Settings, SettingsStore
+from .settings import Settings
+from .settings_files import SettingsStore
 from .shim_connections import ShimConnections
 from .snapshot import AgentSnapshot
 
@@ -124,6 +125,7 @@ async def _read_nvml(engine: Engine) -> None:
     if node.problem or not node.gpus:
         reason = node.problem or "NVML lists no GPU"
         log.info("no GPU inventory (%s); learning GPUs from clients", reason)
+        engine.inventory_missing()
         return
     engine.add_gpus(node.gpus, node.mig_uuids)
     try:

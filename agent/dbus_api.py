@@ -32,7 +32,14 @@ from dbus_next.constants import ErrorType, RequestNameReply
 from . import dbus_names as names
 from .dbus_connection import connect_bus, read_machine_id
 from .engine import Engine
-from .settings import AntiThrash, SettingsNotSaved, parse_anti_thrash
+from .settings import (
+    MAX_GPUS_WITH_SETTINGS,
+    AntiThrash,
+    GpuOverrides,
+    Settings,
+    SettingsNotSaved,
+    parse_anti_thrash,
+)
 from .snapshot import AgentSnapshot
 from .text import excerpt
 
@@ -126,6 +133,15 @@ def load_contract() -> Contract:
 # ---------------------------------------------------------------- values
 
 
+def _plain(value):
+    """A D-Bus value with its variants unwrapped (a GpuSettings write, for the log)."""
+    if isinstance(value, Variant):
+        return _plain(value.value)
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
 def _in_range(value, dbus_type):
     maximum = _UNSIGNED_MAX.get(dbus_type)
     return value if maximum is None else min(max(value, 0), maximum)
@@ -176,6 +192,18 @@ def client_details_to_dbus(snapshot: AgentSnapshot) -> dict:
     }
 
 
+def gpu_settings_to_dbus(settings: Settings) -> dict:
+    """GpuSettings: each GPU id with what it sets for itself, and only that."""
+    types = dict(names.GPU_SETTINGS_FIELDS)
+    return {
+        gpu_id: {
+            key: Variant(types[key], value.value if isinstance(value, AntiThrash) else value)
+            for key, value in own.given().items()
+        }
+        for gpu_id, own in settings.gpu_overrides
+    }
+
+
 def statistics_to_dbus(engine: Engine) -> dict:
     return {
         uuid: {
@@ -198,6 +226,8 @@ def property_values(engine: Engine) -> dict:
         names.PROP_TIME_QUANTUM: settings.time_quantum_s,
         names.PROP_ANTI_THRASH: settings.anti_thrash is not AntiThrash.OFF,
         names.PROP_ANTI_THRASH_MODE: settings.anti_thrash.value,
+        names.PROP_MEMORY_LIMIT: settings.memory_limit_bytes,
+        names.PROP_GPU_SETTINGS: gpu_settings_to_dbus(settings),
         names.PROP_GPUS: [gpu_to_dbus(gpu) for gpu in snapshot.gpus],
         names.PROP_CLIENTS: clients_to_dbus(snapshot),
         names.PROP_GPU_DETAILS: gpu_details_to_dbus(snapshot),
@@ -238,7 +268,68 @@ def _setting_change(prop_name: str, value: Variant) -> dict:
                 names.ERROR_INVALID_ARGUMENT,
                 f"anti-thrash mode must be on, off or auto, got {excerpt(value.value)}",
             ) from None
+    if prop_name == names.PROP_MEMORY_LIMIT:
+        if value.signature not in _INTEGER_TYPES:
+            raise DBusFailure(
+                names.ERROR_INVALID_ARGUMENT,
+                "memory limit must be a whole number of bytes (D-Bus type 't'), "
+                f"got type '{value.signature}'",
+            )
+        return {"memory_limit_bytes": value.value}
+    if prop_name == names.PROP_GPU_SETTINGS:
+        return {"gpu_overrides": _gpu_overrides_of(value)}
     raise AssertionError(f"no setting behind the writable property {prop_name}")
+
+
+_GPU_SETTINGS_SIGNATURE = "a{sa{sv}}"
+
+
+def _gpu_overrides_of(value: Variant) -> list[tuple[str, GpuOverrides]]:
+    """A GpuSettings write as (GPU id, its settings) pairs, or DBusFailure.  The ids
+    and ranges are the engine's to check (settings.py), with the rest of the settings."""
+    if value.signature != _GPU_SETTINGS_SIGNATURE:
+        raise DBusFailure(
+            names.ERROR_INVALID_ARGUMENT,
+            f"GPU settings map GPU ids to their settings (D-Bus type '{_GPU_SETTINGS_SIGNATURE}'), "
+            f"got type '{excerpt(value.signature)}'",
+        )
+    if len(value.value) > MAX_GPUS_WITH_SETTINGS:  # before looking at each
+        raise DBusFailure(
+            names.ERROR_INVALID_ARGUMENT,
+            f"at most {MAX_GPUS_WITH_SETTINGS} GPUs may have settings of their own, "
+            f"got {len(value.value)}",
+        )
+    types = dict(names.GPU_SETTINGS_FIELDS)
+    entries = []
+    for gpu_id, fields in value.value.items():
+        own: dict = {}
+        for key, item in fields.items():
+            expected = types.get(key)
+            if expected is None:
+                raise DBusFailure(
+                    names.ERROR_INVALID_ARGUMENT,
+                    f"GPU {excerpt(gpu_id)}: unknown setting {excerpt(key)} "
+                    f"(known: {', '.join(types)})",
+                )
+            if expected == "s" and item.signature == "s":
+                try:
+                    own[key] = parse_anti_thrash(item.value)
+                except ValueError:
+                    raise DBusFailure(
+                        names.ERROR_INVALID_ARGUMENT,
+                        f"GPU {excerpt(gpu_id)}: anti-thrash mode must be on, off or auto, "
+                        f"got {excerpt(item.value)}",
+                    ) from None
+            elif expected != "s" and item.signature in _INTEGER_TYPES:
+                own[key] = item.value
+            else:
+                raise DBusFailure(
+                    names.ERROR_INVALID_ARGUMENT,
+                    f"GPU {excerpt(gpu_id)}: {key} must be of D-Bus type '{expected}', "
+                    f"got type '{excerpt(item.signature)}'",
+                )
+        entries.append((gpu_id, GpuOverrides(**own)))
+    return entries
 
 
 # ---------------------------------------------------------------- who may change settings
@@ -387,7 +478,7 @@ class DBusApi:
             except ValueError as error:  # SettingsError: str() is the human sentence
                 raise DBusFailure(names.ERROR_INVALID_ARGUMENT, str(error)) from None
             reply = Message.new_method_return(msg)
-            log.info("dbus set %s=%r uid=%d", prop_name, value.value, uid)
+            log.info("dbus set %s=%s uid=%d", prop_name, excerpt(_plain(value.value), 400), uid)
         except DBusFailure as failure:
             reply = Message.new_error(msg, failure.name, failure.text)
         except Exception as error:

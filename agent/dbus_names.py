@@ -17,6 +17,8 @@ INTERFACE = "io.github.nvshare.Scheduler1"
 PROP_TIME_QUANTUM = "TimeQuantum"  # u, seconds, read-write
 PROP_ANTI_THRASH = "AntiThrash"  # b, read-write: false only when off (clients from before auto)
 PROP_ANTI_THRASH_MODE = "AntiThrashMode"  # s, read-write: on, off or auto
+PROP_MEMORY_LIMIT = "MemoryLimit"  # t, bytes, read-write: 0 none
+PROP_GPU_SETTINGS = "GpuSettings"  # a{sa{sv}}, read-write: GPU id -> GPU_SETTINGS_FIELDS
 PROP_GPUS = "Gpus"  # GPUS_SIGNATURE, read-only
 PROP_CLIENTS = "Clients"  # CLIENTS_SIGNATURE, read-only
 PROP_GPU_DETAILS = "GpuDetails"  # a{sa{sv}}, read-only: uuid -> GPU_DETAIL_FIELDS
@@ -42,10 +44,21 @@ CLIENT_GPU_FIELDS = (
 )
 # GpuDetails' keys per GPU (an open dict: keys may be added without a new API).
 GPU_DETAIL_FIELDS = (
-    ("anti_thrash", "s"),
+    ("anti_thrash", "s"),  # what it runs by: its own setting, else the node's
     ("mode", "s"),
     ("memory_capacity_bytes", "t"),
     ("memory_demand_bytes", "t"),
+    ("time_quantum_s", "u"),  # its own, else the node's
+    ("memory_limit_bytes", "t"),  # its own, else the node's; 0 none
+    ("index", "i"),  # NVML's number for it; -1: not in NVML's inventory
+)
+# GpuSettings' keys per GPU id (a "GPU-..." UUID or an NVML index such as "1"):
+# only the settings that GPU has of its own.  The names are the settings'
+# field names in agent/settings.py.
+GPU_SETTINGS_FIELDS = (
+    ("time_quantum_s", "u"),
+    ("anti_thrash", "s"),
+    ("memory_limit_bytes", "t"),
 )
 CLIENT_DETAIL_FIELDS = (("user", "s"), ("unit", "s"), ("container", "s"))
 STATISTICS_FIELDS = (

@@ -27,7 +27,14 @@ from .identity import ClientIdentity, identify
 from .nvml import GpuInfo
 from .protocol import ErrorCode, Features, MessageType
 from .scheduler import Scheduler
-from .settings import AntiThrash, Settings, SettingsError, SettingsNotSaved, SettingsStore
+from .settings import (
+    AntiThrash,
+    Settings,
+    SettingsError,
+    SettingsNotSaved,
+    gpu_override_entries,
+)
+from .settings_files import SettingsStore, overrides_after
 from .snapshot import AgentSnapshot
 from .statistics import GpuStatistics
 
@@ -108,6 +115,8 @@ class Engine:
             act.Greeted: self._greeted,
             act.Gone: self._gone_logged,
             act.ModeChanged: self._log_mode,
+            act.GpuSettingsApplied: self._log_gpu_settings,
+            act.IndexSettingsUnused: self._log_index_settings_unused,
         }
 
     # ------------------------------------------------------------ from the socket adapter
@@ -198,14 +207,21 @@ class Engine:
         for uuid in also_known:
             self.core.allow_gpu(uuid)
         for gpu in gpus:
-            self.execute(self.core.add_gpu(gpu.uuid, gpu.name, gpu.memory_total_bytes, now))
             log.info(
-                "gpu uuid=%s name=%s memory_total_bytes=%d",
+                "gpu uuid=%s name=%s memory_total_bytes=%d index=%s",
                 gpu_name(gpu.uuid),
                 gpu.name.replace(" ", "_"),
                 gpu.memory_total_bytes,
+                "-" if gpu.index is None else gpu.index,
+            )
+            self.execute(
+                self.core.add_gpu(gpu.uuid, gpu.name, gpu.memory_total_bytes, now, gpu.index)
             )
         self.batch_done()
+
+    def inventory_missing(self) -> None:
+        """NVML could not be read (or lists no GPU): GPUs come from clients only."""
+        self.execute(self.core.inventory_missing())
 
     def nvml_processes(self, readings: dict[bytes, dict[int, int]]) -> None:
         self.execute(self.core.nvml_processes(readings, self.loop.time()))
@@ -241,16 +257,19 @@ class Engine:
         return stats
 
     async def change_settings(self, **changes) -> Settings:
-        """Validate, save, apply.  Raises SettingsError (a bad value) or
-        SettingsNotSaved (the state file cannot be written), each one human
-        sentence, and changes nothing then."""
+        """Validate, save, apply.  gpu_overrides, when given, replaces every GPU's
+        own settings: (GPU id, GpuOverrides) pairs.  Raises SettingsError (a bad
+        value) or SettingsNotSaved (the state file cannot be written), each one
+        human sentence, and changes nothing then."""
         async with self._settings_lock:  # two Sets at once must not lose one's save
+            if "gpu_overrides" in changes:
+                changes["gpu_overrides"] = gpu_override_entries(changes["gpu_overrides"])
             new = self.settings.replaced(**changes)
             # Save before applying: a change that only lasts until the next restart,
             # reported as done, would silently undo itself later.  Persist even an
-            # unchanged value: the admin chose it explicitly.  fsync can take
-            # seconds on a busy disk: not on the event loop.
-            overrides = {**self._overrides, **changes}
+            # unchanged node-wide value: the admin chose it explicitly.  fsync can
+            # take seconds on a busy disk: not on the event loop.
+            overrides = overrides_after(self._overrides, self.settings, new, changes)
             try:
                 await self.loop.run_in_executor(None, self._store.save_overrides, overrides)
             except OSError as e:
@@ -461,7 +480,29 @@ class Engine:
             a.reason.replace(" ", "_"),
         )
 
+    def _log_gpu_settings(self, a: act.GpuSettingsApplied) -> None:
+        s = a.settings
+        log.info(
+            "gpu settings gpu=%s index=%s time_quantum_s=%d anti_thrash=%s "
+            "memory_limit_bytes=%d own=%s",
+            gpu_name(a.gpu),
+            "-" if a.index is None else a.index,
+            s.time_quantum_s,
+            s.anti_thrash,
+            s.memory_limit_bytes,
+            ",".join(a.own) or "-",
+        )
+
+    def _log_index_settings_unused(self, a: act.IndexSettingsUnused) -> None:
+        log.warning(
+            "settings for GPU %s by NVML index apply to no GPU: there is no NVML inventory "
+            "to number the GPUs (name them by UUID instead)",
+            ", ".join(a.gpu_ids),
+        )
+
     def _send_settings(self, a: act.SendSettings) -> None:
+        # The shim applies idle release and drop grace, per process; the quantum and
+        # the mode it only logs.  All node-wide: a GPU's own settings stay here.
         s = a.settings
         frame = protocol.encode_settings(
             anti_thrash=_WIRE_ANTI_THRASH[s.anti_thrash],
@@ -516,12 +557,21 @@ class Engine:
 
 
 def describe_settings(s: Settings) -> str:
-    """The settings as one log line's key=value pairs."""
+    """The settings as one log line's key=value pairs (GPUs' own: gpu settings lines)."""
+    own = ",".join(
+        f"{gpu_id}:" + "+".join(f"{k}={_plain(v)}" for k, v in o.given().items())
+        for gpu_id, o in s.gpu_overrides
+    )
     return (
         f"time_quantum_s={s.time_quantum_s} anti_thrash={s.anti_thrash} "
         f"idle_release_ms={s.idle_release_ms} drop_grace_ms={s.drop_grace_ms} "
-        f"min_slice_ms={s.min_slice_ms} memory_limit_bytes={s.memory_limit_bytes}"
+        f"min_slice_ms={s.min_slice_ms} memory_limit_bytes={s.memory_limit_bytes} "
+        f"gpu_settings={own or '-'}"
     )
+
+
+def _plain(value: object) -> object:
+    return value.value if isinstance(value, AntiThrash) else value
 
 
 __all__ = [

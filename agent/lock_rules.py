@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .actions import Action, AskToDrop, Grant, Revoke
 from .core_state import EXCLUSIVE, FEATURE_YIELD, SHARED, ClientState, GpuState, Lease, Waiter
-from .settings import AntiThrash, Settings
+from .settings import AntiThrash
 from .usage import UsageMeter
 
 # auto: a client is light when its recent use (0..1) is under LIGHT_FLOOR, or
@@ -29,9 +29,10 @@ YIELD_IDLE_MS = 50
 
 
 class LockRules:
-    """The rules; the scheduler provides the state they work on."""
+    """The rules; the scheduler provides the state they work on.  Each GPU runs
+    by its own settings (gpu.settings: the node-wide ones with the GPU's own over
+    them), which the scheduler keeps up to date."""
 
-    settings: Settings
     clients: dict[int, ClientState]
     gpus: dict[bytes, GpuState]
     _last_lease: int
@@ -43,7 +44,7 @@ class LockRules:
 
     def _policy(self, gpu: GpuState) -> str:
         """Which rule serves this GPU now: "on", "off", "auto-shared", "auto-exclusive"."""
-        mode = self.settings.anti_thrash
+        mode = gpu.settings.anti_thrash
         if mode is AntiThrash.AUTO:
             return "auto-shared" if gpu.fits else "auto-exclusive"
         return str(mode.value)
@@ -68,7 +69,7 @@ class LockRules:
 
     def _judge(self, gpu: GpuState, client: int, now: float) -> tuple[bool, bool]:
         """(light, much lighter than the turn holder) for a request arriving now."""
-        if self.settings.anti_thrash is not AntiThrash.AUTO:
+        if gpu.settings.anti_thrash is not AntiThrash.AUTO:
             return False, False
         holder = self._turn_holder(gpu)
         if holder is None:
@@ -86,9 +87,9 @@ class LockRules:
     def _best_waiter(self, gpu: GpuState, now: float) -> int:
         """First come first served (on); least recent use first, those waiting a
         quantum or more before all others, oldest first (auto)."""
-        if self.settings.anti_thrash is not AntiThrash.AUTO:
+        if gpu.settings.anti_thrash is not AntiThrash.AUTO:
             return next(iter(gpu.waiters))
-        starving_after = self.settings.time_quantum_s
+        starving_after = gpu.settings.time_quantum_s
         uuid = gpu.uuid
 
         def order(item: tuple[int, Waiter]) -> tuple[bool, float, float]:
@@ -99,8 +100,8 @@ class LockRules:
 
         return min(gpu.waiters.items(), key=order)[0]
 
-    def _is_starving(self, waiter: Waiter, now: float) -> bool:
-        return now - waiter.requested_at >= self.settings.time_quantum_s
+    def _is_starving(self, gpu: GpuState, waiter: Waiter, now: float) -> bool:
+        return now - waiter.requested_at >= gpu.settings.time_quantum_s
 
     # ------------------------------------------------------------ the lock, per GPU
 
@@ -127,7 +128,7 @@ class LockRules:
         # waiter does not have to wait another grace for an overdue holder.
         if not (gpu.holders and gpu.waiters):
             return
-        grace = self.settings.drop_grace_ms / 1000.0
+        grace = gpu.settings.drop_grace_ms / 1000.0
         for client, held in list(gpu.holders.items()):
             if held.drop_requested_at is not None and now >= held.drop_requested_at + grace:
                 del gpu.holders[client]
@@ -148,7 +149,7 @@ class LockRules:
             client, held = next(iter(gpu.holders.items()))
             if (
                 held.drop_requested_at is None
-                and now >= held.granted_at + self.settings.time_quantum_s
+                and now >= held.granted_at + gpu.settings.time_quantum_s
             ):
                 self._ask_to_drop(gpu, client, held, now, actions, "quantum over")
 
@@ -173,7 +174,7 @@ class LockRules:
             held = gpu.holders[turn]
             if held.drop_requested_at is not None:
                 return
-            if now >= held.granted_at + self.settings.time_quantum_s:
+            if now >= held.granted_at + gpu.settings.time_quantum_s:
                 self._ask_to_drop(gpu, turn, held, now, actions, "quantum over")
             else:
                 self._ask_to_yield(gpu, turn, held, now, actions)
@@ -199,13 +200,13 @@ class LockRules:
                 continue
             # Compared as the deadline is computed (granted_at + slice), so that the
             # tick at that deadline sees it due: float rounding must not disagree.
-            if now >= held.granted_at + self.settings.time_quantum_s:
+            if now >= held.granted_at + gpu.settings.time_quantum_s:
                 self._ask_to_drop(gpu, client, held, now, actions, "quantum over")
             elif (
                 best.much_lighter
                 and not draining
-                and not self._is_starving(best, now)
-                and now >= held.granted_at + self.settings.min_slice_ms / 1000.0
+                and not self._is_starving(gpu, best, now)
+                and now >= held.granted_at + gpu.settings.min_slice_ms / 1000.0
             ):
                 self._ask_to_drop(gpu, client, held, now, actions, "light work waits")
             else:
@@ -222,7 +223,7 @@ class LockRules:
     ) -> None:
         waiter = gpu.waiters.pop(client)
         self._last_lease += 1
-        auto = self.settings.anti_thrash is AntiThrash.AUTO
+        auto = gpu.settings.anti_thrash is AntiThrash.AUTO
         release_when_idle = auto and mode == SHARED
         gpu.holders[client] = Lease(
             self._last_lease, mode, now, turn=turn, release_when_idle=release_when_idle
@@ -310,7 +311,7 @@ class LockRules:
                 self._push_deadline(due, gpu.uuid)
 
     def _gpu_deadline(self, gpu: GpuState, now: float, policy: str) -> float | None:
-        settings = self.settings
+        settings = gpu.settings
         due: float | None = None
         if policy == "auto-shared" and gpu.light_check_at is not None:
             due = gpu.light_check_at
@@ -320,7 +321,7 @@ class LockRules:
         light_waits = False
         if policy == "auto-exclusive":
             best = gpu.waiters[self._best_waiter(gpu, now)]
-            light_waits = best.much_lighter and not self._is_starving(best, now)
+            light_waits = best.much_lighter and not self._is_starving(gpu, best, now)
         for held in gpu.holders.values():
             if held.drop_requested_at is not None:
                 when = held.drop_requested_at + grace

@@ -39,6 +39,8 @@ class GpuInfo:
     uuid: bytes
     name: str
     memory_total_bytes: int
+    # NVML's number for it (nvidia-smi's): what settings by index ([gpu:1]) mean.
+    index: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +82,12 @@ async def read_node(timeout_s: float = READ_TIMEOUT_S) -> NodeInventory:
     try:
         answer = json.loads(out.decode().strip().splitlines()[-1])
         gpus = [
-            GpuInfo(bytes.fromhex(g["uuid"]), g["name"], int(g["memory_total_bytes"]))
+            GpuInfo(
+                bytes.fromhex(g["uuid"]),
+                g["name"],
+                int(g["memory_total_bytes"]),
+                None if g.get("index") is None else int(g["index"]),
+            )
             for g in answer["gpus"]
         ]
         mig = tuple(bytes.fromhex(u) for u in answer.get("mig", ()))
@@ -176,6 +183,7 @@ def read_inventory_here() -> tuple[list[GpuInfo], str | None, list[bytes]]:
                     raw,
                     _text(pynvml.nvmlDeviceGetName(handle)),
                     int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                    index,
                 )
             )
         return gpus, None, mig

@@ -35,6 +35,12 @@ Per GPU, by the anti-thrash setting (docs/scheduling.md has the diagrams):
   and no light waiter may cut in ahead of it, so every waiter is granted
   within quantum + n x (quantum + drop_grace), n the clients on the GPU
   (tests/test_scheduler.py checks it under a random walk).
+
+Each GPU runs by its own settings (GpuState.settings): the node-wide ones with
+what the GPU sets for itself over them, by NVML index and, over that, by UUID.
+They are worked out when a GPU appears, when settings change and when the
+inventory gives a GPU its index; a GPU whose mode changes goes through the same
+transitions as a node-wide switch (_settle_gpu_settings).
 """
 
 from __future__ import annotations
@@ -47,8 +53,10 @@ from . import memory_fit
 from .actions import (
     Action,
     Gone,
+    GpuSettingsApplied,
     Greeted,
     Ignored,
+    IndexSettingsUnused,
     LockReleased,
     ModeChanged,
     Queued,
@@ -58,7 +66,7 @@ from .actions import (
 )
 from .core_state import EXCLUSIVE, FEATURE_YIELD, SHARED, ClientState, GpuState, Lease, Waiter
 from .lock_rules import LIGHT_CHECK_S, YIELD_IDLE_MS, LockRules
-from .settings import AntiThrash, Settings
+from .settings import NO_OVERRIDES, AntiThrash, GpuOverrides, Settings
 from .snapshot import AgentSnapshot, ClientGpuSnapshot, ClientSnapshot, GpuSnapshot
 
 # Byte counts are u64 wherever they go (the wire, D-Bus 't'); two u64 fields
@@ -84,12 +92,16 @@ class Scheduler(LockRules):
         format_gpu: Callable[[bytes], str] = bytes.hex,
     ):
         self.settings = settings
+        self._own_by_key = settings.gpu_overrides_by_key()
         self.max_gpus_per_client = max_gpus_per_client
         self.hello_timeout_s = hello_timeout_s
         self._format_gpu = format_gpu  # only for snapshots and refusals: the core keeps raw ids
         self.gpus: dict[bytes, GpuState] = {}
         self.clients: dict[int, ClientState] = {}
         self.inventory_known = False
+        self._inventory_missing = False  # NVML could not be read: none will come
+        self._next_index = 0
+        self._told_unused: set[str] = set()  # index-keyed GPU settings said to apply to nothing
         self._also_known: set[bytes] = set()  # from the inventory but not scheduled (MIG)
         self._learned_by_uid: dict[int, int] = {}
         self._learned = 0
@@ -102,19 +114,40 @@ class Scheduler(LockRules):
     # ------------------------------------------------------------ inventory
 
     def add_gpu(
-        self, uuid: bytes, name: str = "", memory_total_bytes: int = 0, now: float = 0.0
+        self,
+        uuid: bytes,
+        name: str = "",
+        memory_total_bytes: int = 0,
+        now: float = 0.0,
+        index: int | None = None,
     ) -> list[Action]:
-        """A GPU the node has (from NVML); kept even when no client uses it."""
+        """A GPU the node has (from NVML); kept even when no client uses it.  index:
+        NVML's number for it; by default the next one (the engine adds GPUs in
+        NVML's order)."""
         gpu = self.gpus.get(uuid)
+        actions: list[Action] = []
+        if index is None:
+            index = self._next_index if gpu is None or gpu.index is None else gpu.index
+        self._next_index = max(self._next_index, index + 1)
         if gpu is None:
-            gpu = self.gpus[uuid] = GpuState(uuid)
-        elif gpu.introduced_by is not None:
-            self._forget_learned(gpu)
+            gpu = self.gpus[uuid] = GpuState(uuid, index=index)
+            self._settle_gpu_settings(gpu, now, actions, fresh=True)
+        else:
+            if gpu.introduced_by is not None:
+                self._forget_learned(gpu)
+            gpu.index = index
+            self._settle_gpu_settings(gpu, now, actions)  # it may have settings by index
         gpu.name, gpu.memory_total_bytes, gpu.from_inventory = name, memory_total_bytes, True
         self.inventory_known = True
-        actions: list[Action] = []
         self._refit(gpu, now, actions, "inventory")
         self._update(gpu, now, actions)
+        return actions
+
+    def inventory_missing(self) -> list[Action]:
+        """NVML could not be read: GPUs come from clients only, and none has an index."""
+        self._inventory_missing = True
+        actions: list[Action] = []
+        self._note_unused_index_settings(actions)
         return actions
 
     def allow_gpu(self, uuid: bytes) -> None:
@@ -148,12 +181,14 @@ class Scheduler(LockRules):
         if state.greeted:
             return [Refuse(client, "second HELLO on one connection")]
         state.greeted, state.command, state.features = True, command, features
+        notes: list[Action] = []
         for uuid in gpus:
-            refusal = self._use_gpu(client, state, uuid)
+            refusal = self._use_gpu(client, state, uuid, notes)
             if refusal:
                 return [refusal]
         return [
             Greeted(client, state.pid, state.uid, state.gid, command, tuple(state.gpus)),
+            *notes,
             SendSettings(client, self.settings),
         ]
 
@@ -161,7 +196,8 @@ class Scheduler(LockRules):
         state = self.clients[client]
         if not state.greeted:
             return [Refuse(client, "LOCK_REQUEST before HELLO")]
-        refusal = self._use_gpu(client, state, uuid)
+        actions: list[Action] = []
+        refusal = self._use_gpu(client, state, uuid, actions)
         if refusal:
             return [refusal]
         gpu = self.gpus[uuid]
@@ -169,7 +205,6 @@ class Scheduler(LockRules):
             return [Ignored(client, state.pid, uuid, "duplicate request while holding")]
         if client in gpu.waiters:
             return [Ignored(client, state.pid, uuid, "duplicate request while waiting")]
-        actions: list[Action] = []
         if uuid not in state.active:
             state.active.add(uuid)  # its context now takes memory there
             self._refit(gpu, now, actions, "new client")
@@ -221,16 +256,16 @@ class Scheduler(LockRules):
         state = self.clients[client]
         if not state.greeted:
             return [Refuse(client, "MEMORY_REPORT before HELLO")]
-        refusal = self._use_gpu(client, state, uuid)
-        if refusal:
-            return [refusal]
         total = managed_bytes + unmanaged_bytes
         if total > MAX_BYTES:
             return [Refuse(client, f"MEMORY_REPORT of {total} bytes does not fit in 64 bits")]
+        actions: list[Action] = []
+        refusal = self._use_gpu(client, state, uuid, actions)
+        if refusal:
+            return [refusal]
         state.managed[uuid], state.unmanaged[uuid] = managed_bytes, unmanaged_bytes
         if total:
             state.active.add(uuid)
-        actions: list[Action] = []
         gpu = self.gpus[uuid]
         self._refit(gpu, now, actions, f"memory report pid={state.pid}")
         self._update(gpu, now, actions)
@@ -241,12 +276,12 @@ class Scheduler(LockRules):
         state = self.clients[client]
         if not state.greeted:
             return [Refuse(client, "GPU_MEMORY before HELLO")]
-        refusal = self._use_gpu(client, state, uuid)
+        actions: list[Action] = []
+        refusal = self._use_gpu(client, state, uuid, actions)
         if refusal:
             return [refusal]
         gpu = self.gpus[uuid]
         gpu.reported_totals[client] = total_bytes
-        actions: list[Action] = []
         self._refit(gpu, now, actions, "gpu memory reported")
         self._update(gpu, now, actions)
         return actions
@@ -316,24 +351,16 @@ class Scheduler(LockRules):
         return actions
 
     def change_settings(self, settings: Settings, now: float) -> list[Action]:
+        """New settings, node-wide and per GPU: each GPU switches to what it now
+        runs by (_settle_gpu_settings)."""
         previous, self.settings = self.settings, settings
-        was, mode = previous.anti_thrash, settings.anti_thrash
-        actions: list[Action] = [SendSettings(None, settings)]
+        self._own_by_key = settings.gpu_overrides_by_key()
+        actions: list[Action] = []
+        if previous.for_gpu(NO_OVERRIDES) != settings.for_gpu(NO_OVERRIDES):
+            actions.append(SendSettings(None, settings))  # the node-wide ones: for every shim
+        self._note_unused_index_settings(actions)
         for gpu in self.gpus.values():
-            if mode is AntiThrash.OFF and was is not AntiThrash.OFF:
-                for held in gpu.holders.values():
-                    held.drop_requested_at = None  # nothing to make room for any more
-            elif mode is AntiThrash.ON and was is not AntiThrash.ON:
-                self._drain_shared_holders(gpu, now, actions)
-            elif mode is AntiThrash.AUTO and was is AntiThrash.OFF:
-                # Leases of "off" are shared and never given back when idle: have
-                # them asked again, so they get leases of auto's kind.
-                self._ask_to_drop_each(gpu, now, actions, "anti-thrash auto")
-            if mode is AntiThrash.AUTO and (
-                was is not AntiThrash.AUTO
-                or previous.memory_limit_bytes != settings.memory_limit_bytes
-            ):
-                self._refit(gpu, now, actions, "settings", always_log=True)
+            self._settle_gpu_settings(gpu, now, actions)
             self._update(gpu, now, actions)
         return actions
 
@@ -355,7 +382,9 @@ class Scheduler(LockRules):
 
     # ------------------------------------------------------------ who may name which GPU
 
-    def _use_gpu(self, client: int, state: ClientState, uuid: bytes) -> Refuse | None:
+    def _use_gpu(
+        self, client: int, state: ClientState, uuid: bytes, actions: list[Action]
+    ) -> Refuse | None:
         if uuid in state.gpus:
             return None
         if len(state.gpus) >= self.max_gpus_per_client:
@@ -368,6 +397,7 @@ class Scheduler(LockRules):
             gpu = self.gpus[uuid] = GpuState(uuid, introduced_by=state.uid)
             self._learned_by_uid[state.uid] = self._learned_by_uid.get(state.uid, 0) + 1
             self._learned += 1
+            self._settle_gpu_settings(gpu, 0.0, actions, fresh=True)
         state.gpus[uuid] = None
         gpu.users.add(client)
         return None
@@ -396,6 +426,58 @@ class Scheduler(LockRules):
         else:
             self._learned_by_uid.pop(uid, None)
 
+    # ------------------------------------------------------------ each GPU's settings
+
+    def _own_settings(self, gpu: GpuState) -> GpuOverrides:
+        """What the GPU sets for itself: by NVML index, and by UUID over that."""
+        by_key = self._own_by_key
+        if not by_key:
+            return NO_OVERRIDES
+        by_uuid = by_key.get(gpu.uuid)
+        by_index = by_key.get(gpu.index) if gpu.index is not None else None
+        if by_uuid is None:
+            return by_index or NO_OVERRIDES
+        return by_uuid.over(by_index)
+
+    def _settle_gpu_settings(
+        self, gpu: GpuState, now: float, actions: list[Action], fresh: bool = False
+    ) -> None:
+        """Bring the GPU's own settings up to date, switching its mode as a node-wide
+        change switches every GPU's (docs/scheduling.md, "On and off").  fresh: a GPU
+        just added, with no lease or waiter yet."""
+        own = self._own_settings(gpu)
+        new = self.settings.for_gpu(own)
+        previous, own_before = gpu.settings, gpu.own
+        gpu.own, gpu.settings = own, new
+        if own != own_before:
+            actions.append(GpuSettingsApplied(gpu.uuid, gpu.index, new, tuple(own.given())))
+        if fresh or new == previous:
+            return
+        was, mode = previous.anti_thrash, new.anti_thrash
+        if mode is AntiThrash.OFF and was is not AntiThrash.OFF:
+            for held in gpu.holders.values():
+                held.drop_requested_at = None  # nothing to make room for any more
+        elif mode is AntiThrash.ON and was is not AntiThrash.ON:
+            self._drain_shared_holders(gpu, now, actions)
+        elif mode is AntiThrash.AUTO and was is AntiThrash.OFF:
+            # Leases of "off" are shared and never given back when idle: have
+            # them asked again, so they get leases of auto's kind.
+            self._ask_to_drop_each(gpu, now, actions, "anti-thrash auto")
+        if mode is AntiThrash.AUTO and (
+            was is not AntiThrash.AUTO or previous.memory_limit_bytes != new.memory_limit_bytes
+        ):
+            self._refit(gpu, now, actions, "settings", always_log=True)
+
+    def _note_unused_index_settings(self, actions: list[Action]) -> None:
+        """Settings for GPUs by NVML index with no inventory to look the index up
+        in apply to no GPU: say so, once for each such id."""
+        if not self._inventory_missing or self.inventory_known:
+            return
+        by_index = tuple(gpu_id for gpu_id, _ in self.settings.gpu_overrides if gpu_id.isdigit())
+        if set(by_index) - self._told_unused:
+            actions.append(IndexSettingsUnused(by_index))
+            self._told_unused.update(by_index)
+
     # ------------------------------------------------------------ memory (auto)
 
     def _refit(
@@ -410,7 +492,7 @@ class Scheduler(LockRules):
         total = gpu.memory_total_bytes if gpu.from_inventory else 0
         if not total and gpu.reported_totals:
             total = min(gpu.reported_totals.values())
-        capacity = memory_fit.capacity(total, self.settings.memory_limit_bytes)
+        capacity = memory_fit.capacity(total, gpu.settings.memory_limit_bytes)
         client_pids = set()
         demand = 0
         for client in gpu.users:
@@ -428,7 +510,7 @@ class Scheduler(LockRules):
         gpu.demand_bytes, gpu.capacity_bytes = demand, capacity
         changed = fits != gpu.fits
         gpu.fits = fits
-        if self.settings.anti_thrash is not AntiThrash.AUTO:
+        if gpu.settings.anti_thrash is not AntiThrash.AUTO:
             return
         if changed and fits:
             # Running side by side again: who is light is judged afresh.
@@ -465,10 +547,13 @@ class Scheduler(LockRules):
                 g.memory_total_bytes,
                 tuple(self.clients[c].pid for c in g.holders),
                 tuple(self.clients[c].pid for c in g.waiters),
-                anti_thrash=self.settings.anti_thrash.value,
+                anti_thrash=g.settings.anti_thrash.value,
                 mode=self._mode(g),
                 memory_capacity_bytes=g.capacity_bytes or 0,
                 memory_demand_bytes=g.demand_bytes,
+                time_quantum_s=g.settings.time_quantum_s,
+                memory_limit_bytes=g.settings.memory_limit_bytes,
+                index=-1 if g.index is None else g.index,
             )
             for g in self.gpus.values()
         )

@@ -12,10 +12,14 @@ class GpuSnapshot:
     memory_total_bytes: int
     holder_pids: tuple[int, ...]
     queue_pids: tuple[int, ...]
-    anti_thrash: str = "on"  # the setting: on, off or auto
+    anti_thrash: str = "on"  # its setting: on, off or auto
     mode: str = "exclusive"  # what it does now: exclusive (one at a time) or shared
     memory_capacity_bytes: int = 0  # what auto assumes the GPU has; 0: unknown
     memory_demand_bytes: int = 0  # what its clients (and others, by NVML) need
+    # Its own settings where it has them, else the node-wide ones.
+    time_quantum_s: int = 30
+    memory_limit_bytes: int = 0  # 0: none
+    index: int = -1  # NVML's number for it; -1: not in the inventory
 
 
 @dataclass(frozen=True, slots=True)

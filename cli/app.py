@@ -3,7 +3,11 @@
 A thin client: parse, call, print.  Exit codes: 0 ok, 1 failed (agent not
 running, permission denied, ...), 2 bad usage (including a value the agent
 rejects).  The original nvsharectl's `-T SECONDS` and `-S on|off` still work
-(and `-S auto`).
+(and `-S auto`), node-wide.
+
+`--gpu ID` changes one GPU's own settings: nvsharectl reads the agent's
+GpuSettings map, changes that GPU's entry and writes the map back (the agent
+checks it whole).  `reset --gpu ID` takes a GPU's own settings away.
 """
 
 import asyncio
@@ -13,6 +17,7 @@ from typing import Optional
 
 import typer
 
+from nvshare_agent.settings import SettingsError, parse_gpu_id, parse_size
 from nvshare_agent.version import version
 
 from . import render
@@ -31,6 +36,31 @@ class Switch(str, enum.Enum):
     on = "on"
     off = "off"
     auto = "auto"
+
+
+class GpuSetting(str, enum.Enum):
+    """What `reset` takes away, by the name of its command."""
+
+    time_quantum = "time-quantum"
+    anti_thrash = "anti-thrash"
+    memory_limit = "memory-limit"
+
+
+# The key in GpuSettings behind each.
+_GPU_SETTING_KEYS = {
+    GpuSetting.time_quantum: "time_quantum_s",
+    GpuSetting.anti_thrash: "anti_thrash",
+    GpuSetting.memory_limit: "memory_limit_bytes",
+}
+
+GPU_OPTION = typer.Option(
+    None,
+    "--gpu",
+    metavar="ID",
+    show_default=False,
+    help="Change this GPU's own setting instead of the node's: its UUID (GPU-...) or its "
+    "NVML index (as nvidia-smi and status number them).",
+)
 
 
 # Accepted both before and after the command (`nvsharectl --json status`,
@@ -85,19 +115,64 @@ async def _status(options: Options, print_status: bool = True) -> dict:
     return status
 
 
-async def _change(options: Options, time_quantum_s=None, anti_thrash=None) -> None:
+async def _change(
+    options: Options, time_quantum_s=None, anti_thrash=None, memory_limit_bytes=None
+) -> None:
+    """Node-wide changes; then the node-wide settings."""
     async with connect(options.bus) as client:
         if time_quantum_s is not None:
             await client.set_time_quantum(time_quantum_s)
         if anti_thrash is not None:
             await client.set_anti_thrash(anti_thrash)
+        if memory_limit_bytes is not None:
+            await client.set_memory_limit(memory_limit_bytes)
         status = render.status_as_dict(await client.properties())
-    settings = {key: status[key] for key in ("time_quantum_s", "anti_thrash", "anti_thrash_mode")}
+    keys = ("time_quantum_s", "anti_thrash", "anti_thrash_mode", "memory_limit_bytes")
+    settings = {key: status[key] for key in keys}
     typer.echo(
         json.dumps(settings, sort_keys=True)
         if options.json_output
         else render.settings_text(status)
     )
+
+
+def _gpu_id(text: str) -> str:
+    try:
+        return parse_gpu_id(text)
+    except SettingsError as error:
+        raise CliError(f"invalid value for --gpu: {error}", EXIT_USAGE) from None
+
+
+async def _change_gpu(options: Options, gpu: str, values: dict, take_away=()) -> None:
+    """One GPU's own settings: read GpuSettings, change its entry, write it back;
+    then what that GPU runs by."""
+    gpu_id = _gpu_id(gpu)
+    async with connect(options.bus) as client:
+        gpu_settings = await client.gpu_settings()
+        entry = {**gpu_settings.get(gpu_id, {}), **values}
+        for key in take_away:
+            entry.pop(key, None)
+        if entry != gpu_settings.get(gpu_id, {}):
+            changed = {other: e for other, e in gpu_settings.items() if other != gpu_id}
+            if entry:
+                changed[gpu_id] = entry
+            await client.set_gpu_settings(changed)
+        status = render.status_as_dict(await client.properties())
+    if options.json_output:
+        typer.echo(json.dumps({"gpu": gpu_id, "settings": status["gpu_settings"].get(gpu_id, {})}))
+    else:
+        typer.echo(render.gpu_change_text(gpu_id, status))
+
+
+async def _memory_limit(options: Options, text: str, gpu: Optional[str]) -> None:
+    try:
+        num_bytes = parse_size(text)
+    except SettingsError as error:
+        raise CliError(f"invalid value: {error}", EXIT_USAGE) from None
+    if gpu is None:
+        await _change(options, memory_limit_bytes=num_bytes)
+    else:
+        await _change_gpu(options, gpu, {"memory_limit_bytes": num_bytes})
 
 
 def _print_version(wanted: bool) -> None:
@@ -183,23 +258,77 @@ def clients(
 def set_tq(
     ctx: typer.Context,
     seconds: int = typer.Argument(..., metavar="SECONDS", help="1..86400"),
+    gpu: Optional[str] = GPU_OPTION,
     json_output: Optional[bool] = JSON_OPTION,
     bus: Optional[str] = BUS_OPTION,
 ):
-    """Set the time quantum: how long a holder keeps a GPU while others wait."""
-    _run(_change(_options(ctx, json_output, bus), time_quantum_s=seconds))
+    """Set the time quantum: how long a holder keeps a GPU while others wait.
+    With --gpu, that GPU's own (nvsharectl reset --gpu ID time-quantum takes it away)."""
+    options = _options(ctx, json_output, bus)
+    if gpu is None:
+        _run(_change(options, time_quantum_s=seconds))
+    else:
+        _run(_change_gpu(options, gpu, {"time_quantum_s": seconds}))
 
 
 @app.command("anti-thrash")
 def anti_thrash_command(
     ctx: typer.Context,
     switch: Switch = typer.Argument(..., metavar="on|off|auto"),
+    gpu: Optional[str] = GPU_OPTION,
     json_output: Optional[bool] = JSON_OPTION,
     bus: Optional[str] = BUS_OPTION,
 ):
     """Anti-thrash on (one process per GPU at a time), off (all at once), or auto
-    (light work beside busy work while memory fits, turns when it does not)."""
-    _run(_change(_options(ctx, json_output, bus), anti_thrash=switch.value))
+    (light work beside busy work while memory fits, turns when it does not).
+    With --gpu, that GPU's own (nvsharectl reset --gpu ID anti-thrash takes it away)."""
+    options = _options(ctx, json_output, bus)
+    if gpu is None:
+        _run(_change(options, anti_thrash=switch.value))
+    else:
+        _run(_change_gpu(options, gpu, {"anti_thrash": switch.value}))
+
+
+@app.command("memory-limit")
+def memory_limit_command(
+    ctx: typer.Context,
+    limit: str = typer.Argument(
+        ...,
+        metavar="SIZE|none",
+        help="bytes, with K, M, G or T (powers of 1024): 40G; none (or 0): no limit",
+    ),
+    gpu: Optional[str] = GPU_OPTION,
+    json_output: Optional[bool] = JSON_OPTION,
+    bus: Optional[str] = BUS_OPTION,
+):
+    """Anti-thrash auto: the most memory a GPU is taken to have, to keep room for work
+    outside nvshare.  With --gpu, that GPU's own (nvsharectl reset --gpu ID memory-limit
+    takes it away; 'none' with --gpu means no limit on that GPU, whatever the node's)."""
+    _run(_memory_limit(_options(ctx, json_output, bus), limit, gpu))
+
+
+@app.command("reset")
+def reset_command(
+    ctx: typer.Context,
+    setting: Optional[GpuSetting] = typer.Argument(
+        None,
+        metavar="[time-quantum|anti-thrash|memory-limit]",
+        show_default=False,
+        help="The setting to take away; all of the GPU's own when left out.",
+    ),
+    gpu: str = typer.Option(
+        ...,
+        "--gpu",
+        metavar="ID",
+        show_default=False,
+        help="The GPU: its UUID (GPU-...) or its NVML index.",
+    ),
+    json_output: Optional[bool] = JSON_OPTION,
+    bus: Optional[str] = BUS_OPTION,
+):
+    """Take a GPU's own setting away (or all of them): it follows the node's again."""
+    keys = [_GPU_SETTING_KEYS[setting]] if setting else list(_GPU_SETTING_KEYS.values())
+    _run(_change_gpu(_options(ctx, json_output, bus), gpu, {}, take_away=keys))
 
 
 def _preload(action: str) -> None:

@@ -71,6 +71,26 @@ def _plain(value):
     return value
 
 
+def _u64(num_bytes: int) -> int:
+    if not 0 <= num_bytes < 2**64:
+        raise CliError(
+            f"invalid value: memory_limit must be 0..{2**64 - 1} bytes, got {num_bytes}", EXIT_USAGE
+        )
+    return num_bytes
+
+
+def _variant(dbus_type: str, value) -> Variant:
+    # A time quantum outside u32 goes as int64, so that the agent, not the
+    # marshaller, answers with its range sentence (as set_time_quantum does).
+    if dbus_type == "u" and not 0 <= value <= 0xFFFFFFFF:
+        if not -(2**63) <= value < 2**63:
+            raise CliError(
+                f"invalid value: time quantum {value} seconds is out of range", EXIT_USAGE
+            )
+        return Variant("x", value)
+    return Variant(dbus_type, _u64(value) if dbus_type == "t" else value)
+
+
 class AgentClient:
     def __init__(self, bus: MessageBus, where: str):
         self._bus = bus
@@ -128,6 +148,26 @@ class AgentClient:
     async def set_anti_thrash(self, mode: str) -> None:
         """mode: on, off or auto."""
         await self._set(names.PROP_ANTI_THRASH_MODE, Variant("s", mode))
+
+    async def set_memory_limit(self, num_bytes: int) -> None:
+        """0: none."""
+        await self._set(names.PROP_MEMORY_LIMIT, Variant("t", _u64(num_bytes)))
+
+    async def gpu_settings(self) -> dict:
+        """GpuSettings: GPU id -> the settings it has of its own, plain values."""
+        reply = await self._call(
+            self._message(_PROPERTIES, "Get", "ss", [names.INTERFACE, names.PROP_GPU_SETTINGS])
+        )
+        return _plain(reply.body[0].value)
+
+    async def set_gpu_settings(self, gpu_settings: dict) -> None:
+        """Replace GpuSettings with `gpu_settings` (GPU id -> key -> plain value)."""
+        types = dict(names.GPU_SETTINGS_FIELDS)
+        value = {
+            gpu_id: {key: _variant(types[key], item) for key, item in entry.items()}
+            for gpu_id, entry in gpu_settings.items()
+        }
+        await self._set(names.PROP_GPU_SETTINGS, Variant("a{sa{sv}}", value))
 
     async def _set(self, prop_name: str, value: Variant) -> None:
         await self._call(

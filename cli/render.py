@@ -35,8 +35,21 @@ def clients_as_dicts(clients, details=None) -> list:
     return records
 
 
+def own_settings(gpu: dict, gpu_settings: dict) -> list:
+    """The settings a GPU has of its own (its UUID's entry and its NVML index's)."""
+    own = set(gpu_settings.get(gpu["uuid"], {}))
+    if gpu.get("index", -1) >= 0:
+        own |= set(gpu_settings.get(str(gpu["index"]), {}))
+    return [key for key, _ in names.GPU_SETTINGS_FIELDS if key in own]
+
+
 def status_as_dict(properties: dict) -> dict:
     anti_thrash = properties[names.PROP_ANTI_THRASH]
+    # Agents from before per-GPU settings have no GpuSettings or MemoryLimit.
+    gpu_settings = properties.get(names.PROP_GPU_SETTINGS, {})
+    gpus = gpus_as_dicts(properties[names.PROP_GPUS], properties.get(names.PROP_GPU_DETAILS))
+    for gpu in gpus:
+        gpu["own_settings"] = own_settings(gpu, gpu_settings)
     return {
         "time_quantum_s": properties[names.PROP_TIME_QUANTUM],
         "anti_thrash": anti_thrash,
@@ -44,7 +57,9 @@ def status_as_dict(properties: dict) -> dict:
         "anti_thrash_mode": properties.get(
             names.PROP_ANTI_THRASH_MODE, "on" if anti_thrash else "off"
         ),
-        "gpus": gpus_as_dicts(properties[names.PROP_GPUS], properties.get(names.PROP_GPU_DETAILS)),
+        "memory_limit_bytes": properties.get(names.PROP_MEMORY_LIMIT, 0),
+        "gpu_settings": gpu_settings,
+        "gpus": gpus,
         "clients": clients_as_dicts(
             properties[names.PROP_CLIENTS], properties.get(names.PROP_CLIENT_DETAILS)
         ),
@@ -68,11 +83,71 @@ def _fit(line: str) -> str:
     return line if len(line) <= WIDTH else line[: WIDTH - 1] + "…"
 
 
+def limit_text(num_bytes: int) -> str:
+    return size(num_bytes) if num_bytes else "none"
+
+
 def settings_text(status: dict) -> str:
+    """The node-wide settings, one line."""
     return (
         f"time quantum: {status['time_quantum_s']} s    "
-        f"anti-thrash: {status.get('anti_thrash_mode') or on_off(status['anti_thrash'])}"
+        f"anti-thrash: {status.get('anti_thrash_mode') or on_off(status['anti_thrash'])}    "
+        f"memory limit: {limit_text(status.get('memory_limit_bytes', 0))}"
     )
+
+
+def gpu_settings_text(gpu: dict) -> str:
+    """The settings a GPU runs by (GpuDetails), "(own)" where they are its own; ""
+    from an agent without settings per GPU."""
+    if "time_quantum_s" not in gpu:
+        return ""
+    own = set(gpu.get("own_settings", ()))
+
+    def mark(key: str) -> str:
+        return " (own)" if key in own else ""
+
+    return (
+        f"{gpu['time_quantum_s']} s{mark('time_quantum_s')}   "
+        f"anti-thrash: {gpu['anti_thrash']}{mark('anti_thrash')}   "
+        f"memory limit: {limit_text(gpu['memory_limit_bytes'])}{mark('memory_limit_bytes')}"
+    )
+
+
+def gpu_labels(gpus: list) -> dict:
+    """What status calls each GPU (by UUID): NVML's index where the agent has an
+    inventory (the number --gpu takes), else its place in the list."""
+    if any(gpu.get("index", -1) >= 0 for gpu in gpus):
+        return {gpu["uuid"]: str(gpu["index"]) if gpu["index"] >= 0 else "-" for gpu in gpus}
+    return {gpu["uuid"]: str(i) for i, gpu in enumerate(gpus)}
+
+
+def find_gpu(gpu_id: str, gpus: list) -> dict | None:
+    """The GPU a --gpu id names now: by UUID, or by NVML index."""
+    for gpu in gpus:
+        if gpu["uuid"].lower() == gpu_id.lower() or str(gpu.get("index", -1)) == gpu_id:
+            return gpu
+    return None
+
+
+def gpu_change_text(gpu_id: str, status: dict) -> str:
+    """After a change of one GPU's settings: what it runs by now, as status shows it;
+    for a GPU not on this node (now), what it has of its own."""
+    gpu = find_gpu(gpu_id, status["gpus"])
+    own = status["gpu_settings"].get(gpu_id, {})
+    if gpu is not None and gpu_settings_text(gpu):
+        label = gpu_labels(status["gpus"])[gpu["uuid"]]
+        lines = [f"GPU {label}  {gpu['uuid']}", f"  tq:      {gpu_settings_text(gpu)}"]
+    elif not own:
+        lines = [f"GPU {gpu_id}: no settings of its own"]
+    else:
+        words = {
+            "time_quantum_s": lambda v: f"tq {v} s",
+            "anti_thrash": lambda v: f"anti-thrash: {v}",
+            "memory_limit_bytes": lambda v: f"memory limit: {limit_text(v)}",
+        }
+        listed = ", ".join(words[key](value) for key, value in own.items() if key in words)
+        lines = [f"GPU {gpu_id}  (not on this node now)", f"  own:     {listed}"]
+    return "\n".join(_fit(line) for line in lines)
 
 
 def mode_text(gpu: dict) -> str:
@@ -101,13 +176,16 @@ def status_text(status: dict) -> str:
     lines = [settings_text(status)]
     if not status["gpus"]:
         lines.append("no GPUs")
-    for index, gpu in enumerate(status["gpus"]):
+    labels = gpu_labels(status["gpus"])
+    for gpu in status["gpus"]:
         memory = size(gpu["memory_total_bytes"]) if gpu["memory_total_bytes"] else "memory unknown"
         lines += [
             "",
-            f"GPU {index}  {gpu['uuid']}  {memory}",
+            f"GPU {labels[gpu['uuid']]}  {gpu['uuid']}  {memory}",
             f"  name:    {gpu['name'] or 'unknown'}",
         ]
+        if gpu_settings_text(gpu):
+            lines.append(f"  tq:      {gpu_settings_text(gpu)}")
         if mode_text(gpu):
             lines.append(f"  mode:    {mode_text(gpu)}")
         lines += [
@@ -132,7 +210,7 @@ def origin(client: dict) -> str:
 def clients_text(clients: list, gpus: list) -> str:
     if not clients:
         return "no clients"
-    index_of = {gpu["uuid"]: str(i) for i, gpu in enumerate(gpus)}
+    index_of = gpu_labels(gpus)
     rows = [("PID", "USER", "GPU", "STATE", "MEMORY", "HELD", "COMMAND")]
     for client in clients:
         entries = client["gpus"] or [

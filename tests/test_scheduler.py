@@ -20,7 +20,7 @@ from nvshare_agent.actions import (
     Withdrawn,
 )
 from nvshare_agent.scheduler import Scheduler
-from nvshare_agent.settings import AntiThrash, Settings
+from nvshare_agent.settings import AntiThrash, GpuOverrides, Settings
 
 G0, G1 = b"\x00" * 15 + b"\x01", b"\x00" * 15 + b"\x02"
 TQ, GRACE = 10, 2.0
@@ -397,7 +397,8 @@ def test_clients_that_never_said_hello_are_not_in_the_snapshot():
 @pytest.mark.parametrize("seed", range(40))
 def test_random_event_sequences_keep_the_invariants(seed):
     """Any interleaving: one exclusive holder at most, leases unique, nobody both
-    holds and waits, nothing overdue after a tick, and no waiter starves once holders stop."""
+    holds and waits, nothing overdue after a tick, and no waiter starves once holders stop;
+    also while one GPU switches modes and quanta of its own."""
     rng = random.Random(seed)
     s = Scheduler(SETTINGS)
     s.add_gpu(G0, "big", 80 << 30)
@@ -425,9 +426,21 @@ def test_random_event_sequences_keep_the_invariants(seed):
             actions = s.disconnect(client, now)
             del live[client]
         elif event < 0.83:
-            actions = s.change_settings(
-                SETTINGS.replaced(anti_thrash=rng.choice(list(AntiThrash))), now
-            )
+            # Node-wide, and G1 (NVML's GPU 1) with a mode and quantum of its own or not.
+            settings = SETTINGS.replaced(anti_thrash=rng.choice(list(AntiThrash)))
+            if rng.random() < 0.5:
+                settings = settings.with_gpu_overrides(
+                    [
+                        (
+                            "1",
+                            GpuOverrides(
+                                time_quantum_s=rng.choice((None, 1, TQ)),
+                                anti_thrash=rng.choice([None, *AntiThrash]),
+                            ),
+                        )
+                    ]
+                )
+            actions = s.change_settings(settings, now)
         elif event < 0.86:
             # Reports that make the GPU's memory fit (auto side by side) or not.
             actions = s.memory_report(client, gpu, rng.choice((0, 1 << 30, 1 << 40)), 0, now)
@@ -460,10 +473,11 @@ def test_random_event_sequences_keep_the_invariants(seed):
 
 
 def _check_invariants(s: Scheduler) -> None:
-    on = s.settings.anti_thrash is AntiThrash.ON
-    off = s.settings.anti_thrash is AntiThrash.OFF
-    auto = s.settings.anti_thrash is AntiThrash.AUTO
     for gpu in s.gpus.values():
+        # Each GPU by the mode it runs by: the node's, or its own.
+        on = gpu.settings.anti_thrash is AntiThrash.ON
+        off = gpu.settings.anti_thrash is AntiThrash.OFF
+        auto = gpu.settings.anti_thrash is AntiThrash.AUTO
         if auto:
             turns = [h for h in gpu.holders.values() if h.turn]
             assert len(turns) <= 1 or all(h.drop_requested_at is not None for h in turns)

@@ -23,7 +23,8 @@ from agent_harness import AgentProcess
 
 from nvshare_agent.engine import Engine
 from nvshare_agent.listener import Listener
-from nvshare_agent.settings import AntiThrash, Settings, SettingsStore
+from nvshare_agent.settings import AntiThrash, Settings
+from nvshare_agent.settings_files import SettingsStore
 from nvshare_agent.shim_connections import ShimConnections
 from nvshare_agent.systemd import bind_socket
 

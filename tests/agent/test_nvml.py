@@ -38,9 +38,14 @@ async def test_whole_gpus_are_listed_and_mig_instances_left_out(fake_nvml, mode)
             parse_uuid("GPU-0d84ee44-b797-1c71-8ccd-cefec22161de"),
             "NVIDIA H100 80GB HBM3",
             85520809984,
+            index=0,
         ),
+        # NVML's own numbers: the MIG instance the fake lists took index 1.
         nvml.GpuInfo(
-            parse_uuid("GPU-11111111-2222-3333-4444-555555555555"), "NVIDIA L4", 24152899584
+            parse_uuid("GPU-11111111-2222-3333-4444-555555555555"),
+            "NVIDIA L4",
+            24152899584,
+            index=2,
         ),
     ]
 

@@ -24,7 +24,8 @@ from agent_harness import (
 
 from nvshare_agent.bus_address import bus_address_problem
 from nvshare_agent.engine import Engine
-from nvshare_agent.settings import AntiThrash, Settings, SettingsStore
+from nvshare_agent.settings import AntiThrash, Settings
+from nvshare_agent.settings_files import SettingsStore
 from nvshare_agent.systemd import (
     LISTEN_BACKLOG,
     MIN_WATCHDOG_INTERVAL_S,

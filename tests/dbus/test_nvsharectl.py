@@ -44,7 +44,7 @@ def test_clients_lists_none_when_idle(agent, bus):
 def test_set_tq_and_anti_thrash_commands(agent, bus):
     result = nvsharectl(bus.address, "set-tq", "15")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "time quantum: 15 s    anti-thrash: auto"
+    assert result.stdout.strip() == "time quantum: 15 s    anti-thrash: auto    memory limit: none"
     result = nvsharectl(bus.address, "anti-thrash", "off")
     assert result.returncode == 0 and "anti-thrash: off" in result.stdout
     assert get_property(bus.address, "TimeQuantum") == "u 15"
@@ -53,6 +53,7 @@ def test_set_tq_and_anti_thrash_commands(agent, bus):
     assert json.loads(result.stdout) == {
         "anti_thrash": True,
         "anti_thrash_mode": "on",
+        "memory_limit_bytes": 0,
         "time_quantum_s": 15,
     }
 
@@ -67,6 +68,7 @@ def test_original_flags_T_and_S_still_work(agent, bus):
     assert json.loads(result.stdout) == {
         "anti_thrash": True,
         "anti_thrash_mode": "on",
+        "memory_limit_bytes": 0,
         "time_quantum_s": 20,
     }
 

@@ -8,7 +8,8 @@ import os
 from shim_harness import STANDIN_BUILD, STANDIN_GPU
 
 from nvshare_agent.engine import Engine
-from nvshare_agent.settings import AntiThrash, Settings, SettingsStore
+from nvshare_agent.settings import AntiThrash, Settings
+from nvshare_agent.settings_files import SettingsStore
 from nvshare_agent.shim_connections import ShimConnections
 
 MIB = 1 << 20

@@ -1,6 +1,7 @@
 """A stand-in for nvidia-ml-py's pynvml, for the NVML adapter's tests (no GPU).
 
 FAKE_NVML picks what it does: "two-gpus" (two GPUs and a MIG instance),
+"standin" (the stand-in driver's two GPUs, tests/standin, as NVML would list them),
 "init-fails", "hangs" (nvmlInit never returns), "crashes" (the process dies),
 "bytes" (old releases' bytes strings), "missing" (import fails).
 FAKE_NVML_HIDDEN may name a file of UUIDs, one a line, that the GPU list leaves
@@ -19,6 +20,13 @@ DEVICES = [
     ("MIG-5c3f2a11-0000-4000-8000-000000000001", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", 10737418240),
     ("GPU-11111111-2222-3333-4444-555555555555", "NVIDIA L4", 24152899584),
 ]
+
+
+if MODE == "standin":
+    DEVICES = [
+        (f"GPU-5374616e-6469-6e00-0000-00000000000{n}", f"NVIDIA Stand-in GPU {n}", 16 << 30)
+        for n in range(2)
+    ]
 
 
 class NVMLError(Exception):

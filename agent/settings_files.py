@@ -1,0 +1,364 @@
+"""Where the settings come from: the config file and the run-time changes' state file.
+
+Precedence at start: built-in defaults < the config file (INI, section
+[scheduler], and [gpu:ID] for a GPU's own settings) < changes made at run time
+through the control plane, which are persisted as JSON under the state
+directory and so survive a restart.  Only the settings that were changed at run
+time are persisted (per GPU and key for a GPU's own), so an admin's later edit
+of the config file still applies to everything else.
+"""
+
+from __future__ import annotations
+
+import configparser
+import enum
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .settings import (
+    ANTI_THRASH_WORDS,
+    GPU_SETTING_FIELDS,
+    AntiThrash,
+    GpuOverrideEntries,
+    GpuOverrides,
+    Settings,
+    SettingsError,
+    check_setting,
+    gpu_sort_key,
+    parse_anti_thrash,
+    parse_gpu_id,
+    parse_size,
+)
+from .text import excerpt
+
+DEFAULT_CONFIG_PATH = Path("/etc/nvshare/nvshare.conf")
+DEFAULT_STATE_DIR = Path("/var/lib/nvshare")
+STATE_FILE_NAME = "settings.json"
+# Both files are a few lines; anything larger is the wrong file (--config /dev/zero).
+MAX_FILE_BYTES = 64 * 1024
+
+# ---------------------------------------------------------------- config file
+
+_CONFIG_KEYS = {
+    "time_quantum": "time_quantum_s",
+    "anti_thrash": "anti_thrash",
+    "idle_release_ms": "idle_release_ms",
+    "drop_grace_ms": "drop_grace_ms",
+    "min_slice_ms": "min_slice_ms",
+    "memory_limit": "memory_limit_bytes",
+}
+_GPU_CONFIG_KEYS = {
+    "time_quantum": "time_quantum_s",
+    "anti_thrash": "anti_thrash",
+    "memory_limit": "memory_limit_bytes",
+}
+GPU_SECTION_PREFIX = "gpu:"
+
+
+def load_config(path: Path) -> Settings:
+    """Read the INI config; a missing file means defaults. Raises SettingsError."""
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read_string(read_small_file(path), source=str(path))
+    except FileNotFoundError:
+        return Settings()
+    except configparser.MissingSectionHeaderError as e:
+        raise SettingsError(
+            f"config {path}: line {e.lineno} comes before any [scheduler] header"
+        ) from None
+    except configparser.ParsingError as e:
+        line = e.errors[0][0] if e.errors else "?"
+        raise SettingsError(f"config {path}: line {line} is not 'key = value'") from None
+    except configparser.Error as e:
+        raise SettingsError(f"config {path}: {_one_line(e.message)}") from None
+    except (OSError, ValueError) as e:
+        raise SettingsError(f"config {path}: cannot read it: {_one_line(e)}") from None
+    # configparser keeps [DEFAULT] out of sections() and silently merges it into
+    # [scheduler]: an admin who wrote only [DEFAULT] would get none of it.
+    unknown_sections = [
+        s for s in parser.sections() if s != "scheduler" and not s.startswith(GPU_SECTION_PREFIX)
+    ]
+    if parser.defaults():
+        unknown_sections.insert(0, parser.default_section)
+    if unknown_sections:
+        raise SettingsError(
+            f"config {path}: unknown section [{unknown_sections[0]}] "
+            "(only [scheduler] and [gpu:ID])"
+        )
+    changes = {}
+    if parser.has_section("scheduler"):
+        for key, text in parser.items("scheduler"):
+            field = _CONFIG_KEYS.get(key)
+            if field is None:
+                raise SettingsError(
+                    f"config {path}: unknown key {key!r} in [scheduler]"
+                    f" (known: {', '.join(_CONFIG_KEYS)})"
+                )
+            changes[field] = _parse_value(path, key, field, text.strip())
+    gpus = [
+        _gpu_section(path, parser, section)
+        for section in parser.sections()
+        if section.startswith(GPU_SECTION_PREFIX)
+    ]
+    try:
+        return Settings().replaced(**changes).with_gpu_overrides(gpus)
+    except SettingsError as e:
+        raise SettingsError(f"config {path}: {e}") from None
+
+
+def _gpu_section(
+    path: Path, parser: configparser.ConfigParser, section: str
+) -> tuple[str, GpuOverrides]:
+    """[gpu:ID]: the GPU's id as written, and what it sets."""
+    try:
+        parse_gpu_id(section.removeprefix(GPU_SECTION_PREFIX))
+    except SettingsError as e:
+        raise SettingsError(f"config {path}: [{section}]: {e}") from None
+    own: dict[str, Any] = {}
+    for key, text in parser.items(section):
+        field = _GPU_CONFIG_KEYS.get(key)
+        if field is None:
+            raise SettingsError(
+                f"config {path}: unknown key {key!r} in [{section}]"
+                f" (known: {', '.join(_GPU_CONFIG_KEYS)})"
+            )
+        own[field] = _parse_value(path, f"[{section}] {key}", field, text.strip())
+    return section.removeprefix(GPU_SECTION_PREFIX), GpuOverrides(**own)
+
+
+def _parse_value(path: Path, key: str, field: str, text: str) -> int | AntiThrash:
+    try:
+        if field == "anti_thrash":
+            return parse_anti_thrash(text)
+        if field == "memory_limit_bytes":
+            return parse_size(text)
+    except SettingsError as e:
+        raise SettingsError(f"config {path}: {key}: {e}") from None
+    try:
+        return int(text)
+    except ValueError:
+        raise SettingsError(f"config {path}: {key} must be a whole number, got {text!r}") from None
+
+
+def _one_line(e: object) -> str:
+    return " ".join(str(e).split())
+
+
+_FILE_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def read_small_file(path: Path) -> str:
+    """The text of a regular file of at most MAX_FILE_BYTES, UTF-8 with or without a
+    byte-order mark (Windows editors add one).  FileNotFoundError when it is missing;
+    any other OSError, or ValueError (UnicodeDecodeError among them), with one line.
+
+    Opened non-blocking and checked before a byte is read: a FIFO would hang the agent
+    before it listens, and a device such as /dev/zero would grow it without bound."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        kind = stat.S_IFMT(os.fstat(fd).st_mode)
+        if kind != stat.S_IFREG:
+            raise ValueError(f"not a regular file but {_FILE_KINDS.get(kind, 'a special file')}")
+        data = b""
+        while len(data) <= MAX_FILE_BYTES:
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"larger than {MAX_FILE_BYTES // 1024} KiB, so not a settings file")
+    return data.decode("utf-8").removeprefix("\ufeff")
+
+
+# ---------------------------------------------------------------- run-time changes
+
+
+# Per GPU, what was changed at run time: GPU id -> field -> value, or None where
+# the GPU's own value was taken away (the node-wide value applies, whatever the
+# config file sets for it).  Saved under GPUS_KEY beside the node-wide fields.
+GpuPins = dict[str, dict[str, Any]]
+GPUS_KEY = "gpus"
+
+
+class SettingsStore:
+    """The run-time overrides, one JSON object in <state_dir>/settings.json:
+    node-wide fields, and under "gpus" each GPU's changed fields (GpuPins)."""
+
+    PERSISTED_FIELDS = ("time_quantum_s", "anti_thrash", "memory_limit_bytes")
+
+    def __init__(self, state_dir: Path):
+        self.path = Path(state_dir) / STATE_FILE_NAME
+
+    def load_overrides(self) -> tuple[dict[str, Any], str | None]:
+        """Returns (overrides, warning). A broken file is a warning, not a failure:
+        the daemon must come up, and the config file still gives sane values.
+        A broken GPU entry leaves out that GPU's saved settings only."""
+        try:
+            data = json.loads(read_small_file(self.path))
+        except FileNotFoundError:
+            return {}, None
+        except RecursionError:  # [[[...]]] nested past the parser's depth
+            return {}, f"ignoring saved settings {self.path}: nested too deeply"
+        except Exception as e:  # OSError, ValueError, or anything else json may raise
+            return {}, f"ignoring saved settings {self.path}: {_one_line(e)}"
+        if not isinstance(data, dict):
+            return {}, f"ignoring saved settings {self.path}: not a JSON object"
+        overrides = {k: data[k] for k in self.PERSISTED_FIELDS if k in data}
+        saved = overrides.get("anti_thrash")
+        if isinstance(saved, bool):  # saved before anti-thrash had a third value
+            overrides["anti_thrash"] = AntiThrash.ON if saved else AntiThrash.OFF
+        elif isinstance(saved, str):
+            overrides["anti_thrash"] = ANTI_THRASH_WORDS.get(saved, saved)
+        try:
+            Settings().replaced(**overrides)
+        except (SettingsError, RecursionError) as e:
+            # The message quotes the value, which may be a 60 kB list: keep it a line.
+            return {}, f"ignoring saved settings {self.path}: {_one_line(e)[:200]}"
+        pins, warning = self._gpu_pins(data.get(GPUS_KEY))
+        if pins:
+            overrides[GPUS_KEY] = pins
+        return overrides, warning
+
+    def _gpu_pins(self, saved: object) -> tuple[GpuPins, str | None]:
+        if saved is None:
+            return {}, None
+        if not isinstance(saved, dict):
+            return {}, f"ignoring saved GPU settings in {self.path}: not a JSON object"
+        pins: GpuPins = {}
+        broken: list[str] = []
+        for text, fields in saved.items():
+            try:
+                gpu_id, entry = _gpu_pin(text, fields)
+                if gpu_id in pins:
+                    raise SettingsError(f"GPU {gpu_id} is saved twice")
+                pins[gpu_id] = entry
+            except (SettingsError, RecursionError) as e:
+                broken.append(_one_line(e)[:200])
+        if not broken:
+            return pins, None
+        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        return pins, (
+            f"ignoring saved settings of a GPU in {self.path}: {broken[0]}{more}; "
+            "the config's values apply"
+        )
+
+    def save_overrides(self, overrides: dict[str, Any]) -> None:
+        """Write atomically (temp file, fsync, rename, fsync dir): a crash leaves old or new."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".settings.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(_plain(overrides), f, sort_keys=True)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _plain(value: Any) -> Any:
+    """JSON's types: enums as their text, dicts all the way down."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _gpu_pin(text: object, fields: object) -> tuple[str, dict[str, Any]]:
+    """One GPU's saved entry, checked: (its id, field -> value or None)."""
+    gpu_id = parse_gpu_id(text)  # type: ignore[arg-type]  # it says so when not a str
+    if not isinstance(fields, dict):
+        raise SettingsError(f"GPU {gpu_id}: not a JSON object")
+    entry: dict[str, Any] = {}
+    for name, value in fields.items():
+        if name not in GPU_SETTING_FIELDS:
+            raise SettingsError(f"GPU {gpu_id}: unknown setting {excerpt(name)}")
+        if name == "anti_thrash" and isinstance(value, str):
+            value = ANTI_THRASH_WORDS.get(value, value)
+        if value is not None:
+            try:
+                check_setting(name, value)
+            except SettingsError as e:
+                raise SettingsError(f"GPU {gpu_id}: {e}") from None
+        entry[name] = value
+    return gpu_id, entry
+
+
+def with_gpu_pins(entries: GpuOverrideEntries, pins: GpuPins) -> list[tuple[str, GpuOverrides]]:
+    """The config's per-GPU settings with the run-time changes over them, key by key."""
+    merged = {gpu_id: own.given() for gpu_id, own in entries}
+    for gpu_id, changed in pins.items():
+        values = merged.setdefault(gpu_id, {})
+        for name, value in changed.items():
+            if value is None:
+                values.pop(name, None)
+            else:
+                values[name] = value
+    return [(gpu_id, GpuOverrides(**values)) for gpu_id, values in merged.items()]
+
+
+def overrides_after(
+    overrides: dict[str, Any], before: Settings, after: Settings, changed: Iterable[str]
+) -> dict[str, Any]:
+    """What to save once a run-time change of the fields `changed` took the settings
+    from before to after.  A node-wide field is saved even when its value stays (the
+    admin chose it explicitly).  A write of the GPUs' settings replaces them all, so
+    only what it changes is saved, per GPU and field: the rest keeps following the
+    config file."""
+    saved = dict(overrides)
+    for name in changed:
+        if name != "gpu_overrides":
+            saved[name] = getattr(after, name)
+    if "gpu_overrides" in changed:
+        old = {gpu_id: own.given() for gpu_id, own in before.gpu_overrides}
+        new = {gpu_id: own.given() for gpu_id, own in after.gpu_overrides}
+        pins: GpuPins = {gpu_id: dict(fields) for gpu_id, fields in saved.get(GPUS_KEY, {}).items()}
+        for gpu_id in sorted(old.keys() | new.keys(), key=gpu_sort_key):
+            was, now = old.get(gpu_id, {}), new.get(gpu_id, {})
+            for name in GPU_SETTING_FIELDS:
+                if was.get(name) != now.get(name):
+                    pins.setdefault(gpu_id, {})[name] = now.get(name)
+        saved[GPUS_KEY] = pins
+    return saved
+
+
+def load_settings(
+    config_path: Path, store: SettingsStore
+) -> tuple[Settings, dict[str, Any], str | None]:
+    """Defaults < config < persisted overrides. Returns (settings, overrides, warning)."""
+    base = load_config(config_path)
+    overrides, warning = store.load_overrides()
+    node_wide = {k: v for k, v in overrides.items() if k != GPUS_KEY}
+    settings = base.replaced(**node_wide)
+    pins = overrides.get(GPUS_KEY)
+    if pins:
+        try:
+            settings = settings.with_gpu_overrides(with_gpu_pins(base.gpu_overrides, pins))
+        except SettingsError as e:  # each fits, together too many GPUs have settings
+            overrides = node_wide
+            problem = f"ignoring saved GPU settings in {store.path}: {_one_line(e)[:200]}"
+            warning = f"{warning}; {problem}" if warning else problem
+    return settings, overrides, warning

@@ -1,0 +1,253 @@
+"""Settings per GPU: naming a GPU, validation (agent/settings.py), the config file's [gpu:ID]
+sections and the state file's saved changes (agent/settings_files.py).  No agent runs here; the agent's own
+start-up with such files is in tests/agent/test_settings_files.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nvshare_agent.settings import (
+    MAX_GPUS_WITH_SETTINGS,
+    AntiThrash,
+    GpuOverrides,
+    Settings,
+    SettingsError,
+    gpu_key,
+    parse_gpu_id,
+)
+from nvshare_agent.settings_files import SettingsStore, load_config, load_settings, overrides_after
+
+UUID = "GPU-5374616e-6469-6e00-0000-000000000001"
+UUID_RAW = bytes.fromhex("5374616e64696e000000000000000001")
+
+
+def entries(settings: Settings) -> dict[str, dict]:
+    return {gpu_id: own.given() for gpu_id, own in settings.gpu_overrides}
+
+
+# ---------------------------------------------------------------- naming a GPU
+
+
+@pytest.mark.parametrize(
+    "text, canonical",
+    [
+        ("1", "1"),
+        (" 01 ", "1"),
+        ("0", "0"),
+        (UUID, UUID),
+        (UUID.upper().replace("GPU-", "gpu-"), UUID),
+    ],
+)
+def test_a_gpu_is_named_by_nvml_index_or_uuid_in_one_spelling(text, canonical):
+    assert parse_gpu_id(text) == canonical
+
+
+@pytest.mark.parametrize(
+    "text", ["", "one", "-1", "1.0", "GPU-1234", "MIG-" + UUID[4:], "\uff11", "99999", UUID + "0"]
+)
+def test_anything_else_is_not_a_gpu(text):
+    # (U+FF11 is a fullwidth 1: a digit to str.isdigit, no number to an admin.)
+    with pytest.raises(SettingsError, match="a GPU is named by its UUID .* or its NVML index"):
+        parse_gpu_id(text)
+
+
+def test_the_core_matches_uuids_by_their_bytes_and_indices_by_number():
+    assert gpu_key(UUID.upper()) == UUID_RAW
+    assert gpu_key("007") == 7
+
+
+# ---------------------------------------------------------------- validation
+
+
+def test_an_override_is_checked_like_the_node_wide_setting_and_names_the_gpu():
+    with pytest.raises(SettingsError) as error:
+        Settings().with_gpu_overrides([("1", GpuOverrides(time_quantum_s=0))])
+    assert str(error.value) == "GPU 1: time quantum must be 1..86400 seconds, got 0"
+    with pytest.raises(SettingsError, match=f"^GPU {UUID}: memory_limit must be 0.."):
+        Settings().with_gpu_overrides([(UUID, GpuOverrides(memory_limit_bytes=-1))])
+
+
+def test_two_names_of_one_gpu_are_refused():
+    with pytest.raises(SettingsError, match="^GPU 1 and GPU 01 name the same GPU$"):
+        Settings().with_gpu_overrides(
+            [("1", GpuOverrides(time_quantum_s=5)), ("01", GpuOverrides(time_quantum_s=6))]
+        )
+    with pytest.raises(SettingsError, match="name the same GPU"):
+        Settings().replaced(
+            gpu_overrides=(
+                ("1", GpuOverrides(time_quantum_s=5)),
+                ("1", GpuOverrides(time_quantum_s=6)),
+            )
+        )
+
+
+def test_only_so_many_gpus_may_have_settings_of_their_own():
+    many = [(str(i), GpuOverrides(time_quantum_s=5)) for i in range(MAX_GPUS_WITH_SETTINGS + 1)]
+    with pytest.raises(SettingsError, match=f"at most {MAX_GPUS_WITH_SETTINGS} GPUs"):
+        Settings().with_gpu_overrides(many)
+
+
+def test_entries_are_kept_canonical_sorted_and_without_empty_ones():
+    settings = Settings().with_gpu_overrides(
+        [
+            (UUID.upper(), GpuOverrides(anti_thrash=AntiThrash.OFF)),
+            ("10", GpuOverrides(time_quantum_s=5)),
+            ("2", GpuOverrides(memory_limit_bytes=0)),  # 0 is a value: no limit
+            ("3", GpuOverrides()),
+        ]
+    )
+    assert list(entries(settings)) == ["2", "10", UUID]
+    assert entries(settings)["2"] == {"memory_limit_bytes": 0}
+    # A value type: equal settings are equal, and hashable.
+    assert hash(settings) == hash(Settings().with_gpu_overrides(settings.gpu_overrides))
+
+
+def test_a_gpu_runs_by_its_own_settings_and_the_node_wide_rest():
+    node = Settings(time_quantum_s=30, anti_thrash=AntiThrash.AUTO, drop_grace_ms=700)
+    own = GpuOverrides(time_quantum_s=1, memory_limit_bytes=1 << 30)
+    effective = node.with_gpu_overrides([("0", own)]).for_gpu(own)
+    assert (effective.time_quantum_s, effective.anti_thrash) == (1, AntiThrash.AUTO)
+    assert (effective.memory_limit_bytes, effective.drop_grace_ms) == (1 << 30, 700)
+    assert effective.gpu_overrides == ()
+
+
+# ---------------------------------------------------------------- the config file
+
+CONFIG = f"""\
+[scheduler]
+time_quantum = 30
+anti_thrash = auto
+
+[gpu:1]
+time_quantum = 10
+anti_thrash = off
+
+[gpu:{UUID.upper()}]
+memory_limit = 40G
+"""
+
+
+def test_gpu_sections_give_gpus_settings_of_their_own(tmp_path):
+    config = tmp_path / "nvshare.conf"
+    config.write_text(CONFIG)
+    settings = load_config(config)
+    assert (settings.time_quantum_s, settings.anti_thrash) == (30, AntiThrash.AUTO)
+    assert entries(settings) == {
+        "1": {"time_quantum_s": 10, "anti_thrash": AntiThrash.OFF},
+        UUID: {"memory_limit_bytes": 40 << 30},
+    }
+
+
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        (
+            "[gpu:1]\nidle_release_ms = 5\n",
+            "unknown key 'idle_release_ms' in [gpu:1] "
+            "(known: time_quantum, anti_thrash, memory_limit)",
+        ),
+        ("[gpu:first]\ntime_quantum = 5\n", "[gpu:first]: a GPU is named by its UUID"),
+        ("[gpu:]\ntime_quantum = 5\n", "[gpu:]: a GPU is named by its UUID"),
+        ("[gpu:1]\ntime_quantum = 0\n", "GPU 1: time quantum must be 1..86400 seconds, got 0"),
+        ("[gpu:1]\ntime_quantum = ten\n", "[gpu:1] time_quantum must be a whole number"),
+        ("[gpu:1]\nanti_thrash = maybe\n", "[gpu:1] anti_thrash: anti-thrash must be on, off"),
+        ("[gpu:1]\nmemory_limit = lots\n", "[gpu:1] memory_limit: a size is a whole number"),
+        ("[gpu:1]\n[gpu:01]\n", "GPU 1 and GPU 01 name the same GPU"),
+        ("[GPU:1]\n", "unknown section [GPU:1] (only [scheduler] and [gpu:ID])"),
+    ],
+)
+def test_a_bad_gpu_section_is_one_line_naming_it(tmp_path, section, message):
+    config = tmp_path / "nvshare.conf"
+    config.write_text("[scheduler]\ntime_quantum = 30\n" + section)
+    with pytest.raises(SettingsError) as error:
+        load_config(config)
+    text = str(error.value)
+    assert text.startswith(f"config {config}: ") and message in text and "\n" not in text
+
+
+# ---------------------------------------------------------------- changes saved at run time
+
+
+def test_gpu_settings_changed_at_run_time_survive_a_restart_key_by_key(tmp_path):
+    config = tmp_path / "nvshare.conf"
+    config.write_text(CONFIG)
+    store = SettingsStore(tmp_path / "state")
+    before, overrides, warning = load_settings(config, store)
+    assert warning is None and overrides == {}
+    # The admin sets GPU 1's quantum, takes away its anti-thrash, gives GPU 2 a mode,
+    # and leaves the UUID's memory limit as the config has it.
+    after = before.with_gpu_overrides(
+        [
+            ("1", GpuOverrides(time_quantum_s=3)),
+            ("2", GpuOverrides(anti_thrash=AntiThrash.ON)),
+            (UUID, GpuOverrides(memory_limit_bytes=40 << 30)),
+        ]
+    )
+    saved = overrides_after(overrides, before, after, ["gpu_overrides"])
+    assert saved == {
+        "gpus": {
+            "1": {"time_quantum_s": 3, "anti_thrash": None},
+            "2": {"anti_thrash": AntiThrash.ON},
+        }
+    }
+    store.save_overrides(saved)
+    assert json.loads(store.path.read_text())["gpus"]["2"] == {"anti_thrash": "on"}
+
+    again, _, warning = load_settings(config, store)
+    assert warning is None and again == after
+    # What was not changed at run time still follows the config file.
+    config.write_text(CONFIG.replace("40G", "20G").replace("= 10", "= 12"))
+    edited, _, _ = load_settings(config, store)
+    assert entries(edited) == {
+        "1": {"time_quantum_s": 3},
+        "2": {"anti_thrash": AntiThrash.ON},
+        UUID: {"memory_limit_bytes": 20 << 30},
+    }
+
+
+def test_node_wide_memory_limit_is_saved_like_the_other_settings(tmp_path):
+    store = SettingsStore(tmp_path)
+    before = Settings()
+    after = before.replaced(memory_limit_bytes=8 << 30)
+    store.save_overrides(overrides_after({}, before, after, ["memory_limit_bytes"]))
+    settings, _, warning = load_settings(tmp_path / "absent.conf", store)
+    assert warning is None and settings.memory_limit_bytes == 8 << 30
+
+
+@pytest.mark.parametrize(
+    "broken, reason",
+    [
+        ({"1": {"time_quantum_s": 0}}, "GPU 1: time quantum must be 1..86400 seconds, got 0"),
+        ({"1": {"colour": "red"}}, "GPU 1: unknown setting 'colour'"),
+        ({"1": ["time_quantum_s"]}, "GPU 1: not a JSON object"),
+        ({"first": {"time_quantum_s": 5}}, "a GPU is named by its UUID"),
+        ({"1": {"anti_thrash": "maybe"}}, "GPU 1: anti-thrash must be on, off or auto"),
+    ],
+)
+def test_a_broken_gpu_entry_in_the_state_file_is_one_warning_and_the_configs_values(
+    tmp_path, broken, reason
+):
+    config = tmp_path / "nvshare.conf"
+    config.write_text(CONFIG)
+    store = SettingsStore(tmp_path / "state")
+    store.path.parent.mkdir()
+    good = {"2": {"time_quantum_s": 7}}
+    store.path.write_text(json.dumps({"time_quantum_s": 20, "gpus": {**broken, **good}}))
+    settings, _, warning = load_settings(config, store)
+    assert warning is not None and "\n" not in warning
+    assert warning.startswith(f"ignoring saved settings of a GPU in {store.path}: ")
+    assert reason in warning
+    # The node-wide change and the good entry apply; the broken one's GPU has the config's.
+    assert settings.time_quantum_s == 20
+    assert entries(settings)["2"] == {"time_quantum_s": 7}
+    assert entries(settings)["1"] == {"time_quantum_s": 10, "anti_thrash": AntiThrash.OFF}
+
+
+def test_saved_gpu_settings_that_are_not_an_object_are_one_warning(tmp_path):
+    store = SettingsStore(tmp_path)
+    store.path.write_text(json.dumps({"time_quantum_s": 20, "gpus": [1, 2]}))
+    settings, _, warning = load_settings(tmp_path / "absent.conf", store)
+    assert warning == f"ignoring saved GPU settings in {store.path}: not a JSON object"
+    assert settings.time_quantum_s == 20 and settings.gpu_overrides == ()
