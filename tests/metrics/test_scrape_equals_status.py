@@ -4,7 +4,7 @@ shims in processes of their own (one of them another user's), a grant that was
 waited for, a holder asked to drop and revoked, a standing holder and waiter.
 
 The exporter runs as nobody: reading the agent needs nothing but the bus policy's
-reads, which are open to everyone (systemd runs it as a dynamic user)."""
+reads, which are open to everyone (systemd runs it as the user nvshare-metrics)."""
 
 from __future__ import annotations
 
