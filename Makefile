@@ -8,8 +8,8 @@ C_FILES := $(wildcard shim/*.[ch] tests/standin/*.[ch] tests/gpu/*.c)
 SHIM_SOURCES := $(wildcard shim/*.c)
 SHIM_TIDY_FLAGS := -std=gnu11 -O2 -pthread -D_GNU_SOURCE -include shim/glibc_baseline.h -Ishim
 # mypy reads the packages under their installed names: the folders agent/,
-# cli/ and device_plugin/ are nvshare_agent, nvshare_cli and
-# nvshare_device_plugin (pyproject.toml), so link them so.
+# cli/, device_plugin/ and metrics/ are nvshare_agent, nvshare_cli,
+# nvshare_device_plugin and nvshare_metrics (pyproject.toml), so link them so.
 TYPECHECK_ROOT := build/typecheck
 
 .PHONY: all shim shim-asan standin deps build-deps lint-deps venv lint-venv lint format check check-fast deb install clean
@@ -61,7 +61,8 @@ lint: lint-deps lint-venv shim
 	ln -sfn ../../agent $(TYPECHECK_ROOT)/nvshare_agent
 	ln -sfn ../../cli $(TYPECHECK_ROOT)/nvshare_cli
 	ln -sfn ../../device_plugin $(TYPECHECK_ROOT)/nvshare_device_plugin
-	cd $(TYPECHECK_ROOT) && ../../$(PY) -m mypy --config-file ../../pyproject.toml -p nvshare_agent -p nvshare_cli -p nvshare_device_plugin
+	ln -sfn ../../metrics $(TYPECHECK_ROOT)/nvshare_metrics
+	cd $(TYPECHECK_ROOT) && ../../$(PY) -m mypy --config-file ../../pyproject.toml -p nvshare_agent -p nvshare_cli -p nvshare_device_plugin -p nvshare_metrics
 	clang-format --dry-run --Werror $(C_FILES)
 	clang-tidy --quiet $(SHIM_SOURCES) -- $(SHIM_TIDY_FLAGS)
 	$(PY) tools/check_shim_layers.py

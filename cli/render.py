@@ -1,7 +1,11 @@
 """nvsharectl's output: the agent's D-Bus values as JSON-ready dicts (keys
-from nvshare_agent.dbus_names) and as human text that fits 80 columns."""
+from nvshare_agent.dbus_names) and as human text that fits 80 columns.
+nvshare-metrics builds its Prometheus families from the same dicts."""
+
+import math
 
 from nvshare_agent import dbus_names as names
+from nvshare_agent.statistics import WAIT_BUCKETS_S
 
 # Commands come from any process on the node; the agent cleans them too, but
 # nvsharectl may be talking to another agent.
@@ -17,12 +21,39 @@ def _record(struct, fields) -> dict:
     return record
 
 
-def gpus_as_dicts(gpus, details=None) -> list:
-    """Gpus' structs, each with its GpuDetails (when the agent has them) merged in."""
+def statistics_as_dict(statistics: dict | None) -> dict:
+    """One GPU's Statistics as JSON can carry them: the wait histogram's finite
+    bounds as [upper bound, waits at or under it], and the +Inf bucket (every
+    wait) as wait_seconds_count, since JSON has no infinity.  A GPU the agent
+    has not counted anything on yet gets zeros, on the package's own bounds."""
+    statistics = statistics or {}
+    buckets = [
+        [float(bound), int(count)] for bound, count in statistics.get("wait_seconds_buckets", ())
+    ]
+    if not buckets:
+        buckets = [[bound, 0] for bound in (*WAIT_BUCKETS_S, math.inf)]
+    finite = [bucket for bucket in buckets if math.isfinite(bucket[0])]
+    every_wait = [count for bound, count in buckets if bound == math.inf]
+    return {
+        "grants": int(statistics.get("grants", 0)),
+        "drops": int(statistics.get("drops", 0)),
+        "revokes": int(statistics.get("revokes", 0)),
+        "wait_seconds_sum": float(statistics.get("wait_seconds_sum", 0.0)),
+        # Every grant was waited for (0 s or more): the agent counts one wait per grant.
+        "wait_seconds_count": every_wait[0] if every_wait else int(statistics.get("grants", 0)),
+        "wait_seconds_buckets": finite,
+    }
+
+
+def gpus_as_dicts(gpus, details=None, statistics=None) -> list:
+    """Gpus' structs, each with its GpuDetails merged in and its Statistics under
+    "statistics" (each when the agent has them: an older agent may not)."""
     records = [_record(gpu, names.GPU_FIELDS) for gpu in gpus]
     for record in records:
         for key, value in (details or {}).get(record["uuid"], {}).items():
             record[key] = value
+        if statistics is not None:
+            record["statistics"] = statistics_as_dict(statistics.get(record["uuid"]))
     return records
 
 
@@ -47,7 +78,11 @@ def status_as_dict(properties: dict) -> dict:
     anti_thrash = properties[names.PROP_ANTI_THRASH]
     # Agents from before per-GPU settings have no GpuSettings or MemoryLimit.
     gpu_settings = properties.get(names.PROP_GPU_SETTINGS, {})
-    gpus = gpus_as_dicts(properties[names.PROP_GPUS], properties.get(names.PROP_GPU_DETAILS))
+    gpus = gpus_as_dicts(
+        properties[names.PROP_GPUS],
+        properties.get(names.PROP_GPU_DETAILS),
+        properties.get(names.PROP_STATISTICS),
+    )
     for gpu in gpus:
         gpu["own_settings"] = own_settings(gpu, gpu_settings)
     return {

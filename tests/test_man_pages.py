@@ -1,6 +1,6 @@
 """The manual pages in docs/man/ render without a warning and keep up with the
-programs: every command and option that nvsharectl, nvshare-agent and
-nvshare-device-plugin accept is named in its page, and every option a page
+programs: every command and option that nvsharectl, nvshare-agent,
+nvshare-device-plugin and nvshare-metrics accept is named in its page, and every option a page
 names is accepted.  The lists come from the programs themselves (click's
 command tree, the others' --help), so a new option without a line in the page
 fails here."""
@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 NVSHARECTL_PAGE = REPO / "docs/man/nvsharectl.1"
 AGENT_PAGE = REPO / "docs/man/nvshare-agent.8"
 DEVICE_PLUGIN_PAGE = REPO / "docs/man/nvshare-device-plugin.8"
-PAGES = [NVSHARECTL_PAGE, AGENT_PAGE, DEVICE_PLUGIN_PAGE]
+METRICS_PAGE = REPO / "docs/man/nvshare-metrics.8"
+PAGES = [NVSHARECTL_PAGE, AGENT_PAGE, DEVICE_PLUGIN_PAGE, METRICS_PAGE]
 # An option as it appears in running text: not the "-Bus" of "D-Bus".
 OPTION = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*")
 
@@ -151,6 +152,7 @@ def test_nvsharectl_page_names_no_option_that_nvsharectl_lacks():
     [
         (AGENT_PAGE, "nvshare_agent", {"--help", "--socket", "--debug"}),
         (DEVICE_PLUGIN_PAGE, "nvshare_device_plugin", {"--help", "--replicas", "--version"}),
+        (METRICS_PAGE, "nvshare_metrics", {"--help", "--timeout", "--bus"}),
     ],
     ids=lambda value: value.name if isinstance(value, Path) else None,
 )

@@ -46,7 +46,7 @@ def readable_python_path() -> Path:
                 _copy_tree(entry, folder / entry.name)
             else:
                 shutil.copy2(entry, folder / entry.name)
-        for package in ("nvshare_agent", "nvshare_cli"):
+        for package in ("nvshare_agent", "nvshare_cli", "nvshare_metrics"):
             spec = importlib.util.find_spec(package)
             _copy_tree(Path(next(iter(spec.submodule_search_locations))), folder / package)
         shutil.copy2(HERE / "agent_harness.py", folder / "agent_harness.py")

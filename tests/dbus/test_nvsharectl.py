@@ -4,14 +4,27 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from dbus_harness import TIMEOUT_S, get_property, nvsharectl
+from dbus_harness import (
+    TIMEOUT_S,
+    busctl_on_agent,
+    get_property,
+    nvsharectl,
+    property_data,
+    wait_for,
+)
 from dbus_next import Message
 
 from nvshare_agent import dbus_names as names
+from nvshare_agent import protocol
+from nvshare_agent.statistics import WAIT_BUCKETS_S
 from nvshare_cli import render
 from nvshare_cli.client import _error_from_reply
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
+from agent_harness import GPU0, ShimClient
 
 
 def test_status_shows_settings_and_fits_80_columns(agent, bus):
@@ -262,3 +275,69 @@ def test_an_agent_error_with_a_traceback_is_still_one_line():
         "the agent refused: The service interface raised an error: boom. "
         "(com.dubstepdish.dbus.next.ServiceError)"
     )
+
+
+def test_status_json_gives_each_gpus_statistics_as_the_agent_counts_them(agent, bus):
+    # anti-thrash on: the second client waits for the first to release.
+    busctl_on_agent(bus.address, "set-property", "AntiThrashMode", "s", "on")
+    first = ShimClient(agent.socket_path, command="first")
+    second = ShimClient(agent.socket_path, command="second")
+    first.request()
+    grant = first.wait_grant()
+    second.request()
+    me = os.getpid()
+    wait_for(lambda: any(gpu[4] == [me] for gpu in property_data(bus.address, "Gpus")), "a wait")
+    first.release(grant)
+    second.release(second.wait_grant())
+    uuid = protocol.format_uuid(GPU0)
+    wait_for(
+        lambda: (
+            property_data(bus.address, "Statistics").get(uuid, {}).get("grants", {}).get("data")
+            == 2
+        ),
+        "two grants counted",
+    )
+    result = nvsharectl(bus.address, "status", "--json")
+    assert result.returncode == 0, result.stderr
+    (gpu,) = json.loads(result.stdout)["gpus"]
+    statistics = gpu["statistics"]
+    assert (statistics["grants"], statistics["drops"], statistics["revokes"]) == (2, 0, 0)
+    # The +Inf bucket is every wait; JSON has no infinity, so it is the count.
+    assert statistics["wait_seconds_count"] == 2
+    bounds = [bound for bound, _ in statistics["wait_seconds_buckets"]]
+    assert bounds == list(WAIT_BUCKETS_S)
+    counts = [count for _, count in statistics["wait_seconds_buckets"]]
+    assert counts == sorted(counts) and counts[-1] <= 2  # cumulative
+    on_the_bus = property_data(bus.address, "Statistics")[uuid]
+    assert statistics["wait_seconds_sum"] == on_the_bus["wait_seconds_sum"]["data"]
+    assert [[b, c] for b, c in on_the_bus["wait_seconds_buckets"]["data"][:-1]] == [
+        [b, c] for b, c in statistics["wait_seconds_buckets"]
+    ]
+    assert statistics["wait_seconds_sum"] > 0  # the second one waited for the first
+    first.close()
+    second.close()
+
+
+def test_a_gpu_with_nothing_counted_yet_shows_zero_statistics():
+    status = render.status_as_dict(
+        {
+            names.PROP_TIME_QUANTUM: 30,
+            names.PROP_ANTI_THRASH: True,
+            names.PROP_GPUS: [["GPU-x", "name", 0, [], []]],
+            names.PROP_CLIENTS: [],
+            names.PROP_STATISTICS: {},
+        }
+    )
+    statistics = status["gpus"][0]["statistics"]
+    assert statistics["grants"] == statistics["wait_seconds_count"] == 0
+    assert [count for _, count in statistics["wait_seconds_buckets"]] == [0] * len(WAIT_BUCKETS_S)
+    # An agent from before Statistics: no key at all, rather than made-up zeros.
+    older = render.status_as_dict(
+        {
+            names.PROP_TIME_QUANTUM: 30,
+            names.PROP_ANTI_THRASH: True,
+            names.PROP_GPUS: [["GPU-x", "name", 0, [], []]],
+            names.PROP_CLIENTS: [],
+        }
+    )
+    assert "statistics" not in older["gpus"][0]

@@ -47,6 +47,7 @@ INCLUDE = (
     "valgrind",
     "python3-grpcio",
     "python3-protobuf",
+    "python3-prometheus-client",
 )
 INSIDE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -149,7 +150,9 @@ class Container:
         subprocess.run(["tar", "-C", str(root), "-xf", str(tarball)], check=True)
         return cls(root, workdir / "console.log")
 
-    def boot(self, timeout: float = 120) -> None:
+    def boot(self, timeout: float = 120, private_network: bool = False) -> None:
+        """private_network: the container gets a loopback device of its own and no
+        other, so what it listens on (127.0.0.1:9402) is not the host's."""
         with open(self.console_log, "wb") as console:
             self.nspawn = subprocess.Popen(
                 [
@@ -158,6 +161,7 @@ class Container:
                     "--keep-unit",
                     "--quiet",
                     "--console=passive",
+                    *(["--private-network"] if private_network else []),
                     "-D",
                     str(self.root),
                     "-b",

@@ -3,8 +3,11 @@
 One container for the module; the tests run in file order, each one stage of
 an operator's life with the package: install, first client, settings over
 D-Bus, the preload, the device plugin meeting a (stand-in) kubelet, a
-notebook-style client, a restart under load, the operator's preload switch
-across an upgrade, purge.
+notebook-style client, who is who (another user's transient systemd unit) in
+nvsharectl and in a Prometheus scrape of the metrics socket, a restart under
+load, the operator's preload switch across an upgrade, purge.  The container
+has a network of its own (a loopback device), so the metrics socket's
+127.0.0.1:9402 is not the host's.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ ADMIN_UID, NOTEBOOK_UID = 1000, 1001
 CLIENT = "/usr/local/bin/standin-client"
 UNITS = ("nvshare.socket", "nvshare.service")
 PLUGIN_UNITS = ("nvshare-device-plugin.path", "nvshare-device-plugin.service")
+METRICS_UNITS = ("nvshare-metrics.socket", "nvshare-metrics@.service")
+METRICS_URL = "http://127.0.0.1:9402/metrics"
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 # The test's own files inside the container: readable by the units, which see
 # neither /root (ProtectHome=) nor the container's /tmp (a tmpfs of its own).
@@ -76,7 +81,7 @@ def container(stage, deb):
         with stage("unpack the root"):
             box = Container.unpack(tarball, workdir)
         with stage("boot systemd in systemd-nspawn"):
-            box.boot()
+            box.boot(private_network=True)
         # /root, not /tmp: systemd mounts a fresh tmpfs on the container's /tmp.
         shutil.copy(deb, box.path("/root/nvshare.deb"))
         standin = REPO / "tests/standin/build"
@@ -111,6 +116,47 @@ def nvshare_clients(box: Container) -> list[dict]:
     return json.loads(result.stdout) if result.returncode == 0 else []
 
 
+def metrics_instances(box: Container) -> list[str]:
+    """The nvshare-metrics@ instances systemd knows of, running or left behind."""
+    listed = box.run(
+        ["systemctl", "list-units", "--all", "--plain", "--no-legend", "nvshare-metrics@*"]
+    )
+    return [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
+
+
+# One HTTP request to the metrics socket from inside the container: METHOD PATH [ACCEPT].
+HTTP_REQUEST = """
+import http.client, json, sys
+connection = http.client.HTTPConnection("127.0.0.1", 9402, timeout=60)
+headers = {"Accept": sys.argv[3]} if len(sys.argv) > 3 else {}
+connection.request(sys.argv[1], sys.argv[2], headers=headers)
+response = connection.getresponse()
+print(json.dumps({"status": response.status, "headers": dict(response.getheaders()),
+                  "body": response.read().decode()}))
+"""
+# A scrape read by the container's own prometheus_client (Debian's, the package's
+# dependency): [name, labels, value] per sample.
+PARSE_SCRAPE = """
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+print(json.dumps([[s.name, s.labels, s.value]
+                  for family in text_string_to_metric_families(sys.stdin.read())
+                  for s in family.samples]))
+"""
+
+
+def metrics_journal(box: Container) -> str:
+    return box.run(["journalctl", "--no-pager", "-o", "cat", "-u", "nvshare-metrics@*"]).stdout
+
+
+def http_request(box: Container, method: str, path: str, *accept: str) -> dict:
+    return json.loads(box.run(["python3", "-c", HTTP_REQUEST, method, path, *accept]).stdout)
+
+
+def scraped_samples(box: Container, text: str) -> list:
+    return json.loads(box.run(["python3", "-c", PARSE_SCRAPE], input=text).stdout)
+
+
 def test_apt_installs_the_package_and_enables_the_socket(container, stage):
     with stage("apt install ./nvshare.deb"):
         container.run(
@@ -123,6 +169,14 @@ def test_apt_installs_the_package_and_enables_the_socket(container, stage):
     # Nothing connected yet: the agent is not running.
     assert unit_property(container, "nvshare.service", "ActiveState") == "inactive"
     assert container.run(["getent", "group", "nvshare-admin"]).returncode == 0
+    metrics_user = container.run(["getent", "passwd", "nvshare-metrics"]).stdout.split(":")
+    assert metrics_user[5:] == ["/nonexistent", "/usr/sbin/nologin\n"], metrics_user
+    # The metrics socket listens too; nothing runs behind it until a scrape.
+    assert unit_property(container, "nvshare-metrics.socket", "ActiveState") == "active"
+    assert unit_property(container, "nvshare-metrics.socket", "SubState") == "listening"
+    assert unit_property(container, "nvshare-metrics.socket", "UnitFileState") == "enabled"
+    assert unit_property(container, "nvshare-metrics.socket", "Listen") == "127.0.0.1:9402 (Stream)"
+    assert metrics_instances(container) == []
 
 
 def test_the_admin_group_exists_before_dbus_reads_the_policy_naming_it(container):
@@ -137,7 +191,7 @@ def test_the_admin_group_exists_before_dbus_reads_the_policy_naming_it(container
 def test_installed_units_pass_systemd_analyze_verify(container):
     result = container.run(
         ["systemd-analyze", "verify"]
-        + [f"/lib/systemd/system/{unit}" for unit in UNITS + PLUGIN_UNITS],
+        + [f"/lib/systemd/system/{unit}" for unit in UNITS + PLUGIN_UNITS + METRICS_UNITS],
         check=False,
     )
     assert result.returncode == 0 and result.stdout + result.stderr == "", result.stderr
@@ -146,10 +200,11 @@ def test_installed_units_pass_systemd_analyze_verify(container):
 def test_the_units_documentation_and_the_readme_links_resolve(container):
     urls = [
         url
-        for unit in UNITS + PLUGIN_UNITS
-        for url in unit_property(container, unit, "Documentation").split()
+        for unit in UNITS + PLUGIN_UNITS + METRICS_UNITS
+        # A template has properties only as an instance.
+        for url in unit_property(container, unit.replace("@.", "@0."), "Documentation").split()
     ]
-    assert len(urls) == 4
+    assert len(urls) == 6
     for url in urls:
         assert url.startswith("file:") and container.path(url[len("file:") :]).is_file(), url
     readme = container.path("/usr/share/doc/nvshare/README.md").read_text()
@@ -175,6 +230,7 @@ def test_manual_pages_are_installed_and_name_every_option_of_the_installed_progr
         ("nvsharectl", "/usr/share/man/man1/nvsharectl.1.gz"),
         ("nvshare-agent", "/usr/share/man/man8/nvshare-agent.8.gz"),
         ("nvshare-device-plugin", "/usr/share/man/man8/nvshare-device-plugin.8.gz"),
+        ("nvshare-metrics", "/usr/share/man/man8/nvshare-metrics.8.gz"),
     ):
         source = tmp_path / Path(page).stem
         source.write_bytes(gzip.decompress(container.path(page).read_bytes()))
@@ -265,11 +321,12 @@ def test_preload_holds_the_shim_and_ordinary_programs_still_work(container):
     assert SHIM in maps
 
 
-def test_both_programs_print_the_version_in_pyproject(container):
+def test_the_programs_print_the_version_in_pyproject(container):
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     for program, name in (
         ("/usr/bin/nvsharectl", "nvsharectl"),
         ("/usr/bin/nvshare-agent", "nvshare-agent"),
+        ("/usr/bin/nvshare-metrics", "nvshare-metrics"),
     ):
         assert container.run([program, "--version"]).stdout == f"{name} {version}\n"
 
@@ -492,6 +549,96 @@ def test_notebook_style_client_registers_and_survives_an_agent_restart(container
     assert unit_property(container, "nvshare.service", "NRestarts") == "0"
 
 
+def test_status_names_the_user_and_unit_of_another_users_transient_unit(container, stage):
+    # Who is who (issue 28): a process that systemd-run started as a transient unit of
+    # another user shows with that user's name and its unit, in text and in JSON.
+    unit = "nvshare-who-test"
+    container.run(
+        [
+            "systemd-run",
+            "--quiet",
+            "--uid=notebook",
+            f"--unit={unit}",
+            CLIENT,
+            "--duration-ms",
+            "120000",
+            "--sleep-ms",
+            "20",
+        ]
+    )
+    try:
+
+        def in_the_unit():
+            return [c for c in nvshare_clients(container) if c.get("unit") == f"{unit}.service"]
+
+        with stage("a client in a transient unit of user notebook registers"):
+            (client,) = wait_for(in_the_unit, 60, f"a client of {unit}.service")
+        pid = client["pid"]
+        assert (client["user"], client["uid"], client["container"]) == (
+            "notebook",
+            NOTEBOOK_UID,
+            "",
+        )
+        assert unit_property(container, f"{unit}.service", "MainPID") == str(pid)
+
+        status = json.loads(container.run(["nvsharectl", "status", "--json"]).stdout)
+        (listed,) = [c for c in status["clients"] if c["pid"] == pid]
+        assert (listed["user"], listed["unit"]) == ("notebook", f"{unit}.service")
+        row = re.compile(rf"^\s*{pid}\s+notebook\s+.*\[{unit}\]$", re.MULTILINE)
+        text = container.run(["nvsharectl", "status"]).stdout
+        assert row.search(text), text
+        table = container.run(["nvsharectl", "clients"]).stdout
+        assert table.splitlines()[0].split()[:2] == ["PID", "USER"] and row.search(table), table
+
+        # The same in a scrape of the installed metrics socket, read by Debian's
+        # prometheus_client: each client's identity as nvsharectl gives it.
+        with stage("scrape the metrics socket (one nvshare-metrics@ instance)"):
+            answer = http_request(container, "GET", "/metrics")
+        assert answer["status"] == 200, answer
+        assert answer["headers"]["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        samples = scraped_samples(container, answer["body"])
+        clients = json.loads(container.run(["nvsharectl", "clients", "--json"]).stdout)
+        assert ["nvshare_agent_up", {}, 1.0] in samples, metrics_journal(container)
+        scraped = [labels for name, labels, _ in samples if name == "nvshare_client_info"]
+        keys = ("pid", "uid", "user", "command", "unit", "container")
+        assert sorted(scraped, key=str) == sorted(
+            ({key: str(c[key]) for key in keys} for c in clients), key=str
+        )
+        assert {"pid": str(pid), "uid": str(NOTEBOOK_UID), "user": "notebook"}.items() <= next(
+            labels for labels in scraped if labels["pid"] == str(pid)
+        ).items()
+        holding_or_not = [
+            labels["state"]
+            for name, labels, value in samples
+            if name == "nvshare_client_state" and labels["pid"] == str(pid) and value == 1
+        ]
+        assert len(holding_or_not) == 1  # one state per GPU it uses
+    finally:
+        container.run(["systemctl", "stop", f"{unit}.service"], check=False)
+
+
+def test_the_metrics_socket_answers_each_request_in_an_instance_that_leaves_nothing(container):
+    assert http_request(container, "GET", "/nope")["status"] == 404
+    refused = http_request(container, "POST", "/metrics")
+    assert refused["status"] == 405 and refused["headers"]["Allow"] == "GET, HEAD"
+    openmetrics = http_request(container, "GET", "/metrics", "application/openmetrics-text")
+    assert openmetrics["body"].endswith("# EOF\n")
+    # Each instance ended, and CollectMode= left none listed, failed or not.
+    wait_for(lambda: metrics_instances(container) == [], 30, "the instances to end")
+    journal = metrics_journal(container)
+    print(f"nvshare-metrics@*'s journal:\n{journal}")
+    assert len(re.findall(r"request refused status=404 method='GET' target='/nope'", journal)) == 1
+    assert len(re.findall(r"request refused status=405 method='POST'", journal)) == 1
+    assert "Traceback" not in journal and "agent did not answer" not in journal, journal
+    # Written by the exporter itself, as its own user.
+    uid = container.run(["id", "-u", "nvshare-metrics"]).stdout.strip()
+    records = container.run(
+        ["journalctl", "-u", "nvshare-metrics@*", "-o", "json", "--output-fields=_UID,MESSAGE"]
+    ).stdout.splitlines()
+    refusals = [json.loads(r) for r in records if "request refused" in r]
+    assert len(refusals) == 2 and {r["_UID"] for r in refusals} == {uid}, refusals
+
+
 def test_operator_preload_switch_survives_an_upgrade(container, stage):
     container.run(["nvsharectl", "preload", "disable"])
     assert (
@@ -565,6 +712,9 @@ def test_an_upgrade_keeps_the_socket_listening_and_restarts_the_agent(container,
     )
     assert unit_property(container, "nvshare.service", "MainPID") not in (old_pid, "0")
     assert unit_property(container, "nvshare.socket", "ActiveState") == "active"
+    # The upgrade restarted the metrics socket; a scrape runs the new code.
+    assert unit_property(container, "nvshare-metrics.socket", "SubState") == "listening"
+    assert http_request(container, "GET", "/metrics")["status"] == 200
 
 
 def test_someone_elses_broken_preload_entry_does_not_block_ours(container):
@@ -621,6 +771,7 @@ def test_purge_leaves_nothing_behind(container, stage):
         "/usr/lib/nvshare",
         "/etc/systemd/system/sockets.target.wants/nvshare.socket",
         "/etc/systemd/system/paths.target.wants/nvshare-device-plugin.path",
+        "/etc/systemd/system/sockets.target.wants/nvshare-metrics.socket",
         f"{KUBELET_DIR}/nvshare.com-gpu.sock",  # the plugin removed its socket as it stopped
     ):
         assert not container.path(path).exists(), path
@@ -631,12 +782,21 @@ def test_purge_leaves_nothing_behind(container, stage):
         == "not-found"
     )
     assert container.run(["getent", "group", "nvshare-admin"], check=False).returncode == 2
+    assert container.run(["getent", "passwd", "nvshare-metrics"], check=False).returncode == 2
+    assert container.run(["getent", "group", "nvshare-metrics"], check=False).returncode == 2
     # No agent left running (minbase has no pgrep).
     agents = container.run(["sh", "-c", "grep -l 'nvshare-[a]gent' /proc/[0-9]*/cmdline || true"])
     assert agents.stdout.strip() == ""
     assert plugin_processes(container) == ""
-    for unit in PLUGIN_UNITS:
+    for unit in PLUGIN_UNITS + ("nvshare-metrics.socket",):
         assert unit_property(container, unit, "LoadState") == "not-found", unit
+    assert metrics_instances(container) == []
+    # Nothing listens on the metrics port any more.
+    refused = container.run(
+        ["python3", "-c", "import socket; socket.create_connection(('127.0.0.1', 9402), 5)"],
+        check=False,
+    )
+    assert "ConnectionRefusedError" in refused.stderr, refused.stderr
     assert container.run(["dpkg-query", "-W", "nvshare"], check=False).returncode != 0
 
 
