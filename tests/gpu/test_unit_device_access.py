@@ -43,8 +43,14 @@ def shutdown_after_listing():
     real_shutdown()
 
 pynvml.nvmlShutdown = shutdown_after_listing
-gpus, problem = nvml.read_inventory_here()
-print(json.dumps({"gpus": len(gpus), "problem": problem, "nodes": nodes}))
+gpus, problem, _mig = nvml.read_inventory_here()
+# The agent's watcher (anti-thrash auto) also reads each GPU's processes: what it
+# opens for that must be allowed too.
+pynvml.nvmlInit()
+processes = nvml._processes_here(pynvml)
+shutdown_after_listing()
+print(json.dumps({"gpus": len(gpus), "problem": problem, "nodes": nodes,
+                  "process_readings": len(processes)}))
 """
 
 
@@ -92,6 +98,7 @@ def test_every_node_the_nvml_reader_opens_is_allowed_by_the_unit(agent_pythonpat
     assert done.returncode == 0, done.stderr
     reading = json.loads(done.stdout.strip().splitlines()[-1])
     assert reading["problem"] is None and reading["gpus"] >= 1, reading
+    assert reading["process_readings"] == reading["gpus"], reading
     assert reading["nodes"], "the NVML reader held no /dev/nvidia* node open"
     rules, groups = device_allow(UNIT.read_text()), char_groups()
     blocked = [node for node in reading["nodes"] if not allowed(node, rules, groups)]
