@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import importlib.resources
+import re
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,10 +26,20 @@ BEGIN_MARKER = "/* BEGIN NVSHARE WIRE FORMAT */"
 END_MARKER = "/* END NVSHARE WIRE FORMAT */"
 
 
+_HEADER_TEXT = importlib.resources.files(__package__).joinpath("nvshare_protocol.h").read_text()
+
+
 def _read_wire_format() -> str:
-    text = importlib.resources.files(__package__).joinpath("nvshare_protocol.h").read_text()
-    start = text.index(BEGIN_MARKER) + len(BEGIN_MARKER)
-    return text[start : text.index(END_MARKER)]
+    start = _HEADER_TEXT.index(BEGIN_MARKER) + len(BEGIN_MARKER)
+    return _HEADER_TEXT[start : _HEADER_TEXT.index(END_MARKER)]
+
+
+def _string_define(name: str) -> str:
+    """A #define of a string outside the wire format (cffi takes no string constants)."""
+    match = re.search(rf'^#define {name} "([^"]*)"$', _HEADER_TEXT, re.MULTILINE)
+    if match is None:
+        raise AssertionError(f"nvshare_protocol.h defines no string {name}")
+    return match.group(1)
 
 
 ffi = cffi.FFI()
@@ -43,6 +54,9 @@ COMMAND_BYTES: int = _lib.NVSHARE_COMMAND_BYTES
 ERROR_TEXT_BYTES: int = _lib.NVSHARE_ERROR_TEXT_BYTES
 MAX_PAYLOAD_BYTES: int = _lib.NVSHARE_MAX_PAYLOAD_BYTES
 HEADER_BYTES: int = ffi.sizeof("struct nvshare_header")
+DEFAULT_DROP_GRACE_MS: int = _lib.NVSHARE_DEFAULT_DROP_GRACE_MS
+#: Where the agent listens and shims connect unless told otherwise.
+DEFAULT_SOCKET_PATH: str = _string_define("NVSHARE_DEFAULT_SOCKET_PATH")
 
 
 def _enumerators(c_enum: str, prefix: str) -> dict[str, int]:

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .protocol import DEFAULT_DROP_GRACE_MS
 from .text import excerpt
 
 TIME_QUANTUM_RANGE_S = (1, 86400)
@@ -92,7 +93,7 @@ class Settings:
     time_quantum_s: int = 30
     anti_thrash: AntiThrash = AntiThrash.AUTO
     idle_release_ms: int = 1000
-    drop_grace_ms: int = 5000
+    drop_grace_ms: int = DEFAULT_DROP_GRACE_MS
     # auto: how long a busy holder keeps the GPU before light work may take it over.
     min_slice_ms: int = 100
     # auto: the most memory a GPU is taken to have (0: its own size).

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import sdnotify
 
+from . import protocol
 from .eventlog import events as log
 
 SD_LISTEN_FDS_START = 3
-DEFAULT_SOCKET_PATH = Path("/run/nvshare/scheduler.sock")
+DEFAULT_SOCKET_PATH = Path(protocol.DEFAULT_SOCKET_PATH)
 # The listen() backlog, whether the agent binds the socket or systemd passes
 # it: clients that connect while the agent is busy (or out of fds) wait here.
 # The kernel caps it at net.core.somaxconn.

@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import NoReturn
 
-from nvshare_agent import eventlog, nvml
+from nvshare_agent import eventlog, nvml, protocol
 from nvshare_agent.protocol import format_uuid
 
 from .devices import DeviceTable, NodePaths
@@ -33,7 +33,8 @@ DEFAULT_RESOURCE_NAME = "nvshare.com/gpu"
 DEFAULT_REPLICAS = 10
 # Each replica is one device in every ListAndWatch message the kubelet reads.
 MAX_REPLICAS = 1000
-DEFAULT_SOCKET_DIR = Path("/run/nvshare")
+# The directory of the agent's socket (its name comes from the one header).
+DEFAULT_SOCKET_DIR = Path(protocol.DEFAULT_SOCKET_PATH).parent
 # Where the package puts the shim for containers (glibc 2.17 and later).
 DEFAULT_SHIM_PATH = (
     Path("/usr/lib")

@@ -9,7 +9,8 @@
 
 #include "log.h"
 
-#define DEFAULT_SOCKET        "/run/nvshare/scheduler.sock"
+#include "nvshare_protocol.h"
+
 #define DEFAULT_MAX_QUEUED_MS 50
 
 static struct nvshare_config config;
@@ -54,11 +55,11 @@ static void load(void)
     config.debug = nvshare_debug_enabled(); /* log.c reads NVSHARE_DEBUG */
     const char *socket_path = secure_getenv("NVSHARE_SOCKET");
     if (socket_path == NULL || *socket_path == '\0')
-        socket_path = DEFAULT_SOCKET;
+        socket_path = NVSHARE_DEFAULT_SOCKET_PATH;
     if (strlen(socket_path) >= sizeof config.socket_path) {
         nvshare_warn("NVSHARE_SOCKET is longer than %zu bytes; using %s",
-                     sizeof config.socket_path - 1, DEFAULT_SOCKET);
-        socket_path = DEFAULT_SOCKET;
+                     sizeof config.socket_path - 1, NVSHARE_DEFAULT_SOCKET_PATH);
+        socket_path = NVSHARE_DEFAULT_SOCKET_PATH;
     }
     strcpy(config.socket_path, socket_path);
     config.prefetch = read_flag("NVSHARE_PREFETCH", 1);

@@ -64,7 +64,8 @@ static int busy_after_all(int gpu, uint32_t ticket, int gate_closed)
 static void wait_for_captures_to_end(void)
 {
     struct nvshare_settings settings;
-    double grace_ms = nvshare_lock_settings(&settings) ? settings.drop_grace_ms : 5000;
+    double grace_ms =
+        nvshare_lock_settings(&settings) ? settings.drop_grace_ms : NVSHARE_DEFAULT_DROP_GRACE_MS;
     double deadline = nvshare_now_ms() + grace_ms;
     while (atomic_load(&nvshare_active_captures) > 0 && nvshare_now_ms() < deadline) {
         struct timespec pause = {.tv_nsec = 1000000};

@@ -24,6 +24,12 @@
 
 #include <stdint.h>
 
+/* Where the agent listens unless told otherwise (the shim's NVSHARE_SOCKET, the agent's
+ * --socket; systemd/nvshare.socket says the same, which a test checks).  Outside the
+ * wire format below, which cffi reads: cffi takes no string constants; the agent
+ * reads this line itself (agent/protocol.py). */
+#define NVSHARE_DEFAULT_SOCKET_PATH "/run/nvshare/scheduler.sock"
+
 /* BEGIN NVSHARE WIRE FORMAT */
 #define NVSHARE_MAGIC             0x4853564e /* the bytes "NVSH" on a little-endian host */
 #define NVSHARE_PROTOCOL_VERSION  1
@@ -32,6 +38,8 @@
 #define NVSHARE_COMMAND_BYTES     32
 #define NVSHARE_ERROR_TEXT_BYTES  128
 #define NVSHARE_MAX_PAYLOAD_BYTES 512 /* larger frames are a protocol error */
+/* The agent's default drop grace, and what a shim assumes before SETTINGS came */
+#define NVSHARE_DEFAULT_DROP_GRACE_MS 5000
 
 enum nvshare_message_type {
     NVSHARE_MSG_HELLO = 1,        /* shim -> agent: first frame on a connection */

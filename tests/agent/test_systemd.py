@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from agent_harness import (
@@ -22,11 +23,13 @@ from agent_harness import (
     wait_until,
 )
 
+from nvshare_agent import protocol
 from nvshare_agent.bus_address import bus_address_problem
 from nvshare_agent.engine import Engine
 from nvshare_agent.settings import AntiThrash, Settings
 from nvshare_agent.settings_files import SettingsStore
 from nvshare_agent.systemd import (
+    DEFAULT_SOCKET_PATH,
     LISTEN_BACKLOG,
     MIN_WATCHDOG_INTERVAL_S,
     STATUS_MAX_BYTES,
@@ -449,3 +452,13 @@ def test_watchdog_interval_is_half_of_watchdog_usec_but_never_a_busy_loop(
     monkeypatch.setenv("WATCHDOG_USEC", usec)
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
     assert watchdog_interval_s() == interval_s
+
+
+def test_the_socket_unit_listens_where_shims_and_the_agent_look():
+    # One definition (shim/nvshare_protocol.h); the unit file cannot include it.
+    unit = (Path(__file__).resolve().parents[2] / "systemd" / "nvshare.socket").read_text()
+    listen = [
+        line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ListenStream=")
+    ]
+    assert listen == [protocol.DEFAULT_SOCKET_PATH]
+    assert str(DEFAULT_SOCKET_PATH) == protocol.DEFAULT_SOCKET_PATH
