@@ -1,5 +1,5 @@
 """nvshare node agent: schedules each GPU's lock for processes running under libnvshare.
 
-agent/README.md has the file-to-concern table; docs/ARCHITECTURE.md walks a
+agent/README.md has the file-to-concern table; ARCHITECTURE.md walks a
 lock request and a D-Bus Set through the code.
 """

@@ -4,7 +4,7 @@ The contract is the checked-in interface XML beside this file: its property
 names, types and access are what calls are checked against, and Introspect
 serves it as it is.  dbus-next only carries messages: one dispatcher here
 (DBusApi.handle) answers every method call that reaches the agent, so each
-call takes one path, which docs/ARCHITECTURE.md walks through for a Set:
+call takes one path, which ARCHITECTURE.md walks through for a Set:
 
     handle -> _set -> caller_may_change (the one permission check) -> _setting_change
     -> Engine.change_settings -> ... -> Engine._notify -> publish_changes (PropertiesChanged)
