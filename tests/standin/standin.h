@@ -40,9 +40,13 @@ struct CUctx_st {
     CUdevice device;
     int primary;
     int refcount;
+    struct CUstream_st *null_stream; /* its own, as the real driver's legacy default stream */
 };
 #define STANDIN_CTX_MAGIC 0x43545854u
 
+/* Gives a context its NULL stream, if it has none yet; called with standin_lock
+ * held (standin_streams.c). */
+void standin_give_null_stream(CUcontext ctx);
 /* CUDA_SUCCESS for a valid ordinal after cuInit (standin_context.c). */
 CUresult standin_check_device(CUdevice dev);
 /* The calling thread's current context, or NULL. */

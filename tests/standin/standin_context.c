@@ -177,6 +177,7 @@ STANDIN_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     primary_ctx[dev].device = dev;
     primary_ctx[dev].primary = 1;
     primary_ctx[dev].refcount++;
+    standin_give_null_stream(&primary_ctx[dev]);
     pthread_mutex_unlock(&standin_lock);
     *pctx = &primary_ctx[dev];
     return CUDA_SUCCESS;
@@ -287,6 +288,9 @@ STANDIN_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUde
     ctx->magic = STANDIN_CTX_MAGIC;
     ctx->device = dev;
     ctx->refcount = 1;
+    pthread_mutex_lock(&standin_lock);
+    standin_give_null_stream(ctx);
+    pthread_mutex_unlock(&standin_lock);
     if (ctx_depth < CTX_STACK_DEPTH) /* a created context is pushed, as the real one is */
         ctx_stack[ctx_depth++] = ctx;
     *pctx = ctx;

@@ -19,7 +19,8 @@
 
 struct CUstream_st {
     uint32_t magic;
-    CUcontext ctx; /* made in; NULL for the default stream (shared here) */
+    CUcontext ctx; /* made in; NULL for the stream of no context */
+    int is_null;   /* a context's NULL stream: cannot be destroyed */
     struct CUstream_st
         *next_stream; /* every stream created (retired ones stay), for context-wide waits */
     struct standin_op *head, *tail;
@@ -29,9 +30,30 @@ struct CUstream_st {
     pthread_cond_t work;
 };
 
-static struct CUstream_st default_stream = {.magic = STREAM_MAGIC,
-                                            .work = PTHREAD_COND_INITIALIZER};
-static struct CUstream_st *all_streams = &default_stream;
+/* Work submitted with no context current lands here (the driver would refuse
+ * most such calls; the fixture stays defined). */
+static struct CUstream_st no_context_stream = {
+    .magic = STREAM_MAGIC, .is_null = 1, .work = PTHREAD_COND_INITIALIZER};
+static struct CUstream_st *all_streams = &no_context_stream;
+
+/* Each context has its own NULL stream, as with the real driver: a kernel on
+ * GPU 1's NULL stream does not queue behind one on GPU 0's, and synchronising
+ * GPU 0's context does not wait for GPU 1's work. */
+void standin_give_null_stream(CUcontext ctx)
+{
+    if (ctx->null_stream != NULL)
+        return;
+    struct CUstream_st *stream = calloc(1, sizeof *stream);
+    if (stream == NULL)
+        return; /* standin_stream falls back to the stream of no context */
+    stream->magic = STREAM_MAGIC;
+    stream->ctx = ctx;
+    stream->is_null = 1;
+    pthread_cond_init(&stream->work, NULL);
+    stream->next_stream = all_streams;
+    all_streams = stream;
+    ctx->null_stream = stream;
+}
 
 static void execute(struct standin_op *op)
 {
@@ -124,8 +146,10 @@ static void ensure_worker(struct CUstream_st *stream)
 
 struct CUstream_st *standin_stream(CUstream handle)
 {
-    if (handle == NULL || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD)
-        return &default_stream;
+    if (handle == NULL || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
+        CUcontext ctx = standin_current_ctx();
+        return ctx != NULL && ctx->null_stream != NULL ? ctx->null_stream : &no_context_stream;
+    }
     return handle->magic == STREAM_MAGIC && !handle->destroyed ? handle : NULL;
 }
 
@@ -180,7 +204,7 @@ void standin_wait_context_streams(CUcontext ctx)
 {
     pthread_mutex_lock(&standin_lock);
     for (struct CUstream_st *s = all_streams; s != NULL; s = s->next_stream) {
-        if (s->ctx != ctx && s != &default_stream)
+        if (s->ctx != ctx && s != &no_context_stream)
             continue;
         uint64_t target = s->submitted;
         while (s->completed < target)
@@ -248,7 +272,7 @@ STANDIN_EXPORT CUresult cuStreamDestroy_v2(CUstream handle)
     standin_log("cuStreamDestroy_v2", "stream=%p", (void *)handle);
     pthread_mutex_lock(&standin_lock);
     struct CUstream_st *stream = standin_stream(handle);
-    if (stream == NULL || stream == &default_stream) {
+    if (stream == NULL || stream->is_null) {
         pthread_mutex_unlock(&standin_lock);
         return CUDA_ERROR_INVALID_HANDLE;
     }
