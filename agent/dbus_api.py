@@ -30,7 +30,7 @@ from dbus_next.aio import MessageBus
 from dbus_next.constants import ErrorType, RequestNameReply
 
 from . import dbus_names as names
-from .dbus_connection import connect_bus, read_machine_id
+from .dbus_connection import connect_bus, plain, read_machine_id
 from .engine import Engine
 from .settings import (
     MAX_GPUS_WITH_SETTINGS,
@@ -131,15 +131,6 @@ def load_contract() -> Contract:
 
 
 # ---------------------------------------------------------------- values
-
-
-def _plain(value):
-    """A D-Bus value with its variants unwrapped (a GpuSettings write, for the log)."""
-    if isinstance(value, Variant):
-        return _plain(value.value)
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    return value
 
 
 def _in_range(value, dbus_type):
@@ -478,7 +469,7 @@ class DBusApi:
             except ValueError as error:  # SettingsError: str() is the human sentence
                 raise DBusFailure(names.ERROR_INVALID_ARGUMENT, str(error)) from None
             reply = Message.new_method_return(msg)
-            log.info("dbus set %s=%s uid=%d", prop_name, excerpt(_plain(value.value), 400), uid)
+            log.info("dbus set %s=%s uid=%d", prop_name, excerpt(plain(value.value), 400), uid)
         except DBusFailure as failure:
             reply = Message.new_error(msg, failure.name, failure.text)
         except Exception as error:

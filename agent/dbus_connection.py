@@ -3,7 +3,7 @@ nvsharectl both use, so fixes to dbus-next 0.2.3 apply to both."""
 
 import asyncio
 
-from dbus_next import AuthError, BusType, DBusError, MessageType
+from dbus_next import AuthError, BusType, DBusError, MessageType, Variant
 from dbus_next.aio import MessageBus
 
 # Error replies longer than this are cut.  dbus-next's own errors quote what
@@ -31,6 +31,15 @@ def read_machine_id(files=MACHINE_ID_FILES) -> str:
             return machine_id
         problem = f"{path} holds no machine id"
     raise OSError(problem)
+
+
+def plain(value):
+    """A D-Bus value with the variants inside it (the a{sv} dictionaries) unwrapped."""
+    if isinstance(value, Variant):
+        return plain(value.value)
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    return value
 
 
 def _retrieve_exception(future) -> None:

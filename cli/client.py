@@ -9,7 +9,7 @@ from dbus_next.aio import MessageBus
 
 from nvshare_agent import dbus_names as names
 from nvshare_agent.bus_address import EXAMPLE, bus_address_problem, system_bus_problem
-from nvshare_agent.dbus_connection import connect_bus
+from nvshare_agent.dbus_connection import connect_bus, plain
 from nvshare_agent.text import excerpt
 
 CALL_TIMEOUT_S = 25.0  # the bus may be starting nvshare.service for us
@@ -60,15 +60,6 @@ def _error_from_reply(reply: Message) -> CliError:
         # disconnected from message bus without replying").
         return CliError(_AGENT_STOPPED if "disconnected" in text else _NO_ANSWER)
     return CliError(f"the agent refused: {text} ({reply.error_name})")
-
-
-def _plain(value):
-    """A value with the variants inside it (GpuDetails' a{sv}) unwrapped."""
-    if isinstance(value, Variant):
-        return _plain(value.value)
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    return value
 
 
 def _u64(num_bytes: int) -> int:
@@ -133,7 +124,7 @@ class AgentClient:
     async def properties(self) -> dict:
         """All properties of the interface, plain Python values by name."""
         reply = await self._call(self._message(_PROPERTIES, "GetAll", "s", [names.INTERFACE]))
-        return {name: _plain(variant.value) for name, variant in reply.body[0].items()}
+        return {name: plain(variant.value) for name, variant in reply.body[0].items()}
 
     async def set_time_quantum(self, seconds: int) -> None:
         # 'u' is the property's type; a value outside u32 goes as int64 so
@@ -158,7 +149,7 @@ class AgentClient:
         reply = await self._call(
             self._message(_PROPERTIES, "Get", "ss", [names.INTERFACE, names.PROP_GPU_SETTINGS])
         )
-        return _plain(reply.body[0].value)
+        return plain(reply.body[0].value)
 
     async def set_gpu_settings(self, gpu_settings: dict) -> None:
         """Replace GpuSettings with `gpu_settings` (GPU id -> key -> plain value)."""

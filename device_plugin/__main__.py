@@ -16,9 +16,9 @@ import sys
 import sysconfig
 from importlib import metadata
 from pathlib import Path
-from typing import NoReturn
 
 from nvshare_agent import eventlog, nvml, protocol
+from nvshare_agent.one_line_parser import OneLineParser
 from nvshare_agent.protocol import format_uuid
 
 from .devices import DeviceTable, NodePaths
@@ -64,13 +64,6 @@ def resource_name_problem(name: str) -> str | None:
     ):
         return f"{name!r} is reserved by Kubernetes"
     return None
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Bad usage is one line on stderr and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

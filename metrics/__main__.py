@@ -18,10 +18,10 @@ import asyncio
 import os
 import socket
 import sys
-from typing import NoReturn
 
 from nvshare_agent import eventlog
 from nvshare_agent.bus_address import EXAMPLE, bus_address_problem
+from nvshare_agent.one_line_parser import OneLineParser
 from nvshare_agent.text import excerpt
 from nvshare_agent.version import version
 from nvshare_cli import render
@@ -37,13 +37,6 @@ MAX_TIMEOUT_S = 300.0
 DEFAULT_URL = "http://127.0.0.1:9402/metrics"
 
 log = eventlog.events
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Bad usage is one line on stderr and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

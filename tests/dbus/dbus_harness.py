@@ -4,6 +4,7 @@ and the real agent as a subprocess on that bus and a temp socket.
 
 Everything waits for conditions with generous timeouts; nothing sleeps to time."""
 
+import asyncio
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from dbus_next import Message, MessageType
 
 from nvshare_agent import dbus_names as names
 
@@ -312,3 +314,30 @@ def property_data(address: str, prop_name: str):
         prop_name,
     )
     return json.loads(result.stdout)["data"]
+
+
+async def watch_properties_changed(connection, match: str) -> asyncio.Queue:
+    """Subscribes a dbus-next connection to the PropertiesChanged signals that `match`
+    (more of a match rule, e.g. "path='...'") picks; returns the queue they arrive on."""
+    changes: asyncio.Queue = asyncio.Queue()
+    connection.add_message_handler(
+        lambda m: (
+            changes.put_nowait(m)
+            if m.message_type == MessageType.SIGNAL and m.member == "PropertiesChanged"
+            else None
+        )
+    )
+    await connection.call(
+        Message(
+            destination="org.freedesktop.DBus",
+            path="/org/freedesktop/DBus",
+            interface="org.freedesktop.DBus",
+            member="AddMatch",
+            signature="s",
+            body=[
+                f"type='signal',interface='org.freedesktop.DBus.Properties',"
+                f"member='PropertiesChanged',{match}"
+            ],
+        )
+    )
+    return changes

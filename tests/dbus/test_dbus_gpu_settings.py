@@ -9,7 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from dbus_harness import NOBODY, busctl, busctl_on_agent, get_property, property_data, wait_for
+from dbus_harness import (
+    NOBODY,
+    busctl,
+    busctl_on_agent,
+    get_property,
+    property_data,
+    wait_for,
+    watch_properties_changed,
+)
 from dbus_next import Message, MessageType, Variant
 from dbus_next.aio import MessageBus
 
@@ -168,29 +176,12 @@ def test_nobody_may_not_set_gpu_settings_the_agent_refuses_too(
 async def test_watchers_see_gpu_settings_and_gpu_details_change(agent, bus):
     shim = ShimClient(agent.socket_path, (GPU0,), "one")
     connection = await MessageBus(bus_address=bus.address).connect()
-    changes = asyncio.Queue()
-    connection.add_message_handler(
-        lambda m: (
-            changes.put_nowait(m.body[1])
-            if m.message_type == MessageType.SIGNAL and m.member == "PropertiesChanged"
-            else None
-        )
-    )
-    await connection.call(
-        Message(
-            destination="org.freedesktop.DBus",
-            path="/org/freedesktop/DBus",
-            interface="org.freedesktop.DBus",
-            member="AddMatch",
-            signature="s",
-            body=[f"type='signal',member='PropertiesChanged',path='{names.OBJECT_PATH}'"],
-        )
-    )
+    signals = await watch_properties_changed(connection, f"path='{names.OBJECT_PATH}'")
     try:
         wait_for(lambda: len(property_data(bus.address, "Gpus")) == 1, "the GPU known")
         await asyncio.sleep(0.3)  # the connect's own change notice passes first
-        while not changes.empty():
-            changes.get_nowait()
+        while not signals.empty():
+            signals.get_nowait()
         value = Variant("a{sa{sv}}", {U0: {"time_quantum_s": Variant("u", 3)}})
         reply = await connection.call(
             Message(
@@ -203,7 +194,7 @@ async def test_watchers_see_gpu_settings_and_gpu_details_change(agent, bus):
             )
         )
         assert reply.message_type == MessageType.METHOD_RETURN, reply.body
-        changed = await asyncio.wait_for(changes.get(), 30)
+        changed = (await asyncio.wait_for(signals.get(), 30)).body[1]
         assert changed[names.PROP_GPU_SETTINGS].value[U0]["time_quantum_s"].value == 3
         assert changed[names.PROP_GPU_DETAILS].value[U0]["time_quantum_s"].value == 3
         assert names.PROP_TIME_QUANTUM not in changed

@@ -12,7 +12,7 @@ from dbus_next import Message
 AGENT_TESTS = Path(__file__).resolve().parents[1] / "agent"
 sys.path.insert(0, str(AGENT_TESTS))
 from agent_harness import GPU0, ShimClient  # noqa: E402
-from dbus_harness import TIMEOUT_S, nvsharectl  # noqa: E402
+from dbus_harness import TIMEOUT_S, nvsharectl, watch_properties_changed  # noqa: E402
 from other_users import other_user_env, python_as  # noqa: E402
 
 from nvshare_agent import dbus_names as names  # noqa: E402
@@ -107,26 +107,13 @@ async def test_a_property_the_bus_cannot_carry_does_not_hold_back_the_others(bus
     service = await connect_bus(bus.address, TIMEOUT_S)
     api = DBusApi(service, stub, load_contract())
     watcher = await connect_bus(bus.address, TIMEOUT_S)
-    changes = asyncio.Queue()
-    watcher.add_message_handler(
-        lambda m: changes.put_nowait(m.body[1]) if m.member == "PropertiesChanged" else None
-    )
     try:
         service.add_message_handler(api.handle)
-        await watcher.call(
-            Message(
-                destination="org.freedesktop.DBus",
-                path="/org/freedesktop/DBus",
-                interface="org.freedesktop.DBus",
-                member="AddMatch",
-                signature="s",
-                body=[f"type='signal',member='PropertiesChanged',sender='{service.unique_name}'"],
-            )
-        )
+        signals = await watch_properties_changed(watcher, f"sender='{service.unique_name}'")
         stub.settings = Settings(time_quantum_s=7)
         stub.clients = (ClientSnapshot(1, 2, 3, None, ()),)  # no D-Bus string
         api.publish_changes()
-        changed = await asyncio.wait_for(changes.get(), 5)
+        changed = (await asyncio.wait_for(signals.get(), 5)).body[1]
         # Clients cannot go; the others that changed do (ClientDetails: the client is new).
         assert "Clients" not in changed and changed["TimeQuantum"].value == 7
         assert set(changed) == {"TimeQuantum", "ClientDetails"}

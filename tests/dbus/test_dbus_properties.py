@@ -14,8 +14,9 @@ from dbus_harness import (
     nvsharectl,
     set_property,
     wait_for,
+    watch_properties_changed,
 )
-from dbus_next import Message, MessageType, Variant
+from dbus_next import Message, Variant
 from dbus_next.aio import MessageBus
 
 from nvshare_agent import dbus_names as names
@@ -86,38 +87,20 @@ async def test_library_client_reads_and_changes_both_settings(agent, bus):
 
 async def test_subscriber_sees_properties_changed_for_each_setting(agent, bus):
     connection = await MessageBus(bus_address=bus.address).connect()
-    changes = asyncio.Queue()
-
-    def on_message(message):
-        if message.message_type == MessageType.SIGNAL and message.member == "PropertiesChanged":
-            changes.put_nowait((message.path, message.body[0], message.body[1]))
-
-    connection.add_message_handler(on_message)
-    await connection.call(
-        Message(
-            destination="org.freedesktop.DBus",
-            path="/org/freedesktop/DBus",
-            interface="org.freedesktop.DBus",
-            member="AddMatch",
-            signature="s",
-            body=[
-                f"type='signal',interface='org.freedesktop.DBus.Properties',"
-                f"member='PropertiesChanged',path='{names.OBJECT_PATH}'"
-            ],
-        )
-    )
+    signals = await watch_properties_changed(connection, f"path='{names.OBJECT_PATH}'")
     try:
         await asyncio.to_thread(
             busctl_on_agent, bus.address, "set-property", "TimeQuantum", "u", "7"
         )
-        path, interface, changed = await asyncio.wait_for(changes.get(), 30)
+        signal = await asyncio.wait_for(signals.get(), 30)
+        path, (interface, changed, _) = signal.path, signal.body
         assert (path, interface) == (names.OBJECT_PATH, names.INTERFACE)
         assert changed["TimeQuantum"].value == 7 and "AntiThrash" not in changed
 
         await asyncio.to_thread(
             busctl_on_agent, bus.address, "set-property", "AntiThrash", "b", "false"
         )
-        _, _, changed = await asyncio.wait_for(changes.get(), 30)
+        changed = (await asyncio.wait_for(signals.get(), 30)).body[1]
         assert changed["AntiThrash"].value is False and "TimeQuantum" not in changed
     finally:
         connection.disconnect()

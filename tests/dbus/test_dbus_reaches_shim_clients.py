@@ -6,13 +6,11 @@ import os
 import sys
 from pathlib import Path
 
-from dbus_next import Message
-from dbus_next import MessageType as BusMessageType
 from dbus_next.aio import MessageBus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
 from agent_harness import GPU0, ShimClient
-from dbus_harness import busctl_on_agent, property_data, wait_for
+from dbus_harness import busctl_on_agent, property_data, wait_for, watch_properties_changed
 
 from nvshare_agent import dbus_names as names
 from nvshare_agent import protocol
@@ -90,39 +88,22 @@ def test_time_quantum_over_dbus_reaches_clients_and_ends_the_holders_turn(agent,
 
 async def test_live_state_changes_emit_properties_changed(agent, bus):
     connection = await MessageBus(bus_address=bus.address).connect()
-    changes = asyncio.Queue()
-    connection.add_message_handler(
-        lambda m: (
-            changes.put_nowait(m.body[1])
-            if m.message_type == BusMessageType.SIGNAL and m.member == "PropertiesChanged"
-            else None
-        )
-    )
-    await connection.call(
-        Message(
-            destination="org.freedesktop.DBus",
-            path="/org/freedesktop/DBus",
-            interface="org.freedesktop.DBus",
-            member="AddMatch",
-            signature="s",
-            body=[f"type='signal',member='PropertiesChanged',path='{names.OBJECT_PATH}'"],
-        )
-    )
+    signals = await watch_properties_changed(connection, f"path='{names.OBJECT_PATH}'")
     try:
         client = await asyncio.to_thread(ShimClient, agent.socket_path, command="newcomer")
-        changed = await asyncio.wait_for(changes.get(), 30)
+        changed = (await asyncio.wait_for(signals.get(), 30)).body[1]
         while "Clients" not in changed:
-            changed = await asyncio.wait_for(changes.get(), 30)
+            changed = (await asyncio.wait_for(signals.get(), 30)).body[1]
         assert [c[3] for c in changed["Clients"].value] == ["newcomer"]
 
         await asyncio.to_thread(client.request)
         while True:  # the grant shows as a holder in Gpus
-            changed = await asyncio.wait_for(changes.get(), 30)
+            changed = (await asyncio.wait_for(signals.get(), 30)).body[1]
             if "Gpus" in changed and changed["Gpus"].value[0][3] == [os.getpid()]:
                 break
         client.close()
         while True:
-            changed = await asyncio.wait_for(changes.get(), 30)
+            changed = (await asyncio.wait_for(signals.get(), 30)).body[1]
             if "Clients" in changed and changed["Clients"].value == []:
                 break
     finally:
