@@ -10,6 +10,7 @@
 #   bench/gpu/run.sh --prefetch-split [RESULTS_DIR] [OPTIONS]          (prefetch_split.py)
 #   bench/gpu/run.sh --startup [PAIRS] [RESULTS_DIR]                   (startup.py)
 #   bench/gpu/run.sh --liveness [RESULTS_DIR]                          (liveness.py)
+#   bench/gpu/run.sh --multi-gpu [RESULTS_DIR]                         (multi_gpu.py)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -29,5 +30,6 @@ case "${1:-}" in
     --prefetch-split) script=prefetch_split.py; shift ;;
     --startup) script=startup.py; shift ;;
     --liveness) script=liveness.py; shift ;;
+    --multi-gpu) script=multi_gpu.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"

@@ -6,7 +6,9 @@ identical).  By default the loss is read every step, so at most one step is
 queued ahead of the GPU; --sync-every N reads it every N steps, as loops that
 log every N steps do, and lets work queue ahead (step times are then the
 times steps were queued).  --pause-every N --pause-s S waits S seconds on the
-CPU after every N steps (an evaluation or a checkpoint), leaving the GPU idle."""
+CPU after every N steps (an evaluation or a checkpoint), leaving the GPU idle.
+--devices 0,1 splits the six layers in order over those GPUs: one process using
+two GPUs, activations and gradients crossing between them every step."""
 
 import argparse
 import json
@@ -33,6 +35,17 @@ class PlainSgd:
         torch._foreach_add_(self.parameters, [p.grad for p in self.parameters], alpha=-self.lr)
 
 
+class MoveTo(torch.nn.Module):
+    """Moves the activations to the next layer's GPU (their gradients cross back)."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.device = device
+
+    def forward(self, x):
+        return x.to(self.device)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=0, help="stop after this many steps")
@@ -43,6 +56,9 @@ def main() -> None:
     parser.add_argument("--pause-every", type=int, default=0, help="pause after every N steps")
     parser.add_argument("--pause-s", type=float, default=0.0, help="for this long, GPU idle")
     parser.add_argument(
+        "--devices", default="0", help="GPU indices to split the layers over, in order"
+    )
+    parser.add_argument(
         "--ready-file", help="created once the first step is done (the setup is over)"
     )
     parser.add_argument(
@@ -52,14 +68,19 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    devices = [torch.device("cuda", int(index)) for index in args.devices.split(",")]
     torch.manual_seed(0)
     layers = []
-    for _ in range(6):
-        layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers).cuda()
+    for index in range(6):
+        device = devices[index * len(devices) // 6]
+        linear = torch.nn.Linear(args.width, args.width).to(device)
+        # Across GPUs, the pipeline's hop; on one, the reference loop exactly as it was.
+        layers += [MoveTo(device)] if len(devices) > 1 else []
+        layers += [linear, torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers)
     optimizer = PlainSgd(model.parameters(), lr=1e-4)
-    inputs = torch.randn(args.batch, args.width, device="cuda")
-    targets = torch.randn(args.batch, args.width, device="cuda")
+    inputs = torch.randn(args.batch, args.width, device=devices[0])
+    targets = torch.randn(args.batch, args.width, device=devices[-1])
 
     step_times, spans, loss = [], [], None
     started = time.time()
