@@ -103,6 +103,14 @@ class LockRules:
     def _is_starving(self, gpu: GpuState, waiter: Waiter, now: float) -> bool:
         return now - waiter.requested_at >= gpu.settings.time_quantum_s
 
+    def _light_work_waits(self, gpu: GpuState, best: Waiter, now: float) -> bool:
+        """auto, exclusive turns: the best waiter may cut the holder's turn short after
+        its minimum slice.  Not while shared holders drain (the GPU is not one
+        holder's yet).  The rules and the deadline both ask this one question: a
+        deadline the rules would not act on comes back at once, for ever."""
+        draining = any(held.mode == SHARED for held in gpu.holders.values())
+        return best.much_lighter and not draining and not self._is_starving(gpu, best, now)
+
     # ------------------------------------------------------------ the lock, per GPU
 
     def _update(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
@@ -181,14 +189,11 @@ class LockRules:
 
     def _take_turns_fairly(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
         """auto, memory does not fit (or its size is unknown): one exclusive holder."""
-        draining = False
         for client, held in gpu.holders.items():
-            if held.mode == SHARED:
-                # Through the same drain as anti-thrash switched on: everyone beside
-                # leaves before anyone holds alone.
-                draining = True
-                if held.drop_requested_at is None:
-                    self._ask_to_drop(gpu, client, held, now, actions, "memory does not fit")
+            # Through the same drain as anti-thrash switched on: everyone beside
+            # leaves before anyone holds alone.
+            if held.mode == SHARED and held.drop_requested_at is None:
+                self._ask_to_drop(gpu, client, held, now, actions, "memory does not fit")
         if not gpu.waiters:
             return
         if not gpu.holders:
@@ -202,11 +207,8 @@ class LockRules:
             # tick at that deadline sees it due: float rounding must not disagree.
             if now >= held.granted_at + gpu.settings.time_quantum_s:
                 self._ask_to_drop(gpu, client, held, now, actions, "quantum over")
-            elif (
-                best.much_lighter
-                and not draining
-                and not self._is_starving(gpu, best, now)
-                and now >= held.granted_at + gpu.settings.min_slice_ms / 1000.0
+            elif self._light_work_waits(gpu, best, now) and now >= held.granted_at + (
+                gpu.settings.min_slice_ms / 1000.0
             ):
                 self._ask_to_drop(gpu, client, held, now, actions, "light work waits")
             else:
@@ -321,7 +323,7 @@ class LockRules:
         light_waits = False
         if policy == "auto-exclusive":
             best = gpu.waiters[self._best_waiter(gpu, now)]
-            light_waits = best.much_lighter and not self._is_starving(gpu, best, now)
+            light_waits = self._light_work_waits(gpu, best, now)
         for held in gpu.holders.values():
             if held.drop_requested_at is not None:
                 when = held.drop_requested_at + grace

@@ -34,7 +34,7 @@ Per GPU, by the anti-thrash setting (docs/scheduling.md has the diagrams):
   that has waited a quantum goes before every one that has not (oldest first),
   and no light waiter may cut in ahead of it, so every waiter is granted
   within quantum + n x (quantum + drop_grace), n the clients on the GPU
-  (tests/test_scheduler.py checks it under a random walk).
+  (tests/test_scheduler_auto.py checks it under a random walk).
 
 Each GPU runs by its own settings (GpuState.settings): the node-wide ones with
 what the GPU sets for itself over them, by NVML index and, over that, by UUID.

@@ -4,6 +4,7 @@ tests/test_scheduler.py covers on and off, which auto leaves unchanged."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -26,10 +27,11 @@ from nvshare_agent.scheduler import (
     YIELD_IDLE_MS,
     Scheduler,
 )
-from nvshare_agent.settings import AntiThrash, Settings
+from nvshare_agent.settings import AntiThrash, GpuOverrides, Settings
 from nvshare_agent.usage import USAGE_WINDOW_S, UsageMeter
 
 G0, G1 = b"\x00" * 15 + b"\x01", b"\x00" * 15 + b"\x02"
+G1_ID = "GPU-00000000-0000-0000-0000-000000000002"  # G1 as an admin names it
 GIB = 1 << 30
 TQ, GRACE, MIN_SLICE = 30, 5.0, 0.1
 AUTO = Settings(
@@ -69,6 +71,32 @@ def hold_for(s, client, seconds, start):
     grant = one(Grant, s.request(client, G0, start))
     s.release(client, G0, grant.lease, start + seconds)
     return start + seconds
+
+
+def spin_guarded_tick(s: Scheduler):
+    """s.tick, failing rather than hanging when it spins: a GPU's deadline that the
+    rules do not act on comes back at once from the heap, for ever."""
+    update = s._update
+    updates_in_tick: list[int] = []
+
+    def counted_update(gpu, now, actions):
+        if updates_in_tick:
+            updates_in_tick[0] += 1
+            assert updates_in_tick[0] < 100, f"tick({now}) spins on {gpu}"
+        update(gpu, now, actions)
+
+    s._update = counted_update  # type: ignore[method-assign]
+
+    def tick(at: float) -> list:
+        updates_in_tick[:] = [0]
+        try:
+            actions = s.tick(at)
+        finally:
+            updates_in_tick.clear()
+        assert s.next_deadline() is None or s.next_deadline() > at, "tick left work overdue"
+        return actions
+
+    return tick
 
 
 # ---------------------------------------------------------------- usage
@@ -299,54 +327,162 @@ def test_min_slice_zero_and_long_are_both_allowed():
 @pytest.mark.parametrize("seed", range(30))
 def test_no_waiter_waits_longer_than_the_bound_under_a_random_walk(seed):
     """Clients that hold briefly or for long, ignore drops (and are revoked), come and
-    go, while memory reports flip the GPU between fitting and not: every grant comes
-    within quantum + n x (quantum + grace) of its request."""
+    go (an idle one leaves and a new one takes its place; a holder or a waiter crashes),
+    while memory reports flip the GPU between fitting and not: every grant comes within
+    quantum + n x (quantum + grace) of its request, and at every step no one still
+    waiting has waited longer than that."""
     rng = random.Random(seed)
     tq, grace = 4, 1.0
     settings = AUTO.replaced(time_quantum_s=tq, drop_grace_ms=int(grace * 1000))
     s = Scheduler(settings)
     s.add_gpu(G0, "GPU", 8 * GIB)
-    n = 6
+    n = 6  # clients on the GPU at any time: one that goes is replaced at once
     now = 0.0
-    # Per client: when it next acts, and how it behaves.
-    plan = {}
-    for c in range(1, n + 1):
-        s.connect(c, 100 + c, 1000, 1000, now)
-        s.hello(c, (G0,), "x", now, features=FEATURE_YIELD if rng.random() < 0.7 else 0)
-        plan[c] = {"at": rng.uniform(0, 2), "lease": None, "ignores_drops": rng.random() < 0.2}
+    # Per client: when it next acts, how it behaves, and since when it waits.
+    plan: dict[int, dict] = {}
+    ids = itertools.count(1)
+    actions: list = []
+
+    def join() -> None:
+        c = next(ids)
+        actions.extend(s.connect(c, 100 + c, 1000, 1000, now))
+        features = FEATURE_YIELD if rng.random() < 0.7 else 0
+        actions.extend(s.hello(c, (G0,), "x", now, features=features))
+        plan[c] = {
+            "at": now + rng.uniform(0, 2),
+            "ignores_drops": rng.random() < 0.2,
+            "waiting_since": None,
+        }
+
+    for _ in range(n):
+        join()
     bound = tq + n * (tq + grace) + 1e-6
-    worst = 0.0
+    worst, comings_and_goings = 0.0, 0
+    tick = spin_guarded_tick(s)
     for _ in range(3000):
         due = s.next_deadline()
         at = min(p["at"] for p in plan.values())
         now = max(now, min(at, due) if due is not None else at)
-        actions = s.tick(now)
-        assert s.next_deadline() is None or s.next_deadline() > now, "tick left work overdue"
-        for c, p in plan.items():
+        actions = tick(now)
+        for c, p in list(plan.items()):
             if p["at"] > now:
                 continue
             held = s.gpus[G0].holders.get(c)
-            if held is not None:
+            if rng.random() < 0.03:  # crashes, or leaves between its bursts
+                actions += s.disconnect(c, now)
+                del plan[c]
+                join()
+                comings_and_goings += 1
+            elif held is not None:
                 actions += s.release(c, G0, held.number, now, idle_ms=rng.choice((0, 50, 1000)))
                 p["at"] = now + rng.choice((0.0, 0.01, 0.5, 3.0))
             elif c not in s.gpus[G0].waiters:
                 actions += s.request(c, G0, now)
-                p["at"] = math.inf  # acts again once granted
-            if rng.random() < 0.05:
+                p["at"] = now + 1e9 if rng.random() < 0.9 else now + rng.uniform(0, tq)
+                p["waiting_since"] = now
+            if c in plan and rng.random() < 0.05:
                 actions += s.memory_report(c, G0, rng.choice((0, 1, 6)) * GIB, 0, now)
         for grant in of(Grant, actions):
             worst = max(worst, grant.waited_s)
             assert grant.waited_s <= bound, (grant, bound)
+            if grant.client not in plan:  # granted, then gone in the same step
+                continue
             p = plan[grant.client]
+            p["waiting_since"] = None
             # Holds briefly or for long; one that ignores drops holds "forever".
             p["at"] = now + (1e9 if p["ignores_drops"] else rng.choice((0.02, 0.3, 2.0, 20.0)))
         for drop in of(AskToDrop, actions):
-            p = plan[drop.client]
-            if drop.when_idle_ms == 0 and not p["ignores_drops"]:
+            p = plan.get(drop.client)
+            if p is not None and drop.when_idle_ms == 0 and not p["ignores_drops"]:
                 p["at"] = min(p["at"], now + rng.uniform(0, grace / 2))
         for revoke in of(Revoke, actions):
-            plan[revoke.client]["at"] = now + rng.uniform(0, 1)
+            if revoke.client in plan:
+                plan[revoke.client]["at"] = now + rng.uniform(0, 1)
+        # Not only those granted: one left waiting for ever would never show up above.
+        for c, p in plan.items():
+            if c in s.gpus[G0].waiters:
+                assert now - p["waiting_since"] <= bound, (c, now - p["waiting_since"], bound)
     assert worst > tq / 2, "the walk never made anyone wait: it tests nothing"
+    assert comings_and_goings > 10, "no one came or went"
+
+
+def test_a_light_waiter_while_beside_holders_drain_sets_no_deadline_that_is_already_due():
+    # An exclusive holder from a turn while memory did not fit keeps its lease as the turn
+    # once it fits; a light client joins beside it; memory stops fitting and the one beside
+    # drains.  A much lighter waiter then may not cut the turn short (the GPU is not one
+    # holder's yet), and the deadline must say the same: one that was already due came
+    # back at once for ever, and the agent's event loop spun in tick().
+    s = make(3)
+    s.memory_report(1, G0, 2 * CAPACITY, 0, 0.0)
+    one(Grant, s.request(1, G0, 0.0))
+    s.memory_report(1, G0, GIB, 0, 1.0)  # fits again: 1 keeps its lease, as the turn
+    assert one(Grant, s.request(2, G0, 2.0)).exclusive is False  # light: beside it
+    s.memory_report(3, G0, 2 * CAPACITY, 0, 3.0)  # does not fit: 2 is asked to leave
+    now = 3.0 + MIN_SLICE
+    s.request(3, G0, now)
+    assert s.gpus[G0].waiters[3].much_lighter
+    due = s.next_deadline()
+    assert due is None or due > now
+    assert not of(Grant, s.tick(now))
+    # Once the one beside is gone, light work may cut the turn short again.
+    released = s.release(2, G0, s.gpus[G0].holders[2].number, now + 0.01)
+    drop = one(AskToDrop, released + s.tick(now + 0.01), client=1)
+    assert drop.reason == "light work waits"
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_no_sequence_of_events_leaves_a_deadline_that_is_already_due(seed):
+    """Every kind of event, on two GPUs, under every mode and switches between them
+    (node-wide and per GPU), quanta and slices changing, memory crossing the line both
+    ways: each tick() acts on what is due and returns, leaving no deadline due.  A
+    deadline that the rules do not act on would come back at once for ever: the agent
+    would spin in tick() instead of scheduling."""
+    rng = random.Random(seed)
+    s = Scheduler(AUTO)
+    s.add_gpu(G0, "GPU0", 8 * GIB)
+    s.add_gpu(G1, "GPU1", 8 * GIB)
+    tick = spin_guarded_tick(s)
+    now, ids, clients = 0.0, itertools.count(1), set()
+    modes = (AntiThrash.AUTO, AntiThrash.AUTO, AntiThrash.AUTO, AntiThrash.ON, AntiThrash.OFF)
+    for _ in range(1500):
+        now += rng.choice((0.0, 0.001, 0.05, 0.1, 0.5, 2.0))
+        due = s.next_deadline()
+        if due is not None and due <= now:
+            tick(due if rng.random() < 0.5 else now)
+        gpu = rng.choice((G0, G1))
+        event = rng.random()
+        if event < 0.08 or not clients:
+            c = next(ids)
+            s.connect(c, 100 + c, 1000, 1000, now)
+            s.hello(c, (G0, G1), "x", now, features=rng.choice((0, FEATURE_YIELD)))
+            clients.add(c)
+        elif event < 0.13:
+            c = rng.choice(sorted(clients))
+            s.disconnect(c, now)
+            clients.discard(c)
+        elif event < 0.5:
+            c = rng.choice(sorted(clients))
+            if c not in s.gpus[gpu].holders and c not in s.gpus[gpu].waiters:
+                s.request(c, gpu, now)
+        elif event < 0.8:
+            holders = s.gpus[gpu].holders
+            if holders:
+                c = rng.choice(sorted(holders))
+                s.release(c, gpu, holders[c].number, now, idle_ms=rng.choice((0, 50, 2000)))
+        elif event < 0.95:
+            c = rng.choice(sorted(clients))
+            s.memory_report(c, gpu, rng.choice((0, 1, 3, 5, 9)) * GIB, 0, now)
+        else:
+            settings = AUTO.replaced(
+                anti_thrash=rng.choice(modes),
+                time_quantum_s=rng.choice((1, 2, 30)),
+                min_slice_ms=rng.choice((0, 100, 5000)),
+                drop_grace_ms=rng.choice((0, 500, 5000)),
+            )
+            if rng.random() < 0.5:
+                own = GpuOverrides(anti_thrash=rng.choice(modes), time_quantum_s=rng.choice((1, 5)))
+                settings = settings.with_gpu_overrides([(G1_ID, own)])
+            s.change_settings(settings, now)
 
 
 # ---------------------------------------------------------------- bounds on what clients make us track
