@@ -73,9 +73,11 @@ class Connection:
     def send(self, data: bytes) -> None:
         message = protocol.FrameReader().feed(data)[0]
         with self._send_lock, contextlib.suppress(OSError):
+            # Stamped before it goes: the shim may act on it before sendall returns here.
+            sent_at = time.time()
             self.sock.sendall(data)
         with self._cond:
-            self.sent.append(Seen(time.time(), message))
+            self.sent.append(Seen(sent_at, message))
             self._cond.notify_all()
 
     def grant(self, gpu: bytes, flags: int | None = None) -> protocol.LockMessage:
