@@ -107,7 +107,7 @@ class Engine:
             act.AskToDrop: self._ask_to_drop,
             act.Revoke: self._revoke,
             act.LockReleased: self._log_release,
-            act.Queued: self._log_queued,
+            act.Queued: self._queued,
             act.Withdrawn: self._log_withdrawn,
             act.Ignored: self._log_ignored,
             act.SendSettings: self._send_settings,
@@ -191,7 +191,6 @@ class Engine:
     def batch_done(self) -> None:
         """After a batch of frames: re-arm the timer, tell subscribers."""
         self._arm_timer()
-        self._arm_keepalive()
         self._changed()
 
     def close_all(self, reason: str = "agent stopping") -> None:
@@ -332,7 +331,9 @@ class Engine:
         self.batch_done()
 
     def _arm_keepalive(self) -> None:
-        if self._keepalive is None and any(g.waiters for g in self.core.gpus.values()):
+        """Armed when someone is queued (not by looking at every GPU after each batch of
+        frames: a request's cost must not grow with the GPUs other clients named)."""
+        if self._keepalive is None:
             self._keepalive = self.loop.call_later(KEEPALIVE_S, self._send_keepalives)
 
     def _send_keepalives(self) -> None:
@@ -347,7 +348,8 @@ class Engine:
             link = self.links.get(client)
             if link is not None and link.features & _FEATURE_KEEPALIVE:
                 link.send(protocol.encode_keepalive(count))
-        self._arm_keepalive()
+        if waiting:
+            self._arm_keepalive()
 
     def cancel_timers(self) -> None:
         for handle in (self._timer, self._keepalive, self._notify_handle):
@@ -457,7 +459,8 @@ class Engine:
             extra,
         )
 
-    def _log_queued(self, a: act.Queued) -> None:
+    def _queued(self, a: act.Queued) -> None:
+        self._arm_keepalive()
         if log.debug_enabled:
             log.debug("queued gpu=%s pid=%d position=%d", gpu_name(a.gpu), a.pid, a.position)
 

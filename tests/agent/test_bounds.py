@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -143,3 +144,57 @@ def test_memory_outside_nvshare_counts_towards_auto(start_agent, tmp_path):
             json.dumps({"GPU-0d84ee44-b797-1c71-8ccd-cefec22161de": [[999999, 80 << 30]]})
         )
         agent.wait_for_log(r"mode gpu=GPU-0d84ee44\S* mode=exclusive .*reason=nvml_reading")
+
+
+class CountingGpus(dict):
+    """The core's GPU table, counting every walk over all of it."""
+
+    walks = 0
+
+    def _walked(self):
+        CountingGpus.walks += 1
+
+    def values(self):
+        self._walked()
+        return super().values()
+
+    def items(self):
+        self._walked()
+        return super().items()
+
+    def keys(self):
+        self._walked()
+        return super().keys()
+
+    def __iter__(self):
+        self._walked()
+        return super().__iter__()
+
+
+async def test_a_request_costs_the_same_however_many_gpus_others_named(start_inproc_agent):
+    # Point 4: with a thousand GPUs tracked, a request, a queued one, a release and the grant
+    # that follows touch the requester's GPU alone: nothing walks every GPU per frame.
+    from agent_harness import GPU0, AsyncShimClient
+
+    from nvshare_agent.nvml import GpuInfo
+    from nvshare_agent.settings import AntiThrash, Settings
+
+    agent, path = await start_inproc_agent(
+        Settings(time_quantum_s=3600, anti_thrash=AntiThrash.ON, drop_grace_ms=300)
+    )
+    others = [GpuInfo(os.urandom(16), "other", 80 << 30, index) for index in range(1, 1000)]
+    agent.add_gpus([GpuInfo(GPU0, "mine", 80 << 30, 0), *others])
+    holder = await AsyncShimClient.connect(path, (GPU0,), command="holder")
+    waiter = await AsyncShimClient.connect(path, (GPU0,), command="waiter")
+    agent.core.gpus = CountingGpus(agent.core.gpus)
+    CountingGpus.walks = 0
+    holder.request()
+    grant = await holder.wait_grant()
+    waiter.request()
+    while not agent.core.gpus[GPU0].waiters:
+        await asyncio.sleep(0.005)
+    holder.release(grant)
+    await waiter.wait_grant()
+    assert CountingGpus.walks == 0
+    await holder.close()
+    await waiter.close()
