@@ -251,3 +251,32 @@ def test_saved_gpu_settings_that_are_not_an_object_are_one_warning(tmp_path):
     settings, _, warning = load_settings(tmp_path / "absent.conf", store)
     assert warning == f"ignoring saved GPU settings in {store.path}: not a JSON object"
     assert settings.time_quantum_s == 20 and settings.gpu_overrides == ()
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [
+        ("4096", 4096),
+        ("512K", 512 << 10),
+        ("1600M", 1600 << 20),
+        ("40G", 40 << 30),
+        ("40GiB", 40 << 30),
+        ("1T", 1 << 40),
+        ("2 tb", 2 << 40),
+        ("none", 0),
+        ("0", 0),
+    ],
+)
+def test_the_scheduler_section_reads_memory_limit_with_every_suffix(tmp_path, text, size):
+    config = tmp_path / "nvshare.conf"
+    config.write_text(f"[scheduler]\nmemory_limit = {text}\n")
+    assert load_config(config).memory_limit_bytes == size
+
+
+def test_the_scheduler_section_reads_the_minimum_slice(tmp_path):
+    config = tmp_path / "nvshare.conf"
+    config.write_text("[scheduler]\nmin_slice_ms = 250\n")
+    assert load_config(config).min_slice_ms == 250
+    config.write_text("[scheduler]\nmin_slice_ms = soon\n")
+    with pytest.raises(SettingsError, match="min_slice_ms"):
+        load_config(config)

@@ -50,6 +50,19 @@ def test_busctl_reads_and_changes_anti_thrash(agent, bus):
     assert get_property(bus.address, "AntiThrash") == "b true"
 
 
+def test_busctl_reads_and_changes_anti_thrash_mode_and_the_boolean_follows(agent, bus):
+    # auto is the default; the boolean (clients from before the third value) reads it as on.
+    assert get_property(bus.address, "AntiThrashMode") == 's "auto"'
+    assert get_property(bus.address, "AntiThrash") == "b true"
+    for mode, boolean in (("off", "false"), ("on", "true"), ("auto", "true")):
+        busctl_on_agent(bus.address, "set-property", "AntiThrashMode", "s", mode)
+        assert get_property(bus.address, "AntiThrashMode") == f's "{mode}"'
+        assert get_property(bus.address, "AntiThrash") == f"b {boolean}"
+    # Setting the boolean picks on or off: what it always meant.
+    busctl_on_agent(bus.address, "set-property", "AntiThrash", "b", "true")
+    assert get_property(bus.address, "AntiThrashMode") == 's "on"'
+
+
 def test_busctl_reads_live_state(agent, bus):
     assert get_property(bus.address, "Gpus").startswith("a(sstauau) ")
     assert get_property(bus.address, "Clients") == "a(uuusa(sstd)) 0"
@@ -117,6 +130,8 @@ BAD_VALUES = [
     ("TimeQuantum", "double:2.5", "whole number of seconds"),
     ("AntiThrash", "string:maybe", "on or off"),
     ("AntiThrash", "uint32:1", "on or off"),
+    ("AntiThrashMode", "string:sometimes", "on, off or auto, got 'sometimes'"),
+    ("AntiThrashMode", "boolean:true", "on, off or auto"),
 ]
 
 

@@ -86,6 +86,38 @@ def test_original_flags_T_and_S_still_work(agent, bus):
     }
 
 
+def test_auto_comes_back_by_command_and_by_the_original_flag(agent, bus):
+    for off, auto in (
+        (["anti-thrash", "off"], ["anti-thrash", "auto"]),
+        (["-S", "off"], ["-S", "auto"]),
+    ):
+        assert nvsharectl(bus.address, *off).returncode == 0
+        assert get_property(bus.address, "AntiThrashMode") == 's "off"'
+        result = nvsharectl(bus.address, *auto)
+        assert result.returncode == 0, result.stderr
+        assert "anti-thrash: auto" in result.stdout
+        assert get_property(bus.address, "AntiThrashMode") == 's "auto"'
+
+
+def test_status_says_how_each_gpu_is_scheduled_and_why(agent, bus):
+    client = ShimClient(agent.socket_path, command="notebook")
+    client.send_raw(protocol.encode_gpu_memory(GPU0, 80 << 30))
+    client.report_memory(GPU0, 2 << 30)
+    client.request()
+    client.wait_grant()
+    wait_for(lambda: "mode:    shared (auto: memory fits" in nvsharectl(bus.address).stdout, "mode")
+    lines = nvsharectl(bus.address, "status").stdout.splitlines()
+    (mode,) = [line for line in lines if line.startswith("  mode:")]
+    # Its 2 GiB and the context's estimated 512 MiB, of the 80 GiB its shim reported.
+    assert mode == "  mode:    shared (auto: memory fits, 2.5 GiB of 80.0 GiB)"
+    busctl_on_agent(bus.address, "set-property", "AntiThrashMode", "s", "on")
+    wait_for(
+        lambda: "  mode:    exclusive (anti-thrash on)" in nvsharectl(bus.address).stdout,
+        "the mode line after anti-thrash on",
+    )
+    client.close()
+
+
 def test_values_the_agent_rejects_exit_2_with_its_sentence(agent, bus):
     for args, sentence in (
         (["set-tq", "0"], "time quantum must be 1..86400 seconds, got 0"),
