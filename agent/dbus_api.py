@@ -6,8 +6,9 @@ serves it as it is.  dbus-next only carries messages: one dispatcher here
 (DBusApi.handle) answers every method call that reaches the agent, so each
 call takes one path, which ARCHITECTURE.md walks through for a Set:
 
-    handle -> _set -> caller_may_change (the one permission check) -> _setting_change
-    -> Engine.change_settings -> ... -> Engine._notify -> publish_changes (PropertiesChanged)
+    handle -> _start_set -> _set -> caller_may_change (the one permission check)
+    -> _setting_change -> Engine.change_settings -> ... -> Engine._notify
+    -> publish_changes (PropertiesChanged)
 
 The permission check repeats the policy file's rule on purpose: a permissive
 or broken policy must not turn into anyone-may-set.
@@ -448,12 +449,11 @@ class DBusApi:
             raise DBusFailure(
                 ErrorType.PROPERTY_READ_ONLY.value, f"{prop_name} is read-only live state"
             )
-        change = _setting_change(prop_name, value)
-        task = asyncio.ensure_future(self._set(msg, prop_name, value, change))
+        task = asyncio.ensure_future(self._set(msg, prop_name, value))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _set(self, msg: Message, prop_name: str, value: Variant, change: dict) -> None:
+    async def _set(self, msg: Message, prop_name: str, value: Variant) -> None:
         try:
             uid = await self._caller_uid(msg.sender)
             if not await self.caller_may_change(uid):
@@ -462,6 +462,8 @@ class DBusApi:
                     f"changing nvshare settings needs root or group {names.ADMIN_GROUP} "
                     f"(caller uid {uid})",
                 )
+            # The value is looked at only for those who may change it.
+            change = _setting_change(prop_name, value)
             try:
                 await self._engine.change_settings(**change)
             except SettingsNotSaved as error:

@@ -47,7 +47,12 @@ def test_agent_refuses_unprivileged_set_that_a_loose_policy_lets_through(
     agent_on_permissive_bus, permissive_bus
 ):
     address = permissive_bus.address
-    for prop_name, value in (("TimeQuantum", "uint32:5"), ("AntiThrash", "boolean:false")):
+    # A bad value too: who may not change settings hears that, not what is wrong with it.
+    for prop_name, value in (
+        ("TimeQuantum", "uint32:5"),
+        ("AntiThrash", "boolean:false"),
+        ("TimeQuantum", "string:ten"),
+    ):
         result = set_property(address, prop_name, value, user=NOBODY)
         assert f"Error {names.ERROR_ACCESS_DENIED}: " in result.stderr
         assert "needs root or group nvshare-admin (caller uid 65534)" in result.stderr
