@@ -88,9 +88,12 @@ NO_OVERRIDES = GpuOverrides()
 GpuOverrideEntries = tuple[tuple[str, GpuOverrides], ...]
 
 
+DEFAULT_TIME_QUANTUM_S = 30
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
-    time_quantum_s: int = 30
+    time_quantum_s: int = DEFAULT_TIME_QUANTUM_S
     anti_thrash: AntiThrash = AntiThrash.AUTO
     idle_release_ms: int = 1000
     drop_grace_ms: int = DEFAULT_DROP_GRACE_MS

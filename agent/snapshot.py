@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .settings import DEFAULT_TIME_QUANTUM_S
+
 
 @dataclass(frozen=True, slots=True)
 class GpuSnapshot:
@@ -17,7 +19,7 @@ class GpuSnapshot:
     memory_capacity_bytes: int = 0  # what auto assumes the GPU has; 0: unknown
     memory_demand_bytes: int = 0  # what its clients (and others, by NVML) need
     # Its own settings where it has them, else the node-wide ones.
-    time_quantum_s: int = 30
+    time_quantum_s: int = DEFAULT_TIME_QUANTUM_S
     memory_limit_bytes: int = 0  # 0: none
     index: int = -1  # NVML's number for it; -1: not in the inventory
 
