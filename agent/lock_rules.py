@@ -67,8 +67,23 @@ class LockRules:
                 return client
         return None
 
+    def _holds_elsewhere(self, client: int, gpu: GpuState, turn_only: bool = False) -> bool:
+        """Whether the client holds another GPU's lock (its turn there, with turn_only):
+        one process working across GPUs, a pipeline or data parallel."""
+        for uuid in self.clients[client].gpus:  # the GPUs it named: at most MAX_GPUS
+            other = self.gpus.get(uuid) if uuid != gpu.uuid else None
+            held = other.holders.get(client) if other is not None else None
+            if held is not None and (held.turn or not turn_only):
+                return True
+        return False
+
     def _judge(self, gpu: GpuState, client: int, now: float) -> tuple[bool, bool]:
-        """(light, much lighter than the turn holder) for a request arriving now."""
+        """(light, much lighter than the turn holder) for a request arriving now.
+
+        A client whose turn it is on another GPU counts as light here: a process
+        working across GPUs needs them at once, and waiting here for a quantum would
+        leave its turn there idle.  Only beside the turn, while memory fits; it never
+        cuts an exclusive turn short for that (much_lighter stays its use's)."""
         if gpu.settings.anti_thrash is not AntiThrash.AUTO:
             return False, False
         holder = self._turn_holder(gpu)
@@ -76,12 +91,15 @@ class LockRules:
             return False, False  # nothing to cut in ahead of: it takes the turn
         used = self._usage(client, gpu.uuid, now)
         much_lighter = used < LIGHT_RATIO * self._usage(holder, gpu.uuid, now)
-        return used < LIGHT_FLOOR or much_lighter, much_lighter
+        light = used < LIGHT_FLOOR or much_lighter
+        return light or self._holds_elsewhere(client, gpu, turn_only=True), much_lighter
 
     def _still_light(self, gpu: GpuState, client: int, turn: int | None, now: float) -> bool:
         used = self._usage(client, gpu.uuid, now)
         if used < KEEP_LIGHT_FACTOR * LIGHT_FLOOR or turn is None:
             return True
+        if self._holds_elsewhere(client, gpu, turn_only=True):
+            return True  # as _judge: beside here for as long as its turn there lasts
         return used <= KEEP_LIGHT_FACTOR * LIGHT_RATIO * self._usage(turn, gpu.uuid, now)
 
     def _best_waiter(self, gpu: GpuState, now: float) -> int:
@@ -270,9 +288,14 @@ class LockRules:
         self, gpu: GpuState, client: int, held: Lease, now: float, actions: list[Action]
     ) -> None:
         """Others wait: release as soon as idle.  Only to shims that understand it
-        (an older one would take it for a drop and cut its turn short)."""
+        (an older one would take it for a drop and cut its turn short), and not while
+        it holds another GPU: a process working across GPUs leaves each idle while it
+        works on the other (a pipeline's stage), which is no sign it is done.  Its
+        shim's own idle release (idle_release_ms) and the quantum still apply."""
         state = self.clients[client]
         if held.yield_asked or not state.features & FEATURE_YIELD:
+            return
+        if self._holds_elsewhere(client, gpu):
             return
         held.yield_asked = True
         actions.append(

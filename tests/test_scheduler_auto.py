@@ -177,6 +177,54 @@ def test_a_client_beside_the_turn_is_asked_to_drop_once_it_is_no_longer_light():
     assert of(Queued, s.request(2, G0, now + 0.06)), "it now waits for the turn"
 
 
+def two_gpus_with_a_trainer_on_each_and_a_pipeline_over_both():
+    """Clients 1 and 2 train on G0 and G1 for 20 s; 3 is a pipeline naming both, whose
+    turn on G0 comes at 20 s (1 releases).  Returns the core and that turn's grant."""
+    s = Scheduler(AUTO)
+    s.add_gpu(G0, "GPU0", CAPACITY)
+    s.add_gpu(G1, "GPU1", CAPACITY)
+    for c, gpus in ((1, (G0,)), (2, (G1,)), (3, (G0, G1))):
+        s.connect(c, 100 + c, 1000, 1000)
+        s.hello(c, gpus, f"cmd{c}", 0.0, features=FEATURE_YIELD)
+    first = one(Grant, s.request(1, G0, 0.0))
+    one(Grant, s.request(2, G1, 0.0))
+    pipeline = one(Grant, s.request(3, G0, 0.0))  # new, so light: beside 1 at first
+    s.release(3, G0, pipeline.lease, 5.0)  # then busy: it waits for the turn
+    assert of(Queued, s.request(3, G0, 5.0))
+    turn = one(Grant, s.release(1, G0, first.lease, 20.0), client=3)
+    assert turn.role == "turn"
+    return s, turn
+
+
+def test_a_client_whose_turn_it_is_on_one_gpu_runs_beside_the_turn_on_its_other():
+    # A pipeline over two GPUs needs both at once: waiting a quantum on G1 would leave its
+    # turn on G0 idle.  Its use of G1 is a trainer's, yet it goes beside 2's turn there...
+    s, turn = two_gpus_with_a_trainer_on_each_and_a_pipeline_over_both()
+    beside = one(Grant, s.request(3, G1, 20.0))
+    assert (beside.role, beside.exclusive) == ("beside", False)
+    # ... and stays while that turn lasts, past any light check.
+    for now in (21.0, 25.0, 29.9):
+        assert not of(AskToDrop, s.tick(now))
+    # Its turn on G0 over, it is busy work beside 2's turn: asked to leave at the next look.
+    s.request(1, G0, 30.0)
+    drop = one(AskToDrop, s.tick(20.0 + TQ), client=3)
+    s.release(3, G0, turn.lease, 20.0 + TQ + 0.01)
+    later = 20.0 + TQ + 0.01 + LIGHT_CHECK_S
+    assert one(AskToDrop, s.tick(later), client=3).reason == "no longer light"
+    assert drop.gpu == G0
+
+
+def test_a_client_working_on_another_gpu_is_not_asked_to_release_when_idle():
+    # Each stage of a pipeline is idle while the other works: no sign that it is done.
+    s, turn = two_gpus_with_a_trainer_on_each_and_a_pipeline_over_both()
+    beside = one(Grant, s.request(3, G1, 20.0))
+    asked = s.request(1, G0, 20.5)  # 1 waits for G0 again
+    assert not [a for a in of(AskToDrop, asked) if a.when_idle_ms]
+    # Once it holds G0 alone, it is asked to release when idle as anyone else.
+    yielded = one(AskToDrop, s.release(3, G1, beside.lease, 21.0), client=3)
+    assert (yielded.gpu, yielded.when_idle_ms) == (G0, YIELD_IDLE_MS)
+
+
 def test_an_older_shim_is_never_asked_to_release_when_idle():
     s = make(features=0)
     now = hold_for(s, 1, 60.0, 0.0)
