@@ -31,8 +31,9 @@ standin:
 deps:
 	packaging/install-deps.sh deps-build.txt deps-test.txt
 
-# What building the .deb needs, and only that; marked automatically installed, so
-# that `apt autoremove` removes them (after `apt purge nvshare`, or at once).
+# What building the .deb needs, and only that, marked automatically installed, so
+# that `apt autoremove` removes them.  (make install brings them itself, and takes
+# those it brought away again once the .deb is installed.)
 build-deps:
 	packaging/install-deps.sh --auto deps-build.txt
 
@@ -93,8 +94,9 @@ deb:
 	$(MAKE) -C packaging deb
 
 # Fresh Debian 12 machine: build the .deb and install it (socket listening, preload
-# on), then say so.  The test tools are make check's.
-install: build-deps
+# on), remove the build tools it installed for that, then say so.  The test tools
+# are make check's.
+install:
 	@status=0; packaging/install.sh || status=$$?; packaging/give-back-checkout.sh; exit $$status
 
 clean:

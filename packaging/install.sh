@@ -1,13 +1,17 @@
 #!/bin/sh
-# `make install`: builds the .deb (its log in build/deb.log, shown only when the
-# build fails), installs it with apt and says what changed on the node.  The
-# build tools were installed and marked automatic just before (install-deps.sh
-# --auto).
+# `make install`: installs the build tools that are missing (deps-build.txt),
+# builds the .deb (its log in build/deb.log, shown only when the build fails),
+# installs it with apt, removes the build tools it brought, and says what
+# changed on the node.  What is left is nvshare and what it needs at run time:
+# `apt purge nvshare` and `apt autoremove` then leave the node as it was.
 set -eu
 top=$(cd "$(dirname "$0")/.." && pwd)
-shim=/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/libnvshare.so
 log=$top/build/deb.log
+brought=$top/build/build-deps-brought.txt
 mkdir -p "$top/build"
+# Marked automatic too: if the install stops half-way, `apt autoremove` still finds them.
+"$top/packaging/install-deps.sh" --auto --record "$brought" deps-build.txt
+shim=/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/libnvshare.so
 echo "nvshare: building the .deb (log: build/deb.log)"
 if ! make -s -C "$top" deb >"$log" 2>&1; then
     tail -n 25 "$log" >&2
@@ -24,9 +28,13 @@ chmod 0755 "$staging"
 cp "$deb" "$staging/"
 chmod 0644 "$staging/$(basename "$deb")"
 # HideAutoRemove: the build tools just marked automatic are no longer needed,
-# which apt would list here at length; the summary below says it in one line.
-DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o APT::Get::HideAutoRemove=1 \
-    "$staging/$(basename "$deb")"
+# which apt would list here at length; remove-brought.sh takes them away next.
+# No recommends: what nvshare's dependencies merely recommend (shared-mime-info
+# for GLib, ...) nvshare does not use, and they would hold on to build tools.
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    -o APT::Get::HideAutoRemove=1 "$staging/$(basename "$deb")"
+"$top/packaging/remove-brought.sh" "$brought"
+rm -f "$brought"
 
 version=$(dpkg-query -W -f='${Version}' nvshare)
 echo
