@@ -288,14 +288,15 @@ class LockRules:
         self, gpu: GpuState, client: int, held: Lease, now: float, actions: list[Action]
     ) -> None:
         """Others wait: release as soon as idle.  Only to shims that understand it
-        (an older one would take it for a drop and cut its turn short), and not while
-        it holds another GPU: a process working across GPUs leaves each idle while it
-        works on the other (a pipeline's stage), which is no sign it is done.  Its
-        shim's own idle release (idle_release_ms) and the quantum still apply."""
+        (an older one would take it for a drop and cut its turn short), and not to a
+        process working on several GPUs: it leaves each idle while it works on another
+        (a pipeline's stage), which is no sign it is done, and it may be granted its
+        next GPU only after this ask went out.  Its shim's own idle release
+        (idle_release_ms) and the quantum still apply."""
         state = self.clients[client]
         if held.yield_asked or not state.features & FEATURE_YIELD:
             return
-        if self._holds_elsewhere(client, gpu):
+        if len(state.active) > 1:
             return
         held.yield_asked = True
         actions.append(

@@ -35,9 +35,9 @@ Per GPU, by the anti-thrash setting (docs/scheduling.md has the diagrams):
   and no light waiter may cut in ahead of it, so every waiter is granted
   within quantum + n x (quantum + drop_grace), n the clients on the GPU
   (tests/test_scheduler_auto.py checks it under a random walk).  A client
-  whose turn it is on another GPU counts as light, and one holding another
-  GPU is not asked to release when idle: a process working across GPUs needs
-  them at once and leaves each idle while it works on the other.
+  whose turn it is on another GPU counts as light, and one with contexts on
+  several GPUs is not asked to release when idle: a process working across
+  GPUs needs them at once and leaves each idle while it works on another.
 
 Each GPU runs by its own settings (GpuState.settings): the node-wide ones with
 what the GPU sets for itself over them, by NVML index and, over that, by UUID.
@@ -245,11 +245,6 @@ class Scheduler(LockRules):
                 )
             ]
             self._update(gpu, now, actions)
-            # Its other GPUs: it may now be asked to yield there, or no longer be light.
-            for other_uuid in state.gpus:
-                other = self.gpus.get(other_uuid)
-                if other is not None and client in other.holders and other.waiters:
-                    self._update(other, now, actions)
             return actions
         if gpu and lease == 0 and client in gpu.waiters:
             del gpu.waiters[client]
