@@ -85,8 +85,10 @@ def solo(seconds, env, *trainer_args) -> dict:
 
 
 def rate_between(step_times, start, end) -> float:
-    inside = [t for t in step_times if start <= t <= end]
-    return (len(inside) - 1) / (inside[-1] - inside[0]) if len(inside) > 2 else float("nan")
+    """Steps finished in (start, end] over its whole length: a process that stopped
+    for a while inside it (waiting for a GPU) counts that time too."""
+    inside = sum(start < t <= end for t in step_times)
+    return inside / (end - start) if end > start else float("nan")
 
 
 def grant_summary(agent: Agent, pids: dict[str, int], uuids: list[str]) -> dict:
