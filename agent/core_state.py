@@ -25,6 +25,9 @@ class Lease:
     turn: bool = True
     release_when_idle: bool = False
     yield_asked: bool = False  # asked to release once idle (not a drop: no revoke follows)
+    # Its client held another GPU while it waited for this one: a process working
+    # across GPUs, never asked to release this lease once idle.
+    across_gpus: bool = False
 
 
 @dataclass(slots=True)

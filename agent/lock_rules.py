@@ -22,6 +22,8 @@ LIGHT_RATIO = 0.25
 KEEP_LIGHT_FACTOR = 2.0
 # auto: how often leases beside the turn are checked for still being light.
 LIGHT_CHECK_S = 0.25
+# A client that held another GPU this long before asking for one works across GPUs.
+ACROSS_GPUS_SLACK_S = 1.0
 # auto: a holder others wait for releases after this long idle (DROP_REQUEST
 # WHEN_IDLE), instead of idle_release_ms: a notebook's cell is over, the
 # trainer behind it should not wait a second for nothing.
@@ -67,13 +69,23 @@ class LockRules:
                 return client
         return None
 
-    def _holds_elsewhere(self, client: int, gpu: GpuState, turn_only: bool = False) -> bool:
-        """Whether the client holds another GPU's lock (its turn there, with turn_only):
-        one process working across GPUs, a pipeline or data parallel."""
+    def _turn_elsewhere_others_want(self, client: int, gpu: GpuState) -> bool:
+        """Whether it is the client's turn on another GPU that others wait for: one
+        process working across GPUs (a pipeline), whose turn there would go to waste
+        while it waited here.  (A turn nobody else wants there wastes nothing.)"""
         for uuid in self.clients[client].gpus:  # the GPUs it named: at most MAX_GPUS
             other = self.gpus.get(uuid) if uuid != gpu.uuid else None
             held = other.holders.get(client) if other is not None else None
-            if held is not None and (held.turn or not turn_only):
+            if held is not None and held.turn and other is not None and other.waiters:
+                return True
+        return False
+
+    def _held_elsewhere_since(self, client: int, gpu: GpuState, since: float) -> bool:
+        """Whether the client held another GPU at some time from `since` on."""
+        state = self.clients[client]
+        for uuid in state.gpus:
+            meter = state.usage.get(uuid) if uuid != gpu.uuid else None
+            if meter is not None and (meter.busy or meter.stamp >= since):
                 return True
         return False
 
@@ -92,14 +104,14 @@ class LockRules:
         used = self._usage(client, gpu.uuid, now)
         much_lighter = used < LIGHT_RATIO * self._usage(holder, gpu.uuid, now)
         light = used < LIGHT_FLOOR or much_lighter
-        return light or self._holds_elsewhere(client, gpu, turn_only=True), much_lighter
+        return light or self._turn_elsewhere_others_want(client, gpu), much_lighter
 
     def _still_light(self, gpu: GpuState, client: int, turn: int | None, now: float) -> bool:
         used = self._usage(client, gpu.uuid, now)
         if used < KEEP_LIGHT_FACTOR * LIGHT_FLOOR or turn is None:
             return True
-        if self._holds_elsewhere(client, gpu, turn_only=True):
-            return True  # as _judge: beside here for as long as its turn there lasts
+        if self._turn_elsewhere_others_want(client, gpu):
+            return True  # as _judge: beside here while its turn there lasts
         return used <= KEEP_LIGHT_FACTOR * LIGHT_RATIO * self._usage(turn, gpu.uuid, now)
 
     def _best_waiter(self, gpu: GpuState, now: float) -> int:
@@ -245,8 +257,17 @@ class LockRules:
         self._last_lease += 1
         auto = gpu.settings.anti_thrash is AntiThrash.AUTO
         release_when_idle = auto and mode == SHARED
+        # A pipeline asks for its next GPU a few milliseconds into its turn here: too
+        # late for a release-when-idle ask sent at the grant.  What it held while it
+        # waited (or just before it asked) tells instead.
+        since = waiter.requested_at - ACROSS_GPUS_SLACK_S
         gpu.holders[client] = Lease(
-            self._last_lease, mode, now, turn=turn, release_when_idle=release_when_idle
+            self._last_lease,
+            mode,
+            now,
+            turn=turn,
+            release_when_idle=release_when_idle,
+            across_gpus=self._held_elsewhere_since(client, gpu, since),
         )
         state = self.clients[client]
         self._meter(state, gpu.uuid).start(now)
@@ -296,7 +317,7 @@ class LockRules:
         state = self.clients[client]
         if held.yield_asked or not state.features & FEATURE_YIELD:
             return
-        if len(state.active) > 1:
+        if held.across_gpus or self._held_elsewhere_since(client, gpu, now):
             return
         held.yield_asked = True
         actions.append(

@@ -31,7 +31,6 @@ from nvshare_agent.settings import AntiThrash, GpuOverrides, Settings
 from nvshare_agent.usage import USAGE_WINDOW_S, UsageMeter
 
 G0, G1 = b"\x00" * 15 + b"\x01", b"\x00" * 15 + b"\x02"
-G1_ID = "GPU-00000000-0000-0000-0000-000000000002"  # G1 as an admin names it
 GIB = 1 << 30
 TQ, GRACE, MIN_SLICE = 30, 5.0, 0.1
 AUTO = Settings(
@@ -178,8 +177,10 @@ def test_a_client_beside_the_turn_is_asked_to_drop_once_it_is_no_longer_light():
 
 
 def two_gpus_with_a_trainer_on_each_and_a_pipeline_over_both():
-    """Clients 1 and 2 train on G0 and G1 for 20 s; 3 is a pipeline naming both, whose
-    turn on G0 comes at 20 s (1 releases).  Returns the core and that turn's grant."""
+    """Clients 1 and 2 train on G0 and G1; 3 is a pipeline over both.  New, it runs beside
+    each turn; no longer light on G0 at 5 s, it asks for G0's turn again while it still
+    holds G1, then leaves G1 too (at 12 s); its turn on G0 comes at 20 s (1 releases).
+    Returns the core and that turn's grant."""
     s = Scheduler(AUTO)
     s.add_gpu(G0, "GPU0", CAPACITY)
     s.add_gpu(G1, "GPU1", CAPACITY)
@@ -188,44 +189,70 @@ def two_gpus_with_a_trainer_on_each_and_a_pipeline_over_both():
         s.hello(c, gpus, f"cmd{c}", 0.0, features=FEATURE_YIELD)
     first = one(Grant, s.request(1, G0, 0.0))
     one(Grant, s.request(2, G1, 0.0))
-    for gpu in (G0, G1):  # its layers, half on each GPU: its shim reports them
-        s.memory_report(3, gpu, GIB, 0, 0.0)
-    pipeline = one(Grant, s.request(3, G0, 0.0))  # new, so light: beside 1 at first
-    s.release(3, G0, pipeline.lease, 5.0)  # then busy: it waits for the turn
+    stage0 = one(Grant, s.request(3, G0, 0.0))
+    stage1 = one(Grant, s.request(3, G1, 0.01))
+    assert (stage0.role, stage1.role) == ("beside", "beside")
+    s.release(3, G0, stage0.lease, 5.0)
     assert of(Queued, s.request(3, G0, 5.0))
+    s.release(3, G1, stage1.lease, 12.0)  # its use of G1 is a trainer's now
     turn = one(Grant, s.release(1, G0, first.lease, 20.0), client=3)
     assert turn.role == "turn"
     return s, turn
 
 
-def test_a_client_whose_turn_it_is_on_one_gpu_runs_beside_the_turn_on_its_other():
+def test_a_client_whose_turn_others_want_on_one_gpu_runs_beside_the_turn_on_its_other():
     # A pipeline over two GPUs needs both at once: waiting a quantum on G1 would leave its
-    # turn on G0 idle.  Its use of G1 is a trainer's, yet it goes beside 2's turn there...
+    # turn on G0, which 1 waits for, idle.  Its use of G1 is a trainer's, yet it goes beside
+    # 2's turn there...
     s, turn = two_gpus_with_a_trainer_on_each_and_a_pipeline_over_both()
-    beside = one(Grant, s.request(3, G1, 20.0))
+    s.request(1, G0, 20.01)
+    beside = one(Grant, s.request(3, G1, 20.02))
     assert (beside.role, beside.exclusive) == ("beside", False)
     # ... and stays while that turn lasts, past any light check.
     for now in (21.0, 25.0, 29.9):
         assert not of(AskToDrop, s.tick(now))
     # Its turn on G0 over, it is busy work beside 2's turn: asked to leave at the next look.
-    s.request(1, G0, 30.0)
     drop = one(AskToDrop, s.tick(20.0 + TQ), client=3)
+    assert drop.gpu == G0
     s.release(3, G0, turn.lease, 20.0 + TQ + 0.01)
     later = 20.0 + TQ + 0.01 + LIGHT_CHECK_S
     assert one(AskToDrop, s.tick(later), client=3).reason == "no longer light"
-    assert drop.gpu == G0
+
+
+def test_a_turn_nobody_else_wants_makes_no_one_light_elsewhere():
+    s, turn = two_gpus_with_a_trainer_on_each_and_a_pipeline_over_both()
+    # Nobody waits for G0: holding it idle while waiting for G1's turn wastes nothing.
+    assert of(Queued, s.request(3, G1, 20.02))
 
 
 def test_a_client_working_on_several_gpus_is_not_asked_to_release_when_idle():
     # Each stage of a pipeline is idle while the other works: no sign that it is done.  It
-    # is asked neither while it holds G1 nor in the moment before it asks for G1 again
-    # (the ask could not be taken back once G1 is granted).
+    # is not asked in the moment before it asks for G1 again either (the ask could not be
+    # taken back once G1 is granted): it held G1 while it waited for G0.
     s, turn = two_gpus_with_a_trainer_on_each_and_a_pipeline_over_both()
     asked = s.request(1, G0, 20.01)  # 1 waits for G0 again at once
     beside = one(Grant, s.request(3, G1, 20.02))
     asked += s.release(3, G1, beside.lease, 21.0) + s.tick(21.0)
     assert not [a for a in of(AskToDrop, asked) if a.when_idle_ms], asked
-    # (A client on one GPU is asked as before: test_the_trainer_comes_back_once_...)
+
+
+def test_a_gpu_used_long_ago_does_not_make_a_client_work_across_gpus():
+    # PyTorch's context on cuda:0 at start, then training on cuda:1: a client like any.
+    s = Scheduler(AUTO)
+    s.add_gpu(G0, "GPU0", CAPACITY)
+    s.add_gpu(G1, "GPU1", CAPACITY)
+    s.connect(1, 101, 1000, 1000)
+    s.hello(1, (G0, G1), "cmd1", 0.0, features=FEATURE_YIELD)
+    stray = one(Grant, s.request(1, G0, 0.0))
+    s.release(1, G0, stray.lease, 1.0, idle_ms=1000)
+    one(Grant, s.request(1, G1, 10.0))
+    assert s.gpus[G1].holders[1].across_gpus is False
+    # Held until just before it asked: it works across GPUs.
+    held = one(Grant, s.request(1, G0, 10.5))
+    s.release(1, G0, held.lease, 11.0)
+    s.release(1, G1, s.gpus[G1].holders[1].number, 11.2)
+    one(Grant, s.request(1, G1, 11.5))
+    assert s.gpus[G1].holders[1].across_gpus is True
 
 
 def test_an_older_shim_is_never_asked_to_release_when_idle():
@@ -481,59 +508,77 @@ def test_a_light_waiter_while_beside_holders_drain_sets_no_deadline_that_is_alre
     assert drop.reason == "light work waits"
 
 
+GPUS = [bytes(15) + bytes([i + 1]) for i in range(3)]
+GPU_IDS = [f"GPU-00000000-0000-0000-0000-00000000000{i + 1}" for i in range(3)]
+
+
 @pytest.mark.parametrize("seed", range(100))
 def test_no_sequence_of_events_leaves_a_deadline_that_is_already_due(seed):
-    """Every kind of event, on two GPUs, under every mode and switches between them
-    (node-wide and per GPU), quanta and slices changing, memory crossing the line both
+    """Every kind of event, on three GPUs with clients on one, two or all of them, under
+    every mode and switches between them (node-wide and per GPU), quanta, slices and
+    graces down to 0, memory (the clients' and others' by NVML) crossing the line both
     ways: each tick() acts on what is due and returns, leaving no deadline due.  A
     deadline that the rules do not act on would come back at once for ever: the agent
     would spin in tick() instead of scheduling."""
     rng = random.Random(seed)
-    s = Scheduler(AUTO)
-    s.add_gpu(G0, "GPU0", 8 * GIB)
-    s.add_gpu(G1, "GPU1", 8 * GIB)
+    base = AUTO.replaced(
+        time_quantum_s=rng.choice((1, 2, 30)),
+        drop_grace_ms=rng.choice((0, 1, 500)),
+        min_slice_ms=rng.choice((0, 1, 100)),
+    )
+    s = Scheduler(base)
+    for uuid in GPUS:
+        s.add_gpu(uuid, "GPU", 8 * GIB)
     tick = spin_guarded_tick(s)
     now, ids, clients = 0.0, itertools.count(1), set()
-    modes = (AntiThrash.AUTO, AntiThrash.AUTO, AntiThrash.AUTO, AntiThrash.ON, AntiThrash.OFF)
-    for _ in range(1500):
-        now += rng.choice((0.0, 0.001, 0.05, 0.1, 0.5, 2.0))
-        due = s.next_deadline()
-        if due is not None and due <= now:
-            tick(due if rng.random() < 0.5 else now)
-        gpu = rng.choice((G0, G1))
+    modes = (AntiThrash.AUTO,) * 4 + (AntiThrash.ON, AntiThrash.OFF)
+    for _ in range(2000):
+        now += rng.choice((0.0, 0.0, 0.001, 0.05, 0.1, 0.25, 1.0, 3.0))
+        tick(now)
+        gpu = rng.choice(GPUS)
         event = rng.random()
         if event < 0.08 or not clients:
             c = next(ids)
             s.connect(c, 100 + c, 1000, 1000, now)
-            s.hello(c, (G0, G1), "x", now, features=rng.choice((0, FEATURE_YIELD)))
+            named = tuple(rng.sample(GPUS, rng.choice((1, 2, 3))))
+            s.hello(c, named, "x", now, features=rng.choice((0, FEATURE_YIELD, FEATURE_YIELD)))
             clients.add(c)
-        elif event < 0.13:
+        elif event < 0.12:
             c = rng.choice(sorted(clients))
             s.disconnect(c, now)
             clients.discard(c)
-        elif event < 0.5:
+        elif event < 0.45:
             c = rng.choice(sorted(clients))
-            if c not in s.gpus[gpu].holders and c not in s.gpus[gpu].waiters:
+            g = s.gpus[gpu]
+            if gpu in s.clients[c].gpus and c not in g.holders and c not in g.waiters:
                 s.request(c, gpu, now)
-        elif event < 0.8:
+        elif event < 0.7:
             holders = s.gpus[gpu].holders
             if holders:
                 c = rng.choice(sorted(holders))
                 s.release(c, gpu, holders[c].number, now, idle_ms=rng.choice((0, 50, 2000)))
+        elif event < 0.75:
+            waiters = s.gpus[gpu].waiters
+            if waiters:
+                s.release(rng.choice(sorted(waiters)), gpu, 0, now)  # withdrawn
         elif event < 0.95:
             c = rng.choice(sorted(clients))
-            s.memory_report(c, gpu, rng.choice((0, 1, 3, 5, 9)) * GIB, 0, now)
+            if gpu in s.clients[c].gpus:
+                s.memory_report(c, gpu, rng.choice((0, 1, 3, 5, 9)) * GIB, 0, now)
+        elif event < 0.97:
+            s.nvml_processes({gpu: {99999: rng.choice((0, 4, 9)) * GIB}}, now)
         else:
-            settings = AUTO.replaced(
+            settings = base.replaced(
                 anti_thrash=rng.choice(modes),
                 time_quantum_s=rng.choice((1, 2, 30)),
-                min_slice_ms=rng.choice((0, 100, 5000)),
-                drop_grace_ms=rng.choice((0, 500, 5000)),
+                min_slice_ms=rng.choice((0, 1, 100, 5000)),
+                drop_grace_ms=rng.choice((0, 1, 500)),
             )
             if rng.random() < 0.5:
                 own = GpuOverrides(anti_thrash=rng.choice(modes), time_quantum_s=rng.choice((1, 5)))
-                settings = settings.with_gpu_overrides([(G1_ID, own)])
+                settings = settings.with_gpu_overrides([(GPU_IDS[1], own)])
             s.change_settings(settings, now)
+        tick(now)
 
 
 # ---------------------------------------------------------------- bounds on what clients make us track
