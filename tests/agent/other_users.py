@@ -59,8 +59,10 @@ def readable_python_path() -> Path:
 
 def python_as(user: list[str], *args: str) -> list[str]:
     """A command running the system's Python as user (a setpriv prefix) on args; pass
-    other_user_env() as its environment."""
-    return [*user, os.path.realpath(sys.executable), "-s", *args]
+    other_user_env() as its environment.  -P: the working folder (the test's, maybe in
+    a 0700 home) is not put on sys.path; Python 3.11 stops with a PermissionError at the
+    first import when the user cannot enter it (sudo make check in an admin's checkout)."""
+    return [*user, os.path.realpath(sys.executable), "-s", "-P", *args]
 
 
 def other_user_env(**extra: str) -> dict:
