@@ -35,9 +35,10 @@ Per GPU, by the anti-thrash setting (docs/scheduling.md has the diagrams):
   and no light waiter may cut in ahead of it, so every waiter is granted
   within quantum + n x (quantum + drop_grace), n the clients on the GPU
   (tests/test_scheduler_auto.py checks it under a random walk).  A client
-  whose turn it is on another GPU counts as light, and one with contexts on
-  several GPUs is not asked to release when idle: a process working across
-  GPUs needs them at once and leaves each idle while it works on another.
+  whose turn on another GPU others wait for counts as light, and one that
+  holds another GPU (or held one while it waited) is not asked to release
+  when idle: a process working across GPUs needs them at once and leaves
+  each idle while it works on another.
 
 Each GPU runs by its own settings (GpuState.settings): the node-wide ones with
 what the GPU sets for itself over them, by NVML index and, over that, by UUID.
