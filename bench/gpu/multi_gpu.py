@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 
@@ -31,6 +30,7 @@ from run import (
     drop_stats,
     environment,
     finish_json,
+    nvidia_smi_rows,
     percentile,
     run_json,
     run_phases,
@@ -49,17 +49,10 @@ SOLO_S, PAIR_S, SPLIT_S = 16, 30, 40
 
 def gpus() -> list[dict]:
     """Each GPU as nvidia-smi (PCI order) lists it: index, UUID, free memory."""
-    listed = subprocess.run(
-        ["nvidia-smi", "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    found = []
-    for line in listed.splitlines():
-        index, uuid, free = (field.strip() for field in line.split(","))
-        found.append({"index": int(index), "uuid": uuid, "free_mib": int(free)})
-    return found
+    return [
+        {"index": int(index), "uuid": uuid, "free_mib": int(free)}
+        for index, uuid, free in nvidia_smi_rows("--query-gpu=index,uuid,memory.free")
+    ]
 
 
 def check_gpus(found: list[dict]) -> None:

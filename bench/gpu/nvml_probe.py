@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from run import SHIM
+from run import SHIM, nvidia_smi_rows
 
 CHILD = """
 import sys, time, torch
@@ -28,15 +28,8 @@ time.sleep(30)
 
 
 def nvml_used_mib(pid: int) -> int | None:
-    out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    for line in out.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if fields and fields[0] == str(pid):
+    for fields in nvidia_smi_rows("--query-compute-apps=pid,used_memory"):
+        if fields[0] == str(pid):
             return int(fields[1])
     return None
 

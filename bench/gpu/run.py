@@ -535,6 +535,18 @@ def notebook_beside_trainer(
     }
 
 
+def nvidia_smi_rows(query: str) -> list[list[str]]:
+    """nvidia-smi's answer to one --query-... option (CSV, no header, no units): a row of
+    stripped fields per GPU or process."""
+    out = subprocess.run(
+        ["nvidia-smi", query, "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [[field.strip() for field in line.split(",")] for line in out.splitlines() if line]
+
+
 def check_memory() -> int:
     free_mib = int(
         subprocess.run(
