@@ -5,9 +5,11 @@
 # --auto: the packages this run installs are marked automatically installed
 # (apt-mark auto), so that `apt autoremove` removes them once nothing needs
 # them; those that were there before keep their mark.
-# --record FILE: FILE lists the packages this run installed, one a line (empty
-# when none): `make install` removes those again once the .deb is installed.
+# --record FILE: FILE gets the packages this run installed added to it, one a
+# line: `make install` removes those again once the .deb is installed (and only
+# then deletes FILE, so a build that failed and is run again still knows them).
 set -eu
+export LC_ALL=C
 here=$(dirname "$0")
 auto=no
 record=""
@@ -19,7 +21,6 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ $# -gt 0 ] || { echo "usage: $0 [--auto] [--record FILE] LIST..." >&2; exit 2; }
-[ -z "$record" ] || : >"$record"
 missing=""
 for list in "$@"; do
     for pkg in $(grep -v '^#' "$here/$list"); do
@@ -32,16 +33,25 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 echo "nvshare: installing$missing"
-# Everything installed before, to tell what this run brings (dependencies included).
+# Every package dpkg knew before, installed or not quite (config files left,
+# half-installed), by name alone: none of those is counted as brought, so none is
+# ever removed again.  (By name alone: a package whose Multi-Arch changes in an
+# upgrade here would otherwise look new.)
 before=$(mktemp)
 trap 'rm -f "$before"' EXIT
-dpkg-query -W -f='${db:Status-Abbrev} ${binary:Package}\n' | awk '$1 == "ii" {print $2}' | sort >"$before"
+dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' | awk '$1 !~ /^[up]n/ {print $2}' | sort -u >"$before"
 apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
-brought=$(dpkg-query -W -f='${db:Status-Abbrev} ${binary:Package}\n' | awk '$1 == "ii" {print $2}' \
-    | sort | comm -13 "$before" -)
-[ -z "$record" ] || echo "$brought" >"$record"
-if [ "$auto" = yes ]; then
+status=0
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null || status=$?
+# What is installed now and was not before, also when the install stopped half-way.
+brought=$(dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${binary:Package}\n' \
+    | awk '$1 == "ii" {print $2, $3}' | sort -k1,1 | join -v 1 - "$before" | cut -d' ' -f2)
+if [ -n "$record" ] && [ -n "$brought" ]; then
+    { cat "$record" 2>/dev/null || true; echo "$brought"; } | sort -u >"$record.new"
+    mv "$record.new" "$record"
+fi
+if [ "$auto" = yes ] && [ -n "$brought" ]; then
     # shellcheck disable=SC2086 # one package name a word
     apt-mark auto $brought >/dev/null
 fi
+exit $status

@@ -9,7 +9,8 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 log=$top/build/deb.log
 brought=$top/build/build-deps-brought.txt
 mkdir -p "$top/build"
-# Marked automatic too: if the install stops half-way, `apt autoremove` still finds them.
+# Recorded (and marked automatic) even when this run stops half-way, so that the
+# next one removes them too.
 "$top/packaging/install-deps.sh" --auto --record "$brought" deps-build.txt
 shim=/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/libnvshare.so
 echo "nvshare: building the .deb (log: build/deb.log)"
@@ -33,8 +34,14 @@ chmod 0644 "$staging/$(basename "$deb")"
 # for GLib, ...) nvshare does not use, and they would hold on to build tools.
 DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
     -o APT::Get::HideAutoRemove=1 "$staging/$(basename "$deb")"
-"$top/packaging/remove-brought.sh" "$brought"
-rm -f "$brought"
+# nvshare is installed by now: a removal that fails (apt's lock held by
+# unattended-upgrades, say) is said, and the next make install tries again.
+if "$top/packaging/remove-brought.sh" "$brought"; then
+    rm -f "$brought"
+else
+    echo "nvshare: could not remove the build tools it installed (listed in $brought);" \
+        "'sudo make install' again tries once more" >&2
+fi
 
 version=$(dpkg-query -W -f='${Version}' nvshare)
 echo

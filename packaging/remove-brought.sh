@@ -6,13 +6,14 @@
 # Only if apt would remove exactly those and nothing else; otherwise they stay
 # (marked automatic) and it says so.
 set -eu
+export LC_ALL=C
 list=${1:?usage: $0 FILE}
 [ -s "$list" ] || exit 0
 arch=$(dpkg --print-architecture)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # dpkg names Multi-Arch: same packages name:arch, apt's simulation may not.
-names() { sed -e "s/:$arch\$//" -e '/^$/d' | sort -u; }
+names() { sed -e "s/:$arch\$//" -e 's/:all$//' -e '/^$/d' | sort -u; }
 names <"$list" >"$work/brought"
 # What nothing depends on.  apt's own autoremove also keeps whatever any installed
 # package merely recommends or suggests (apt suggests dpkg-dev, which recommends
@@ -25,7 +26,7 @@ comm -12 "$work/brought" "$work/unneeded" >"$work/remove"
 # shellcheck disable=SC2046 # one package name a word
 apt-get -s purge $(cat "$work/remove") 2>/dev/null | awk '$1 == "Purg" {print $2}' | names >"$work/would"
 if ! cmp -s "$work/remove" "$work/would"; then
-    echo "nvshare: left the $(wc -l <"$work/brought") build packages installed: removing them would also take" \
+    echo "nvshare: left the $(wc -l <"$work/remove") build packages installed: removing them would also take" \
         "$(comm -13 "$work/remove" "$work/would" | tr '\n' ' ')and keep $(comm -23 "$work/remove" "$work/would" | tr '\n' ' ')"
     exit 0
 fi
