@@ -92,9 +92,9 @@ class LockRules:
     def _judge(self, gpu: GpuState, client: int, now: float) -> tuple[bool, bool]:
         """(light, much lighter than the turn holder) for a request arriving now.
 
-        A client whose turn it is on another GPU counts as light here: a process
-        working across GPUs needs them at once, and waiting here for a quantum would
-        leave its turn there idle.  Only beside the turn, while memory fits; it never
+        A client whose turn it is on another GPU, a turn others wait for there, counts
+        as light here: a process working across GPUs needs them at once, and waiting
+        here for a quantum would leave its turn there idle.  Only beside the turn, while memory fits; it never
         cuts an exclusive turn short for that (much_lighter stays its use's)."""
         if gpu.settings.anti_thrash is not AntiThrash.AUTO:
             return False, False
