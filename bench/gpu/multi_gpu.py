@@ -116,6 +116,15 @@ def drops_per_gpu(agent: Agent, uuids: list[str]) -> dict:
     return found
 
 
+def lock_figures(agent: Agent, pids: dict[str, int], uuids: list[str]) -> dict:
+    """What the agent's log says of a phase: grants per process, drops per GPU, revokes."""
+    return {
+        "grants": grant_summary(agent, pids, uuids),
+        "drops_per_gpu": drops_per_gpu(agent, uuids),
+        "revokes": len(agent.events("revoke")),
+    }
+
+
 def two_trainers(workdir: pathlib.Path, uuids: list[str]) -> dict:
     agent = Agent(workdir, time_quantum_s=30, anti_thrash="auto")
     try:
@@ -128,9 +137,7 @@ def two_trainers(workdir: pathlib.Path, uuids: list[str]) -> dict:
         ]
         results = [finish_json(process) for process in processes]
         pids = {f"trainer_gpu{index}": p.pid for index, p in enumerate(processes)}
-        grants = grant_summary(agent, pids, uuids)
-        drops = drops_per_gpu(agent, uuids)
-        revokes = len(agent.events("revoke"))
+        figures = lock_figures(agent, pids, uuids)
     finally:
         agent.stop()
     # Both training: from the later one's fourth step to the earlier one's last.
@@ -139,9 +146,7 @@ def two_trainers(workdir: pathlib.Path, uuids: list[str]) -> dict:
     return {
         "window_s": end - start,
         "steps_per_s": [rate_between(r["step_times"], start, end) for r in results],
-        "grants": grants,
-        "drops_per_gpu": drops,
-        "revokes": revokes,
+        **figures,
     }
 
 
@@ -171,9 +176,7 @@ def split_beside(workdir: pathlib.Path, uuids: list[str]) -> dict:
         results = [finish_json(process, timeout=120) for process in trainers]
         pids = {f"trainer_gpu{i}": p.pid for i, p in enumerate(trainers)}
         pids["split"] = split_process.pid
-        grants = grant_summary(agent, pids, uuids)
-        drops = drops_per_gpu(agent, uuids)
-        revokes = len(agent.events("revoke"))
+        figures = lock_figures(agent, pids, uuids)
         modes = [e.get("mode") for e in agent.events("mode")]
     finally:
         agent.stop()
@@ -183,9 +186,7 @@ def split_beside(workdir: pathlib.Path, uuids: list[str]) -> dict:
         "window_s": end - start,
         "split_steps_per_s": rate_between(split["step_times"], start, end),
         "trainer_steps_per_s": [rate_between(r["step_times"], start, end) for r in results],
-        "grants": grants,
-        "drops_per_gpu": drops,
-        "revokes": revokes,
+        **figures,
         "auto_modes": modes,
     }
 
