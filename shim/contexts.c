@@ -154,6 +154,18 @@ void nvshare_in_each_context(int gpu, void (*fn)(int gpu, int slot, void *arg), 
     pthread_mutex_unlock(&gpus[gpu].mutex);
 }
 
+int nvshare_try_in_each_context(int gpu, void (*fn)(int gpu, int slot, void *arg), void *arg)
+{
+    if (pthread_mutex_trylock(&gpus[gpu].mutex) != 0)
+        return 0;
+    for (int slot = 0; slot < NVSHARE_CONTEXT_SLOTS; slot++) {
+        if (gpus[gpu].slots[slot] != NULL)
+            run_in(gpu, slot, fn, arg);
+    }
+    pthread_mutex_unlock(&gpus[gpu].mutex);
+    return 1;
+}
+
 int nvshare_in_one_context(int gpu, void (*fn)(int gpu, int slot, void *arg), void *arg)
 {
     pthread_mutex_lock(&gpus[gpu].mutex);

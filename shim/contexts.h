@@ -27,6 +27,8 @@ int nvshare_current_context_slot(void);
 /* Calls fn with each tracked context of gpu pushed current in turn.  No
  * context can be destroyed meanwhile (its destroy waits). */
 void nvshare_in_each_context(int gpu, void (*fn)(int gpu, int slot, void *arg), void *arg);
+/* The same, unless another thread holds the GPU's contexts: then 0, nothing run. */
+int nvshare_try_in_each_context(int gpu, void (*fn)(int gpu, int slot, void *arg), void *arg);
 
 /* The same with one of them: the one that took its slot last.  0 when gpu
  * has none (or it could not be made current). */

@@ -44,6 +44,7 @@
 #include "memory_accounting.h"
 #include "nvshare_protocol.h"
 #include "shim_threads.h"
+#include "usage_meter.h"
 
 #define LIVENESS_MS 3000.0
 
@@ -98,6 +99,7 @@ static void connect_to_agent(int first_attempt)
     agent_features = 0;
     keepalive_ms = 0;
     answered = 0;
+    nvshare_usage_reset();
     heard_at_ms = nvshare_now_ms();
     if (nvshare_link_hello() != 0) {
         lose_agent("hello not sent");
@@ -149,6 +151,18 @@ static void agent_silent(double bound_ms)
 
 /* ---- what the lock machines ask for ----------------------------------------------------- */
 
+/* gpu's GPU time to an agent that takes it (usage_meter.c): every ~100 ms while it
+ * changes, or now (force). */
+static void send_usage(int gpu, int force)
+{
+    struct nvshare_gpu_usage usage = {.gpu = *nvshare_gpu_uuid(gpu)};
+    if (!(agent_features & NVSHARE_FEATURE_USAGE) ||
+        !nvshare_usage_take_report(gpu, nvshare_now_ms(), force, &usage.busy_us))
+        return;
+    if (nvshare_link_send(NVSHARE_MSG_GPU_USAGE, &usage, sizeof usage) != 0)
+        lose_agent("gpu usage not sent");
+}
+
 /* Sends the frames jobs ask for, and hands posted work to the GPU's worker.
  * 0, or -1 when the agent was lost. */
 static int carry_out(int gpu, const struct nvshare_lock_jobs *jobs)
@@ -162,6 +176,10 @@ static int carry_out(int gpu, const struct nvshare_lock_jobs *jobs)
                 return -1;
             }
         } else if (job->kind == NVSHARE_JOB_SEND_RELEASED) {
+            /* The agent decides who goes next at RELEASED: its figure must be current. */
+            send_usage(gpu, 1);
+            if (!nvshare_link_up())
+                return -1;
             if (nvshare_link_send_lock(NVSHARE_MSG_RELEASED, gpu, job->lease, job->idle_ms) != 0) {
                 lose_agent("release not sent");
                 return -1;
@@ -214,6 +232,16 @@ static void send_gpu_memory(void)
         if (nvshare_link_send(NVSHARE_MSG_GPU_MEMORY, &memory, sizeof memory) != 0)
             lose_agent("gpu memory not sent");
     }
+}
+
+/* Samples the GPU time of every GPU in use and reports what changed.  Returns
+ * the poll timeout until the next sample. */
+static int measure_usage(void)
+{
+    int next = nvshare_usage_sample(nvshare_now_ms());
+    for (int gpu = 0; gpu < nvshare_gpu_count() && nvshare_link_up(); gpu++)
+        send_usage(gpu, 0);
+    return next;
 }
 
 static void send_memory_reports(void)
@@ -412,6 +440,11 @@ void *nvshare_client_main(void *unused)
             }
             if (nvshare_link_up())
                 timeout = release_idle_gpus();
+            if (nvshare_link_up() && (agent_features & NVSHARE_FEATURE_USAGE)) {
+                int sample_in = measure_usage();
+                if (sample_in >= 0 && (timeout < 0 || sample_in < timeout))
+                    timeout = sample_in;
+            }
         }
         double now = nvshare_now_ms(), deadline = silent_deadline_ms();
         if (nvshare_link_up() && deadline > 0) {

@@ -58,7 +58,10 @@ enum nvshare_message_type {
     /* shim -> agent: a GPU's total memory; only to an agent that announced GPU_MEMORY */
     NVSHARE_MSG_GPU_MEMORY = 11,
     /* agent -> shim: "still here", to a shim that announced KEEPALIVE, while it waits */
-    NVSHARE_MSG_KEEPALIVE = 12
+    NVSHARE_MSG_KEEPALIVE = 12,
+    /* shim -> agent: how long this process kept a GPU busy; only to an agent that announced
+     * USAGE */
+    NVSHARE_MSG_GPU_USAGE = 13
 };
 
 /* Additions a peer announces: the shim in HELLO.features, the agent in
@@ -68,7 +71,9 @@ enum nvshare_features {
     NVSHARE_FEATURE_YIELD = 1,
     NVSHARE_FEATURE_GPU_MEMORY = 2, /* agent: takes GPU_MEMORY frames */
     /* shim: wants KEEPALIVE while it waits; agent: sends them, every WELCOME.keepalive_ms */
-    NVSHARE_FEATURE_KEEPALIVE = 4
+    NVSHARE_FEATURE_KEEPALIVE = 4,
+    /* shim: measures its GPU time; agent: takes GPU_USAGE frames and schedules by them */
+    NVSHARE_FEATURE_USAGE = 8
 };
 
 enum nvshare_grant_flags {
@@ -169,6 +174,16 @@ struct nvshare_keepalive {
     uint32_t reserved;
 };
 
+/* NVSHARE_MSG_GPU_USAGE: the GPU time this process has kept a GPU busy with since it
+ * connected (work submitted and not yet finished: kernels, copies, a thread inside a gated
+ * call), sampled by the shim every few milliseconds while it holds the GPU.  A running total,
+ * so a lost or late frame loses nothing: the agent takes differences.  Sent every
+ * ~100 ms while it changes, and before each RELEASED. */
+struct nvshare_gpu_usage {
+    struct nvshare_gpu_uuid gpu;
+    uint64_t busy_us;
+};
+
 /* NVSHARE_MSG_ERROR */
 struct nvshare_error {
     uint32_t code; /* enum nvshare_error_code */
@@ -191,5 +206,6 @@ NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_error) == 136, "error layout");
 NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_welcome) == 8, "welcome layout");
 NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_gpu_memory) == 24, "gpu memory layout");
 NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_keepalive) == 8, "keepalive layout");
+NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_gpu_usage) == 24, "gpu usage layout");
 
 #endif /* NVSHARE_PROTOCOL_H */

@@ -13,6 +13,20 @@
  * fine enough, and each mark costs a few driver calls (an event record among
  * them), which at 8 launches a mark added ~0.5 us to every launch of a loop of
  * empty kernels on the H100.  Long kernels keep the minimum of 8.
+ *
+ * The time between two marks is GPU time only if the GPU had the second
+ * window's work queued when it finished the first (the first was still pending
+ * when the second was recorded: a dense window).  Otherwise the GPU waited for
+ * the host in between (an inference server's 50 ms between requests), and the
+ * sample is an upper bound only: it may lower the estimate, never raise it.  An
+ * estimate taught by the gaps once made light work wait in the bound for its
+ * own kernels: 40-65 % on its median latency beside a trainer (issue 35).
+ *
+ * Two more uses: the usage meter (usage_meter.c) asks whether any mark is still
+ * pending, so the launch after the GPU ran dry is marked at once (a lone long
+ * kernel is then covered); and while others wait for this GPU (a WHEN_IDLE drop
+ * pending) the bound is OTHERS_WAIT_MAX_QUEUED_MS, so that the drop which
+ * follows drains in milliseconds.
  */
 #include "queue_bound.h"
 
@@ -25,6 +39,7 @@
 #include "contexts.h"
 #include "hooks.h"
 #include "driver.h"
+#include "lock_state.h"
 #include "nvshare_protocol.h"
 
 #define MIN_LAUNCHES_PER_MARK 8
@@ -37,12 +52,15 @@
 #define MAX_PENDING (RING_SLOTS - 2)
 /* Marks queued before the first measurement bounds the queue. */
 #define LEARNING_PENDING 2
+/* The bound while others wait for the GPU: a few of a trainer's kernels. */
+#define OTHERS_WAIT_MAX_QUEUED_MS 5
 
 struct mark {
     CUevent event;
     CUstream stream;
     unsigned long recorder; /* the per-thread default stream is one handle for many streams */
     unsigned launches;      /* the window it closes: launches since the thread's last mark */
+    int dense;              /* recorded while the mark before it was still pending */
 };
 
 /* One per GPU and context (contexts.c): events belong to their context. */
@@ -52,6 +70,7 @@ struct launch_queue {
     int have_completed;            /* ring[head - 1] holds the newest completed mark */
     double ms_per_launch;          /* GPU time, moving average; 0 until measured */
     atomic_uint launches_per_mark; /* read on every launch, without the mutex */
+    atomic_int ran_dry;            /* no mark pending at the usage meter's look: mark next launch */
 };
 
 static struct launch_queue queues[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS];
@@ -97,8 +116,11 @@ static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms
             elapsed_ms >= 0) {
             /* Events closer than the timer's resolution read 0 ms apart. */
             double sample = elapsed_ms > 0 ? (double)elapsed_ms / (double)mark->launches : 1e-6;
-            queue->ms_per_launch =
-                queue->ms_per_launch > 0 ? 0.8 * queue->ms_per_launch + 0.2 * sample : sample;
+            /* A sparse window's sample is an upper bound: it only ever lowers the estimate. */
+            if (queue->ms_per_launch <= 0 || (!mark->dense && sample < queue->ms_per_launch))
+                queue->ms_per_launch = sample;
+            else if (mark->dense)
+                queue->ms_per_launch = 0.8 * queue->ms_per_launch + 0.2 * sample;
             /* Windows shrink at once when kernels get longer, grow as the average falls. */
             double slowest = sample > queue->ms_per_launch ? sample : queue->ms_per_launch;
             atomic_store_explicit(&queue->launches_per_mark,
@@ -134,11 +156,16 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
         return; /* a context with no slot: not bounded */
     struct launch_queue *queue = &queues[gpu][slot];
     unsigned every = atomic_load_explicit(&queue->launches_per_mark, memory_order_relaxed);
-    if (++launches_since_mark < (every ? every : MIN_LAUNCHES_PER_MARK))
+    if (++launches_since_mark < (every ? every : MIN_LAUNCHES_PER_MARK) &&
+        !atomic_load_explicit(&queue->ran_dry, memory_order_relaxed))
         return;
+    atomic_store_explicit(&queue->ran_dry, 0, memory_order_relaxed);
     unsigned launches = launches_since_mark;
     launches_since_mark = 0;
     unsigned max_queued_ms = nvshare_config()->max_queued_ms;
+    if (max_queued_ms > OTHERS_WAIT_MAX_QUEUED_MS &&
+        atomic_load_explicit(&nvshare_gates[gpu].others_wait, memory_order_relaxed))
+        max_queued_ms = OTHERS_WAIT_MAX_QUEUED_MS;
     if (max_queued_ms == 0 || nvshare_driver.event_record == NULL ||
         nvshare_driver.event_query == NULL || nvshare_driver.event_elapsed_time == NULL)
         return;
@@ -157,6 +184,7 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
     collect_completed(queue, max_queued_ms);
 
     CUevent wait_for = NULL;
+    int dense = queue->tail != queue->head; /* the mark before it still runs */
     if (queue->tail - queue->head < MAX_PENDING) {
         struct mark *mark = &queue->ring[queue->tail % RING_SLOTS];
         if (mark->event != NULL ||
@@ -165,6 +193,7 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
                 mark->stream = stream;
                 mark->recorder = nvshare_thread_serial();
                 mark->launches = launches;
+                mark->dense = dense;
                 queue->tail++;
             }
         }
@@ -193,12 +222,16 @@ static void note_pending_mark(int gpu, int slot, void *pending)
         return;
     }
     struct launch_queue *queue = &queues[gpu][slot];
-    for (unsigned mark = queue->tail; mark != queue->head && !*(int *)pending;) {
+    int here = 0;
+    for (unsigned mark = queue->tail; mark != queue->head && !here;) {
         mark--;
         if (nvshare_driver.event_query(queue->ring[mark % RING_SLOTS].event) ==
             CUDA_ERROR_NOT_READY)
-            *(int *)pending = 1;
+            here = 1;
     }
+    if (!here) /* ran dry: the next launch takes a mark, whatever the window */
+        atomic_store_explicit(&queue->ran_dry, 1, memory_order_relaxed);
+    *(int *)pending |= here;
     pthread_mutex_unlock(mutex);
 }
 
@@ -211,6 +244,19 @@ int nvshare_queue_work_pending(int gpu)
     /* Under the contexts' mutex, so no context (and none of its events) is
      * freed while its marks are queried. */
     nvshare_in_each_context(gpu, note_pending_mark, &pending);
+    return pending;
+}
+
+int nvshare_queue_work_pending_now(int gpu)
+{
+    if (nvshare_config()->max_queued_ms == 0 || nvshare_driver.event_query == NULL)
+        return 0;
+    pthread_once(&queues_once, init_queues);
+    int pending = 0;
+    /* A worker holds the contexts while it prefetches or drains: the lease is
+     * changing hands, its work counts as still there. */
+    if (!nvshare_try_in_each_context(gpu, note_pending_mark, &pending))
+        return 1;
     return pending;
 }
 
