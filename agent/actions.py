@@ -25,6 +25,8 @@ class Grant:
     release_when_idle: bool = False
     # Log only: why this client now (auto): "turn" or "beside" (light work beside the turn).
     role: str = field(default="", compare=False)
+    # Log only (auto): the client's recent use of the GPU (GPU time, 0..1) the rules saw.
+    use: float = field(default=-1.0, compare=False)
 
 
 @dataclass(slots=True)
@@ -37,6 +39,7 @@ class AskToDrop:
     # > 0: release once idle this long (someone waits), rather than at once.
     when_idle_ms: int = 0
     reason: str = field(default="", compare=False)  # log only
+    use: float = field(default=-1.0, compare=False)  # log only: as Grant's
 
 
 @dataclass(slots=True)

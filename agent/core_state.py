@@ -10,8 +10,10 @@ from .usage import UsageMeter
 
 EXCLUSIVE = "exclusive"
 SHARED = "shared"
-# protocol.Features.YIELD, repeated here so the core needs no wire module.
+# protocol.Features.YIELD and USAGE, repeated here so the core needs no wire
+# module (tests/agent/test_protocol.py checks they agree).
 FEATURE_YIELD = 1
+FEATURE_USAGE = 8
 
 
 @dataclass(slots=True)

@@ -43,7 +43,7 @@ from .statistics import GpuStatistics
 CHANGE_COALESCE_S = 0.1
 # What this agent announces in WELCOME, and how often a waiting shim hears
 # from it (the shim gives up on a silent agent after 3 of these: liveness).
-AGENT_FEATURES = int(Features.GPU_MEMORY) | int(Features.KEEPALIVE)
+AGENT_FEATURES = int(Features.GPU_MEMORY) | int(Features.KEEPALIVE) | int(Features.USAGE)
 KEEPALIVE_S = 1.0
 _FEATURE_KEEPALIVE = int(Features.KEEPALIVE)
 
@@ -157,6 +157,8 @@ class Engine:
             actions = core.memory_report(
                 client, message.gpu, message.managed_bytes, message.unmanaged_bytes, now
             )
+        elif type(message) is protocol.GpuUsage:
+            actions = core.gpu_usage(client, message.gpu, message.busy_us, now)
         elif type(message) is protocol.GpuMemory:
             actions = core.gpu_memory(client, message.gpu, message.total_bytes, now)
         else:
@@ -392,13 +394,14 @@ class Engine:
         self._send(a.client, protocol.encode_lock(MessageType.LOCK_GRANT, a.gpu, a.lease, flags))
         if log.info_enabled:
             log.info(
-                "grant gpu=%s pid=%d lease=%d mode=%s waited_ms=%.2f%s",
+                "grant gpu=%s pid=%d lease=%d mode=%s waited_ms=%.2f%s%s",
                 gpu_name(a.gpu),
                 a.pid,
                 a.lease,
                 "exclusive" if a.exclusive else "shared",
                 a.waited_s * 1e3,
                 f" role={a.role}" if a.role else "",
+                f" use={a.use:.3f}" if a.use >= 0 else "",
             )
 
     def _ask_to_drop(self, a: act.AskToDrop) -> None:
@@ -420,12 +423,13 @@ class Engine:
             return
         self._stats(a.gpu).drops += 1
         log.info(
-            "drop gpu=%s pid=%d lease=%d held_ms=%.1f reason=%s",
+            "drop gpu=%s pid=%d lease=%d held_ms=%.1f reason=%s use=%.3f",
             gpu_name(a.gpu),
             a.pid,
             a.lease,
             a.held_s * 1e3,
             a.reason.replace(" ", "_") or "-",
+            a.use,
         )
 
     def _revoke(self, a: act.Revoke) -> None:

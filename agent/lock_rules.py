@@ -1,6 +1,13 @@
 """The lock's rules, per GPU: given the state of one GPU at `now`, what to revoke,
 whom to ask to drop or to yield, and whom to grant (docs/scheduling.md).
 
+One decision per GPU: decide() applies the rules in the order docs/scheduling.md
+states them and returns the actions *and* the next moment any rule could act.
+Every comparison with the clock goes through Moments.reached(), which notes the
+moments not reached yet; the deadline is the earliest of them.  So the deadline
+can never disagree with the rules (the agent once spun at 100 % CPU on a
+deadline that a second copy of the rules computed and the rules never acted on).
+
 A part of the scheduling core (scheduler.Scheduler inherits it), kept apart so
 that the events and the bookkeeping (scheduler.py) and the rules themselves
 can each be read in one sitting.  Pure, like the rest of the core.
@@ -8,15 +15,29 @@ can each be read in one sitting.  Pure, like the rest of the core.
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Iterable
+
+from . import memory_fit
 from .actions import Action, AskToDrop, Grant, Revoke
-from .core_state import EXCLUSIVE, FEATURE_YIELD, SHARED, ClientState, GpuState, Lease, Waiter
+from .core_state import (
+    EXCLUSIVE,
+    FEATURE_USAGE,
+    FEATURE_YIELD,
+    SHARED,
+    ClientState,
+    GpuState,
+    Lease,
+    Waiter,
+)
 from .settings import AntiThrash
 from .usage import UsageMeter
 
-# auto: a client is light when its recent use (0..1) is under LIGHT_FLOOR, or
-# at most LIGHT_RATIO of the turn holder's.  A notebook bursting 50 ms every
-# 2 s uses ~0.03; a trainer ~1.  A light lease beside the turn ends once its
-# client's use passes KEEP_LIGHT_FACTOR times those figures (hysteresis).
+# auto: a client is light when its recent use of the GPU (GPU time, 0..1) is under
+# LIGHT_FLOOR, or at most LIGHT_RATIO of the turn holder's.  An inference server
+# answering 20 requests of ~1 ms a second uses ~0.02-0.04; a notebook's cells ~0.05;
+# a trainer ~1.  A light lease beside the turn ends once its client's use passes
+# KEEP_LIGHT_FACTOR times those figures (hysteresis).
 LIGHT_FLOOR = 0.1
 LIGHT_RATIO = 0.25
 KEEP_LIGHT_FACTOR = 2.0
@@ -24,10 +45,57 @@ KEEP_LIGHT_FACTOR = 2.0
 LIGHT_CHECK_S = 0.25
 # A client that held another GPU this long before asking for one works across GPUs.
 ACROSS_GPUS_SLACK_S = 1.0
-# auto: a holder others wait for releases after this long idle (DROP_REQUEST
-# WHEN_IDLE), instead of idle_release_ms: a notebook's cell is over, the
-# trainer behind it should not wait a second for nothing.
+# auto: the turn holder others wait for releases after this long idle (DROP_REQUEST
+# WHEN_IDLE), instead of idle_release_ms: a notebook's cell is over, the trainer
+# behind it should not wait a second for nothing.
 YIELD_IDLE_MS = 50
+# auto: light work that runs while the turn waits (a window) gives the GPU back
+# after this long idle: at once, less the noise between one request's kernels.
+WINDOW_IDLE_MS = 2
+
+
+class Policy(enum.Enum):
+    """What a GPU's anti-thrash setting makes of its lock."""
+
+    OFF = "off"  # every request granted at once
+    ON = "on"  # one exclusive holder, first come first served
+    AUTO = "auto"  # turns for busy work, light work beside or in windows
+
+
+class Role(enum.Enum):
+    """auto: why a lease was granted (the log says it)."""
+
+    TURN = "turn"  # busy work, one client at a time
+    BESIDE = "beside"  # light work, beside the turn or in a window
+
+
+class DropReason(enum.Enum):
+    QUANTUM_OVER = "quantum over"
+    LIGHT_WORK_WAITS = "light work waits"  # auto: light work that does not fit beside
+    NO_LONGER_LIGHT = "no longer light"
+    MEMORY_DOES_NOT_FIT = "memory does not fit"  # beside the turn, after a report
+    ANTI_THRASH_ON = "anti-thrash on"
+    ANTI_THRASH_AUTO = "anti-thrash auto"
+    OTHERS_WAIT = "others wait"  # a yield: release once idle
+    WINDOW = "window"  # a yield: light work in a window, release at once when idle
+
+
+class Moments:
+    """`now`, and the earliest moment asked about that is still to come: the next
+    time any rule that asked could act."""
+
+    __slots__ = ("next", "now")
+
+    def __init__(self, now: float):
+        self.now = now
+        self.next: float | None = None
+
+    def reached(self, moment: float) -> bool:
+        if self.now >= moment:
+            return True
+        if self.next is None or moment < self.next:
+            self.next = moment
+        return False
 
 
 class LockRules:
@@ -42,21 +110,16 @@ class LockRules:
     def _push_deadline(self, due: float, key: bytes | int) -> None:
         raise NotImplementedError  # the scheduler's
 
-    # ------------------------------------------------------------ which rules
+    def _policy(self, gpu: GpuState) -> Policy:
+        return Policy(gpu.settings.anti_thrash.value)
 
-    def _policy(self, gpu: GpuState) -> str:
-        """Which rule serves this GPU now: "on", "off", "auto-shared", "auto-exclusive"."""
-        mode = gpu.settings.anti_thrash
-        if mode is AntiThrash.AUTO:
-            return "auto-shared" if gpu.fits else "auto-exclusive"
-        return str(mode.value)
-
-    # ------------------------------------------------------------ usage (auto)
+    # ------------------------------------------------------------ use (GPU time)
 
     def _meter(self, state: ClientState, uuid: bytes) -> UsageMeter:
         meter = state.usage.get(uuid)
         if meter is None:
-            meter = state.usage[uuid] = UsageMeter()
+            # A measuring shim's totals count from its HELLO.
+            meter = state.usage[uuid] = UsageMeter(stamp=state.connected_at)
         return meter
 
     def _usage(self, client: int, uuid: bytes, now: float) -> float:
@@ -69,10 +132,12 @@ class LockRules:
                 return client
         return None
 
+    # ------------------------------------------------------------ several GPUs
+
     def _turn_elsewhere_others_want(self, client: int, gpu: GpuState) -> bool:
-        """Whether it is the client's turn on another GPU that others wait for: one
-        process working across GPUs (a pipeline), whose turn there would go to waste
-        while it waited here.  (A turn nobody else wants there wastes nothing.)"""
+        """A process working across GPUs (a pipeline): it is its turn on another GPU,
+        a turn others wait for there, which would go to waste while it waited here.
+        It counts as light here.  (A turn nobody else wants there wastes nothing.)"""
         for uuid in self.clients[client].gpus:  # the GPUs it named: at most MAX_GPUS
             other = self.gpus.get(uuid) if uuid != gpu.uuid else None
             held = other.holders.get(client) if other is not None else None
@@ -81,85 +146,139 @@ class LockRules:
         return False
 
     def _held_elsewhere_since(self, client: int, gpu: GpuState, since: float) -> bool:
-        """Whether the client held another GPU at some time from `since` on."""
+        """A process working across GPUs: it held another GPU at some time from
+        `since` on.  It leaves each GPU idle while it works on another, which is no
+        sign it is done: never asked to release this one once idle."""
         state = self.clients[client]
         for uuid in state.gpus:
             meter = state.usage.get(uuid) if uuid != gpu.uuid else None
             if meter is not None and (meter.busy or meter.stamp >= since):
                 return True
+            other = self.gpus.get(uuid) if uuid != gpu.uuid else None
+            if other is not None and client in other.holders:
+                return True
         return False
 
-    def _judge(self, gpu: GpuState, client: int, now: float) -> tuple[bool, bool]:
-        """(light, much lighter than the turn holder) for a request arriving now.
+    # ------------------------------------------------------------ light and busy (auto)
 
-        A client whose turn it is on another GPU, a turn others wait for there, counts
-        as light here: a process working across GPUs needs them at once, and waiting
-        here for a quantum would leave its turn there idle.  Only beside the turn, while memory fits; it never
-        cuts an exclusive turn short for that (much_lighter stays its use's)."""
+    def _busiest_other(self, gpu: GpuState, client: int, now: float) -> float | None:
+        """The use light work is measured against: the turn holder's, or with no turn
+        (a window, or a turn between holders) the busiest other client's there;
+        None when the client is alone on the GPU."""
+        turn = self._turn_holder(gpu)
+        if turn is not None and turn != client:
+            return self._usage(turn, gpu.uuid, now)
+        others = [c for c in (*gpu.holders, *gpu.waiters) if c != client]
+        return max((self._usage(c, gpu.uuid, now) for c in others), default=None)
+
+    def _judge(self, gpu: GpuState, client: int, now: float) -> tuple[bool, bool]:
+        """(light, much lighter than the busiest other) for a request arriving now.
+        Alone on the GPU it is neither: nothing to cut in ahead of, it takes the turn."""
         if gpu.settings.anti_thrash is not AntiThrash.AUTO:
             return False, False
-        holder = self._turn_holder(gpu)
-        if holder is None:
-            return False, False  # nothing to cut in ahead of: it takes the turn
+        busiest = self._busiest_other(gpu, client, now)
+        if busiest is None:
+            return False, False
         used = self._usage(client, gpu.uuid, now)
-        much_lighter = used < LIGHT_RATIO * self._usage(holder, gpu.uuid, now)
+        much_lighter = used < LIGHT_RATIO * busiest
         light = used < LIGHT_FLOOR or much_lighter
         return light or self._turn_elsewhere_others_want(client, gpu), much_lighter
 
-    def _still_light(self, gpu: GpuState, client: int, turn: int | None, now: float) -> bool:
+    def _still_light(self, gpu: GpuState, client: int, now: float) -> bool:
         used = self._usage(client, gpu.uuid, now)
-        if used < KEEP_LIGHT_FACTOR * LIGHT_FLOOR or turn is None:
+        if used < KEEP_LIGHT_FACTOR * LIGHT_FLOOR:
             return True
         if self._turn_elsewhere_others_want(client, gpu):
             return True  # as _judge: beside here while its turn there lasts
-        return used <= KEEP_LIGHT_FACTOR * LIGHT_RATIO * self._usage(turn, gpu.uuid, now)
+        busiest = self._busiest_other(gpu, client, now)
+        return busiest is None or used <= KEEP_LIGHT_FACTOR * LIGHT_RATIO * busiest
 
-    def _best_waiter(self, gpu: GpuState, now: float) -> int:
+    # ------------------------------------------------------------ memory (auto)
+
+    def _demand_of(self, gpu: GpuState, running: Iterable[int]) -> int:
+        """The GPU's memory with `running` at work: their whole demand, what every
+        other client cannot give up, and what processes outside nvshare use."""
+        running = set(running)
+        pids = set()
+        demand = 0
+        for client in gpu.users:
+            state = self.clients[client]
+            pids.add(state.pid)
+            if gpu.uuid not in state.active:
+                continue
+            figures = (
+                state.managed.get(gpu.uuid, 0),
+                state.unmanaged.get(gpu.uuid, 0),
+                gpu.process_bytes.get(state.pid),
+            )
+            if client in running:
+                demand += memory_fit.client_demand(*figures)
+            else:
+                demand += memory_fit.resident_demand(*figures)
+        return demand + sum(b for pid, b in gpu.process_bytes.items() if pid not in pids)
+
+    def _fits(self, gpu: GpuState, running: list[int], keeping: bool) -> bool:
+        """Whether these clients fit the GPU at once (keeping: they already run, so
+        up to the line; else a newcomer comes in only below the band).  Alone,
+        anyone fits: what does not fit the GPU pages in and out of it."""
+        if len(running) <= 1:
+            return True
+        return memory_fit.running_fits(keeping, self._demand_of(gpu, running), gpu.capacity_bytes)
+
+    def _fits_with(self, gpu: GpuState, newcomer: int) -> bool:
+        return self._fits(gpu, [*gpu.holders, newcomer], keeping=False)
+
+    # ------------------------------------------------------------ best waiter
+
+    def _starving(self, gpu: GpuState, waiter: Waiter, at: Moments) -> bool:
+        return at.reached(waiter.requested_at + gpu.settings.time_quantum_s)
+
+    def _best_waiter(self, gpu: GpuState, at: Moments, among: Iterable[int] | None = None) -> int:
         """First come first served (on); least recent use first, those waiting a
         quantum or more before all others, oldest first (auto)."""
+        candidates = gpu.waiters if among is None else among
         if gpu.settings.anti_thrash is not AntiThrash.AUTO:
-            return next(iter(gpu.waiters))
-        starving_after = gpu.settings.time_quantum_s
+            return next(iter(candidates))
         uuid = gpu.uuid
 
-        def order(item: tuple[int, Waiter]) -> tuple[bool, float, float]:
-            client, waiter = item
-            starving = now - waiter.requested_at >= starving_after
-            used = 0.0 if starving else self._usage(client, uuid, now)
+        def order(client: int) -> tuple[bool, float, float]:
+            waiter = gpu.waiters[client]
+            starving = self._starving(gpu, waiter, at)
+            used = 0.0 if starving else self._usage(client, uuid, at.now)
             return (not starving, used, waiter.requested_at)
 
-        return min(gpu.waiters.items(), key=order)[0]
+        return min(candidates, key=order)
 
-    def _is_starving(self, gpu: GpuState, waiter: Waiter, now: float) -> bool:
-        return now - waiter.requested_at >= gpu.settings.time_quantum_s
-
-    def _light_work_waits(self, gpu: GpuState, best: Waiter, now: float) -> bool:
-        """auto, exclusive turns: the best waiter may cut the holder's turn short after
-        its minimum slice.  Not while shared holders drain (the GPU is not one
-        holder's yet).  The rules and the deadline both ask this one question: a
-        deadline the rules would not act on comes back at once, for ever."""
-        draining = any(held.mode == SHARED for held in gpu.holders.values())
-        return best.much_lighter and not draining and not self._is_starving(gpu, best, now)
-
-    # ------------------------------------------------------------ the lock, per GPU
+    # ------------------------------------------------------------ the decision, per GPU
 
     def _update(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
-        """Bring one GPU up to date at `now`: revoke, ask to drop, grant; then
-        note when it must be looked at next."""
+        """Bring one GPU up to date at `now` (decide), and note when it must be
+        looked at next."""
+        due = self.decide(gpu, now, actions)
+        if due != gpu.deadline:
+            gpu.deadline = due
+            if due is not None:
+                self._push_deadline(due, gpu.uuid)
+
+    def decide(self, gpu: GpuState, now: float, actions: list[Action]) -> float | None:
+        """The rules for one GPU at `now`: appends their actions, returns the next
+        moment one of them could act (None: only an event can change anything)."""
+        at = Moments(now)
+        self._revoke_overdue(gpu, at, actions)
         policy = self._policy(gpu)
-        self._revoke_overdue(gpu, now, actions)
-        if policy == "off":
+        if policy is Policy.OFF:
             while gpu.waiters:
                 self._grant(gpu, next(iter(gpu.waiters)), now, SHARED, actions)
-        elif policy == "on":
-            self._take_turns_first_come(gpu, now, actions)
-        elif policy == "auto-shared":
-            self._run_side_by_side(gpu, now, actions)
+        elif policy is Policy.ON:
+            self._take_turns_first_come(gpu, at, actions)
         else:
-            self._take_turns_fairly(gpu, now, actions)
-        self._schedule(gpu, now, policy)
+            self._take_turns_and_serve_light_work(gpu, at, actions)
+        # Again, for the drops the rules just asked for: none is due yet, but the
+        # moment each comes due is noted.
+        self._revoke_overdue(gpu, at, actions)
+        return at.next
 
-    def _revoke_overdue(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
+    def _revoke_overdue(self, gpu: GpuState, at: Moments, actions: list[Action]) -> None:
         # Revoking makes room for a waiter; with none left (the only one
         # withdrew or exited after the drop request) it would only cut a
         # holder off for nothing.  The drop request stays pending, so a new
@@ -168,81 +287,118 @@ class LockRules:
             return
         grace = gpu.settings.drop_grace_ms / 1000.0
         for client, held in list(gpu.holders.items()):
-            if held.drop_requested_at is not None and now >= held.drop_requested_at + grace:
+            if held.drop_requested_at is not None and at.reached(held.drop_requested_at + grace):
                 del gpu.holders[client]
                 state = self.clients[client]
-                self._meter(state, gpu.uuid).stop(now)
+                self._meter(state, gpu.uuid).stop(at.now)
                 actions.append(
-                    Revoke(client, state.pid, gpu.uuid, held.number, now - held.granted_at)
+                    Revoke(client, state.pid, gpu.uuid, held.number, at.now - held.granted_at)
                 )
 
-    def _take_turns_first_come(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
+    def _take_turns_first_come(self, gpu: GpuState, at: Moments, actions: list[Action]) -> None:
         """anti-thrash on: one exclusive holder, FCFS, turns of at most the quantum."""
         if not gpu.waiters:
             return
         if not gpu.holders:
-            self._grant(gpu, next(iter(gpu.waiters)), now, EXCLUSIVE, actions)
+            self._grant(gpu, next(iter(gpu.waiters)), at.now, EXCLUSIVE, actions)
             return
         if len(gpu.holders) == 1:
             client, held = next(iter(gpu.holders.items()))
-            if (
-                held.drop_requested_at is None
-                and now >= held.granted_at + gpu.settings.time_quantum_s
+            if held.drop_requested_at is None and at.reached(
+                held.granted_at + gpu.settings.time_quantum_s
             ):
-                self._ask_to_drop(gpu, client, held, now, actions, "quantum over")
+                self._ask_to_drop(gpu, client, held, at.now, actions, DropReason.QUANTUM_OVER)
 
-    def _run_side_by_side(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
-        """auto, memory fits: one turn for busy clients, light ones beside it."""
-        turn = self._turn_holder(gpu)
-        if turn is None and gpu.waiters:
-            turn = self._best_waiter(gpu, now)
-            self._grant(gpu, turn, now, SHARED, actions, turn=True)
-        for client, waiter in list(gpu.waiters.items()):
-            if waiter.light:
-                self._grant(gpu, client, now, SHARED, actions, turn=False)
-        beside = [(c, lease) for c, lease in gpu.holders.items() if not lease.turn]
-        if beside and (gpu.light_check_at is None or now >= gpu.light_check_at):
-            for client, held in beside:
-                if held.drop_requested_at is None and not self._still_light(gpu, client, turn, now):
-                    self._ask_to_drop(gpu, client, held, now, actions, "no longer light")
-            gpu.light_check_at = now + LIGHT_CHECK_S
-        elif not beside:
+    def _take_turns_and_serve_light_work(
+        self, gpu: GpuState, at: Moments, actions: list[Action]
+    ) -> None:
+        """auto (docs/scheduling.md, "The rules, auto"): one turn at a time for busy
+        work; light work beside it when their memory fits together, else in windows
+        between turns, batched; beside leases that stop fitting or being light go."""
+        now = at.now
+        # 1. Leases beside the turn that no longer fit with it (a report grew): newest
+        #    first, until those that stay fit.
+        staying = [c for c, held in gpu.holders.items() if held.drop_requested_at is None]
+        for client in reversed(list(staying)):
+            if self._fits(gpu, staying, keeping=True):
+                break
+            held = gpu.holders[client]
+            state = self.clients[client]
+            if not held.turn and state.managed.get(gpu.uuid, 0):  # else its going frees nothing
+                self._ask_to_drop(gpu, client, held, now, actions, DropReason.MEMORY_DOES_NOT_FIT)
+                staying.remove(client)
+        # 2. Leases beside that are no longer light, every LIGHT_CHECK_S.
+        self._check_beside_still_light(gpu, at, actions)
+        if gpu.waiters:
+            self._grant_and_make_room(gpu, at, actions)
+        # Leases granted beside just now are checked from now on.
+        self._check_beside_still_light(gpu, at, actions)
+
+    def _check_beside_still_light(self, gpu: GpuState, at: Moments, actions: list[Action]) -> None:
+        beside = [c for c, lease in gpu.holders.items() if not lease.turn]
+        if not beside:
             gpu.light_check_at = None
-        if turn is not None and gpu.waiters:
-            held = gpu.holders[turn]
-            if held.drop_requested_at is not None:
-                return
-            if now >= held.granted_at + gpu.settings.time_quantum_s:
-                self._ask_to_drop(gpu, turn, held, now, actions, "quantum over")
-            else:
-                self._ask_to_yield(gpu, turn, held, now, actions)
+        elif gpu.light_check_at is None or at.reached(gpu.light_check_at):
+            for client in beside:
+                held = gpu.holders[client]
+                if held.drop_requested_at is None and not self._still_light(gpu, client, at.now):
+                    self._ask_to_drop(
+                        gpu, client, held, at.now, actions, DropReason.NO_LONGER_LIGHT
+                    )
+            gpu.light_check_at = at.now + LIGHT_CHECK_S
+            at.reached(gpu.light_check_at)
 
-    def _take_turns_fairly(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
-        """auto, memory does not fit (or its size is unknown): one exclusive holder."""
-        for client, held in gpu.holders.items():
-            # Through the same drain as anti-thrash switched on: everyone beside
-            # leaves before anyone holds alone.
-            if held.mode == SHARED and held.drop_requested_at is None:
-                self._ask_to_drop(gpu, client, held, now, actions, "memory does not fit")
+    def _grant_and_make_room(self, gpu: GpuState, at: Moments, actions: list[Action]) -> None:
+        """auto, someone waits: grant whom the rules let in, and ask holders for room."""
+        now = at.now
+        turn = self._turn_holder(gpu)
+        # 3. Grants.  A waiter that has waited a quantum goes first and stops windows;
+        #    else light work first (beside the turn, or a window between turns, all of
+        #    it that fits at once), then the turn for the best busy waiter, once it fits
+        #    beside whoever still holds (with nobody else there, it always does).
+        best = self._best_waiter(gpu, at)
+        starving = self._starving(gpu, gpu.waiters[best], at)
+        if turn is None and starving and self._fits_with(gpu, best):
+            self._grant(gpu, best, now, SHARED, actions, Role.TURN)
+            turn = best
+        if not starving or turn is not None:
+            for client in [c for c, w in gpu.waiters.items() if w.light]:
+                if self._fits_with(gpu, client):
+                    self._grant(gpu, client, now, SHARED, actions, Role.BESIDE)
+        busy = [c for c, w in gpu.waiters.items() if not w.light]
+        if turn is None and not starving and busy:
+            taker = self._best_waiter(gpu, at, busy)
+            if self._fits_with(gpu, taker):
+                self._grant(gpu, taker, now, SHARED, actions, Role.TURN)
+                turn = taker
         if not gpu.waiters:
             return
-        if not gpu.holders:
-            self._grant(gpu, self._best_waiter(gpu, now), now, EXCLUSIVE, actions)
+        # 4. Others wait.
+        if turn is None:
+            # A window (light work while the turn waits): each lease in it gives the
+            # GPU back as soon as it is idle; once the turn waits a quantum, at once.
+            for client, held in gpu.holders.items():
+                if held.drop_requested_at is not None:
+                    continue
+                if starving:
+                    self._ask_to_drop(gpu, client, held, now, actions, DropReason.QUANTUM_OVER)
+                else:
+                    self._ask_to_yield(gpu, client, held, now, actions, WINDOW_IDLE_MS)
             return
-        best = gpu.waiters[self._best_waiter(gpu, now)]
-        for client, held in gpu.holders.items():
-            if held.mode != EXCLUSIVE or held.drop_requested_at is not None:
-                continue
-            # Compared as the deadline is computed (granted_at + slice), so that the
-            # tick at that deadline sees it due: float rounding must not disagree.
-            if now >= held.granted_at + gpu.settings.time_quantum_s:
-                self._ask_to_drop(gpu, client, held, now, actions, "quantum over")
-            elif self._light_work_waits(gpu, best, now) and now >= held.granted_at + (
-                gpu.settings.min_slice_ms / 1000.0
-            ):
-                self._ask_to_drop(gpu, client, held, now, actions, "light work waits")
-            else:
-                self._ask_to_yield(gpu, client, held, now, actions)
+        held = gpu.holders[turn]
+        if held.drop_requested_at is not None:
+            return
+        # Light work that cannot run beside the turn takes it after the holder's
+        # minimum slice, unless a waiter has waited a quantum (it goes first).
+        light_waits = not starving and any(w.light and w.much_lighter for w in gpu.waiters.values())
+        if at.reached(held.granted_at + gpu.settings.time_quantum_s):
+            self._ask_to_drop(gpu, turn, held, now, actions, DropReason.QUANTUM_OVER)
+        elif light_waits and at.reached(held.granted_at + gpu.settings.min_slice_ms / 1000.0):
+            self._ask_to_drop(gpu, turn, held, now, actions, DropReason.LIGHT_WORK_WAITS)
+        else:
+            self._ask_to_yield(gpu, turn, held, now, actions, YIELD_IDLE_MS)
+
+    # ------------------------------------------------------------ actions on leases
 
     def _grant(
         self,
@@ -251,7 +407,7 @@ class LockRules:
         now: float,
         mode: str,
         actions: list[Action],
-        turn: bool = True,
+        role: Role = Role.TURN,
     ) -> None:
         waiter = gpu.waiters.pop(client)
         self._last_lease += 1
@@ -265,12 +421,17 @@ class LockRules:
             self._last_lease,
             mode,
             now,
-            turn=turn,
+            turn=role is Role.TURN,
             release_when_idle=release_when_idle,
             across_gpus=self._held_elsewhere_since(client, gpu, since),
         )
+        if auto and role is Role.TURN:
+            # Light work is measured against the turn holder: a new one, judged afresh.
+            for other, waiting in gpu.waiters.items():
+                waiting.light, waiting.much_lighter = self._judge(gpu, other, now)
         state = self.clients[client]
-        self._meter(state, gpu.uuid).start(now)
+        if not state.features & FEATURE_USAGE:
+            self._meter(state, gpu.uuid).start(now)  # an older shim: the hold stands for use
         actions.append(
             Grant(
                 client,
@@ -280,7 +441,8 @@ class LockRules:
                 mode == EXCLUSIVE,
                 now - waiter.requested_at,
                 release_when_idle,
-                ("turn" if turn else "beside") if auto else "",
+                role.value if auto else "",
+                use=self._usage(client, gpu.uuid, now) if auto else -1.0,
             )
         )
 
@@ -291,7 +453,7 @@ class LockRules:
         held: Lease,
         now: float,
         actions: list[Action],
-        reason: str,
+        reason: DropReason,
     ) -> None:
         held.drop_requested_at = now
         actions.append(
@@ -301,25 +463,32 @@ class LockRules:
                 gpu.uuid,
                 held.number,
                 now - held.granted_at,
-                reason=reason,
+                reason=reason.value,
+                use=self._usage(client, gpu.uuid, now),
             )
         )
 
     def _ask_to_yield(
-        self, gpu: GpuState, client: int, held: Lease, now: float, actions: list[Action]
+        self,
+        gpu: GpuState,
+        client: int,
+        held: Lease,
+        now: float,
+        actions: list[Action],
+        idle_ms: int,
     ) -> None:
-        """Others wait: release as soon as idle.  Only to shims that understand it
-        (an older one would take it for a drop and cut its turn short), and not to a
-        process working on several GPUs: it leaves each idle while it works on another
-        (a pipeline's stage), which is no sign it is done, and it may be granted its
-        next GPU only after this ask went out.  Its shim's own idle release
-        (idle_release_ms) and the quantum still apply."""
+        """Others wait: release as soon as idle (the shim also keeps its queue short
+        meanwhile, so the drop that may follow drains fast).  Only to shims that
+        understand it (an older one would take it for a drop and cut its turn
+        short), and not to a process working on several GPUs: its shim's own idle
+        release (idle_release_ms) and the quantum still apply."""
         state = self.clients[client]
         if held.yield_asked or not state.features & FEATURE_YIELD:
             return
         if held.across_gpus or self._held_elsewhere_since(client, gpu, now):
             return
         held.yield_asked = True
+        reason = DropReason.WINDOW if idle_ms == WINDOW_IDLE_MS else DropReason.OTHERS_WAIT
         actions.append(
             AskToDrop(
                 client,
@@ -327,13 +496,13 @@ class LockRules:
                 gpu.uuid,
                 held.number,
                 now - held.granted_at,
-                when_idle_ms=YIELD_IDLE_MS,
-                reason="others wait",
+                when_idle_ms=idle_ms,
+                reason=reason.value,
             )
         )
 
     def _ask_to_drop_each(
-        self, gpu: GpuState, now: float, actions: list[Action], reason: str
+        self, gpu: GpuState, now: float, actions: list[Action], reason: DropReason
     ) -> None:
         for client, held in gpu.holders.items():
             if held.drop_requested_at is None:
@@ -346,38 +515,4 @@ class LockRules:
         holders = gpu.holders
         if len(holders) == 1 and next(iter(holders.values())).mode == EXCLUSIVE:
             return
-        self._ask_to_drop_each(gpu, now, actions, "anti-thrash on")
-
-    # ------------------------------------------------------------ deadlines
-
-    def _schedule(self, gpu: GpuState, now: float, policy: str) -> None:
-        due = self._gpu_deadline(gpu, now, policy)
-        if due != gpu.deadline:
-            gpu.deadline = due
-            if due is not None:
-                self._push_deadline(due, gpu.uuid)
-
-    def _gpu_deadline(self, gpu: GpuState, now: float, policy: str) -> float | None:
-        settings = gpu.settings
-        due: float | None = None
-        if policy == "auto-shared" and gpu.light_check_at is not None:
-            due = gpu.light_check_at
-        if not gpu.waiters or policy == "off":
-            return due  # no one to make room for: no drop request, no revoke
-        grace = settings.drop_grace_ms / 1000.0
-        light_waits = False
-        if policy == "auto-exclusive":
-            best = gpu.waiters[self._best_waiter(gpu, now)]
-            light_waits = self._light_work_waits(gpu, best, now)
-        for held in gpu.holders.values():
-            if held.drop_requested_at is not None:
-                when = held.drop_requested_at + grace
-            elif held.turn:
-                when = held.granted_at + settings.time_quantum_s
-                if light_waits:
-                    when = min(when, held.granted_at + settings.min_slice_ms / 1000.0)
-            else:
-                continue
-            if due is None or when < due:
-                due = when
-        return due
+        self._ask_to_drop_each(gpu, now, actions, DropReason.ANTI_THRASH_ON)

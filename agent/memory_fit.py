@@ -14,6 +14,11 @@ can thrash.  The figures:
 - It fits while demand <= capacity - reserve.  Once it does not, it fits again
   only when demand <= capacity - reserve - band, so an allocation that moves
   back and forth across the line does not flip the GPU each time.
+
+What runs at once need not be everyone: the rules ask whether the processes
+that would run together fit (running_fits).  Managed memory of a process that
+does not run is evicted as others need the room; what cannot be evicted (its
+context, memory passed through unmanaged) still counts.
 """
 
 from __future__ import annotations
@@ -61,3 +66,18 @@ def client_demand(managed: int, unmanaged: int, nvml_process_bytes: int | None) 
     if nvml_process_bytes is None:
         return managed + unmanaged + CONTEXT_ESTIMATE_BYTES
     return managed + max(unmanaged, nvml_process_bytes)
+
+
+def resident_demand(managed: int, unmanaged: int, nvml_process_bytes: int | None) -> int:
+    """What a client that does not run keeps on the GPU all the same: its context and
+    its unmanaged memory (the driver evicts its managed pages as others need them)."""
+    if nvml_process_bytes is None:
+        return unmanaged + CONTEXT_ESTIMATE_BYTES
+    return max(unmanaged, nvml_process_bytes)
+
+
+def running_fits(keeping: bool, demand_bytes: int, capacity_bytes: int | None) -> bool:
+    """Whether a set of processes may run at once.  keeping: they already do (one of
+    them grew), so they may stay up to the line; a new one is let in only below the
+    line less the band, as fits() does."""
+    return fits(keeping, demand_bytes, capacity_bytes)

@@ -93,6 +93,7 @@ class MessageType(enum.IntEnum):
     WELCOME = _c(_MSG, "NVSHARE_MSG_WELCOME")
     GPU_MEMORY = _c(_MSG, "NVSHARE_MSG_GPU_MEMORY")
     KEEPALIVE = _c(_MSG, "NVSHARE_MSG_KEEPALIVE")
+    GPU_USAGE = _c(_MSG, "NVSHARE_MSG_GPU_USAGE")
 
 
 class GrantFlags(enum.IntEnum):
@@ -109,6 +110,7 @@ class Features(enum.IntEnum):
     YIELD = _c("enum nvshare_features", "NVSHARE_FEATURE_YIELD")
     GPU_MEMORY = _c("enum nvshare_features", "NVSHARE_FEATURE_GPU_MEMORY")
     KEEPALIVE = _c("enum nvshare_features", "NVSHARE_FEATURE_KEEPALIVE")
+    USAGE = _c("enum nvshare_features", "NVSHARE_FEATURE_USAGE")
 
 
 class AntiThrashWire(enum.IntEnum):
@@ -153,6 +155,7 @@ PAYLOAD_STRUCT: dict[int, str] = {
     MessageType.WELCOME: "struct nvshare_welcome",
     MessageType.GPU_MEMORY: "struct nvshare_gpu_memory",
     MessageType.KEEPALIVE: "struct nvshare_keepalive",
+    MessageType.GPU_USAGE: "struct nvshare_gpu_usage",
     **{t: "struct nvshare_lock_message" for t in _LOCK_TYPES},
 }
 #: Payload size in bytes for each message type; any other size is a bad frame.
@@ -287,9 +290,23 @@ class Keepalive:
     waiting_gpus: int
 
 
+@dataclass(frozen=True, slots=True)
+class GpuUsage:
+    gpu: bytes
+    busy_us: int  # a running total since the connection's HELLO
+
+
 #: Every decoded frame is one of these.
 Message = (
-    Hello | WireSettings | LockMessage | MemoryReport | Error | Welcome | GpuMemory | Keepalive
+    Hello
+    | WireSettings
+    | LockMessage
+    | MemoryReport
+    | Error
+    | Welcome
+    | GpuMemory
+    | Keepalive
+    | GpuUsage
 )
 
 
@@ -429,6 +446,9 @@ def decode_payload(msg_type: int, payload: bytes, offset: int = 0) -> Message:
     if msg_type == MessageType.KEEPALIVE:
         m = ffi.cast("struct nvshare_keepalive *", start)
         return Keepalive(m.waiting_gpus)
+    if msg_type == MessageType.GPU_USAGE:
+        m = ffi.cast("struct nvshare_gpu_usage *", start)
+        return GpuUsage(ffi.buffer(m.gpu.bytes)[:], m.busy_us)
     raise ProtocolError(ErrorCode.BAD_FRAME, f"unknown message type {msg_type}")
 
 

@@ -69,7 +69,7 @@ from .actions import (
     Withdrawn,
 )
 from .core_state import EXCLUSIVE, FEATURE_YIELD, SHARED, ClientState, GpuState, Lease, Waiter
-from .lock_rules import LIGHT_CHECK_S, YIELD_IDLE_MS, LockRules
+from .lock_rules import LIGHT_CHECK_S, YIELD_IDLE_MS, DropReason, LockRules, Policy
 from .settings import NO_OVERRIDES, AntiThrash, GpuOverrides, Settings
 from .snapshot import AgentSnapshot, ClientGpuSnapshot, ClientSnapshot, GpuSnapshot
 
@@ -275,6 +275,18 @@ class Scheduler(LockRules):
         self._update(gpu, now, actions)
         return actions
 
+    def gpu_usage(self, client: int, uuid: bytes, busy_us: int, now: float) -> list[Action]:
+        """A measuring shim's GPU time on a GPU: a running total since its HELLO.
+        Read by the rules at their next look (requests, the light check), so a
+        report itself decides nothing."""
+        state = self.clients[client]
+        if not state.greeted:
+            return [Refuse(client, "GPU_USAGE before HELLO")]
+        if uuid not in state.gpus:
+            return [Ignored(client, state.pid, uuid, "usage of a GPU it never named")]
+        self._meter(state, uuid).report(now, busy_us / 1e6)
+        return []
+
     def gpu_memory(self, client: int, uuid: bytes, total_bytes: int, now: float) -> list[Action]:
         """A client's shim says how much memory a GPU has."""
         state = self.clients[client]
@@ -466,7 +478,7 @@ class Scheduler(LockRules):
         elif mode is AntiThrash.AUTO and was is AntiThrash.OFF:
             # Leases of "off" are shared and never given back when idle: have
             # them asked again, so they get leases of auto's kind.
-            self._ask_to_drop_each(gpu, now, actions, "anti-thrash auto")
+            self._ask_to_drop_each(gpu, now, actions, DropReason.ANTI_THRASH_AUTO)
         if mode is AntiThrash.AUTO and (
             was is not AntiThrash.AUTO or previous.memory_limit_bytes != new.memory_limit_bytes
         ):
@@ -591,8 +603,11 @@ class Scheduler(LockRules):
         return AgentSnapshot(gpus, tuple(clients))
 
     def _mode(self, gpu: GpuState) -> str:
+        """What status shows: "shared" when everyone's memory fits at once (or
+        anti-thrash is off), else "exclusive" (turns; light work beside a turn only
+        where its memory fits with the turn's)."""
         policy = self._policy(gpu)
-        return SHARED if policy in ("off", "auto-shared") else EXCLUSIVE
+        return SHARED if policy is Policy.OFF or (policy is Policy.AUTO and gpu.fits) else EXCLUSIVE
 
 
 __all__ = [

@@ -1,14 +1,21 @@
 """How much each client used a GPU lately: a decaying window, pure arithmetic.
 
 usage(t) = (1/W) ∫ busy(s) e^(-(t-s)/W) ds, a number from 0 (never used it) to
-1 (used it all the time), where busy(s) is 1 while the client held the GPU and
-W is USAGE_WINDOW_S.  Use a minute ago weighs e^-6 ≈ 0.25 % of use now, so the
-figure follows what a client does now: a notebook that trains for a while
-counts as busy while it trains and as light again a few tens of seconds after.
+1 (kept it busy all the time), where W is USAGE_WINDOW_S.  Use a minute ago
+weighs e^-6 ≈ 0.25 % of use now, so the figure follows what a client does now:
+a notebook that trains for a while counts as busy while it trains and as light
+again a few tens of seconds after.
 
-A hold counts as busy until the release says how long the GPU had been idle
-before it was let go (RELEASED.idle_ms): that tail is then taken back, so a
-notebook that holds a lease for a second after a 50 ms burst counts 50 ms.
+busy(s) is GPU time: whether the client had work running on the GPU at s.  A
+shim that announces the USAGE feature measures it (shim/usage_meter.c) and
+reports a running total (GPU_USAGE); report() spreads each report's new busy
+time evenly over the time since the last one.  Holding a lease is not use: an
+inference server that holds its lease all the time and keeps the GPU busy 2 % of
+it counts 0.02.
+
+For an older shim, which reports nothing, the hold stands in for it: busy from
+the grant (start) until the release (stop), less the idle tail the release
+reports (RELEASED.idle_ms).
 """
 
 from __future__ import annotations
@@ -23,19 +30,33 @@ USAGE_WINDOW_S = 10.0
 class UsageMeter:
     value: float = 0.0  # usage at `stamp`
     stamp: float = 0.0
-    busy: bool = False  # held since `stamp`
+    busy: bool = False  # an older shim's hold: busy since `stamp`
+    reported_s: float = 0.0  # a measuring shim's running total at `stamp`
 
     def at(self, now: float) -> float:
         decay = math.exp(-max(0.0, now - self.stamp) / USAGE_WINDOW_S)
         return self.value * decay + (1.0 - decay if self.busy else 0.0)
 
+    def report(self, now: float, busy_total_s: float) -> None:
+        """A measuring shim's running total of GPU time on this GPU."""
+        busy_s = max(0.0, busy_total_s - self.reported_s)
+        elapsed = max(0.0, now - self.stamp)
+        decay = math.exp(-elapsed / USAGE_WINDOW_S)
+        if elapsed > busy_s:  # the new busy time spread over the interval
+            added = busy_s / elapsed * (1.0 - decay)
+        else:  # as busy as can be (or reported at once): busy all of it
+            added = 1.0 - math.exp(-busy_s / USAGE_WINDOW_S)
+        self.value = min(1.0, self.value * decay + added)
+        self.stamp, self.reported_s = now, max(self.reported_s, busy_total_s)
+
     def start(self, now: float) -> None:
-        """The client was granted the GPU."""
+        """An older shim's client was granted the GPU."""
         if not self.busy:
             self.value, self.stamp, self.busy = self.at(now), now, True
 
     def stop(self, now: float, idle_s: float = 0.0) -> None:
-        """The client let go of the GPU; it had been idle for the last idle_s of its hold."""
+        """An older shim's client let go of the GPU; it had been idle for the last
+        idle_s of its hold."""
         if not self.busy:
             return
         busy_until = max(self.stamp, now - max(0.0, idle_s))

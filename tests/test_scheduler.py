@@ -483,10 +483,11 @@ def _check_invariants(s: Scheduler) -> None:
             assert len(turns) <= 1 or all(h.drop_requested_at is not None for h in turns)
             if gpu.waiters:
                 assert gpu.holders, "a waiter with a free GPU"
-            if not gpu.fits and any(h.mode == "shared" for h in gpu.holders.values()):
-                # Memory does not fit: shared leases are on their way out.
-                shared = [h for h in gpu.holders.values() if h.mode == "shared"]
-                assert all(h.drop_requested_at is not None for h in shared)
+            staying = [c for c, h in gpu.holders.items() if h.drop_requested_at is None]
+            if not s._fits(gpu, staying, keeping=True):
+                # What runs at once does not fit: the leases beside the turn are
+                # on their way out, only the turn may stay.
+                assert [c for c in staying if not gpu.holders[c].turn] == []
         assert not set(gpu.holders) & set(gpu.waiters)
         exclusive = [h for h in gpu.holders.values() if h.mode == "exclusive"]
         if on and len(gpu.holders) > 1:

@@ -20,6 +20,7 @@ from nvshare_agent.actions import (
     Refuse,
     Revoke,
 )
+from nvshare_agent.lock_rules import WINDOW_IDLE_MS
 from nvshare_agent.scheduler import (
     FEATURE_YIELD,
     LIGHT_CHECK_S,
@@ -266,18 +267,39 @@ def test_an_older_shim_is_never_asked_to_release_when_idle():
 # ---------------------------------------------------------------- switching on memory reports
 
 
-def test_a_report_that_does_not_fit_drains_the_holders_and_turns_begin():
+def test_memory_of_a_client_that_does_not_run_does_not_stop_those_that_do():
     s = make()
     a, b = one(Grant, s.request(1, G0, 0.0)), one(Grant, s.request(2, G0, 0.0))
     actions = s.memory_report(3, G0, 78 * GIB, 0, now=1.0)
     switch = one(ModeChanged, actions)
     assert switch.mode == "exclusive" and switch.demand_bytes > LINE
-    assert {d.client for d in of(AskToDrop, actions)} == {1, 2}
-    assert of(Queued, s.request(3, G0, 1.1))
-    s.release(1, G0, a.lease, 1.2)
+    assert not of(AskToDrop, actions), "3 does not run: its pages make room as needed"
+    # 3 is light, but its memory does not fit beside those running: it waits, and the
+    # turn is cut short once its minimum slice is over (it is), for a window.
+    actions = s.request(3, G0, 1.1)
+    assert of(Queued, actions)
+    assert one(AskToDrop, actions, client=1).reason == "light work waits"
+    window = one(AskToDrop, s.release(1, G0, a.lease, 1.2), client=2)
+    assert window.when_idle_ms == WINDOW_IDLE_MS  # the one beside goes once idle
     grant = one(Grant, s.release(2, G0, b.lease, 1.3))
-    assert grant.client == 3 and grant.exclusive
+    assert grant.client == 3 and not grant.exclusive and grant.role == "beside"
     assert s.snapshot(1.3).gpus[0].mode == "exclusive"
+
+
+def test_a_report_that_does_not_fit_asks_the_newest_lease_beside_the_turn_to_drop():
+    s = make()
+    one(Grant, s.request(1, G0, 0.0))
+    one(Grant, s.request(2, G0, 0.0))
+    one(Grant, s.request(3, G0, 0.0))
+    contexts = 3 * memory_fit.CONTEXT_ESTIMATE_BYTES  # they stay, running or not
+    s.memory_report(3, G0, GIB, 0, now=0.5)
+    # 2 runs, so its memory must fit with the others': without 3's it does.
+    actions = s.memory_report(2, G0, LINE - contexts - GIB + 1, 0, now=1.0)
+    drops = of(AskToDrop, actions)
+    assert [(d.client, d.reason) for d in drops] == [(3, "memory does not fit")]
+    assert not of(AskToDrop, s.memory_report(2, G0, LINE - contexts, 0, now=1.1))
+    drops = of(AskToDrop, s.memory_report(2, G0, LINE - contexts + 1, 0, now=1.2))
+    assert [(d.client, d.reason) for d in drops] == [(2, "memory does not fit")]
 
 
 def test_memory_fits_again_only_below_the_band():
@@ -304,10 +326,12 @@ def test_processes_outside_nvshare_count_against_the_gpu():
 
 def test_unknown_capacity_takes_exclusive_turns_until_a_shim_reports_it():
     s = make(capacity=0)
-    assert one(Grant, s.request(1, G0, 0.0)).exclusive
-    assert of(Queued, s.request(2, G0, 0.0))
-    switch = one(ModeChanged, s.gpu_memory(1, G0, CAPACITY, now=1.0))
+    assert one(Grant, s.request(1, G0, 0.0)).role == "turn"
+    assert of(Queued, s.request(2, G0, 0.0))  # unknown capacity: nothing fits beside
+    actions = s.gpu_memory(1, G0, CAPACITY, now=1.0)
+    switch = one(ModeChanged, actions)
     assert switch.mode == "shared" and switch.capacity_bytes == CAPACITY
+    assert one(Grant, actions).client == 2
     assert one(Grant, s.tick(1.0) + s.request(3, G0, 1.0)).client == 3  # beside the holder
 
 
@@ -320,12 +344,13 @@ def test_the_smallest_reported_capacity_wins():
 
 def test_memory_limit_caps_the_capacity():
     s = make()
-    s.request(1, G0, 0.0)
-    s.request(2, G0, 0.0)
+    for client in (1, 2):
+        s.memory_report(client, G0, 256 << 20, 0, 0.0)
+        s.request(client, G0, 0.0)
     actions = s.change_settings(AUTO.replaced(memory_limit_bytes=1 * GIB), 1.0)
     switch = one(ModeChanged, actions)
     assert (switch.mode, switch.capacity_bytes) == ("exclusive", 1 * GIB)
-    assert {d.client for d in of(AskToDrop, actions)} == {1, 2}
+    assert {d.client for d in of(AskToDrop, actions)} == {2}  # beside the turn, which stays
 
 
 # ---------------------------------------------------------------- memory does not fit: turns
@@ -339,7 +364,7 @@ def exclusive_gpu(n_clients=3, **settings):
 def test_a_light_waiter_gets_the_gpu_after_the_holders_minimum_slice():
     s = exclusive_gpu()
     trainer = one(Grant, s.request(1, G0, 0.0))
-    assert trainer.exclusive
+    assert trainer.role == "turn"
     actions = s.request(2, G0, 0.03)  # a notebook asks 30 ms into the trainer's turn
     assert of(Queued, actions)
     assert s.next_deadline() == pytest.approx(MIN_SLICE)
@@ -347,6 +372,7 @@ def test_a_light_waiter_gets_the_gpu_after_the_holders_minimum_slice():
     assert (drop.client, drop.when_idle_ms, drop.reason) == (1, 0, "light work waits")
     notebook = one(Grant, s.release(1, G0, trainer.lease, MIN_SLICE + 0.05))
     assert notebook.client == 2 and notebook.waited_s == pytest.approx(0.12)
+    assert notebook.role == "beside"  # a window between the trainer's turns
 
 
 def test_the_trainer_comes_back_once_the_notebook_goes_idle():
@@ -358,8 +384,8 @@ def test_the_trainer_comes_back_once_the_notebook_goes_idle():
     actions = s.request(1, G0, now + 1.06)  # the trainer asks again right away
     assert of(Queued, actions)
     yield_ask = one(AskToDrop, actions)
-    assert (yield_ask.client, yield_ask.when_idle_ms) == (2, YIELD_IDLE_MS)
-    back = one(Grant, s.release(2, G0, notebook.lease, now + 1.2, idle_ms=YIELD_IDLE_MS))
+    assert (yield_ask.client, yield_ask.when_idle_ms) == (2, WINDOW_IDLE_MS)  # at once
+    back = one(Grant, s.release(2, G0, notebook.lease, now + 1.2, idle_ms=WINDOW_IDLE_MS))
     assert back.client == 1
 
 
@@ -484,28 +510,27 @@ def test_no_waiter_waits_longer_than_the_bound_under_a_random_walk(seed):
     assert comings_and_goings > 10, "no one came or went"
 
 
-def test_a_light_waiter_while_beside_holders_drain_sets_no_deadline_that_is_already_due():
-    # An exclusive holder from a turn while memory did not fit keeps its lease as the turn
-    # once it fits; a light client joins beside it; memory stops fitting and the one beside
-    # drains.  A much lighter waiter then may not cut the turn short (the GPU is not one
-    # holder's yet), and the deadline must say the same: one that was already due came
-    # back at once for ever, and the agent's event loop spun in tick().
+def test_a_light_waiter_while_a_lease_beside_drains_sets_no_deadline_that_is_already_due():
+    # A light client beside the turn grows past what fits and drains; a much lighter
+    # waiter that fits beside neither then cuts the turn short after its minimum slice,
+    # and the deadline says so: one that was already due came back at once for ever
+    # (the agent's event loop once spun in tick()).
     s = make(3)
-    s.memory_report(1, G0, 2 * CAPACITY, 0, 0.0)
-    one(Grant, s.request(1, G0, 0.0))
-    s.memory_report(1, G0, GIB, 0, 1.0)  # fits again: 1 keeps its lease, as the turn
-    assert one(Grant, s.request(2, G0, 2.0)).exclusive is False  # light: beside it
-    s.memory_report(3, G0, 2 * CAPACITY, 0, 3.0)  # does not fit: 2 is asked to leave
-    now = 3.0 + MIN_SLICE
-    s.request(3, G0, now)
+    hold_for(s, 1, 0.5, 0.0)
+    one(Grant, s.request(1, G0, 0.5))
+    beside = one(Grant, s.request(2, G0, 0.51))
+    assert beside.role == "beside"
+    drop = one(AskToDrop, s.memory_report(2, G0, 78 * GIB, 0, 0.52))
+    assert (drop.client, drop.reason) == (2, "memory does not fit")
+    s.memory_report(3, G0, 2 * GIB, 0, 0.53)
+    tick = spin_guarded_tick(s)
+    drops = of(AskToDrop, s.request(3, G0, 0.55))
     assert s.gpus[G0].waiters[3].much_lighter
+    assert [(d.client, d.when_idle_ms) for d in drops] == [(1, YIELD_IDLE_MS)]  # a yield only
     due = s.next_deadline()
-    assert due is None or due > now
-    assert not of(Grant, s.tick(now))
-    # Once the one beside is gone, light work may cut the turn short again.
-    released = s.release(2, G0, s.gpus[G0].holders[2].number, now + 0.01)
-    drop = one(AskToDrop, released + s.tick(now + 0.01), client=1)
-    assert drop.reason == "light work waits"
+    assert due == pytest.approx(0.5 + MIN_SLICE)
+    drops = of(AskToDrop, tick(due))
+    assert [(d.client, d.reason) for d in drops] == [(1, "light work waits")]
 
 
 GPUS = [bytes(15) + bytes([i + 1]) for i in range(3)]
