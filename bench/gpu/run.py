@@ -547,7 +547,9 @@ def nvidia_smi_rows(query: str) -> list[list[str]]:
     return [[field.strip() for field in line.split(",")] for line in out.splitlines() if line]
 
 
-def check_memory() -> int:
+def check_memory(planned_gib=PLANNED_MANAGED_GIB, script="bench") -> int:
+    """The first GPU's free MiB; ends the script with one line when planned_gib of managed
+    memory would be more than half of it (mix.py plans its own)."""
     free_mib = int(
         subprocess.run(
             ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
@@ -556,9 +558,9 @@ def check_memory() -> int:
             check=True,
         ).stdout.split()[0]
     )
-    if free_mib / 2 < PLANNED_MANAGED_GIB * 1024:
+    if free_mib / 2 < planned_gib * 1024:
         sys.exit(
-            f"bench: refusing to start: {PLANNED_MANAGED_GIB} GiB of managed memory is more than half of "
+            f"{script}: refusing to start: {planned_gib} GiB of managed memory is more than half of "
             f"the GPU's free {free_mib} MiB"
         )
     return free_mib

@@ -11,6 +11,7 @@
 #   bench/gpu/run.sh --startup [PAIRS] [RESULTS_DIR]                   (startup.py)
 #   bench/gpu/run.sh --liveness [RESULTS_DIR]                          (liveness.py)
 #   bench/gpu/run.sh --multi-gpu [RESULTS_DIR]                         (multi_gpu.py)
+#   bench/gpu/run.sh --mix [RESULTS_DIR] [--window S]                  (mix.py)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -31,5 +32,6 @@ case "${1:-}" in
     --startup) script=startup.py; shift ;;
     --liveness) script=liveness.py; shift ;;
     --multi-gpu) script=multi_gpu.py; shift ;;
+    --mix) script=mix.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"
