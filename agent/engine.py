@@ -78,6 +78,10 @@ class ClientLink(Protocol):
     def close(self, code: int, reason: str) -> None:
         """Tell the peer why (ERROR), close; the adapter then calls client_gone()."""
 
+    def close_hung_up(self) -> None:
+        """The peer has hung up (hung_up()): close without a word, and read nothing more of
+        what it sent before; the adapter then calls client_gone()."""
+
 
 class Engine:
     def __init__(
@@ -130,14 +134,21 @@ class Engine:
         return client
 
     def client_message(self, client: int, message, now: float) -> None:
-        """One decoded frame from a shim; call batch_done() after a batch."""
+        """One decoded frame from a shim; call batch_done() after a batch.
+
+        A client leaves self.links the moment the engine learns it is gone, and the
+        core only after that (_flush_gone): a frame for a client not in self.links
+        (read after its hang-up) must not reach the core, which may have forgotten it."""
+        link = self.links.get(client)
+        if link is None:
+            if log.debug_enabled:
+                log.debug("dropped frame=%s client=%d reason=gone", type(message).__name__, client)
+            return
         core = self.core
         if type(message) is protocol.LockMessage:
             if message.type == _LOCK_REQUEST:
                 if log.debug_enabled:
-                    log.debug(
-                        "request gpu=%s pid=%d", gpu_name(message.gpu), self.links[client].pid
-                    )
+                    log.debug("request gpu=%s pid=%d", gpu_name(message.gpu), link.pid)
                 actions = core.request(client, message.gpu, now)
             elif message.type == _RELEASED:
                 actions = core.release(client, message.gpu, message.lease, now, message.idle_ms)
@@ -146,7 +157,6 @@ class Engine:
                 self.client_failed(client, ErrorCode.PROTOCOL, f"{name} is sent by the agent only")
                 return
         elif type(message) is protocol.Hello:
-            link = self.links[client]
             link.features = message.features
             actions = core.hello(client, message.gpus, message.command, now, message.features)
             self.execute(actions)
@@ -175,9 +185,12 @@ class Engine:
             link.close(code, reason)
 
     def client_gone(self, client: int) -> None:
-        """The connection closed.  Handled a moment later, together with every other
-        connection that closed in the same turn of the event loop (many waiters
-        exiting at once), so that no grant goes to one of them in between."""
+        """The connection closed.  The core hears of it as an event a moment later,
+        after the actions being carried out now, together with every other connection
+        that closed in the same turn of the event loop (many waiters exiting at once),
+        so that no grant goes to one of them in between.  Until then the client is in
+        the core but not in self.links: frames for it are dropped (client_message),
+        grants to it are not sent (_gone_before_grant)."""
         if self.links.pop(client, None) is None:
             return
         self.identities.pop(client, None)
@@ -369,16 +382,20 @@ class Engine:
             execute[type(action)](action)
 
     def _gone_before_grant(self, grant: act.Grant) -> bool:
-        """A client that has hung up is not granted: it leaves now, as its disconnect
-        would make it a moment later, and the GPU goes to the next in line."""
+        """A client that is gone, or has hung up though asyncio has not told us yet,
+        is not granted.  Its hang-up becomes an event like any other (client_gone):
+        the core hears of it after this batch of actions, frees the lease and grants
+        the next in line.  Not here: calling the core back while its actions are
+        carried out would forget a client whose connection still delivers the frames
+        it sent before it closed (issue 36)."""
         link = self.links.get(grant.client)
-        if link is None or not link.hung_up():
+        if link is not None and not link.hung_up():
             return False
         if log.debug_enabled:
-            log.debug("not granted gpu=%s pid=%d reason=hung up", gpu_name(grant.gpu), grant.pid)
-        self.links.pop(grant.client, None)
-        self.identities.pop(grant.client, None)
-        self.execute(self.core.disconnect_many([grant.client], self.loop.time()))
+            reason = "gone" if link is None else "hung up"
+            log.debug("not granted gpu=%s pid=%d reason=%s", gpu_name(grant.gpu), grant.pid, reason)
+        if link is not None:
+            link.close_hung_up()  # and the adapter calls client_gone()
         return True
 
     def _send(self, client: int, frame: bytes) -> None:

@@ -158,6 +158,16 @@ class ShimConnection(asyncio.BufferedProtocol):
             _HANG_UP_POLL.unregister(self._fd)
         return bool(events and events[0][1] & _HUNG_UP)
 
+    def close_hung_up(self) -> None:
+        """The engine found the peer gone (hung_up) before asyncio told us: close now,
+        so that the frames it sent before it closed are never read; detach tells the
+        engine, as connection_lost would have."""
+        if self.closing:
+            return
+        self.closing = True
+        self.transport.close()
+        self.connections.detach(self)
+
     def close(self, code: int, reason: str) -> None:
         """Tell the peer why (best effort), close, and forget it at once."""
         if self.closing:

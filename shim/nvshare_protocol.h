@@ -13,9 +13,11 @@
  * A frame is a header followed by exactly header.payload_bytes of payload,
  * whose layout is fixed by header.type.
  *
- * Growing the protocol without a new version: each side says in its first
- * frame which additions it knows (HELLO.features from the shim, WELCOME from
- * the agent), and neither sends an addition the other did not announce.
+ * Growing the protocol without a new version: each side says which additions
+ * it knows (HELLO.features from the shim, WELCOME from the agent).  WELCOME
+ * goes to every shim, whatever its HELLO announced: a shim that does not know
+ * it ignores it.  Past that, an addition the other side would misread or
+ * refuse goes only to a side that announced it (docs/protocol.md lists which).
  * Both sides ignore frame types and flag bits they do not know, except that
  * an agent refuses unknown types from a shim (which never sends them unasked).
  */

@@ -80,6 +80,11 @@ class Connection:
             self.sent.append(Seen(sent_at, message))
             self._cond.notify_all()
 
+    def send_raw(self, data: bytes) -> None:
+        """Bytes sent as they are, not decoded or kept (a frame type no shim knows)."""
+        with self._send_lock, contextlib.suppress(OSError):
+            self.sock.sendall(data)
+
     def grant(self, gpu: bytes, flags: int | None = None) -> protocol.LockMessage:
         lease = self.agent.next_lease()
         flags = self.agent.grant_flags if flags is None else flags
@@ -160,6 +165,8 @@ class Connection:
                 self.send(protocol.encode_settings(**agent.settings))
             if agent.answer == "welcome":
                 self.send(protocol.encode_welcome(agent.features, agent.keepalive_ms))
+            if agent.after_answer:
+                self.send_raw(agent.after_answer)
         elif frame_type(message) == MessageType.LOCK_REQUEST and agent.grant:
             with self._cond:
                 self._waiting.add(message.gpu)
@@ -190,13 +197,15 @@ class FakeAgent:
     "settings" (SETTINGS only, as older agents do) or "none" (accepts, never answers).
     grant: grant every request, after grant_after_s, sending a KEEPALIVE every
     keepalive_every_s meanwhile (None: none); on_grant(connection, grant) runs after
-    each grant.  accept=False listens without ever accepting."""
+    each grant.  after_answer: raw bytes sent right after the answer to HELLO (frames a
+    newer agent might send).  accept=False listens without ever accepting."""
 
     def __init__(
         self,
         socket_path: Path,
         *,
         answer: str = "welcome",
+        after_answer: bytes = b"",
         features: int = WELCOME_FEATURES,
         keepalive_ms: int = 1000,
         settings: dict | None = None,
@@ -210,6 +219,7 @@ class FakeAgent:
     ):
         self.socket_path = Path(socket_path)
         self.answer, self.features, self.keepalive_ms = answer, features, keepalive_ms
+        self.after_answer = after_answer
         self.settings = dict(PATIENT_SETTINGS, **(settings or {}))
         self.grant, self.grant_flags, self.grant_after_s = grant, grant_flags, grant_after_s
         self.keepalive_every_s, self.on_grant = keepalive_every_s, on_grant

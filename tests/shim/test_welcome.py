@@ -63,3 +63,19 @@ def test_no_gpu_memory_to_an_agent_that_did_not_ask(world, answer, features):
         time.sleep(0.1)
     assert connection.all(MessageType.GPU_MEMORY) == []
     assert connection.all(MessageType.LOCK_REQUEST), "it was scheduled"
+
+
+def test_a_frame_type_the_shim_does_not_know_is_ignored(world):
+    """What a shim from before WELCOME saw of today's agent: SETTINGS, then an 8-byte
+    frame of a type it did not know.  The agent sends WELCOME to every shim, whatever
+    its HELLO announced, because every shim ignores such a frame (on_frame's default,
+    there since the first shim); so will this one, the next addition's WELCOME."""
+    unknown = protocol.encode_header(200, 8) + bytes(8)
+    with FakeAgent(world.socket_path, answer="settings", after_answer=unknown) as agent:
+        client = world.client("linked", "--loops", 2)
+        connection = agent.wait_for_connection()
+        client.finish_ok()
+        time.sleep(0.1)
+    assert len(agent.connections) == 1, "it kept the connection"
+    assert not client.warnings(), client.describe()
+    assert connection.all(MessageType.LOCK_REQUEST), "it was scheduled"
