@@ -56,7 +56,9 @@ from nvshare_agent.settings import DEFAULT_SETTINGS
 HERE = pathlib.Path(__file__).resolve().parent
 # Each client's command, before the window's arguments (tests put stand-ins here).
 CLIENT_COMMANDS = {
-    "trainer": [sys.executable, str(HERE / "trainer.py")],
+    # Wider than run.py's reference (~2.8 GiB): a trainer must outweigh the three light
+    # clients (~2.4 GiB with their contexts) to stage "apart" and "nothing fits".
+    "trainer": [sys.executable, str(HERE / "trainer.py"), "--width", "8192"],
     "inference": [sys.executable, str(HERE / "inference.py")],
     "notebook": [sys.executable, str(HERE / "notebook_cells.py")],
     "loader": [sys.executable, str(HERE / "loader.py")],
@@ -273,7 +275,7 @@ class Mix:
 
     def mix_nothing_fits(self) -> dict:
         self.checked([self.window_s])
-        limit = measures.nothing_fits_memory_limit(self.footprint_plan()[0])
+        limit = measures.nothing_fits_memory_limit(*self.footprint_plan())
         return self.under_agent(memory_limit=f"{limit >> 20}M")
 
     def mix_off_vs_plain(self) -> dict:

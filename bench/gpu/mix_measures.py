@@ -80,7 +80,18 @@ def apart_memory_limit(trainer_bytes: int, light_bytes: list[int]) -> int:
     return capacity
 
 
-def nothing_fits_memory_limit(trainer_bytes: int) -> int:
+def nothing_fits_memory_limit(trainer_bytes: int, light_bytes: list[int]) -> int:
+    """memory_limit under which no trainer fits beside anything (its line is below one
+    trainer alone) while the light clients fit together, so that light work is served in
+    windows between a trainer's turns, all of it at once; NOTHING_FITS_LIMIT_BYTES when
+    the light clients are too big for that (then each window serves one of them)."""
+    light = sum(light_bytes)
+    low, high = light + memory_fit.band(trainer_bytes), trainer_bytes
+    if high - low >= 2 * STAGING_MARGIN_BYTES:
+        capacity = -(-((low + high) // 2 + memory_fit.reserve(high)) // MIB) * MIB
+        line = capacity - memory_fit.reserve(capacity)
+        if low <= line < high:
+            return capacity
     capacity = NOTHING_FITS_LIMIT_BYTES
     if trainer_bytes <= capacity - memory_fit.reserve(capacity):
         raise ValueError(f"a trainer of {trainer_bytes >> 20} MiB fits in {capacity >> 20} MiB")

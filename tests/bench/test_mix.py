@@ -136,11 +136,17 @@ def test_apart_cannot_be_staged_when_a_trainer_is_no_bigger_than_the_light_clien
         measures.apart_memory_limit(2 * GIB, [700 * MIB] * 3)
 
 
+def test_nothing_fits_lets_the_light_clients_fit_together_but_no_trainer():
+    limit = measures.nothing_fits_memory_limit(8 * GIB, [GIB, GIB, GIB])
+    line = limit - memory_fit.reserve(limit)
+    assert 3 * GIB + memory_fit.band(8 * GIB) <= line < 8 * GIB
+
+
 def test_nothing_fits_is_one_gib_below_a_trainer():
-    assert measures.nothing_fits_memory_limit(measures.DEFAULT_TRAINER_BYTES) == GIB
+    assert measures.nothing_fits_memory_limit(measures.DEFAULT_TRAINER_BYTES, [4 * GIB]) == GIB
     assert not memory_fit.fits(True, measures.DEFAULT_TRAINER_BYTES, GIB)
     with pytest.raises(ValueError, match="fits in 1024 MiB"):
-        measures.nothing_fits_memory_limit(500 * MIB)
+        measures.nothing_fits_memory_limit(500 * MIB, [])
 
 
 def made_up_results():
@@ -374,7 +380,9 @@ def test_a_whole_mix_run_against_stand_in_clients(fake_gpu, monkeypatch, capsys)
     }
     staged = measures.apart_memory_limit(4096 * MIB, [600 * MIB, 800 * MIB, 500 * MIB])
     assert apart["config"]["memory_limit"] == f"{staged >> 20}M"
-    assert results["mix_nothing_fits"]["config"]["memory_limit"] == "1024M"
+    lights = [600 * MIB, 800 * MIB, 500 * MIB]
+    nothing = measures.nothing_fits_memory_limit(4096 * MIB, lights)
+    assert results["mix_nothing_fits"]["config"]["memory_limit"] == f"{nothing >> 20}M"
     assert results["mix_auto"]["config"]["anti_thrash"] == "auto"
     assert results["mix_off_vs_plain"]["off"]["config"]["anti_thrash"] == "off"
     assert "lock" in results["mix_auto"] and "lock" not in results["mix_plain"]
@@ -386,7 +394,7 @@ def test_a_whole_mix_run_against_stand_in_clients(fake_gpu, monkeypatch, capsys)
         "mix_two_trainers_apart.log",
     ]
     assert (
-        "memory_limit_bytes=1073741824"
+        f"memory_limit_bytes={nothing}"
         in (results_dir / "agent-logs" / "mix_nothing_fits.log").read_text()
     )
     printed = capsys.readouterr().out
