@@ -3,6 +3,7 @@ from nvshare_agent.dbus_names) and as human text that fits 80 columns.
 nvshare-metrics builds its Prometheus families from the same dicts."""
 
 import math
+import textwrap
 
 from nvshare_agent import dbus_names as names
 from nvshare_agent.statistics import WAIT_BUCKETS_S
@@ -93,6 +94,8 @@ def status_as_dict(properties: dict) -> dict:
             names.PROP_ANTI_THRASH_MODE, "on" if anti_thrash else "off"
         ),
         "memory_limit_bytes": properties.get(names.PROP_MEMORY_LIMIT, 0),
+        # "" while the agent runs by its config file (and from agents before it said).
+        "config_problem": properties.get(names.PROP_CONFIG_PROBLEM, ""),
         "gpu_settings": gpu_settings,
         "gpus": gpus,
         "clients": clients_as_dicts(
@@ -199,6 +202,15 @@ def mode_text(gpu: dict) -> str:
     return f"{mode} (auto: memory {verdict}, {size(demand)} of {size(capacity)})"
 
 
+def config_problem_lines(status: dict) -> list:
+    """The agent could not use its config file: said first, whole, over as many
+    lines as it takes (the line at fault must not be cut off), then a blank line."""
+    problem = printable(status.get("config_problem") or "")
+    if not problem:
+        return []
+    return [*textwrap.wrap(f"CONFIG ERROR: {problem}", WIDTH, subsequent_indent="  "), ""]
+
+
 def status_text(status: dict) -> str:
     commands = {client["pid"]: printable(client["command"]) for client in status["clients"]}
 
@@ -208,7 +220,7 @@ def status_text(status: dict) -> str:
             or "-"
         )
 
-    lines = [settings_text(status)]
+    lines = [*config_problem_lines(status), settings_text(status)]
     if not status["gpus"]:
         lines.append("no GPUs")
     labels = gpu_labels(status["gpus"])
