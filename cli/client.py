@@ -64,6 +64,18 @@ def _error_from_reply(reply: Message) -> CliError:
     return CliError(f"the agent refused: {text} ({reply.error_name})")
 
 
+def _maybe_not_started(reply: Message) -> bool:
+    """An error from the bus or systemd rather than from the agent: one that may
+    mean the agent could not be started (dbus-daemon passes systemd's activation
+    failures on under systemd's own error names)."""
+    name = reply.error_name or ""
+    return reply.message_type == MessageType.ERROR and (
+        name in _AGENT_MISSING
+        or name.startswith("org.freedesktop.systemd1.")
+        or name.startswith("org.freedesktop.DBus.Error.Spawn.")
+    )
+
+
 def _u64(num_bytes: int) -> int:
     if not 0 <= num_bytes < 2**64:
         raise CliError(
@@ -126,7 +138,7 @@ class AgentClient:
                 await asyncio.wait((call,))  # asking systemd failed: the call decides
             if call.done():
                 reply = call.result()
-                if reply is not None and reply.error_name in _AGENT_MISSING:
+                if reply is not None and _maybe_not_started(reply):
                     # The bus tried to start the agent and could not: say why.
                     reason = await unit_state.trouble_now(self._bus, self._on_system_bus)
                     if reason:
