@@ -12,24 +12,42 @@ SHIM_TIDY_FLAGS := -std=gnu11 -O2 -pthread -D_GNU_SOURCE -include shim/glibc_bas
 # nvshare_device_plugin and nvshare_metrics (pyproject.toml), so link them so.
 TYPECHECK_ROOT := build/typecheck
 
-.PHONY: all shim shim-asan standin deps build-deps lint-deps venv lint-venv lint format check check-fast deb install clean
+.PHONY: all shim shim-asan standin deps build-deps lint-deps venv lint-venv lint format check check-fast check-clean deb install clean
 
 all: shim
 
+# The C parts need a compiler, which `make install` takes away again with the
+# other build tools it brought: say so in one line rather than `cc: No such file`.
+NEED_CC = @command -v $(firstword $(CC)) >/dev/null 2>&1 || { echo "nvshare: make $@ needs a C compiler ($(firstword $(CC)) is missing; make install removed the build tools it brought): sudo apt-get install gcc make" >&2; exit 1; }
+
 shim:
+	$(NEED_CC)
 	$(MAKE) -C shim
 
 # libnvshare.so built with AddressSanitizer (shim/build/address/), for tests/shim.
 shim-asan:
+	$(NEED_CC)
 	$(MAKE) -C shim SANITIZE=address
 
 # The stand-in libcuda.so.1 and the small C clients: test fixtures only.
 standin:
+	$(NEED_CC)
 	$(MAKE) -C tests/standin
 
 # System packages the build and the tests need (Debian 12); a no-op when present.
+# What it installs is recorded outside the checkout (make clean keeps it, and
+# another checkout's make check adds to it), for make check-clean.
+CHECK_BROUGHT := /var/cache/nvshare-ci/check-deps-brought.txt
 deps:
-	packaging/install-deps.sh deps-build.txt deps-test.txt
+	packaging/install-deps.sh --record $(CHECK_BROUGHT) deps-build.txt deps-test.txt
+
+# Takes away what make check left on the node: the Debian packages that make deps
+# installed (those nothing else needs; make install's and nvshare's own stay), and
+# the test containers' roots.  The venv and the build outputs are the checkout's
+# (make clean).
+check-clean:
+	@if [ -s $(CHECK_BROUGHT) ]; then packaging/remove-brought.sh $(CHECK_BROUGHT); fi
+	rm -rf $(dir $(CHECK_BROUGHT))
 
 # What building the .deb needs, and only that, marked automatically installed, so
 # that `apt autoremove` removes them.  (make install brings them itself, and takes

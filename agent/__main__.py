@@ -1,6 +1,8 @@
 """nvshare-agent: the node agent. `python -m nvshare_agent --help`.
 
-Exit codes: 0 stopped cleanly, 1 cannot serve (socket), 2 bad usage or bad config.
+Exit codes: 0 stopped cleanly, 1 cannot serve (socket), 2 bad usage.  A config
+file that cannot be used is no reason to exit: the agent serves with the last good
+settings and says what is wrong (settings_files.settings_at_start).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from . import daemon, eventlog, settings, settings_files, systemd
+from . import daemon, eventlog, settings_files, systemd
 from .bus_address import EXAMPLE, bus_address_problem, system_bus_problem
 from .text import excerpt
 from .version import version
@@ -86,22 +88,28 @@ def raise_fd_limit() -> None:
             pass
 
 
+def fail(message: str, code: int) -> int:
+    """One line on stderr (the journal) and, under systemd, in the unit's status:
+    `systemctl status` and nvsharectl show it after we are gone, to users who may
+    not read the journal."""
+    print(f"nvshare-agent: error: {message}", file=sys.stderr)
+    systemd.Notifier().status(f"cannot start: {message}")
+    return code
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     eventlog.setup(args.debug)
     log = eventlog.events
     store = settings_files.SettingsStore(args.state_dir)
-    try:
-        current, overrides, warning = settings_files.load_settings(args.config, store)
-    except settings.SettingsError as e:
-        print(f"nvshare-agent: error: {e}", file=sys.stderr)
-        return 2
-    if warning:
+    start = settings_files.settings_at_start(args.config, store)
+    for warning in start.warnings:
         log.warning("%s", warning)
+    if start.config_problem:
+        log.error("config error: %s", start.config_problem)
     bus_problem = bus_option_problem(args.bus)
     if bus_problem:
-        print(f"nvshare-agent: error: {bus_problem}", file=sys.stderr)
-        return 2
+        return fail(bus_problem, 2)
 
     # Python already ignores SIGPIPE, but say so: a client that exits while we
     # write to it must cost us an EPIPE on that connection, never the process.
@@ -114,15 +122,15 @@ def main(argv=None) -> int:
     try:
         listening, bound_path = daemon.open_listening_socket(args.socket)
     except systemd.SocketSetupError as e:
-        print(f"nvshare-agent: error: {e}", file=sys.stderr)
-        return 1
+        return fail(str(e), 1)
     options = daemon.Options(
         socket_path=args.socket,
         bus=args.bus,
         state_dir=args.state_dir,
-        settings=current,
-        overrides=overrides,
+        settings=start.settings,
+        overrides=start.overrides,
         store=store,
+        config_problem=start.config_problem,
     )
     asyncio.run(daemon.run(options, listening, bound_path))
     return 0

@@ -28,10 +28,19 @@ STATUS_INTERVAL_S = 2.0
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
-def status_line(snapshot: AgentSnapshot, max_bytes: int = systemd.STATUS_MAX_BYTES) -> str:
-    """One line for systemd's STATUS=: clients, and who holds each GPU; only
-    counts when that would be longer than max_bytes (clients may name GPUs
-    and hold them shared by the hundred)."""
+def status_line(
+    snapshot: AgentSnapshot, max_bytes: int = systemd.STATUS_MAX_BYTES, config_problem: str = ""
+) -> str:
+    """One line for systemd's STATUS=: a config problem first, where there is
+    one (`systemctl status` shows it to an admin who never looks at the journal);
+    clients, and who holds each GPU; only counts when that would be longer than
+    max_bytes (clients may name GPUs and hold them shared by the hundred)."""
+    if config_problem:
+        problem = f"CONFIG ERROR: {config_problem}; "
+        room = max_bytes - len(f"{len(snapshot.clients)} clients; 999 GPUs, 999 held, 999 waiting")
+        if len(problem.encode()) > room:
+            problem = problem.encode()[: max(room - 4, 0)].decode(errors="ignore") + "…; "
+        return problem + status_line(snapshot, max_bytes - len(problem.encode()))
     parts = [f"{len(snapshot.clients)} clients"]
     for gpu in snapshot.gpus:
         holders = ",".join(str(p) for p in gpu.holder_pids) or "none"
@@ -55,6 +64,7 @@ class Options:
     settings: Settings
     overrides: dict
     store: SettingsStore
+    config_problem: str = ""  # the config file cannot be used: what, where, what instead
 
 
 def open_listening_socket(socket_path: Path | None) -> tuple[socket.socket, Path | None]:
@@ -92,16 +102,18 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
     gc.collect()
     gc.freeze()
     notifier.ready()
-    notifier.status(status_line(engine.snapshot()))
+    notifier.status(status_line(engine.snapshot(), config_problem=options.config_problem))
     tasks = [
         asyncio.create_task(_read_nvml(engine)),
-        asyncio.create_task(_report_status(engine, notifier)),
+        asyncio.create_task(_report_status(engine, notifier, options.config_problem)),
     ]
     watchdog = systemd.watchdog_interval_s()
     if watchdog:
         tasks.append(asyncio.create_task(_pet_watchdog(notifier, watchdog)))
     if options.bus != "none":
-        tasks.append(asyncio.create_task(_export_on_bus(engine, options.bus)))
+        tasks.append(
+            asyncio.create_task(_export_on_bus(engine, options.bus, options.config_problem))
+        )
 
     await stop.wait()
     log.info("stopping")
@@ -141,12 +153,12 @@ async def _read_nvml(engine: Engine) -> None:
         )
 
 
-async def _report_status(engine: Engine, notifier: systemd.Notifier) -> None:
+async def _report_status(engine: Engine, notifier: systemd.Notifier, config_problem: str) -> None:
     if not notifier.enabled:
         return
     while True:
         await asyncio.sleep(STATUS_INTERVAL_S)
-        notifier.status(status_line(engine.snapshot()))
+        notifier.status(status_line(engine.snapshot(), config_problem=config_problem))
 
 
 async def _pet_watchdog(notifier: systemd.Notifier, interval_s: float) -> None:
@@ -155,14 +167,14 @@ async def _pet_watchdog(notifier: systemd.Notifier, interval_s: float) -> None:
         await asyncio.sleep(interval_s)
 
 
-async def _export_on_bus(engine: Engine, address: str) -> None:
+async def _export_on_bus(engine: Engine, address: str, config_problem: str) -> None:
     try:
         from . import dbus_api
     except ImportError as e:
         log.warning("no D-Bus API (%s); serving the shim only", e)
         return
     try:
-        await dbus_api.export_on_bus(engine, address)
+        await dbus_api.export_on_bus(engine, address, config_problem=config_problem)
     except asyncio.CancelledError:
         raise
     except Exception as e:

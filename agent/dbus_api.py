@@ -211,7 +211,7 @@ def statistics_to_dbus(engine: Engine) -> dict:
     }
 
 
-def property_values(engine: Engine) -> dict:
+def property_values(engine: Engine, config_problem: str = "") -> dict:
     """Every property's value now, plain Python, by name."""
     settings, snapshot = engine.settings, engine.snapshot()
     return {
@@ -225,6 +225,7 @@ def property_values(engine: Engine) -> dict:
         names.PROP_GPU_DETAILS: gpu_details_to_dbus(snapshot),
         names.PROP_CLIENT_DETAILS: client_details_to_dbus(snapshot),
         names.PROP_STATISTICS: statistics_to_dbus(engine),
+        names.PROP_CONFIG_PROBLEM: config_problem,
     }
 
 
@@ -347,12 +348,16 @@ def may_change_settings(uid: int, group_name: str = names.ADMIN_GROUP) -> bool:
 class DBusApi:
     """Serves the contract for the engine on one bus connection."""
 
-    def __init__(self, bus: MessageBus, engine: Engine, contract: Contract):
+    def __init__(
+        self, bus: MessageBus, engine: Engine, contract: Contract, config_problem: str = ""
+    ):
         self._bus = bus
         self._engine = engine
         self._contract = contract
+        # Read once at start: the agent reads its config file only then.
+        self._config_problem = config_problem
         self._pending: set[asyncio.Task] = set()  # strong refs: the loop keeps weak ones
-        self._published = self._comparable(property_values(engine))
+        self._published = self._comparable(self._values())
         self._routes: dict[tuple[str, str], Callable[[Message], Message | None]] = {
             (_PROPERTIES, "Get"): self._get,
             (_PROPERTIES, "GetAll"): self._get_all,
@@ -401,6 +406,9 @@ class DBusApi:
 
     # ------------------------------------------------------------ properties
 
+    def _values(self) -> dict:
+        return property_values(self._engine, self._config_problem)
+
     def _property(self, interface: str, prop_name: str) -> tuple[str, str]:
         if interface == "":
             raise DBusFailure(
@@ -427,7 +435,7 @@ class DBusApi:
     def _get(self, msg: Message) -> Message:
         interface, prop_name = msg.body
         dbus_type, _access = self._property(interface, prop_name)
-        value = property_values(self._engine)[prop_name]
+        value = self._values()[prop_name]
         return Message.new_method_return(msg, "v", [Variant(dbus_type, value)])
 
     def _get_all(self, msg: Message) -> Message:
@@ -436,7 +444,7 @@ class DBusApi:
             return Message.new_method_return(msg, "a{sv}", [{}])
         if interface != names.INTERFACE:
             self._property(interface, "")  # raises the error that fits
-        values = property_values(self._engine)
+        values = self._values()
         props = self._contract.properties
         return Message.new_method_return(
             msg, "a{sv}", [{name: Variant(props[name][0], values[name]) for name in props}]
@@ -557,7 +565,7 @@ class DBusApi:
         """The engine's subscriber (coalesced there): one PropertiesChanged for what changed."""
         if not self._bus.connected:
             return
-        values = property_values(self._engine)
+        values = self._values()
         comparable = self._comparable(dict(values))
         silent = self._contract.silent
         changed = [n for n in values if n not in silent and comparable[n] != self._published.get(n)]
@@ -594,10 +602,12 @@ class DBusApi:
 # ---------------------------------------------------------------- staying on the bus
 
 
-async def _publish(engine: Engine, address: str, contract: Contract) -> tuple[MessageBus, DBusApi]:
+async def _publish(
+    engine: Engine, address: str, contract: Contract, config_problem: str
+) -> tuple[MessageBus, DBusApi]:
     bus = await connect_bus(address, timeout_s=10)
     try:
-        api = DBusApi(bus, engine, contract)
+        api = DBusApi(bus, engine, contract, config_problem)
         bus.add_message_handler(api.handle)
         reply = await bus.request_name(names.BUS_NAME)
     except BaseException:
@@ -614,6 +624,7 @@ async def export_on_bus(
     *,
     first_retry_s: float = 0.5,
     max_retry_s: float = 30.0,
+    config_problem: str = "",
 ) -> None:
     """Serve the API on the bus at `address` ("system" or a D-Bus address) until
     cancelled.  When the bus is missing or goes away, retry with exponential
@@ -631,7 +642,7 @@ async def export_on_bus(
         while True:
             bus = None
             try:
-                bus, api = await _publish(engine, address, contract)
+                bus, api = await _publish(engine, address, contract, config_problem)
                 current[:] = [api]
                 log.info("dbus connected address=%s name=%s", address, names.BUS_NAME)
                 retry_s, failures = first_retry_s, 0

@@ -24,6 +24,7 @@ PROP_CLIENTS = "Clients"  # CLIENTS_SIGNATURE, read-only
 PROP_GPU_DETAILS = "GpuDetails"  # a{sa{sv}}, read-only: uuid -> GPU_DETAIL_FIELDS
 PROP_CLIENT_DETAILS = "ClientDetails"  # a{ua{sv}}, read-only: pid -> CLIENT_DETAIL_FIELDS
 PROP_STATISTICS = "Statistics"  # a{sa{sv}}, read-only, no signal: uuid -> STATISTICS_FIELDS
+PROP_CONFIG_PROBLEM = "ConfigProblem"  # s, read-only: why the config file is not used; "" fine
 METHOD_GET_GPU = "GetGpu"  # (s uuid) -> GPU_SIGNATURE
 
 # The interface itself, member by member, is agent/io.github.nvshare.Scheduler1.xml.

@@ -14,9 +14,11 @@ import configparser
 import enum
 import json
 import os
+import re
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,9 @@ from .text import excerpt
 DEFAULT_CONFIG_PATH = Path("/etc/nvshare/nvshare.conf")
 DEFAULT_STATE_DIR = Path("/var/lib/nvshare")
 STATE_FILE_NAME = "settings.json"
+# A copy of the config file as it was when last read and found good: what the
+# agent serves with when the file is broken (settings_at_start).
+LAST_GOOD_CONFIG_NAME = "last-good.conf"
 # Both files are a few lines; anything larger is the wrong file (--config /dev/zero).
 MAX_FILE_BYTES = 64 * 1024
 
@@ -61,23 +66,50 @@ GPU_SECTION_PREFIX = "gpu:"
 
 
 def load_config(path: Path) -> Settings:
-    """Read the INI config; a missing file means defaults. Raises SettingsError."""
+    """Read the INI config; a missing file means defaults.  Raises SettingsError,
+    one line that names the file and, where there is one, the line at fault."""
+    text = read_config_text(path)
+    return Settings() if text is None else parse_config(text, path)
+
+
+def read_config_text(path: Path) -> str | None:
+    """The config file's text; None when there is none.  SettingsError when it
+    cannot be read (a directory, a FIFO, too large, not UTF-8)."""
+    try:
+        return read_small_file(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise SettingsError(f"config {path}: cannot read it: {_one_line(e)}") from None
+
+
+def parse_config(text: str, path: Path) -> Settings:
+    """The settings that the config file's text gives; SettingsError names the
+    line where the text says which (every message begins "config PATH")."""
     parser = configparser.ConfigParser(interpolation=None)
     try:
-        parser.read_string(read_small_file(path), source=str(path))
-    except FileNotFoundError:
-        return Settings()
+        parser.read_string(text, source=str(path))
     except configparser.MissingSectionHeaderError as e:
         raise SettingsError(
-            f"config {path}: line {e.lineno} comes before any [scheduler] header"
+            f"config {path} line {e.lineno}: a key before any section (begin with [scheduler])"
         ) from None
     except configparser.ParsingError as e:
         line = e.errors[0][0] if e.errors else "?"
-        raise SettingsError(f"config {path}: line {line} is not 'key = value'") from None
+        raise SettingsError(f"config {path} line {line}: not 'key = value'") from None
+    except configparser.DuplicateOptionError as e:
+        raise SettingsError(
+            f"config {path} line {e.lineno}: {e.option} is set twice in [{e.section}]"
+        ) from None
+    except configparser.DuplicateSectionError as e:
+        raise SettingsError(f"config {path} line {e.lineno}: [{e.section}] appears twice") from None
     except configparser.Error as e:
         raise SettingsError(f"config {path}: {_one_line(e.message)}") from None
-    except (OSError, ValueError) as e:
-        raise SettingsError(f"config {path}: cannot read it: {_one_line(e)}") from None
+    lines = _ConfigLines(text)
+
+    def where(section: str, key: str | None = None) -> str:
+        line = lines.of(section, key)
+        return f"config {path} line {line}" if line else f"config {path}"
+
     # configparser keeps [DEFAULT] out of sections() and silently merges it into
     # [scheduler]: an admin who wrote only [DEFAULT] would get none of it.
     unknown_sections = [
@@ -87,62 +119,105 @@ def load_config(path: Path) -> Settings:
         unknown_sections.insert(0, parser.default_section)
     if unknown_sections:
         raise SettingsError(
-            f"config {path}: unknown section [{unknown_sections[0]}] "
+            f"{where(unknown_sections[0])}: unknown section [{unknown_sections[0]}] "
             "(only [scheduler] and [gpu:ID])"
         )
     changes = {}
     if parser.has_section("scheduler"):
-        for key, text in parser.items("scheduler"):
+        for key, text_value in parser.items("scheduler"):
             field = _CONFIG_KEYS.get(key)
             if field is None:
                 raise SettingsError(
-                    f"config {path}: unknown key {key!r} in [scheduler]"
+                    f"{where('scheduler', key)}: unknown key {key!r} in [scheduler]"
                     f" (known: {', '.join(_CONFIG_KEYS)})"
                 )
-            changes[field] = _parse_value(path, key, field, text.strip())
-    gpus = [
-        _gpu_section(path, parser, section)
-        for section in parser.sections()
-        if section.startswith(GPU_SECTION_PREFIX)
-    ]
+            changes[field] = _parse_value(where("scheduler", key), key, field, text_value.strip())
+    gpus = []
+    named: dict[str, str] = {}  # canonical GPU id -> the section that names it
+    for section in parser.sections():
+        if not section.startswith(GPU_SECTION_PREFIX):
+            continue
+        gpu_id, own = _gpu_section(parser, section, where)
+        canonical = parse_gpu_id(gpu_id)
+        if canonical in named:
+            raise SettingsError(
+                f"{where(section)}: [{section}] and [{named[canonical]}] name the same GPU"
+            )
+        named[canonical] = section
+        gpus.append((gpu_id, own))
     try:
         return Settings().replaced(**changes).with_gpu_overrides(gpus)
-    except SettingsError as e:
+    except SettingsError as e:  # what no single line says: too many GPUs, say
         raise SettingsError(f"config {path}: {e}") from None
 
 
 def _gpu_section(
-    path: Path, parser: configparser.ConfigParser, section: str
+    parser: configparser.ConfigParser, section: str, where: Callable[..., str]
 ) -> tuple[str, GpuOverrides]:
     """[gpu:ID]: the GPU's id as written, and what it sets."""
     try:
         parse_gpu_id(section.removeprefix(GPU_SECTION_PREFIX))
     except SettingsError as e:
-        raise SettingsError(f"config {path}: [{section}]: {e}") from None
+        raise SettingsError(f"{where(section)}: [{section}]: {e}") from None
     own: dict[str, Any] = {}
     for key, text in parser.items(section):
         field = _GPU_CONFIG_KEYS.get(key)
         if field is None:
             raise SettingsError(
-                f"config {path}: unknown key {key!r} in [{section}]"
+                f"{where(section, key)}: unknown key {key!r} in [{section}]"
                 f" (known: {', '.join(_GPU_CONFIG_KEYS)})"
             )
-        own[field] = _parse_value(path, f"[{section}] {key}", field, text.strip())
+        own[field] = _parse_value(where(section, key), f"[{section}] {key}", field, text.strip())
     return section.removeprefix(GPU_SECTION_PREFIX), GpuOverrides(**own)
 
 
-def _parse_value(path: Path, key: str, field: str, text: str) -> int | AntiThrash:
+def _parse_value(where: str, key: str, field: str, text: str) -> int | AntiThrash:
+    """One value, parsed and range-checked here, where its line is known."""
+    value: int | AntiThrash
     try:
         if field == "anti_thrash":
-            return parse_anti_thrash(text)
-        if field == "memory_limit_bytes":
-            return parse_size(text)
+            value = parse_anti_thrash(text)
+        elif field == "memory_limit_bytes":
+            value = parse_size(text)
+        else:
+            try:
+                value = int(text)
+            except ValueError:
+                raise SettingsError(f"{key} must be a whole number, got {text!r}") from None
+        check_setting(field, value)
     except SettingsError as e:
-        raise SettingsError(f"config {path}: {key}: {e}") from None
-    try:
-        return int(text)
-    except ValueError:
-        raise SettingsError(f"config {path}: {key} must be a whole number, got {text!r}") from None
+        message = str(e)
+        raise SettingsError(
+            f"{where}: {message}" if message.startswith(key) else f"{where}: {key}: {message}"
+        ) from None
+    return value
+
+
+class _ConfigLines:
+    """Where each section and key of a config file's text is, by line number:
+    configparser does not keep it, and an admin wants to be told which line."""
+
+    _SECTION = re.compile(r"\[(?P<name>.+)\]")
+    _KEY = re.compile(r"(?P<key>[^=:]+?)\s*[=:]")
+
+    def __init__(self, text: str):
+        self._lines: dict[tuple[str, str | None], int] = {}
+        section = None
+        for number, line in enumerate(text.splitlines(), 1):
+            stripped = line.strip()
+            if not stripped or stripped[0] in "#;" or line[0].isspace():
+                continue  # blank, a comment, or a value's continuation
+            match = self._SECTION.match(stripped)
+            if match:
+                section = match.group("name")
+                self._lines.setdefault((section, None), number)
+                continue
+            match = self._KEY.match(stripped)
+            if match and section is not None:
+                self._lines.setdefault((section, match.group("key").lower()), number)
+
+    def of(self, section: str, key: str | None = None) -> int | None:
+        return self._lines.get((section, key)) or self._lines.get((section, None))
 
 
 def _one_line(e: object) -> str:
@@ -201,6 +276,7 @@ class SettingsStore:
 
     def __init__(self, state_dir: Path):
         self.path = Path(state_dir) / STATE_FILE_NAME
+        self.last_good_config_path = Path(state_dir) / LAST_GOOD_CONFIG_NAME
 
     def load_overrides(self) -> tuple[dict[str, Any], str | None]:
         """Returns (overrides, warning). A broken file is a warning, not a failure:
@@ -257,27 +333,64 @@ class SettingsStore:
 
     def save_overrides(self, overrides: dict[str, Any]) -> None:
         """Write atomically (temp file, fsync, rename, fsync dir): a crash leaves old or new."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".settings.", suffix=".tmp")
+        _write_atomically(self.path, json.dumps(_plain(overrides), sort_keys=True) + "\n")
+
+    # ------------------------------------------------------------ the last good config
+
+    def keep_good_config(self, text: str | None) -> str | None:
+        """Keep the config file's text, just found good, as the last good one (no file:
+        the defaults were good, and no copy is kept).  Returns a warning when it cannot."""
+        path = self.last_good_config_path
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(_plain(overrides), f, sort_keys=True)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            if text is None:
+                path.unlink(missing_ok=True)
+            elif _text_or_none(path) != text:
+                _write_atomically(path, text)
+        except OSError as e:
+            return f"cannot keep the config as the last good one in {path}: {e.strerror or e}"
+        return None
+
+    def last_good_config(self) -> tuple[Settings, str]:
+        """The settings of the last good config, and words for where they come from."""
+        path = self.last_good_config_path
         try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+            text = _text_or_none(path)
+            if text is not None:
+                return parse_config(text, path), f"the last good config (a copy in {path})"
+        except (OSError, ValueError) as e:  # SettingsError is a ValueError
+            return Settings(), f"the built-in defaults (the last good copy is unusable: {e})"
+        return Settings(), "the built-in defaults (no config was good before)"
+
+
+def _text_or_none(path: Path) -> str | None:
+    try:
+        return read_small_file(path)
+    except FileNotFoundError:
+        return None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """temp file, fsync, rename, fsync dir: a crash leaves the old file or the new."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def _plain(value: Any) -> Any:
@@ -348,8 +461,14 @@ def overrides_after(
 def load_settings(
     config_path: Path, store: SettingsStore
 ) -> tuple[Settings, dict[str, Any], str | None]:
-    """Defaults < config < persisted overrides. Returns (settings, overrides, warning)."""
-    base = load_config(config_path)
+    """Defaults < config < persisted overrides. Returns (settings, overrides, warning).
+    Raises SettingsError for a config file that cannot be used."""
+    return _with_saved_changes(load_config(config_path), store)
+
+
+def _with_saved_changes(
+    base: Settings, store: SettingsStore
+) -> tuple[Settings, dict[str, Any], str | None]:
     overrides, warning = store.load_overrides()
     node_wide = {k: v for k, v in overrides.items() if k != GPUS_KEY}
     settings = base.replaced(**node_wide)
@@ -362,3 +481,47 @@ def load_settings(
             problem = f"ignoring saved GPU settings in {store.path}: {_one_line(e)[:200]}"
             warning = f"{warning}; {problem}" if warning else problem
     return settings, overrides, warning
+
+
+# ---------------------------------------------------------------- at start
+
+
+@dataclass(frozen=True)
+class StartSettings:
+    """What the agent starts with.  A config file it cannot use does not stop it:
+    a node whose agent does not run is a node whose processes run unscheduled,
+    and systemd would restart it until its start limit takes the socket down
+    (issue 36).  It serves with the last good config instead and says so."""
+
+    settings: Settings
+    overrides: dict[str, Any]
+    warnings: tuple[str, ...] = ()  # saved settings ignored, the last good copy not kept
+    # "" when the config file was used; else what is wrong with it (which line),
+    # and what the agent serves with instead: one line for the journal, STATUS=,
+    # D-Bus (ConfigProblem), nvsharectl status and the metrics.
+    config_problem: str = ""
+
+
+def settings_at_start(config_path: Path, store: SettingsStore) -> StartSettings:
+    """Defaults < config < persisted overrides, where the config is the file or,
+    when the file cannot be used, the last good one (a copy kept in the state
+    directory each time the file was good), else the defaults."""
+    warnings = []
+    problem = ""
+    try:
+        text = read_config_text(config_path)
+        base = Settings() if text is None else parse_config(text, config_path)
+    except SettingsError as e:
+        base, instead = store.last_good_config()
+        problem = (
+            f"{_one_line(e)}; serving with {instead}: fix the file, then restart the agent "
+            "(systemctl restart nvshare)"
+        )
+    else:
+        kept = store.keep_good_config(text)
+        if kept:
+            warnings.append(kept)
+    settings, overrides, warning = _with_saved_changes(base, store)
+    if warning:
+        warnings.append(warning)
+    return StartSettings(settings, overrides, tuple(warnings), problem)

@@ -12,6 +12,8 @@ from nvshare_agent.bus_address import EXAMPLE, bus_address_problem, system_bus_p
 from nvshare_agent.dbus_connection import connect_bus, plain
 from nvshare_agent.text import excerpt
 
+from . import unit_state
+
 CALL_TIMEOUT_S = 25.0  # the bus may be starting nvshare.service for us
 
 EXIT_FAILED = 1
@@ -62,6 +64,18 @@ def _error_from_reply(reply: Message) -> CliError:
     return CliError(f"the agent refused: {text} ({reply.error_name})")
 
 
+def _maybe_not_started(reply: Message) -> bool:
+    """An error from the bus or systemd rather than from the agent: one that may
+    mean the agent could not be started (dbus-daemon passes systemd's activation
+    failures on under systemd's own error names)."""
+    name = reply.error_name or ""
+    return reply.message_type == MessageType.ERROR and (
+        name in _AGENT_MISSING
+        or name.startswith("org.freedesktop.systemd1.")
+        or name.startswith("org.freedesktop.DBus.Error.Spawn.")
+    )
+
+
 def _u64(num_bytes: int) -> int:
     if not 0 <= num_bytes < 2**64:
         raise CliError(
@@ -83,16 +97,17 @@ def _variant(dbus_type: str, value) -> Variant:
 
 
 class AgentClient:
-    def __init__(self, bus: MessageBus, where: str):
+    def __init__(self, bus: MessageBus, where: str, on_system_bus: bool = False):
         self._bus = bus
         self._where = where
+        self._on_system_bus = on_system_bus
 
     async def _call(self, message: Message) -> Message:
         try:
             # asyncio.timeout, not wait_for: 3.11's wait_for can turn the
             # cancellation of Ctrl-C into a TimeoutError.
             async with asyncio.timeout(CALL_TIMEOUT_S):
-                reply = await self._bus.call(message)
+                reply = await self._call_or_why_not(message)
         except TimeoutError:  # before OSError, its base class
             raise CliError(_NO_ANSWER) from None
         except (
@@ -110,6 +125,31 @@ class AgentClient:
         if reply.message_type == MessageType.ERROR:
             raise _error_from_reply(reply)
         return reply
+
+    async def _call_or_why_not(self, message: Message) -> Message | None:
+        """The call's reply; or, as soon as systemd says the agent cannot answer
+        (it cannot start, or runs and is silent), CliError with why, rather than
+        the bus's 25 s wait (unit_state.py)."""
+        call = asyncio.ensure_future(self._bus.call(message))
+        watch = asyncio.ensure_future(unit_state.why_no_answer(self._bus, self._on_system_bus))
+        try:
+            await asyncio.wait((call, watch), return_when=asyncio.FIRST_COMPLETED)
+            if not call.done() and watch.exception() is not None:
+                await asyncio.wait((call,))  # asking systemd failed: the call decides
+            if call.done():
+                reply = call.result()
+                if reply is not None and _maybe_not_started(reply):
+                    # The bus tried to start the agent and could not: say why.
+                    reason = await unit_state.trouble_now(self._bus, self._on_system_bus)
+                    if reason:
+                        raise CliError(f"the nvshare agent is not running: {reason}")
+                return reply
+            reason = watch.result()
+        finally:
+            for task in (call, watch):
+                task.cancel()
+            await asyncio.gather(call, watch, return_exceptions=True)
+        raise CliError(f"the nvshare agent does not answer: {reason}")
 
     def _message(self, interface, member, signature="", body=()):
         return Message(
@@ -193,7 +233,7 @@ async def connect(address: str):
     except Exception as error:  # dbus-next raises bare Exceptions for bad addresses, auth
         raise CliError(f"cannot connect to {where}: {error}") from None
     try:
-        yield AgentClient(bus, where)
+        yield AgentClient(bus, where, on_system_bus=address == "system")
     finally:
         if bus.connected:  # else dbus-next logs a traceback for the socket it cannot shut down
             bus.disconnect()

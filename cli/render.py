@@ -3,6 +3,7 @@ from nvshare_agent.dbus_names) and as human text that fits 80 columns.
 nvshare-metrics builds its Prometheus families from the same dicts."""
 
 import math
+import textwrap
 
 from nvshare_agent import dbus_names as names
 from nvshare_agent.statistics import WAIT_BUCKETS_S
@@ -93,6 +94,8 @@ def status_as_dict(properties: dict) -> dict:
             names.PROP_ANTI_THRASH_MODE, "on" if anti_thrash else "off"
         ),
         "memory_limit_bytes": properties.get(names.PROP_MEMORY_LIMIT, 0),
+        # "" while the agent runs by its config file (and from agents before it said).
+        "config_problem": properties.get(names.PROP_CONFIG_PROBLEM, ""),
         "gpu_settings": gpu_settings,
         "gpus": gpus,
         "clients": clients_as_dicts(
@@ -185,6 +188,40 @@ def gpu_change_text(gpu_id: str, status: dict) -> str:
     return "\n".join(_fit(line) for line in lines)
 
 
+def gpu_size_text(gpu: dict) -> str:
+    """The GPU's memory: NVML's figure; without NVML (a container, CI), what its
+    clients' driver told them, which anti-thrash auto counts with too, unless a
+    memory limit below it is all that is known."""
+    if gpu["memory_total_bytes"]:
+        return size(gpu["memory_total_bytes"])
+    capacity, limit = gpu.get("memory_capacity_bytes", 0), gpu.get("memory_limit_bytes", 0)
+    if capacity and not (limit and capacity >= limit):
+        return f"{size(capacity)} (clients' figure)"
+    return "size unknown"
+
+
+def allocated_on(gpu: dict, clients: list) -> int:
+    """What the clients allocated on the GPU: the sum of their MEMORY column."""
+    return sum(
+        entry["allocated_bytes"]
+        for client in clients
+        for entry in client["gpus"]
+        if entry["uuid"] == gpu["uuid"]
+    )
+
+
+def demand_text(gpu: dict, clients: list) -> str:
+    """The memory the GPU's mode is judged by, told apart: what the clients allocated
+    (the MEMORY column's sum) and the rest (CUDA contexts, as NVML reads them or
+    estimated at 512 MiB each, and processes outside nvshare).  "" when none."""
+    demand = gpu.get("memory_demand_bytes", 0)
+    if not demand:
+        return ""
+    allocated = allocated_on(gpu, clients)
+    rest = max(demand - allocated, 0)
+    return f"{size(demand)} in use: {size(allocated)} allocated + {size(rest)} contexts, others"
+
+
 def mode_text(gpu: dict) -> str:
     """How the GPU is scheduled now, and why (GpuDetails)."""
     mode = gpu.get("mode")
@@ -199,6 +236,15 @@ def mode_text(gpu: dict) -> str:
     return f"{mode} (auto: memory {verdict}, {size(demand)} of {size(capacity)})"
 
 
+def config_problem_lines(status: dict) -> list:
+    """The agent could not use its config file: said first, whole, over as many
+    lines as it takes (the line at fault must not be cut off), then a blank line."""
+    problem = printable(status.get("config_problem") or "")
+    if not problem:
+        return []
+    return [*textwrap.wrap(f"CONFIG ERROR: {problem}", WIDTH, subsequent_indent="  "), ""]
+
+
 def status_text(status: dict) -> str:
     commands = {client["pid"]: printable(client["command"]) for client in status["clients"]}
 
@@ -208,21 +254,22 @@ def status_text(status: dict) -> str:
             or "-"
         )
 
-    lines = [settings_text(status)]
+    lines = [*config_problem_lines(status), settings_text(status)]
     if not status["gpus"]:
         lines.append("no GPUs")
     labels = gpu_labels(status["gpus"])
     for gpu in status["gpus"]:
-        memory = size(gpu["memory_total_bytes"]) if gpu["memory_total_bytes"] else "memory unknown"
         lines += [
             "",
-            f"GPU {labels[gpu['uuid']]}  {gpu['uuid']}  {memory}",
+            f"GPU {labels[gpu['uuid']]}  {gpu['uuid']}  {gpu_size_text(gpu)}",
             f"  name:    {gpu['name'] or 'unknown'}",
         ]
         if gpu_settings_text(gpu):
             lines.append(f"  tq:      {gpu_settings_text(gpu)}")
         if mode_text(gpu):
             lines.append(f"  mode:    {mode_text(gpu)}")
+        if demand_text(gpu, status["clients"]):
+            lines.append(f"  memory:  {demand_text(gpu, status['clients'])}")
         lines += [
             f"  holding: {who(gpu['holder_pids'])}",
             f"  waiting: {who(gpu['queue_pids'])}",

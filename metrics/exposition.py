@@ -37,6 +37,7 @@ ANTI_THRASH_SETTINGS = ("on", "off", "auto")
 # family gets "_info", a counter's samples "_total").
 FAMILY_NAMES = (
     "nvshare_agent_up",
+    "nvshare_config_error",
     "nvshare_time_quantum_seconds",
     "nvshare_anti_thrash",
     "nvshare_gpu_info",
@@ -89,6 +90,15 @@ def agent_families(status: dict | None) -> Iterator[Metric]:
     )
     if status is None:
         return
+    problem = status.get("config_problem", "")
+    config = GaugeMetricFamily(
+        "nvshare_config_error",
+        "1 if the agent could not use its config file when it started (problem says what is "
+        "wrong, and on which line, and what it serves with instead), 0 if it runs by it.",
+        labels=["problem"],
+    )
+    config.add_metric([problem], 1 if problem else 0)
+    yield config
     yield GaugeMetricFamily(
         "nvshare_time_quantum_seconds",
         "How long a holder keeps a GPU while others wait.",

@@ -47,6 +47,7 @@ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $m
 brought=$(dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${binary:Package}\n' \
     | awk '$1 == "ii" {print $2, $3}' | sort -k1,1 | join -v 1 - "$before" | cut -d' ' -f2)
 if [ -n "$record" ] && [ -n "$brought" ]; then
+    mkdir -p "$(dirname "$record")"
     { cat "$record" 2>/dev/null || true; echo "$brought"; } | sort -u >"$record.new"
     mv "$record.new" "$record"
 fi

@@ -2,7 +2,7 @@
 # `make install`: installs the build tools that are missing (deps-build.txt),
 # builds the .deb (its log in build/deb.log, shown only when the build fails),
 # installs it with apt, removes the build tools it brought, and says what
-# changed on the node.  What is left is nvshare and what it needs at run time:
+# changed on the node (say-installed.sh).  What is left is nvshare and what it needs at run time:
 # `apt purge nvshare` and `apt autoremove` then leave the node as it was.
 set -eu
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -12,7 +12,6 @@ mkdir -p "$top/build"
 # Recorded (and marked automatic) even when this run stops half-way, so that the
 # next one removes them too.
 "$top/packaging/install-deps.sh" --auto --record "$brought" deps-build.txt
-shim=/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/libnvshare.so
 echo "nvshare: building the .deb (log: build/deb.log)"
 if ! make -s -C "$top" deb >"$log" 2>&1; then
     tail -n 25 "$log" >&2
@@ -43,23 +42,4 @@ else
         "'sudo make install' again tries once more" >&2
 fi
 
-version=$(dpkg-query -W -f='${Version}' nvshare)
-echo
-echo "nvshare $version is installed."
-if [ -d /run/systemd/system ]; then
-    if [ "$(systemctl is-active nvshare.socket 2>/dev/null)" = active ]; then
-        echo "  socket:  nvshare.socket listens on /run/nvshare/scheduler.sock; the agent starts with the first client"
-    else
-        echo "  socket:  nvshare.socket is not active: see 'systemctl status nvshare.socket'"
-    fi
-else
-    echo "  socket:  systemd is not running here: nvshare.socket starts at the next boot"
-fi
-if /usr/lib/nvshare/preload-entry has "$shim"; then
-    echo "  preload: /etc/ld.so.preload names $shim: every process started from now on loads it"
-    echo "           (those already running do not); 'sudo nvsharectl preload disable' turns it off"
-else
-    echo "  preload: off ('sudo nvsharectl preload enable' turns it on)"
-fi
-echo "  next:    nvsharectl status     (GPUs, holder, queue, clients; man nvsharectl)"
-echo "           sudo make check       (the tests: needs the network, README.md says more)"
+"$top/packaging/say-installed.sh"

@@ -145,17 +145,23 @@ def test_gpu_sections_give_gpus_settings_of_their_own(tmp_path):
     [
         (
             "[gpu:1]\nidle_release_ms = 5\n",
-            "unknown key 'idle_release_ms' in [gpu:1] "
+            "line 4: unknown key 'idle_release_ms' in [gpu:1] "
             "(known: time_quantum, anti_thrash, memory_limit)",
         ),
-        ("[gpu:first]\ntime_quantum = 5\n", "[gpu:first]: a GPU is named by its UUID"),
-        ("[gpu:]\ntime_quantum = 5\n", "[gpu:]: a GPU is named by its UUID"),
-        ("[gpu:1]\ntime_quantum = 0\n", "GPU 1: time quantum must be 1..86400 seconds, got 0"),
-        ("[gpu:1]\ntime_quantum = ten\n", "[gpu:1] time_quantum must be a whole number"),
-        ("[gpu:1]\nanti_thrash = maybe\n", "[gpu:1] anti_thrash: anti-thrash must be on, off"),
-        ("[gpu:1]\nmemory_limit = lots\n", "[gpu:1] memory_limit: a size is a whole number"),
-        ("[gpu:1]\n[gpu:01]\n", "GPU 1 and GPU 01 name the same GPU"),
-        ("[GPU:1]\n", "unknown section [GPU:1] (only [scheduler] and [gpu:ID])"),
+        ("[gpu:first]\ntime_quantum = 5\n", "line 3: [gpu:first]: a GPU is named by its UUID"),
+        ("[gpu:]\ntime_quantum = 5\n", "line 3: [gpu:]: a GPU is named by its UUID"),
+        (
+            "[gpu:1]\ntime_quantum = 0\n",
+            "line 4: [gpu:1] time_quantum: time quantum must be 1..86400 seconds, got 0",
+        ),
+        ("[gpu:1]\ntime_quantum = ten\n", "line 4: [gpu:1] time_quantum must be a whole number"),
+        (
+            "[gpu:1]\n\nanti_thrash = maybe\n",
+            "line 5: [gpu:1] anti_thrash: anti-thrash must be on, off",
+        ),
+        ("[gpu:1]\nmemory_limit = lots\n", "line 4: [gpu:1] memory_limit: a size is a whole"),
+        ("[gpu:1]\n[gpu:01]\n", "line 4: [gpu:01] and [gpu:1] name the same GPU"),
+        ("[GPU:1]\n", "line 3: unknown section [GPU:1] (only [scheduler] and [gpu:ID])"),
     ],
 )
 def test_a_bad_gpu_section_is_one_line_naming_it(tmp_path, section, message):
@@ -164,7 +170,14 @@ def test_a_bad_gpu_section_is_one_line_naming_it(tmp_path, section, message):
     with pytest.raises(SettingsError) as error:
         load_config(config)
     text = str(error.value)
-    assert text.startswith(f"config {config}: ") and message in text and "\n" not in text
+    assert text.startswith(f"config {config} line ") and message in text and "\n" not in text
+
+
+def test_too_many_gpu_sections_is_one_line_without_a_line_number(tmp_path):
+    config = tmp_path / "nvshare.conf"
+    config.write_text("".join(f"[gpu:{i}]\ntime_quantum = 5\n" for i in range(300)))
+    with pytest.raises(SettingsError, match=f"^config {config}: at most 256 GPUs"):
+        load_config(config)
 
 
 # ---------------------------------------------------------------- changes saved at run time

@@ -10,9 +10,8 @@ import sys
 import time
 
 import pytest
-from agent_harness import GPU0, GPU1, AsyncShimClient, ShimClient
+from agent_harness import GPU0, GPU1, AgentProcess, AsyncShimClient, ShimClient
 from test_nvml import FAKE_NVML
-from test_settings_files import run_agent
 
 from nvshare_agent.protocol import GrantFlags, MessageType, format_uuid
 from nvshare_agent.settings import AntiThrash, GpuOverrides, Settings, SettingsError
@@ -144,13 +143,12 @@ def test_settings_by_index_follow_nvmls_numbering(start_agent):
     assert "by NVML index apply to no GPU" not in agent.log()
 
 
-def test_a_bad_gpu_section_is_one_line_and_exit_code_2(tmp_path):
-    config = tmp_path / "bad.conf"
-    config.write_text("[scheduler]\ntime_quantum = 30\n\n[gpu:the-big-one]\ntime_quantum = 1\n")
-    result = run_agent(tmp_path, config)
-    assert result.returncode == 2
-    assert result.stderr == (
-        f"nvshare-agent: error: config {config}: [gpu:the-big-one]: a GPU is named by its UUID "
-        "(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) or its NVML index (0..1023), "
-        "got 'the-big-one'\n"
-    )
+def test_a_bad_gpu_section_is_one_error_line_naming_it(tmp_path):
+    config = "[scheduler]\ntime_quantum = 30\n\n[gpu:the-big-one]\ntime_quantum = 1\n"
+    agent = AgentProcess(tmp_path / "a", config=config).start()
+    assert agent.stop() == 0
+    assert (
+        f"ERROR config error: config {agent.config_path} line 4: [gpu:the-big-one]: a GPU is "
+        "named by its UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) or its NVML index "
+        "(0..1023), got 'the-big-one'; serving with"
+    ) in agent.log()

@@ -1,16 +1,15 @@
 """What the agent reads from disk at start: the config file (--config) and the settings
 saved at run time (<state dir>/settings.json).  Whatever lies there, the agent either
-starts (a bad state file is one warning, and the config's values apply) or, for the
-admin's own config file, exits 2 with one line; it never hangs, grows or crashes."""
+starts (a bad state file is one warning, and the config's values apply; a config file
+it cannot use is one error line, and the defaults apply: test_config_problems.py); it
+never hangs, grows or crashes."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
-from agent_harness import FAST_CONFIG, TIMEOUT_S, AgentProcess, ShimClient
+from agent_harness import FAST_CONFIG, AgentProcess, ShimClient
 
 # The agent runs with a 2 GiB address space: a file it would read without end fails
 # it (MemoryError) long before the machine runs short.
@@ -20,28 +19,6 @@ LIMITED_MEMORY = ["prlimit", f"--as={2 << 30}", "--"]
 class LimitedAgent(AgentProcess):
     def command(self) -> list[str]:
         return LIMITED_MEMORY + super().command()
-
-
-def run_agent(tmp_path, config) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            *LIMITED_MEMORY,
-            sys.executable,
-            "-m",
-            "nvshare_agent",
-            "--bus",
-            "none",
-            "--socket",
-            str(tmp_path / "s.sock"),
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--config",
-            str(config),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
 
 
 def nested(depth: int) -> str:
@@ -104,25 +81,29 @@ def test_any_state_file_is_one_warning_and_the_configs_values(tmp_path, kind):
         ("too-large", "larger than 64 KiB"),
     ],
 )
-def test_a_config_that_is_no_regular_small_file_is_one_line_and_exit_code_2(
+def test_a_config_that_is_no_regular_small_file_is_one_error_line_and_the_defaults(
     tmp_path, kind, message
 ):
-    config = tmp_path / "nvshare.conf"
+    agent = LimitedAgent(tmp_path / "a", config=None)
+    config = agent.config_path
     if kind == "fifo":
         os.mkfifo(config)  # hung the agent before
     elif kind == "dev-zero":
-        config = "/dev/zero"  # grew the agent's memory without bound before
+        config = agent.config_path = "/dev/zero"  # grew the agent's memory without bound before
     elif kind == "directory":
         config.mkdir()
     elif kind == "too-large":
         config.write_text(FAST_CONFIG + "# padding\n" * 8000)
-    result = run_agent(tmp_path, config)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"nvshare-agent: error: config {config}: "), (
-        result.stderr
-    )
-    assert message in lines[0]
+    agent.start()
+    try:
+        with ShimClient(agent.socket_path) as client:
+            assert client.settings.time_quantum_ms == 30_000  # the defaults
+    finally:
+        assert agent.stop() == 0, agent.log()
+    errors = [line for line in agent.log().splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and len(errors[0]) < 600, agent.log()
+    assert f"ERROR config error: config {config}: cannot read it: {message}" in errors[0]
+    assert "Traceback" not in agent.log()
 
 
 def test_a_config_saved_with_a_utf8_byte_order_mark_is_read(tmp_path):

@@ -239,49 +239,6 @@ def queued_behind_a_stopped_agent(tmp_path, socket_from, at_most: int) -> int:
     return queued
 
 
-@pytest.mark.slow  # several seconds: make check runs it, check-fast does not
-def test_bad_config_is_one_line_and_exit_code_2(tmp_path):
-    config = tmp_path / "nvshare.conf"
-    for text, message in [
-        ("[scheduler]\ntime_quantum = 0\n", "time quantum must be 1..86400 seconds, got 0"),
-        (
-            "[scheduler]\nanti_thrash = maybe\n",
-            "anti_thrash: anti-thrash must be on, off or auto, got 'maybe'",
-        ),
-        ("[scheduler]\nspeed = 3\n", "unknown key 'speed'"),
-        ("not an ini file\n", "line 1 comes before any [scheduler] header"),
-        ("[scheduler]\ntime_quantum = 3\ntime_quantum = 4\n", "already exists"),
-        ("[scheduler]\n= 3\n", "line 2 is not 'key = value'"),
-        ("[other]\nx = 1\n", "unknown section [other]"),
-        ("[DEFAULT]\ntime_quantum = 5\n", "unknown section [DEFAULT]"),
-    ]:
-        config.write_text(text)
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "nvshare_agent",
-                "--bus",
-                "none",
-                "--socket",
-                str(tmp_path / "s.sock"),
-                "--state-dir",
-                str(tmp_path / "state"),
-                "--config",
-                str(config),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-        )
-        assert result.returncode == 2, result.stderr
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("nvshare-agent: error: config "), (
-            result.stderr
-        )
-        assert message in lines[0]
-
-
 @pytest.mark.parametrize(
     "bus, env, message",
     [

@@ -111,6 +111,11 @@ def expected_samples(status: dict) -> dict:
         want[(name, frozenset(labels.items()))] = float(value)
 
     put("nvshare_agent_up", {}, 1)
+    put(
+        "nvshare_config_error",
+        {"problem": status["config_problem"]},
+        bool(status["config_problem"]),
+    )
     put("nvshare_time_quantum_seconds", {}, status["time_quantum_s"])
     for setting in ("on", "off", "auto"):
         put("nvshare_anti_thrash", {"setting": setting}, setting == status["anti_thrash_mode"])

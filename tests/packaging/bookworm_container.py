@@ -13,6 +13,7 @@ and --keep-unit (no systemd on the host to make a scope).
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import shlex
@@ -54,6 +55,83 @@ INSIDE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 class ContainerError(RuntimeError):
     pass
+
+
+# Capabilities a booted container needs here (capability(7) numbers): nspawn's
+# namespaces and mounts, and the container's own loopback device.
+_NEEDED_CAPABILITIES = {21: "CAP_SYS_ADMIN", 12: "CAP_NET_ADMIN"}
+WHERE_THE_FULL_SUITE_RUNS = (
+    "the whole suite runs as root on a Debian 12 machine or VM, or in a privileged container "
+    "(docker run --privileged) whose cgroup it may write (README, Tests)"
+)
+
+
+@functools.cache
+def why_containers_cannot_boot() -> str | None:
+    """Why systemd-nspawn cannot boot a container here, or None.  Inside a container
+    (make check in docker, a nested nspawn) it cannot without CAP_SYS_ADMIN and
+    CAP_NET_ADMIN (without the second nspawn goes on with no loopback device, and
+    every test that connects to 127.0.0.1 inside fails: "Network is unreachable"),
+    nor without a cgroup of its own to make the container's in ("Failed to create
+    /../payload subcgroup").  Checked, then tried once: nspawn runs /usr/bin/true on
+    a volatile copy of this root, which needs what a boot needs."""
+    if os.geteuid() != 0:
+        return "booting a container needs root"
+    missing = [
+        tool for tool in ("debootstrap", "systemd-nspawn", "nsenter") if not shutil.which(tool)
+    ]
+    if missing:
+        return f"{', '.join(missing)} not installed (packaging/deps-test.txt)"
+    effective = 0
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            effective = int(line.split()[1], 16)
+    lacking = [name for bit, name in _NEEDED_CAPABILITIES.items() if not effective >> bit & 1]
+    if lacking:
+        return (
+            f"this process lacks {' and '.join(lacking)}, which systemd-nspawn needs "
+            f"(inside a container that was not given them?); {WHERE_THE_FULL_SUITE_RUNS}"
+        )
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        path = line.split(":", 2)[2] if line.count(":") >= 2 else ""
+        if line.startswith("0::") and (path == "/.." or path.startswith("/../")):
+            return (
+                f"this process's cgroup ({path}) is outside its cgroup namespace, so systemd-nspawn "
+                f"cannot make the container's cgroup; {WHERE_THE_FULL_SUITE_RUNS}"
+            )
+    try:
+        probe = subprocess.run(
+            [
+                "systemd-nspawn",
+                "--register=no",
+                "--keep-unit",
+                "--quiet",
+                "--private-network",
+                "--volatile=yes",
+                "--directory=/",
+                "/usr/bin/true",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return f"systemd-nspawn did not run /usr/bin/true within 60 s; {WHERE_THE_FULL_SUITE_RUNS}"
+    if probe.returncode != 0:
+        said = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
+        return f"systemd-nspawn cannot start a container here ({said}); {WHERE_THE_FULL_SUITE_RUNS}"
+    return None
+
+
+def skip_unless_containers_boot() -> None:
+    """pytest.skip, with the reason, where no container can boot (issue 36: make
+    check inside a container ended with 22 errors and no hint)."""
+    import pytest
+
+    reason = why_containers_cannot_boot()
+    if reason:
+        pytest.skip(f"no booted container here: {reason}")
 
 
 def _root_tarball(suite: str, include: tuple[str, ...]) -> Path:

@@ -4,6 +4,7 @@
 import time
 
 import pytest
+from bookworm_container import skip_unless_containers_boot
 
 _STAGES: list[tuple[str, float]] = []
 
@@ -38,6 +39,13 @@ class _Stage:
     def __exit__(self, *exc):
         _STAGES.append((self.name, time.monotonic() - self.began))
         return False
+
+
+@pytest.fixture(scope="session")
+def bootable():
+    """Skips, saying why, where systemd-nspawn cannot boot a container (inside an
+    unprivileged container, say); before anything slow is built for one."""
+    skip_unless_containers_boot()
 
 
 @pytest.fixture(scope="session")

@@ -72,7 +72,7 @@ def deb(stage) -> Path:
 
 
 @pytest.fixture(scope="module")
-def container(stage, deb):
+def container(stage, bootable, deb):
     with stage("bookworm root (debootstrap, or the cached tarball)"):
         tarball = ensure_root_tarball(print)
     workdir = Path(tempfile.mkdtemp(prefix="nvshare-container-", dir="/var/tmp"))

@@ -43,7 +43,7 @@ pytestmark = [
 
 
 @pytest.fixture
-def fresh(stage):
+def fresh(stage, bootable):
     with stage("fresh bookworm root (debootstrap once, then cached)"):
         tarball = ensure_root_tarball(print, include=FRESH)
     workdir = Path(tempfile.mkdtemp(prefix="nvshare-readme-", dir="/var/tmp"))
