@@ -17,28 +17,17 @@ Per GPU, by the anti-thrash setting (docs/scheduling.md has the diagrams):
 - off: every request is granted at once, shared.  Switching it back on asks
   the shared holders to drop and grants exclusively only when the GPU is free
   again (released or revoked), so no one waits on anyone forever.
-- auto: while the memory of the GPU's clients fits it (memory_fit.py), nothing
-  can thrash, so the lock only arranges throughput and latency: busy clients
-  take turns (two processes that each keep the GPU busy lose ~9 % running at
-  once), one *turn* at a time of at most the quantum, and light clients (a
-  notebook's burst) run beside the turn at once.  Once memory does not fit,
-  the shared leases are drained and clients take exclusive turns; a light
-  client then gets the GPU after the holder's minimum slice.  Either way
-  waiters are served least recent use first (usage.py), and a holder that
-  others wait for is asked to release as soon as it goes idle.
-
-  Light means: recent use under LIGHT_FLOOR, or under LIGHT_RATIO of the turn
-  holder's, judged when the request arrives; taking an exclusive holder's GPU
-  early needs the second (much less use), so that two new busy clients do not
-  take it from each other slice by slice.  Starvation bound: a waiter
-  that has waited a quantum goes before every one that has not (oldest first),
-  and no light waiter may cut in ahead of it, so every waiter is granted
-  within quantum + n x (quantum + drop_grace), n the clients on the GPU
-  (tests/test_scheduler_auto.py checks it under a random walk).  A client
-  whose turn on another GPU others wait for counts as light, and one that
-  holds another GPU (or held one while it waited) is not asked to release
-  when idle: a process working across GPUs needs them at once and leaves
-  each idle while it works on another.
+- auto (lock_rules.LockRules.decide, in docs/scheduling.md's order): use is
+  GPU time, measured by the shim (usage.py).  Busy clients take turns, one at
+  a time of at most the quantum; a light client (use under LIGHT_FLOOR, or
+  under LIGHT_RATIO of the turn holder's) runs beside the turn when its memory
+  fits with the turn's (memory_fit.running_fits: those that would run at once,
+  not everyone), else in a window after the turn's minimum slice.  A holder
+  others wait for is asked to release once idle; waiters go least recent use
+  first, and one that has waited a quantum before all others, so every waiter
+  is granted within quantum + n x (quantum + drop_grace), n the clients on the
+  GPU (tests/test_scheduler_auto.py).  A process working across GPUs counts as
+  light where its turn elsewhere is wanted, and is not asked to release when idle.
 
 Each GPU runs by its own settings (GpuState.settings): the node-wide ones with
 what the GPU sets for itself over them, by NVML index and, over that, by UUID.
