@@ -361,19 +361,11 @@ class LockRules:
         if turn is None and starving and self._fits_with(gpu, best):
             self._grant(gpu, best, now, SHARED, actions, Role.TURN)
             turn = best
+        if not starving or turn is not None:
+            for client in [c for c, w in gpu.waiters.items() if w.light]:
+                if self._fits_with(gpu, client):
+                    self._grant(gpu, client, now, SHARED, actions, Role.BESIDE)
         busy = [c for c, w in gpu.waiters.items() if not w.light]
-        # A window takes the light work that asked before a busy waiter had waited a
-        # minimum slice; later light work (a loader every 10 ms) would keep it open.
-        slice_s = gpu.settings.min_slice_ms / 1000.0
-        closes_at = min((gpu.waiters[c].requested_at + slice_s for c in busy), default=None)
-        for client in [c for c, w in gpu.waiters.items() if w.light]:
-            in_window = (
-                turn is None
-                and not starving
-                and (closes_at is None or gpu.waiters[client].requested_at < closes_at)
-            )
-            if (turn is not None or in_window) and self._fits_with(gpu, client):
-                self._grant(gpu, client, now, SHARED, actions, Role.BESIDE)
         if turn is None and not starving and busy:
             taker = self._best_waiter(gpu, at, busy)
             if self._fits_with(gpu, taker):

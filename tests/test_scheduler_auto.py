@@ -686,21 +686,3 @@ def test_two_new_busy_clients_do_not_take_the_gpu_from_each_other_slice_by_slice
             leases[grant.client] = grant.lease
             s.request(drop.client, G0, now + 0.06)  # busy: asks again at once
     assert early_drops == 1
-
-
-def test_a_window_takes_the_light_work_that_asked_before_the_turn_waited_a_slice():
-    # 8 GiB; the trainer's 7 GiB fit beside no one, the light clients fit together.
-    s = make(n_clients=4, capacity=8 * GIB)
-    now = hold_for(s, 1, 60.0, 0.0)
-    s.memory_report(1, G0, 7 * GIB, 0, now)
-    trainer = one(Grant, s.request(1, G0, now))
-    assert of(Queued, s.request(2, G0, now + 0.01))  # light, but not beside the trainer
-    assert one(AskToDrop, s.tick(now + MIN_SLICE)).reason == "light work waits"
-    assert one(Grant, s.release(1, G0, trainer.lease, now + 0.12)).client == 2  # a window
-    assert of(Queued, s.request(1, G0, now + 0.13))  # the trainer waits for it
-    assert one(Grant, s.request(3, G0, now + 0.2)).client == 3  # joins the window
-    # Later light work waits for the next window: the trainer has waited a slice.
-    assert of(Queued, s.request(4, G0, now + 0.13 + MIN_SLICE + 0.01))
-    s.release(2, G0, s.gpus[G0].holders[2].number, now + 0.3, idle_ms=WINDOW_IDLE_MS)
-    back = one(Grant, s.release(3, G0, s.gpus[G0].holders[3].number, now + 0.31))
-    assert (back.client, back.role) == (1, "turn")
