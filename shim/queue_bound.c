@@ -71,6 +71,7 @@ struct launch_queue {
     double ms_per_launch;          /* GPU time, moving average; 0 until measured */
     atomic_uint launches_per_mark; /* read on every launch, without the mutex */
     atomic_int ran_dry;            /* no mark pending at the usage meter's look: mark next launch */
+    _Atomic(CUevent) newest;       /* the mark recorded last: the usage meter's look, lock-free */
 };
 
 static struct launch_queue queues[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS];
@@ -159,20 +160,24 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
     if (++launches_since_mark < (every ? every : MIN_LAUNCHES_PER_MARK) &&
         !atomic_load_explicit(&queue->ran_dry, memory_order_relaxed))
         return;
-    atomic_store_explicit(&queue->ran_dry, 0, memory_order_relaxed);
-    unsigned launches = launches_since_mark;
-    launches_since_mark = 0;
     unsigned max_queued_ms = nvshare_config()->max_queued_ms;
     if (max_queued_ms > OTHERS_WAIT_MAX_QUEUED_MS &&
         atomic_load_explicit(&nvshare_gates[gpu].others_wait, memory_order_relaxed))
         max_queued_ms = OTHERS_WAIT_MAX_QUEUED_MS;
     if (max_queued_ms == 0 || nvshare_driver.event_record == NULL ||
-        nvshare_driver.event_query == NULL || nvshare_driver.event_elapsed_time == NULL)
+        nvshare_driver.event_query == NULL || nvshare_driver.event_elapsed_time == NULL) {
+        launches_since_mark = 0;
         return;
+    }
     pthread_once(&queues_once, init_queues);
     pthread_mutex_t *mutex = &queue_mutexes[gpu][slot];
+    /* Another thread is taking a mark, or the usage meter is looking at them (every
+     * millisecond): the window goes on, and the next launch takes the mark. */
     if (pthread_mutex_trylock(mutex) != 0)
-        return; /* another thread is taking this mark */
+        return;
+    atomic_store_explicit(&queue->ran_dry, 0, memory_order_relaxed);
+    unsigned launches = launches_since_mark;
+    launches_since_mark = 0;
     stream = nvshare_actual_stream(stream, per_thread);
     if (!nvshare_stream_may_record(stream)) {
         pthread_mutex_unlock(mutex);
@@ -195,6 +200,7 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
                 mark->launches = launches;
                 mark->dense = dense;
                 queue->tail++;
+                atomic_store_explicit(&queue->newest, mark->event, memory_order_release);
             }
         }
     }
@@ -222,42 +228,53 @@ static void note_pending_mark(int gpu, int slot, void *pending)
         return;
     }
     struct launch_queue *queue = &queues[gpu][slot];
-    int here = 0;
-    for (unsigned mark = queue->tail; mark != queue->head && !here;) {
+    for (unsigned mark = queue->tail; mark != queue->head && !*(int *)pending;) {
         mark--;
         if (nvshare_driver.event_query(queue->ring[mark % RING_SLOTS].event) ==
             CUDA_ERROR_NOT_READY)
-            here = 1;
+            *(int *)pending = 1;
     }
-    if (!here) /* ran dry: the next launch takes a mark, whatever the window */
-        atomic_store_explicit(&queue->ran_dry, 1, memory_order_relaxed);
-    *(int *)pending |= here;
     pthread_mutex_unlock(mutex);
 }
 
-int nvshare_queue_work_pending(int gpu)
+/* The usage meter's look, every millisecond: the newest mark only, without the
+ * queue's mutex.  Holding it there, a client thread preempted on a busy host kept
+ * launching threads from taking their marks (the stand-in test of the windows got
+ * 10 of its 50 marks beside a loaded CPU).  A mark on another stream may still
+ * run: the meter then counts a little less, and the next launch takes a mark. */
+static void note_newest_mark(int gpu, int slot, void *pending)
+{
+    struct launch_queue *queue = &queues[gpu][slot];
+    CUevent newest = atomic_load_explicit(&queue->newest, memory_order_acquire);
+    if (newest != NULL && nvshare_driver.event_query(newest) == CUDA_ERROR_NOT_READY)
+        *(int *)pending = 1;
+    else /* ran dry: the next launch takes a mark, whatever the window */
+        atomic_store_explicit(&queue->ran_dry, 1, memory_order_relaxed);
+}
+
+/* Under the contexts' mutex, so no context (and none of its events) is freed
+ * while its marks are queried.  fn: note_pending_mark or note_newest_mark. */
+static int work_pending(int gpu, int wait, void (*fn)(int gpu, int slot, void *pending))
 {
     if (nvshare_config()->max_queued_ms == 0 || nvshare_driver.event_query == NULL)
         return 0; /* no marks are recorded */
     pthread_once(&queues_once, init_queues);
     int pending = 0;
-    /* Under the contexts' mutex, so no context (and none of its events) is
-     * freed while its marks are queried. */
-    nvshare_in_each_context(gpu, note_pending_mark, &pending);
+    if (wait)
+        nvshare_in_each_context(gpu, fn, &pending);
+    else if (!nvshare_try_in_each_context(gpu, fn, &pending))
+        return 1; /* a worker prefetches or drains: the lease is changing hands */
     return pending;
+}
+
+int nvshare_queue_work_pending(int gpu)
+{
+    return work_pending(gpu, 1, note_pending_mark);
 }
 
 int nvshare_queue_work_pending_now(int gpu)
 {
-    if (nvshare_config()->max_queued_ms == 0 || nvshare_driver.event_query == NULL)
-        return 0;
-    pthread_once(&queues_once, init_queues);
-    int pending = 0;
-    /* A worker holds the contexts while it prefetches or drains: the lease is
-     * changing hands, its work counts as still there. */
-    if (!nvshare_try_in_each_context(gpu, note_pending_mark, &pending))
-        return 1;
-    return pending;
+    return work_pending(gpu, 0, note_newest_mark);
 }
 
 void nvshare_queue_forget_context(int gpu, int slot)
