@@ -80,6 +80,10 @@ class DropReason(enum.Enum):
     WINDOW = "window"  # a yield: light work in a window, release at once when idle
 
 
+# How long a lease asked to yield may stay idle before its shim releases it.
+YIELD_IDLE = {DropReason.OTHERS_WAIT: YIELD_IDLE_MS, DropReason.WINDOW: WINDOW_IDLE_MS}
+
+
 class Moments:
     """`now`, and the earliest moment asked about that is still to come: the next
     time any rule that asked could act."""
@@ -218,12 +222,13 @@ class LockRules:
         return demand + sum(b for pid, b in gpu.process_bytes.items() if pid not in pids)
 
     def _fits(self, gpu: GpuState, running: list[int], keeping: bool) -> bool:
-        """Whether these clients fit the GPU at once (keeping: they already run, so
-        up to the line; else a newcomer comes in only below the band).  Alone,
+        """Whether these clients fit the GPU at once.  keeping: they already run, so
+        they may stay up to the line (one of them grew); a newcomer comes in only below
+        the line less the band: memory_fit.fits()'s hysteresis.  Alone,
         anyone fits: what does not fit the GPU pages in and out of it."""
         if len(running) <= 1:
             return True
-        return memory_fit.running_fits(keeping, self._demand_of(gpu, running), gpu.capacity_bytes)
+        return memory_fit.fits(keeping, self._demand_of(gpu, running), gpu.capacity_bytes)
 
     def _fits_with(self, gpu: GpuState, newcomer: int) -> bool:
         return self._fits(gpu, [*gpu.holders, newcomer], keeping=False)
@@ -383,7 +388,7 @@ class LockRules:
                 if starving:
                     self._ask_to_drop(gpu, client, held, now, actions, DropReason.QUANTUM_OVER)
                 else:
-                    self._ask_to_yield(gpu, client, held, now, actions, WINDOW_IDLE_MS)
+                    self._ask_to_yield(gpu, client, held, now, actions, DropReason.WINDOW)
             return
         held = gpu.holders[turn]
         if held.drop_requested_at is not None:
@@ -396,7 +401,7 @@ class LockRules:
         elif light_waits and at.reached(held.granted_at + gpu.settings.min_slice_ms / 1000.0):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.LIGHT_WORK_WAITS)
         else:
-            self._ask_to_yield(gpu, turn, held, now, actions, YIELD_IDLE_MS)
+            self._ask_to_yield(gpu, turn, held, now, actions, DropReason.OTHERS_WAIT)
 
     # ------------------------------------------------------------ actions on leases
 
@@ -456,17 +461,7 @@ class LockRules:
         reason: DropReason,
     ) -> None:
         held.drop_requested_at = now
-        actions.append(
-            AskToDrop(
-                client,
-                self.clients[client].pid,
-                gpu.uuid,
-                held.number,
-                now - held.granted_at,
-                reason=reason.value,
-                use=self._usage(client, gpu.uuid, now),
-            )
-        )
+        actions.append(self._drop_request(gpu, client, held, now, reason))
 
     def _ask_to_yield(
         self,
@@ -475,7 +470,7 @@ class LockRules:
         held: Lease,
         now: float,
         actions: list[Action],
-        idle_ms: int,
+        reason: DropReason,
     ) -> None:
         """Others wait: release as soon as idle (the shim also keeps its queue short
         meanwhile, so the drop that may follow drains fast).  Only to shims that
@@ -488,17 +483,26 @@ class LockRules:
         if held.across_gpus or self._held_elsewhere_since(client, gpu, now):
             return
         held.yield_asked = True
-        reason = DropReason.WINDOW if idle_ms == WINDOW_IDLE_MS else DropReason.OTHERS_WAIT
-        actions.append(
-            AskToDrop(
-                client,
-                state.pid,
-                gpu.uuid,
-                held.number,
-                now - held.granted_at,
-                when_idle_ms=idle_ms,
-                reason=reason.value,
-            )
+        actions.append(self._drop_request(gpu, client, held, now, reason, YIELD_IDLE[reason]))
+
+    def _drop_request(
+        self,
+        gpu: GpuState,
+        client: int,
+        held: Lease,
+        now: float,
+        reason: DropReason,
+        when_idle_ms: int = 0,
+    ) -> AskToDrop:
+        return AskToDrop(
+            client,
+            self.clients[client].pid,
+            gpu.uuid,
+            held.number,
+            now - held.granted_at,
+            when_idle_ms=when_idle_ms,
+            reason=reason.value,
+            use=self._usage(client, gpu.uuid, now),
         )
 
     def _ask_to_drop_each(

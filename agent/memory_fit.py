@@ -16,7 +16,7 @@ can thrash.  The figures:
   back and forth across the line does not flip the GPU each time.
 
 What runs at once need not be everyone: the rules ask whether the processes
-that would run together fit (running_fits).  Managed memory of a process that
+that would run together fit (lock_rules.LockRules._fits, by fits() above).  Managed memory of a process that
 does not run is evicted as others need the room; what cannot be evicted (its
 context, memory passed through unmanaged) still counts.
 """
@@ -74,10 +74,3 @@ def resident_demand(managed: int, unmanaged: int, nvml_process_bytes: int | None
     if nvml_process_bytes is None:
         return unmanaged + CONTEXT_ESTIMATE_BYTES
     return max(unmanaged, nvml_process_bytes)
-
-
-def running_fits(keeping: bool, demand_bytes: int, capacity_bytes: int | None) -> bool:
-    """Whether a set of processes may run at once.  keeping: they already do (one of
-    them grew), so they may stay up to the line; a new one is let in only below the
-    line less the band, as fits() does."""
-    return fits(keeping, demand_bytes, capacity_bytes)

@@ -21,7 +21,7 @@ Per GPU, by the anti-thrash setting (docs/scheduling.md has the diagrams):
   GPU time, measured by the shim (usage.py).  Busy clients take turns, one at
   a time of at most the quantum; a light client (use under LIGHT_FLOOR, or
   under LIGHT_RATIO of the turn holder's) runs beside the turn when its memory
-  fits with the turn's (memory_fit.running_fits: those that would run at once,
+  fits with the turn's (LockRules._fits: those that would run at once,
   not everyone), else in a window after the turn's minimum slice.  A holder
   others wait for is asked to release once idle; waiters go least recent use
   first, and one that has waited a quantum before all others, so every waiter

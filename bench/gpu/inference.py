@@ -55,8 +55,7 @@ def main() -> None:
     end.record()
     torch.cuda.synchronize()
     request_gpu_ms = begin.elapsed_time(end) / 10
-    if torch.cuda.max_memory_reserved() > light.LIGHT_MAX_BYTES:
-        raise SystemExit(f"inference: holds {torch.cuda.max_memory_reserved()} bytes, over 1 GiB")
+    light.refuse_over_budget("inference", torch.cuda.max_memory_reserved())
 
     window_start = light.wait_for_go(args.ready_file, args.go_file)
     arrivals = light.poisson_arrivals(args.rate, args.seconds, args.seed)

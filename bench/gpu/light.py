@@ -21,6 +21,13 @@ from run import percentile
 LIGHT_MAX_BYTES = 1 << 30
 
 
+def refuse_over_budget(client: str, reserved_bytes: int) -> None:
+    """A light client that holds more than LIGHT_MAX_BYTES would break mix.py's
+    sum against half the GPU's free memory: it stops at once."""
+    if reserved_bytes > LIGHT_MAX_BYTES:
+        raise SystemExit(f"{client}: holds {reserved_bytes} bytes, over 1 GiB")
+
+
 def add_window_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="the measured window")
     parser.add_argument("--ready-file", help="created once set up")

@@ -36,8 +36,7 @@ def main() -> None:
         return burst(matrix, max(1, round(cell_ms / ms_per_product))).sum().item()
 
     run_cell(15.0)
-    if torch.cuda.max_memory_reserved() > light.LIGHT_MAX_BYTES:
-        raise SystemExit(f"notebook: holds {torch.cuda.max_memory_reserved()} bytes, over 1 GiB")
+    light.refuse_over_budget("notebook", torch.cuda.max_memory_reserved())
 
     window_start = light.wait_for_go(args.ready_file, args.go_file)
     latencies, cell_ms = light.run_cells(
