@@ -27,6 +27,8 @@ class Grant:
     role: str = field(default="", compare=False)
     # Log only (auto): the client's recent use of the GPU (GPU time, 0..1) the rules saw.
     use: float = field(default=-1.0, compare=False)
+    # A turn that light work may cut short: its shim keeps its queue short throughout.
+    short_queue: bool = False
 
 
 @dataclass(slots=True)

@@ -408,6 +408,8 @@ class Engine:
         flags = int(protocol.GrantFlags.EXCLUSIVE if a.exclusive else protocol.GrantFlags.SHARED)
         if a.release_when_idle:
             flags |= int(protocol.GrantFlags.RELEASE_WHEN_IDLE)
+        if a.short_queue:
+            flags |= int(protocol.GrantFlags.SHORT_QUEUE)
         self._send(a.client, protocol.encode_lock(MessageType.LOCK_GRANT, a.gpu, a.lease, flags))
         if log.info_enabled:
             log.info(

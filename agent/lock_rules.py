@@ -491,6 +491,9 @@ class LockRules:
                 release_when_idle,
                 role.value if auto else "",
                 use=self._usage(client, gpu.uuid, now) if auto else -1.0,
+                # Memory does not fit beside it: light work may need windows, each a drop
+                # that should drain in milliseconds however soon after the grant it comes.
+                short_queue=auto and role is Role.TURN and not gpu.fits,
             )
         )
 

@@ -100,6 +100,7 @@ class GrantFlags(enum.IntEnum):
     EXCLUSIVE = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_EXCLUSIVE")
     SHARED = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_SHARED")
     RELEASE_WHEN_IDLE = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_RELEASE_WHEN_IDLE")
+    SHORT_QUEUE = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_SHORT_QUEUE")
 
 
 class DropFlags(enum.IntEnum):

@@ -83,7 +83,11 @@ enum nvshare_grant_flags {
     NVSHARE_GRANT_SHARED = 2,    /* others may run beside this one */
     /* with SHARED: release when idle for idle_release_ms all the same (anti-thrash auto,
      * where shared leases are short); exclusive leases always do */
-    NVSHARE_GRANT_RELEASE_WHEN_IDLE = 4
+    NVSHARE_GRANT_RELEASE_WHEN_IDLE = 4,
+    /* drops are likely (anti-thrash auto, a turn that light work may cut short): keep
+     * the queue as short as while others wait, for the whole lease; a shim that does
+     * not know the bit ignores it */
+    NVSHARE_GRANT_SHORT_QUEUE = 8
 };
 
 enum nvshare_drop_flags {

@@ -93,7 +93,11 @@ async def test_capacity_unknown_takes_turns_until_a_shim_reports_it(start_inproc
     a = await AsyncShimClient.connect(path, (GPU0,), "a", features=SHIM_FEATURES)
     b = await AsyncShimClient.connect(path, (GPU0,), "b", features=SHIM_FEATURES)
     grant_a, _ = await granted_within(a, 1)
-    assert grant_a.flags == GrantFlags.SHARED | GrantFlags.RELEASE_WHEN_IDLE  # the turn
+    # The turn; nothing is known to fit beside it, so light work may cut it short: its
+    # shim keeps its queue short, for drops that drain in milliseconds.
+    assert grant_a.flags == (
+        GrantFlags.SHARED | GrantFlags.RELEASE_WHEN_IDLE | GrantFlags.SHORT_QUEUE
+    )
     b.request()  # nothing fits beside a GPU of unknown size
     assert await b.nothing_within(0.05)
     a.report_gpu_memory(GPU0, 80 * GIB)
