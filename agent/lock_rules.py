@@ -436,8 +436,17 @@ class LockRules:
         ):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.LIGHT_WORK_WAITS)
             gpu.turn_paused = (turn, held.turn_since)
-        else:
+        elif held.yield_asked:
+            pass
+        elif starving or cutting_in or self._usage(best, gpu.uuid, now) <= self._usage(
+            turn, gpu.uuid, now
+        ):
+            # Someone with a better claim waits: release once idle.  Not to one with
+            # less use than the best waiter's: a trainer that waited its turn has its
+            # first steps' pauses (50 ms and more), and lost its turn in them (issue 35).
             self._ask_to_yield(gpu, turn, held, now, actions, DropReason.OTHERS_WAIT)
+        else:
+            at.reached(now + LIGHT_CHECK_S)  # its use grows as it runs: look again
 
     # ------------------------------------------------------------ actions on leases
 

@@ -149,20 +149,25 @@ def test_a_light_client_runs_beside_a_busy_one_at_once():
 def test_busy_clients_take_turns_of_a_quantum_while_memory_fits():
     s = make()
     now = 0.0
-    for client in (1, 2):  # both have trained a while already
+    for client in (1, 2):  # both have trained a while already, 2 last
         now = hold_for(s, client, 60.0, now)
     first = one(Grant, s.request(1, G0, now))
     actions = s.request(2, G0, now + 1)
     assert of(Queued, actions) and not of(Grant, actions)
-    # The turn holder is asked to release once idle: it is not, it trains.
-    assert one(AskToDrop, actions).when_idle_ms == YIELD_IDLE_MS
-    # Once it has waited longer than light work does, its use stops decaying: a look
-    # that asks nothing of anyone.
-    assert s.next_deadline() == pytest.approx(now + 1 + LIGHT_WAIT)
-    assert not s.tick(now + 1 + LIGHT_WAIT)
-    assert s.next_deadline() == pytest.approx(now + TQ)
-    drop = one(AskToDrop, s.tick(now + TQ))
-    assert (drop.client, drop.when_idle_ms) == (1, 0)
+    # 2 has used the GPU more of late: no better claim, no ask to release once idle.
+    assert not of(AskToDrop, actions)
+    yielded_at, t = None, now + 1
+    while True:
+        t = s.next_deadline()
+        drops = of(AskToDrop, s.tick(t))
+        if drops and drops[0].when_idle_ms:
+            assert yielded_at is None
+            yielded_at = t  # 1's use passed 2's: now it releases once idle
+        elif drops:
+            break
+    assert yielded_at is not None and now + 1 < yielded_at < now + TQ
+    assert t == pytest.approx(now + TQ)
+    assert (drops[0].client, drops[0].when_idle_ms) == (1, 0)
     second = one(Grant, s.release(1, G0, first.lease, now + TQ + 0.05))
     assert second.client == 2 and second.role == "turn"
 
