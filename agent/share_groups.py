@@ -198,15 +198,14 @@ class ShareGroups:
         if settings.share_by is ShareBy.PROCESS:
             return None
         accounts = self.sync(gpu, clients, now)
-        busy: dict[str, int] = {}  # group -> its busy clients here (the turn, busy waiters)
+        busy: dict[str, int] = {}  # group -> its clients that hold the turn or wait
         for client, held in gpu.holders.items():
             if held.turn:
                 group = group_of(clients[client], settings.share_by)
                 busy[group] = busy.get(group, 0) + 1
-        for client, waiting in gpu.waiters.items():
-            if not waiting.light:
-                group = group_of(clients[client], settings.share_by)
-                busy[group] = busy.get(group, 0) + 1
+        for client in gpu.waiters:  # light ones too: all of them want a turn or a window
+            group = group_of(clients[client], settings.share_by)
+            busy[group] = busy.get(group, 0) + 1
         weights = sum(self.weight(settings, g) for g in busy)
         quantum = settings.time_quantum_s
 
@@ -226,7 +225,7 @@ class ShareGroups:
             if starving if deadline is None else reached(deadline):
                 return (False, 0.0, False, 0.0, waiter.requested_at)  # overdue: oldest first
             account = accounts.get(group)
-            charged = 0.0 if account is None or not fair else account.charged_s
+            charged = 0.0 if account is None else account.charged_s
             meter = state.usage.get(gpu.uuid)
             used = 0.0 if starving or meter is None else meter.at(now)
             return (True, charged, not starving, used, waiter.requested_at)
