@@ -31,7 +31,7 @@ drop_grace_ms = 2000
 memory_limit = 64M
 share_by = {share_by}
 {shares}"""
-MINUTE_MS = 60_000
+MINUTE_MS = int(os.environ.get("SHARES_TEST_MS", "60000"))
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("setpriv") is None,
@@ -64,7 +64,9 @@ def shares_of_busy_users(world, share_by: str, shares: str = "") -> dict[int, fl
     done: dict[int, int] = {USER_A: 0, USER_B: 0}
     for uid, client in zip(users, clients, strict=True):
         done[uid] += int(client.finish_ok(timeout=MINUTE_MS / 1000 + 60)["loops"])
-    world.settled(agent, *clients)
+    log = world.settled(agent, *clients)
+    if os.environ.get("SHARES_TEST_LOG"):
+        Path(os.environ["SHARES_TEST_LOG"]).write_text(log)
     total = sum(done.values())
     return {uid: n / total for uid, n in done.items()}
 
