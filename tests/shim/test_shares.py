@@ -68,7 +68,13 @@ def shares_of_busy_users(world, share_by: str, shares: str = "") -> dict[int, fl
     if os.environ.get("SHARES_TEST_LOG"):
         Path(os.environ["SHARES_TEST_LOG"]).write_text(log)
     total = sum(done.values())
-    return {uid: n / total for uid, n in done.items()}
+    shares = {uid: n / total for uid, n in done.items()}
+    print(f"share_by={share_by} {shares!r} {shares_note(shares)}")  # for the record (-rP)
+    return shares
+
+
+def shares_note(shares: dict[int, float]) -> str:
+    return " ".join(f"uid {uid}: {share * 100:.1f} %" for uid, share in sorted(shares.items()))
 
 
 @needs_root
