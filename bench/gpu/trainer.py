@@ -4,8 +4,8 @@ Prints one JSON line: wall-clock time of every step, the last loss and a
 checksum of the weights (equal with and without the shim when results are
 identical); also when stopped by SIGTERM, after the step under way.  By default the
 loss is read every step, so at most one step is queued ahead of the GPU; --sync-every N
-reads it every N steps, as loops that log every N steps do, and lets work queue ahead (step times are then the
-times steps were queued).  --pause-every N --pause-s S waits S seconds on the
+reads it every N steps, as loops that log every N steps do, and lets work queue ahead
+(step times are then the times steps were queued).  --pause-every N --pause-s S waits S seconds on the
 CPU after every N steps (an evaluation or a checkpoint), leaving the GPU idle.
 --devices 0,1 splits the six layers in order over those GPUs: one process using
 two GPUs, activations and gradients crossing between them every step."""
