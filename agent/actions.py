@@ -187,4 +187,5 @@ Action = (
     | ModeChanged
     | GpuSettingsApplied
     | IndexSettingsUnused
+    | SendMemoryCap
 )

@@ -155,7 +155,7 @@ class SharesApi:
         except DBusFailure as failure:
             reply = Message.new_error(msg, failure.name, failure.text)
         except Exception as error:
-            log.exception("dbus %s failed", excerpt(msg.member))
+            log.error("dbus %s failed: %s", excerpt(msg.member), excerpt(repr(error), 400))
             reply = Message.new_error(msg, names.ERROR_FAILED, f"internal error: {error}")
         if self._bus.connected:
             self._bus.send(reply)

@@ -76,8 +76,9 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
             return allocate_managed(dptr, bytes, what);
         if (capped) {
             NVSHARE_WARN_ONCE("%s of %zu bytes on GPU %d refused: this process's share group "
-                              "may hold %llu bytes there (its memory cap, the agent's setting "
-                              "memory_cap: nvsharectl share), it would hold %llu",
+                              "may hold %llu bytes there (its memory cap: the agent's setting "
+                              "memory_cap, nvsharectl share; or NVSHARE_MEMORY_CAP), it would "
+                              "hold %llu",
                               what, bytes, gpu, (unsigned long long)cap,
                               (unsigned long long)(cap - room + in_use + bytes));
             return CUDA_ERROR_OUT_OF_MEMORY;

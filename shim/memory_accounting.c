@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "allocation_map.h"
+#include "config.h"
 #include "driver.h"
 #include "hooks.h"
 #include "log.h"
@@ -150,6 +151,13 @@ int nvshare_memory_capped(int gpu, uint64_t *cap, uint64_t *room)
     uint64_t others = gpus[gpu].others_bytes;
     pthread_mutex_unlock(&nvshare_memory_mutex);
     *room = *cap > others ? *cap - others : 0;
+    /* The process's own cap (NVSHARE_MEMORY_CAP, a pod's from the device plugin): the
+     * tighter of the two binds. */
+    uint64_t own = nvshare_config()->memory_cap_bytes;
+    if (own != 0 && (*cap == 0 || own < *room)) {
+        *room = own;
+        *cap = *cap == 0 || own < *cap ? own : *cap;
+    }
     return *cap != 0;
 }
 

@@ -133,3 +133,23 @@ def test_without_a_cap_the_gpu_is_reported_whole(world):
     assert int(result["total"]) > 64 * MIB and result["big"] == "CUDA_SUCCESS"
     assert not [w for w in plain.warnings() if "memory cap" in w]
     world.settled(agent, plain)
+
+
+def test_a_processs_own_cap_from_its_environment_binds_too(world):
+    # NVSHARE_MEMORY_CAP: what the device plugin gives a pod (docs/kubernetes.md).
+    agent = world.start_agent(config="[scheduler]\nanti_thrash = auto\n")
+    capped = world.client("capped", 200, 100 * MIB, 16 * MIB, NVSHARE_MEMORY_CAP="64M")
+    result = capped.finish_ok()
+    assert int(result["total"]) == 64 * MIB and result["big"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert result["small"] == "CUDA_SUCCESS"
+    world.settled(agent, capped)
+
+
+@pytest.mark.parametrize("text", ["64X", "G", "-1", "99999999999999999999999"])
+def test_a_bad_cap_in_the_environment_warns_once_and_caps_nothing(world, text):
+    agent = world.start_agent(config="[scheduler]\nanti_thrash = auto\n")
+    plain = world.client("capped", 100, 100 * MIB, 16 * MIB, NVSHARE_MEMORY_CAP=text)
+    result = plain.finish_ok()
+    assert result["big"] == "CUDA_SUCCESS"
+    assert [w for w in plain.warnings() if "NVSHARE_MEMORY_CAP" in w and "not a size" in w]
+    world.settled(agent, plain)
