@@ -243,7 +243,11 @@ def config_problem_lines(status: dict) -> list:
     problem = printable(status.get("config_problem") or "")
     if not problem:
         return []
-    return [*textwrap.wrap(f"CONFIG ERROR: {problem}", WIDTH, subsequent_indent="  "), ""]
+    # Not at hyphens: a reader (and a test) joins the lines with spaces again.
+    lines = textwrap.wrap(
+        f"CONFIG ERROR: {problem}", WIDTH, subsequent_indent="  ", break_on_hyphens=False
+    )
+    return [*lines, ""]
 
 
 # ---------------------------------------------------------------- share groups
