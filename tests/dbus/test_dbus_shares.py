@@ -128,3 +128,17 @@ def test_groups_on_a_gpu_show_weight_cap_use_and_share_over_d_bus(bus, agent):
     assert 0 < group["use"] < 0.2 and group["share"] > 0.5
     shown = nvsharectl(bus.address, "share").stdout
     assert "user:0 (root)  weight 2  memory cap 1.0 GiB" in shown
+
+
+def test_bad_nvsharectl_share_arguments_are_one_line_and_exit_2(bus, agent):
+    for args in (
+        ("share", "set", "user:4001"),
+        ("share", "set", "user:4001", "--memory-cap", "lots"),
+        ("share", "set", "user:4001", "--weight", "-3"),
+    ):
+        result = nvsharectl(bus.address, *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+    result = nvsharectl(bus.address, "share", "set", "process:42", "--weight", "2")
+    assert result.returncode == 2 and "a share group is" in result.stderr  # InvalidArgument
+    assert shares_property(bus.address, "Shares") == {}
