@@ -12,7 +12,7 @@ which validates, saves and applies it like any other setting.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+import importlib.resources
 
 from dbus_next import Message, MessageType, Variant
 from dbus_next.constants import ErrorType
@@ -27,11 +27,19 @@ from .settings import SettingsError, SettingsNotSaved, Share, parse_share_by, pa
 from .text import excerpt
 
 INTERFACE = "io.github.nvshare.Shares1"
-XML_PATH = Path(__file__).with_name("io.github.nvshare.Shares1.xml")
+XML_FILE = "io.github.nvshare.Shares1.xml"  # package data, as dbus_api's contract
 _PROPERTIES = "org.freedesktop.DBus.Properties"
+_INTROSPECTABLE = "org.freedesktop.DBus.Introspectable"
 _SIGNATURES = {"SetShare": "sa{sv}", "ResetShare": "s"}
 _FIELD_TYPES = {"weight": "u", "memory_cap_bytes": "t"}
 PROPERTY_TYPES = {"ShareBy": "s", "Shares": "a{sa{sv}}", "Groups": "aa{sv}"}
+
+
+def interface_xml() -> str:
+    """The interface element of io.github.nvshare.Shares1.xml, as written."""
+    text = importlib.resources.files(__package__).joinpath(XML_FILE).read_text()
+    start = text.index(f'<interface name="{INTERFACE}"')
+    return text[start : text.index("</interface>", start) + len("</interface>")]
 
 
 def share_values(engine: Engine) -> dict:
@@ -66,6 +74,8 @@ class SharesApi:
         if msg.message_type != MessageType.METHOD_CALL or msg.path != names.OBJECT_PATH:
             return None
         try:
+            if (msg.interface, msg.member, msg.signature) == (_INTROSPECTABLE, "Introspect", ""):
+                return self._introspect(msg)
             if msg.interface == _PROPERTIES and msg.body and msg.body[0] == INTERFACE:
                 return self._property_call(msg)
             if msg.interface != INTERFACE:
@@ -85,6 +95,13 @@ class SharesApi:
             return True
         except DBusFailure as failure:
             return Message.new_error(msg, failure.name, failure.text)
+
+    def _introspect(self, msg: Message) -> Message:
+        """Scheduler1's introspection (dbus_api's), with this interface in it."""
+        reply = self._api._introspect(msg)
+        (xml,) = reply.body
+        at = xml.rindex("</node>")
+        return Message.new_method_return(msg, "s", [f"{xml[:at]}  {interface_xml()}\n{xml[at:]}"])
 
     def _property_call(self, msg: Message):
         values = share_values(self._engine)
