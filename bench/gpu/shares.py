@@ -211,6 +211,28 @@ def cap_verdict(result: dict, cap_gib: int, warnings: list[str], returncode: int
     }
 
 
+def preflight(python: str = sys.executable) -> str | None:
+    """Why the other uids cannot run the bench's clients, or None: the Python, torch and
+    this checkout must be readable by them (a venv under /root is not)."""
+    probe = f"import torch; open({str(HERE / 'trainer.py')!r}).close()"
+    try:
+        done = subprocess.run(
+            [python, "-c", probe],
+            capture_output=True,
+            text=True,
+            preexec_fn=as_user(USER_A),
+            cwd="/tmp",
+            env={**os.environ, "HOME": "/tmp"},
+            timeout=120,
+        )
+    except OSError as error:
+        return f"uid {USER_A} cannot run {python}: {error}"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        return f"uid {USER_A} cannot import torch or read {HERE}: {last}"
+    return None
+
+
 def print_table(results: dict) -> None:
     for phase in ("users", "users_by_process"):
         found = results.get(phase)
@@ -235,6 +257,12 @@ def main() -> None:
     results_dir.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         sys.exit("shares.py runs its clients as two uids: run it as root")
+    problem = preflight()
+    if problem:
+        sys.exit(
+            f"shares.py: {problem} (the Python, torch and the checkout must be readable "
+            "by other users)"
+        )
     check_memory(PLANNED_GIB, script="shares")
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="nvshare-shares-"))
     workdir.chmod(0o755)

@@ -83,3 +83,16 @@ def test_the_users_phase_runs_two_uids_and_shares_by_user(tmp_path, monkeypatch)
     users = found["users"]
     assert users["4002"]["share"] == pytest.approx(0.5, abs=0.1), found
     assert found["turns"] > 10
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="probes as another uid: needs root")
+def test_preflight_says_when_the_other_uid_cannot_run_the_clients():
+    # The system's Python can run as uid 4001, but has no torch on a machine without GPUs.
+    import subprocess
+
+    python = "/usr/bin/python3"
+    if not os.path.exists(python) or subprocess.run([python, "-c", "import torch"]).returncode == 0:
+        pytest.skip("needs a system Python without torch")
+    problem = shares.preflight(python)
+    assert problem is not None and "uid 4001" in problem and "\n" not in problem
