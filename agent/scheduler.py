@@ -210,8 +210,8 @@ class Scheduler(LockRules):
         if uuid not in state.active:
             state.active.add(uuid)  # its context now takes memory there
             self._refit(gpu, now, actions, "new client")
-        light, much_lighter = self._judge(gpu, client, now)
-        gpu.waiters[client] = Waiter(now, light, much_lighter)
+        light, cuts_in = self._judge(gpu, client, now)
+        gpu.waiters[client] = Waiter(now, light, cuts_in)
         self._update(gpu, now, actions)
         if client in gpu.waiters:
             actions.insert(0, Queued(client, state.pid, uuid, len(gpu.waiters)))
@@ -550,7 +550,7 @@ class Scheduler(LockRules):
         if changed and fits:
             # Running side by side again: who is light is judged afresh.
             for client, waiter in gpu.waiters.items():
-                waiter.light, waiter.much_lighter = self._judge(gpu, client, now)
+                waiter.light, waiter.cuts_in = self._judge(gpu, client, now)
         if changed or always_log:
             mode = SHARED if fits else EXCLUSIVE
             actions.append(ModeChanged(gpu.uuid, mode, demand, capacity, reason))

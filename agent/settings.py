@@ -1,7 +1,7 @@
 """Scheduler settings: the value type, its validation, and the words for its values.
 
 Node-wide settings, and what a GPU may set for itself: a time quantum,
-anti-thrash mode and memory limit of its own (GpuOverrides), named by the GPU's
+anti-thrash mode, memory limit and light work's wait of its own (GpuOverrides), named by the GPU's
 UUID or by its index as NVML numbers the node's GPUs; what it does not set is the
 node-wide value.  An entry by UUID wins over one by index, key by key.  Where the
 values come from (defaults < the config file < run-time changes) is
@@ -23,8 +23,9 @@ from .text import excerpt
 TIME_QUANTUM_RANGE_S = (1, 86400)
 # u32 milliseconds on the wire; a day is plenty and keeps the numbers sane.
 MILLIS_RANGE = (0, 86_400_000)
-# A minimum slice longer than a second would make light work wait noticeably.
+# A minimum slice or a light wait of more than ten seconds is no longer light work's.
 MIN_SLICE_RANGE_MS = (0, 10_000)
+LIGHT_WAIT_RANGE_MS = (0, 10_000)
 # Bytes fit in u64 (D-Bus 't'); a limit of a few MiB would only ever mean "never fits".
 MEMORY_LIMIT_RANGE = (0, 2**64 - 1)
 _SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -34,7 +35,7 @@ MAX_GPU_INDEX = 1023
 MAX_GPUS_WITH_SETTINGS = 256
 # What a GPU may set for itself; idle release, drop grace and the minimum slice
 # stay node-wide (the shim applies the first two, per process, not per GPU).
-GPU_SETTING_FIELDS = ("time_quantum_s", "anti_thrash", "memory_limit_bytes")
+GPU_SETTING_FIELDS = ("time_quantum_s", "anti_thrash", "memory_limit_bytes", "light_wait_ms")
 # Shares (docs/scheduling.md, "Shares"): a group's weight, and how many groups may
 # have settings (each one a line in status; the bound keeps a D-Bus write sane).
 SHARE_WEIGHT_RANGE = (1, 1000)
@@ -85,6 +86,7 @@ class GpuOverrides:
     time_quantum_s: int | None = None
     anti_thrash: AntiThrash | None = None
     memory_limit_bytes: int | None = None
+    light_wait_ms: int | None = None
 
     def given(self) -> dict[str, Any]:
         """The settings it sets, by field name."""
@@ -131,8 +133,10 @@ class Settings:
     anti_thrash: AntiThrash = AntiThrash.AUTO
     idle_release_ms: int = 1000
     drop_grace_ms: int = DEFAULT_DROP_GRACE_MS
-    # auto: how long a busy holder keeps the GPU before light work may take it over.
-    min_slice_ms: int = 100
+    # auto: light work that cannot run beside the turn waits about this long at most ...
+    light_wait_ms: int = 100
+    # ... and a turn runs at least this long between two windows of it.
+    min_slice_ms: int = 50
     # auto: the most memory a GPU is taken to have (0: its own size).
     memory_limit_bytes: int = 0
     # GPUs with settings of their own (with_gpu_overrides builds it).  A tuple, so
@@ -173,6 +177,7 @@ _NODE_FIELDS = (
     "anti_thrash",
     "idle_release_ms",
     "drop_grace_ms",
+    "light_wait_ms",
     "min_slice_ms",
     "memory_limit_bytes",
     "share_by",
@@ -180,6 +185,7 @@ _NODE_FIELDS = (
 _MILLIS_FIELDS = {
     "idle_release_ms": MILLIS_RANGE,
     "drop_grace_ms": MILLIS_RANGE,
+    "light_wait_ms": LIGHT_WAIT_RANGE_MS,
     "min_slice_ms": MIN_SLICE_RANGE_MS,
 }
 

@@ -62,6 +62,7 @@ _CONFIG_KEYS = {
     "anti_thrash": "anti_thrash",
     "idle_release_ms": "idle_release_ms",
     "drop_grace_ms": "drop_grace_ms",
+    "light_wait_ms": "light_wait_ms",
     "min_slice_ms": "min_slice_ms",
     "memory_limit": "memory_limit_bytes",
     "share_by": "share_by",
@@ -70,6 +71,7 @@ _GPU_CONFIG_KEYS = {
     "time_quantum": "time_quantum_s",
     "anti_thrash": "anti_thrash",
     "memory_limit": "memory_limit_bytes",
+    "light_wait_ms": "light_wait_ms",
 }
 GPU_SECTION_PREFIX = "gpu:"
 # [share:user:alice], [share:unit:jupyter-bob.service], [share:pod:UID]

@@ -183,6 +183,7 @@ def gpu_change_text(gpu_id: str, status: dict) -> str:
             "time_quantum_s": lambda v: f"tq {v} s",
             "anti_thrash": lambda v: f"anti-thrash: {v}",
             "memory_limit_bytes": lambda v: f"memory limit: {limit_text(v)}",
+            "light_wait_ms": lambda v: f"light wait: {v} ms",
         }
         listed = ", ".join(words[key](value) for key, value in own.items() if key in words)
         lines = [f"GPU {gpu_id}  (not on this node now)", f"  own:     {listed}"]

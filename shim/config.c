@@ -87,6 +87,7 @@ static void load(void)
     }
     strcpy(config.socket_path, socket_path);
     config.prefetch = read_flag("NVSHARE_PREFETCH", 1);
+    config.prefetch_after_ms = read_count("NVSHARE_PREFETCH_AFTER_MS", 1000, 3600000);
     config.single_oversub = read_flag("NVSHARE_ENABLE_SINGLE_OVERSUB", 0);
     config.max_queued_ms = read_count("NVSHARE_MAX_QUEUED_MS", DEFAULT_MAX_QUEUED_MS, 3600000);
     config.memory_cap_bytes = read_size("NVSHARE_MEMORY_CAP");

@@ -290,7 +290,8 @@ static void on_grant(int gpu, const struct nvshare_lock_message *message)
     struct nvshare_lock_event grant = {.kind = NVSHARE_EVENT_GRANT,
                                        .lease = message->lease,
                                        .flags = message->flags,
-                                       .prefetch = nvshare_config()->prefetch};
+                                       .prefetch = nvshare_config()->prefetch,
+                                       .prefetch_after_ms = nvshare_config()->prefetch_after_ms};
     struct nvshare_lock_jobs jobs;
     struct nvshare_lock_machine before;
     nvshare_lock_step(gpu, &grant, &jobs, &before);

@@ -12,7 +12,16 @@
  * How few launches make a mark adapts: windows of about 1/8 of the bound are
  * fine enough, and each mark costs a few driver calls (an event record among
  * them), which at 8 launches a mark added ~0.5 us to every launch of a loop of
- * empty kernels on the H100.  Long kernels keep the minimum of 8.
+ * empty kernels on the H100.  So short kernels take a mark every 8 launches or
+ * more; kernels of MARK_COVERS_MS or longer take one at every launch, which
+ * costs them under 1 %: 8 of a trainer's 18 ms kernels queued between two
+ * marks made a drop wait up to 300 ms for them (issue 35).
+ *
+ * The estimate is the longest recent window's time per launch, not an average:
+ * kernels differ (a trainer's 18 ms GEMMs among many short ones), and an average
+ * let a 50 ms bound queue a whole 330 ms step, so that every drop waited for it
+ * (up to 350 ms on the H100, issue 35).  It rises with any dense sample above it
+ * and falls slowly, by the time the samples cover (ESTIMATE_DECAY_MS).
  *
  * The time between two marks is GPU time only if the GPU had the second
  * window's work queued when it finished the first (the first was still pending
@@ -43,6 +52,8 @@
 #include "nvshare_protocol.h"
 
 #define MIN_LAUNCHES_PER_MARK 8
+/* GPU time a mark covers at the least: ~4 us of driver calls per 0.5 ms. */
+#define MARK_COVERS_MS 0.5
 /* Also caps how much a sudden switch to long kernels can queue before the
  * first of them completes and shrinks the windows again. */
 #define MAX_LAUNCHES_PER_MARK 256
@@ -52,6 +63,8 @@
 #define MAX_PENDING (RING_SLOTS - 2)
 /* Marks queued before the first measurement bounds the queue. */
 #define LEARNING_PENDING 2
+/* The estimate falls by e at most per this much of the time the samples cover. */
+#define ESTIMATE_DECAY_MS 500.0
 /* The bound while others wait for the GPU: a few of a trainer's kernels. */
 #define OTHERS_WAIT_MAX_QUEUED_MS 5
 
@@ -91,8 +104,13 @@ static void init_queues(void)
 static unsigned launches_per_mark_for(double ms_per_launch, unsigned max_queued_ms)
 {
     double launches = max_queued_ms / WINDOWS_PER_BOUND / ms_per_launch;
-    if (launches < MIN_LAUNCHES_PER_MARK)
-        return MIN_LAUNCHES_PER_MARK;
+    double fewest = MARK_COVERS_MS / ms_per_launch; /* long kernels: down to 1 */
+    if (fewest > MIN_LAUNCHES_PER_MARK)
+        fewest = MIN_LAUNCHES_PER_MARK;
+    if (launches < fewest)
+        launches = fewest;
+    if (launches < 1)
+        return 1;
     return launches > MAX_LAUNCHES_PER_MARK ? MAX_LAUNCHES_PER_MARK : (unsigned)launches;
 }
 
@@ -117,11 +135,20 @@ static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms
             elapsed_ms >= 0) {
             /* Events closer than the timer's resolution read 0 ms apart. */
             double sample = elapsed_ms > 0 ? (double)elapsed_ms / (double)mark->launches : 1e-6;
-            /* A sparse window's sample is an upper bound: it only ever lowers the estimate. */
-            if (queue->ms_per_launch <= 0 || (!mark->dense && sample < queue->ms_per_launch))
-                queue->ms_per_launch = sample;
-            else if (mark->dense)
-                queue->ms_per_launch = 0.8 * queue->ms_per_launch + 0.2 * sample;
+            /* A dense sample raises the estimate at once; any sample lowers it, no
+             * faster than by e per ESTIMATE_DECAY_MS of the time it covers (many
+             * short kernels in a row are short).  A sparse one is an upper bound
+             * (host gaps in it): it never raises the estimate. */
+            double estimate = queue->ms_per_launch;
+            if (estimate <= 0) {
+                estimate = sample;
+            } else {
+                double trusted = mark->dense || sample < estimate ? sample : estimate;
+                double kept = 1.0 - (double)elapsed_ms / ESTIMATE_DECAY_MS; /* ~e^-x: no libm */
+                double decayed = kept > 0 ? estimate * kept : 0;
+                estimate = trusted > decayed ? trusted : decayed;
+            }
+            queue->ms_per_launch = estimate;
             /* Windows shrink at once when kernels get longer, grow as the average falls. */
             double slowest = sample > queue->ms_per_launch ? sample : queue->ms_per_launch;
             atomic_store_explicit(&queue->launches_per_mark,

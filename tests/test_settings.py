@@ -146,7 +146,7 @@ def test_gpu_sections_give_gpus_settings_of_their_own(tmp_path):
         (
             "[gpu:1]\nidle_release_ms = 5\n",
             "line 4: unknown key 'idle_release_ms' in [gpu:1] "
-            "(known: time_quantum, anti_thrash, memory_limit)",
+            "(known: time_quantum, anti_thrash, memory_limit, light_wait_ms)",
         ),
         ("[gpu:first]\ntime_quantum = 5\n", "line 3: [gpu:first]: a GPU is named by its UUID"),
         ("[gpu:]\ntime_quantum = 5\n", "line 3: [gpu:]: a GPU is named by its UUID"),

@@ -34,6 +34,7 @@ case "${1:-}" in
     --liveness) script=liveness.py; shift ;;
     --multi-gpu) script=multi_gpu.py; shift ;;
     --mix) script=mix.py; shift ;;
+    --drain-probe) script=drain_probe.py; shift ;;
     --shares) script=shares.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"
