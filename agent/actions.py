@@ -105,6 +105,19 @@ class SendSettings:
 
 
 @dataclass(slots=True)
+class SendMemoryCap:
+    """MEMORY_CAP to a shim: its share group's cap on a GPU (0: none), and what the
+    group's other processes hold there."""
+
+    client: int
+    pid: int
+    gpu: bytes
+    cap_bytes: int
+    others_bytes: int
+    group: str = field(default="", compare=False)  # log only
+
+
+@dataclass(slots=True)
 class Refuse:
     """A valid frame at the wrong time, or a client out of bounds: the engine sends
     ERROR and closes."""
@@ -176,4 +189,5 @@ Action = (
     | ModeChanged
     | GpuSettingsApplied
     | IndexSettingsUnused
+    | SendMemoryCap
 )

@@ -14,6 +14,7 @@ SHARED = "shared"
 # module (tests/agent/test_protocol.py checks they agree).
 FEATURE_YIELD = 1
 FEATURE_USAGE = 8
+FEATURE_MEMORY_CAP = 16
 
 
 @dataclass(slots=True)
@@ -88,3 +89,5 @@ class ClientState:
     unmanaged: dict[bytes, int] = field(default_factory=dict)
     active: set[bytes] = field(default_factory=set)  # GPUs it has a context on (asked or allocated)
     usage: dict[bytes, UsageMeter] = field(default_factory=dict)
+    # share_by=unit: "pod:<uid>" or "unit:<name>" once the agent knows (share_groups.py).
+    share_unit: str = ""

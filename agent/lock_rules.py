@@ -31,6 +31,7 @@ from .core_state import (
     Waiter,
 )
 from .settings import AntiThrash
+from .share_groups import ShareGroups
 from .usage import UsageMeter
 
 # auto: a client is light when its recent use of the GPU (GPU time, 0..1) is under
@@ -114,6 +115,7 @@ class LockRules:
 
     clients: dict[int, ClientState]
     gpus: dict[bytes, GpuState]
+    shares: ShareGroups
     _last_lease: int
 
     def _push_deadline(self, due: float, key: bytes | int) -> None:
@@ -246,10 +248,14 @@ class LockRules:
 
     def _best_waiter(self, gpu: GpuState, at: Moments, among: Iterable[int] | None = None) -> int:
         """First come first served (on); least recent use first, those waiting a
-        quantum or more before all others, oldest first (auto)."""
+        quantum or more before all others, oldest first (auto); by share groups
+        unless share_by is process (share_groups.py: the group charged least first)."""
         candidates = gpu.waiters if among is None else among
         if gpu.settings.anti_thrash is not AntiThrash.AUTO:
             return next(iter(candidates))
+        by_groups = self.shares.turn_order(gpu, self.clients, at.now, at.reached)
+        if by_groups is not None:
+            return min(candidates, key=by_groups)
         uuid = gpu.uuid
 
         def order(client: int) -> tuple[bool, float, float]:
@@ -259,6 +265,17 @@ class LockRules:
             return (not starving, used, waiter.requested_at)
 
         return min(candidates, key=order)
+
+    def _turn_goes_on(self, gpu: GpuState, turn: int, held: Lease, at: Moments) -> bool:
+        """Its quantum is over, but its share group still goes before the best
+        waiter's (share_groups.py: a group of weight 2 beside one of weight 1 takes two
+        turns for each of the other's): a new quantum from now, on the same lease."""
+        best = self._best_waiter(gpu, at)
+        if not self.shares.turn_goes_on(gpu, turn, best, self.clients, at.now, at.reached):
+            return False
+        held.turn_since = at.now
+        at.reached(at.now + gpu.settings.time_quantum_s)
+        return True
 
     # ------------------------------------------------------------ the decision, per GPU
 
@@ -422,7 +439,9 @@ class LockRules:
         # is asked to drop DRAIN_MS before, once it has held min_slice_ms (no window comes
         # sooner after another), unless a waiter has waited a quantum (it goes first).
         cutting_in = [w.requested_at for w in gpu.waiters.values() if w.cuts_in]
-        if at.reached(held.turn_since + gpu.settings.time_quantum_s):
+        if at.reached(held.turn_since + gpu.settings.time_quantum_s) and not self._turn_goes_on(
+            gpu, turn, held, at
+        ):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.QUANTUM_OVER)
         elif (
             cutting_in

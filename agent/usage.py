@@ -37,7 +37,12 @@ class UsageMeter:
     stamp: float = 0.0
     busy: bool = False  # an older shim's hold: busy since `stamp`
     reported_s: float = 0.0  # a measuring shim's running total at `stamp`
+    held_s: float = 0.0  # an older shim's holds, summed up to its last release
     frozen: bool = False  # `value` holds until thawed
+
+    def total_s(self, now: float) -> float:
+        """All the GPU time so far (share_groups.py charges it to the client's group)."""
+        return self.reported_s + self.held_s + (max(0.0, now - self.stamp) if self.busy else 0.0)
 
     def at(self, now: float) -> float:
         if self.frozen:
@@ -82,6 +87,7 @@ class UsageMeter:
         if not self.busy:
             return
         busy_until = max(self.stamp, now - max(0.0, idle_s))
+        self.held_s += busy_until - self.stamp
         at_end = self.at(busy_until)
         self.value = at_end * math.exp(-(now - busy_until) / USAGE_WINDOW_S)
         self.stamp, self.busy = now, False

@@ -161,7 +161,10 @@ def test_gpu_sections_give_gpus_settings_of_their_own(tmp_path):
         ),
         ("[gpu:1]\nmemory_limit = lots\n", "line 4: [gpu:1] memory_limit: a size is a whole"),
         ("[gpu:1]\n[gpu:01]\n", "line 4: [gpu:01] and [gpu:1] name the same GPU"),
-        ("[GPU:1]\n", "line 3: unknown section [GPU:1] (only [scheduler] and [gpu:ID])"),
+        (
+            "[GPU:1]\n",
+            "line 3: unknown section [GPU:1] (only [scheduler], [gpu:ID] and [share:GROUP])",
+        ),
     ],
 )
 def test_a_bad_gpu_section_is_one_line_naming_it(tmp_path, section, message):
