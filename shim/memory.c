@@ -82,10 +82,7 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
 
 NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    CUresult error;
-    cuMemAlloc_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAlloc_v2, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemAlloc_v2, real);
     int saved_errno = errno;
     CUresult result = allocate_managed(dptr, bytesize, "cuMemAlloc");
     if (result == NOT_CONVERTED)
@@ -97,10 +94,7 @@ NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 NVSHARE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
                                            size_t Height, unsigned int ElementSizeBytes)
 {
-    CUresult error;
-    cuMemAllocPitch_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAllocPitch_v2, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemAllocPitch_v2, real);
     int saved_errno = errno;
     CUresult result = NOT_CONVERTED;
     int valid = dptr != NULL && pPitch != NULL && WidthInBytes > 0 && Height > 0 &&
@@ -135,10 +129,7 @@ static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t bytes, CUstrea
 #define DEFINE_ASYNC_ALLOC(name)                                                         \
     NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)   \
     {                                                                                    \
-        CUresult error;                                                                  \
-        __typeof__(&name) real = NVSHARE_REAL_OR_ERROR(name, &error);                    \
-        if (real == NULL)                                                                \
-            return error;                                                                \
+        NVSHARE_REAL_OR_RETURN(name, real);                                              \
         int saved_errno = errno;                                                         \
         CUresult result = allocate_stream_ordered(dptr, bytesize, hStream,               \
                                                   NVSHARE_HOOK_PER_THREAD(name), #name); \
@@ -154,10 +145,7 @@ DEFINE_ASYNC_ALLOC(cuMemAllocAsync_ptsz)
     NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,  \
                                  CUstream hStream)                                       \
     {                                                                                    \
-        CUresult error;                                                                  \
-        __typeof__(&name) real = NVSHARE_REAL_OR_ERROR(name, &error);                    \
-        if (real == NULL)                                                                \
-            return error;                                                                \
+        NVSHARE_REAL_OR_RETURN(name, real);                                              \
         int saved_errno = errno;                                                         \
         CUresult result = allocate_stream_ordered(dptr, bytesize, hStream,               \
                                                   NVSHARE_HOOK_PER_THREAD(name), #name); \
@@ -173,10 +161,7 @@ DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
  * prefetched like ours. */
 NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
-    CUresult error;
-    cuMemAllocManaged_fn real = NVSHARE_REAL_OR_ERROR(cuMemAllocManaged, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemAllocManaged, real);
     CUresult result = real(dptr, bytesize, flags);
     int saved_errno = errno;
     CUcontext context;
@@ -191,10 +176,7 @@ NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, un
 
 NVSHARE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    CUresult error;
-    cuMemFree_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemFree_v2, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemFree_v2, real);
     int saved_errno = errno, ours;
     CUresult result = nvshare_memory_free(dptr, &ours);
     if (!ours)
@@ -231,27 +213,19 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
 
 NVSHARE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
-    CUresult error;
-    cuMemFreeAsync_fn real = NVSHARE_REAL_OR_ERROR(cuMemFreeAsync, &error);
-    return real == NULL ? error
-                        : free_async(dptr, hStream, NVSHARE_HOOK_PER_THREAD(cuMemFreeAsync), real);
+    NVSHARE_REAL_OR_RETURN(cuMemFreeAsync, real);
+    return free_async(dptr, hStream, NVSHARE_HOOK_PER_THREAD(cuMemFreeAsync), real);
 }
 
 NVSHARE_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
-    CUresult error;
-    cuMemFreeAsync_fn real = NVSHARE_REAL_OR_ERROR(cuMemFreeAsync_ptsz, &error);
-    return real == NULL
-               ? error
-               : free_async(dptr, hStream, NVSHARE_HOOK_PER_THREAD(cuMemFreeAsync_ptsz), real);
+    NVSHARE_REAL_OR_RETURN(cuMemFreeAsync_ptsz, real);
+    return free_async(dptr, hStream, NVSHARE_HOOK_PER_THREAD(cuMemFreeAsync_ptsz), real);
 }
 
 NVSHARE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
-    CUresult error;
-    cuMemGetInfo_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemGetInfo_v2, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemGetInfo_v2, real);
     CUresult result = real(free_bytes, total_bytes);
     if (result != CUDA_SUCCESS || free_bytes == NULL || total_bytes == NULL)
         return result;
