@@ -126,36 +126,31 @@ static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t bytes, CUstrea
     return allocate_managed(dptr, bytes, what);
 }
 
-#define DEFINE_ASYNC_ALLOC(name)                                                         \
-    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)   \
-    {                                                                                    \
-        NVSHARE_REAL_OR_RETURN(name, real);                                              \
-        int saved_errno = errno;                                                         \
-        CUresult result = allocate_stream_ordered(dptr, bytesize, hStream,               \
-                                                  NVSHARE_HOOK_PER_THREAD(name), #name); \
-        if (result == NOT_CONVERTED)                                                     \
-            result = real(dptr, bytesize, hStream);                                      \
-        errno = saved_errno;                                                             \
-        return result;                                                                   \
-    }
-DEFINE_ASYNC_ALLOC(cuMemAllocAsync)
-DEFINE_ASYNC_ALLOC(cuMemAllocAsync_ptsz)
+/* The stream-ordered allocations' signatures, (parameters), (arguments), as
+ * the table's (hooks.h): with a pool or without, they are converted alike. */
+#define SIG_ALLOC_ASYNC \
+    (CUdeviceptr * dptr, size_t bytesize, CUstream hStream), (dptr, bytesize, hStream)
+#define SIG_ALLOC_FROM_POOL_ASYNC                                               \
+    (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream), \
+        (dptr, bytesize, pool, hStream)
 
-#define DEFINE_POOL_ALLOC(name)                                                          \
-    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,  \
-                                 CUstream hStream)                                       \
+#define DEFINE_STREAM_ORDERED_ALLOC_(name, params, args)                                 \
+    NVSHARE_EXPORT CUresult name params                                                  \
     {                                                                                    \
         NVSHARE_REAL_OR_RETURN(name, real);                                              \
         int saved_errno = errno;                                                         \
         CUresult result = allocate_stream_ordered(dptr, bytesize, hStream,               \
                                                   NVSHARE_HOOK_PER_THREAD(name), #name); \
         if (result == NOT_CONVERTED)                                                     \
-            result = real(dptr, bytesize, pool, hStream);                                \
+            result = real args;                                                          \
         errno = saved_errno;                                                             \
         return result;                                                                   \
     }
-DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync)
-DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
+#define DEFINE_STREAM_ORDERED_ALLOC(name, signature) DEFINE_STREAM_ORDERED_ALLOC_(name, signature)
+DEFINE_STREAM_ORDERED_ALLOC(cuMemAllocAsync, SIG_ALLOC_ASYNC)
+DEFINE_STREAM_ORDERED_ALLOC(cuMemAllocAsync_ptsz, SIG_ALLOC_ASYNC)
+DEFINE_STREAM_ORDERED_ALLOC(cuMemAllocFromPoolAsync, SIG_ALLOC_FROM_POOL_ASYNC)
+DEFINE_STREAM_ORDERED_ALLOC(cuMemAllocFromPoolAsync_ptsz, SIG_ALLOC_FROM_POOL_ASYNC)
 
 /* The application's own managed memory: not converted, but counted and
  * prefetched like ours. */
