@@ -608,6 +608,9 @@ async def _publish(
     bus = await connect_bus(address, timeout_s=10)
     try:
         api = DBusApi(bus, engine, contract, config_problem)
+        from .dbus_shares import SharesApi  # a second interface, ahead of this one's handler
+
+        bus.add_message_handler(SharesApi(bus, engine, api).handle)
         bus.add_message_handler(api.handle)
         reply = await bus.request_name(names.BUS_NAME)
     except BaseException:

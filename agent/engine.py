@@ -121,6 +121,7 @@ class Engine:
             act.ModeChanged: self._log_mode,
             act.GpuSettingsApplied: self._log_gpu_settings,
             act.IndexSettingsUnused: self._log_index_settings_unused,
+            act.SendMemoryCap: self._send_memory_cap,
         }
 
     # ------------------------------------------------------------ from the socket adapter
@@ -162,6 +163,7 @@ class Engine:
             self.execute(actions)
             if link.greeted:
                 link.send(protocol.encode_welcome(AGENT_FEATURES, int(KEEPALIVE_S * 1000)))
+                self.execute(core.memory_caps(client))  # after WELCOME, as docs/protocol.md says
             return
         elif type(message) is protocol.MemoryReport:
             actions = core.memory_report(
@@ -258,7 +260,7 @@ class Engine:
             else c
             for c in snapshot.clients
         )
-        return AgentSnapshot(snapshot.gpus, clients)
+        return dataclasses.replace(snapshot, clients=clients)
 
     def gpu_statistics(self) -> dict[str, GpuStatistics]:
         """What was done on each GPU since the agent started, by UUID."""
@@ -408,6 +410,8 @@ class Engine:
         flags = int(protocol.GrantFlags.EXCLUSIVE if a.exclusive else protocol.GrantFlags.SHARED)
         if a.release_when_idle:
             flags |= int(protocol.GrantFlags.RELEASE_WHEN_IDLE)
+        if a.short_queue:
+            flags |= int(protocol.GrantFlags.SHORT_QUEUE)
         self._send(a.client, protocol.encode_lock(MessageType.LOCK_GRANT, a.gpu, a.lease, flags))
         if log.info_enabled:
             log.info(
@@ -541,6 +545,17 @@ class Engine:
             if link.greeted:
                 link.send(frame)
 
+    def _send_memory_cap(self, a: act.SendMemoryCap) -> None:
+        self._send(a.client, protocol.encode_memory_cap(a.gpu, a.cap_bytes, a.others_bytes))
+        log.info(
+            "memory cap gpu=%s pid=%d group=%s cap_bytes=%d others_bytes=%d",
+            gpu_name(a.gpu),
+            a.pid,
+            a.group,
+            a.cap_bytes,
+            a.others_bytes,
+        )
+
     def _refuse(self, a: act.Refuse) -> None:
         self.client_failed(a.client, ErrorCode.PROTOCOL, a.reason)
 
@@ -571,7 +586,10 @@ class Engine:
             if future.cancelled() or future.exception() is not None:
                 return
             if client in self.links:
-                self.identities[client] = future.result()
+                who = self.identities[client] = future.result()
+                self.execute(
+                    self.core.identified(client, who.unit, who.container, self.loop.time())
+                )
                 self._changed()
 
         try:
@@ -589,8 +607,16 @@ def describe_settings(s: Settings) -> str:
     return (
         f"time_quantum_s={s.time_quantum_s} anti_thrash={s.anti_thrash} "
         f"idle_release_ms={s.idle_release_ms} drop_grace_ms={s.drop_grace_ms} "
-        f"min_slice_ms={s.min_slice_ms} memory_limit_bytes={s.memory_limit_bytes} "
-        f"gpu_settings={own or '-'}"
+        f"light_wait_ms={s.light_wait_ms} min_slice_ms={s.min_slice_ms} "
+        f"memory_limit_bytes={s.memory_limit_bytes} "
+        f"gpu_settings={own or '-'} share_by={s.share_by} shares={_shares_text(s) or '-'}"
+    )
+
+
+def _shares_text(s: Settings) -> str:
+    return ",".join(
+        f"{group}:" + "+".join(f"{k}={v}" for k, v in share.given().items())
+        for group, share in s.shares
     )
 
 

@@ -38,6 +38,7 @@ transitions as a node-wide switch (_settle_gpu_settings).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 from collections.abc import Callable, Iterable
@@ -60,7 +61,14 @@ from .actions import (
 from .core_state import EXCLUSIVE, FEATURE_YIELD, SHARED, ClientState, GpuState, Lease, Waiter
 from .lock_rules import LIGHT_CHECK_S, YIELD_IDLE_MS, DropReason, LockRules, Policy
 from .settings import NO_OVERRIDES, AntiThrash, GpuOverrides, Settings
-from .snapshot import AgentSnapshot, ClientGpuSnapshot, ClientSnapshot, GpuSnapshot
+from .share_groups import ShareGroups, unit_group
+from .snapshot import (
+    AgentSnapshot,
+    ClientGpuSnapshot,
+    ClientSnapshot,
+    GpuSnapshot,
+    ShareGroupSnapshot,
+)
 
 # Byte counts are u64 wherever they go (the wire, D-Bus 't'); two u64 fields
 # of one report can add up to more, which no one could show.
@@ -99,6 +107,7 @@ class Scheduler(LockRules):
         self._learned_by_uid: dict[int, int] = {}
         self._learned = 0
         self._last_lease = 0
+        self.shares = ShareGroups()  # share groups' accounts and memory caps
         # (time, sequence, gpu uuid or client id) with lazy deletion: an entry
         # counts only while it is still its key's current deadline.
         self._deadlines: list[tuple[float, int, bytes | int]] = []
@@ -201,8 +210,8 @@ class Scheduler(LockRules):
         if uuid not in state.active:
             state.active.add(uuid)  # its context now takes memory there
             self._refit(gpu, now, actions, "new client")
-        light, much_lighter = self._judge(gpu, client, now)
-        gpu.waiters[client] = Waiter(now, light, much_lighter)
+        light, cuts_in = self._judge(gpu, client, now)
+        gpu.waiters[client] = Waiter(now, light, cuts_in)
         self._update(gpu, now, actions)
         if client in gpu.waiters:
             actions.insert(0, Queued(client, state.pid, uuid, len(gpu.waiters)))
@@ -262,6 +271,7 @@ class Scheduler(LockRules):
         gpu = self.gpus[uuid]
         self._refit(gpu, now, actions, f"memory report pid={state.pid}")
         self._update(gpu, now, actions)
+        actions += self.shares.memory_caps([gpu], self.clients)  # its group's others
         return actions
 
     def gpu_usage(self, client: int, uuid: bytes, busy_us: int, now: float) -> list[Action]:
@@ -327,11 +337,31 @@ class Scheduler(LockRules):
         for uuid, gpu in touched.items():
             if not gpu.users and not gpu.from_inventory:
                 self._forget_learned(gpu)
+                self.shares.forget_gpu(uuid)
                 del self.gpus[uuid]  # learned from clients only: forget it with them
                 continue
             self._refit(gpu, now, actions, "client gone")
             self._update(gpu, now, actions)
+        actions += self.shares.memory_caps(touched.values(), self.clients)
         return actions + gone
+
+    # ------------------------------------------------------------ share groups
+
+    def identified(self, client: int, unit: str, container: str, now: float) -> list[Action]:
+        """Where a client comes from (its systemd unit, its pod), once the engine has
+        read it: its group under share_by=unit (share_groups.py)."""
+        state = self.clients.get(client)
+        if state is None:
+            return []
+        state.share_unit = unit_group(unit, container)
+        return self.memory_caps(client)
+
+    def memory_caps(self, client: int | None = None) -> list[Action]:
+        """MEMORY_CAP frames due on the GPUs a client named (the engine asks after
+        WELCOME), or on every GPU."""
+        state = self.clients.get(client) if client is not None else None
+        gpus = self.gpus.values() if state is None else [self.gpus[u] for u in state.gpus]
+        return self.shares.memory_caps(gpus, self.clients)
 
     def tick(self, now: float) -> list[Action]:
         actions: list[Action] = []
@@ -361,13 +391,13 @@ class Scheduler(LockRules):
         previous, self.settings = self.settings, settings
         self._own_by_key = settings.gpu_overrides_by_key()
         actions: list[Action] = []
-        if previous.for_gpu(NO_OVERRIDES) != settings.for_gpu(NO_OVERRIDES):
+        if _wire_settings(previous) != _wire_settings(settings):
             actions.append(SendSettings(None, settings))  # the node-wide ones: for every shim
         self._note_unused_index_settings(actions)
         for gpu in self.gpus.values():
             self._settle_gpu_settings(gpu, now, actions)
             self._update(gpu, now, actions)
-        return actions
+        return actions + self.memory_caps()
 
     def next_deadline(self) -> float | None:
         """When tick() must run next, or None when no timer is needed."""
@@ -520,7 +550,7 @@ class Scheduler(LockRules):
         if changed and fits:
             # Running side by side again: who is light is judged afresh.
             for client, waiter in gpu.waiters.items():
-                waiter.light, waiter.much_lighter = self._judge(gpu, client, now)
+                waiter.light, waiter.cuts_in = self._judge(gpu, client, now)
         if changed or always_log:
             mode = SHARED if fits else EXCLUSIVE
             actions.append(ModeChanged(gpu.uuid, mode, demand, capacity, reason))
@@ -589,7 +619,12 @@ class Scheduler(LockRules):
             clients.append(
                 ClientSnapshot(state.pid, state.uid, state.gid, state.command, tuple(per_gpu))
             )
-        return AgentSnapshot(gpus, tuple(clients))
+        groups = tuple(
+            ShareGroupSnapshot(fmt(g.uuid), *row)
+            for g in self.gpus.values()
+            for row in self.shares.figures(g, self.clients, now)
+        )
+        return AgentSnapshot(gpus, tuple(clients), groups)
 
     def _mode(self, gpu: GpuState) -> str:
         """What status shows: "shared" when everyone's memory fits at once (or
@@ -597,6 +632,12 @@ class Scheduler(LockRules):
         where its memory fits with the turn's)."""
         policy = self._policy(gpu)
         return SHARED if policy is Policy.OFF or (policy is Policy.AUTO and gpu.fits) else EXCLUSIVE
+
+
+def _wire_settings(settings: Settings) -> Settings:
+    """What SETTINGS tells every shim: the node-wide settings, less what only the
+    agent reads (the GPUs' own, the share groups)."""
+    return dataclasses.replace(settings.for_gpu(NO_OVERRIDES), shares=())
 
 
 __all__ = [

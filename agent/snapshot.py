@@ -46,6 +46,21 @@ class ClientSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class ShareGroupSnapshot:
+    """A share group on a GPU (share_groups.py): a group with clients there, or
+    with settings of its own."""
+
+    gpu: str
+    group: str  # "user:1000", "unit:jupyter-alice.service", "pod:<uid>", "process:4242"
+    weight: int
+    memory_cap_bytes: int  # 0: none
+    use: float  # its clients' recent use together (usage.py's, ~10 s)
+    share: float  # its share of the GPU's time over the last minute
+    clients: int
+
+
+@dataclass(frozen=True, slots=True)
 class AgentSnapshot:
     gpus: tuple[GpuSnapshot, ...]
     clients: tuple[ClientSnapshot, ...]
+    groups: tuple[ShareGroupSnapshot, ...] = ()
