@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standin" / "build"
 sys.path.insert(0, str(REPO / "bench" / "gpu"))
-from run import hook_cost_measures  # noqa: E402
+from gpu_measures import hook_cost_measures  # noqa: E402
 
 
 def measure(shim: Path, blocks: int, per_block: int) -> dict:

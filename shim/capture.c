@@ -195,10 +195,7 @@ void nvshare_capture_forget_context(CUcontext context)
 #define BEGIN_CAPTURE(name, params, args)                                \
     NVSHARE_EXPORT CUresult name params                                  \
     {                                                                    \
-        CUresult error;                                                  \
-        __typeof__(&name) real = NVSHARE_REAL_OR_ERROR(name, &error);    \
-        if (real == NULL)                                                \
-            return error;                                                \
+        NVSHARE_REAL_OR_RETURN(name, real);                              \
         return began(real args, hStream, NVSHARE_HOOK_PER_THREAD(name)); \
     }
 
@@ -243,20 +240,14 @@ static CUresult end_capture(CUstream stream, CUgraph *graph, int per_thread,
 
 NVSHARE_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
-    CUresult error;
-    cuStreamEndCapture_fn real = NVSHARE_REAL_OR_ERROR(cuStreamEndCapture, &error);
-    return real == NULL
-               ? error
-               : end_capture(hStream, phGraph, NVSHARE_HOOK_PER_THREAD(cuStreamEndCapture), real);
+    NVSHARE_REAL_OR_RETURN(cuStreamEndCapture, real);
+    return end_capture(hStream, phGraph, NVSHARE_HOOK_PER_THREAD(cuStreamEndCapture), real);
 }
 
 NVSHARE_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
 {
-    CUresult error;
-    cuStreamEndCapture_fn real = NVSHARE_REAL_OR_ERROR(cuStreamEndCapture_ptsz, &error);
-    return real == NULL ? error
-                        : end_capture(hStream, phGraph,
-                                      NVSHARE_HOOK_PER_THREAD(cuStreamEndCapture_ptsz), real);
+    NVSHARE_REAL_OR_RETURN(cuStreamEndCapture_ptsz, real);
+    return end_capture(hStream, phGraph, NVSHARE_HOOK_PER_THREAD(cuStreamEndCapture_ptsz), real);
 }
 
 void nvshare_capture_forget_after_fork(void)

@@ -54,9 +54,9 @@ int nvshare_driver_looked_for(void);
 typedef void *(*nvshare_dlsym_fn)(void *handle, const char *name);
 NVSHARE_NOT_SANITIZED nvshare_dlsym_fn nvshare_real_dlsym(void);
 
-/* Where every hook starts: row hook_id's real function, the driver resolved
- * first.  NULL, with *error the answer the call gives, when there is no driver
- * or it lacks that function (an older driver than the program's headers). */
+/* Row hook_id's real function, the driver resolved first.  NULL, with *error
+ * the answer the call gives, when there is no driver or it lacks that function
+ * (an older driver than the program's headers). */
 static inline void *nvshare_real_or_error(int hook_id, CUresult *error)
 {
     if (nvshare_resolve_driver() != 0) {
@@ -67,18 +67,23 @@ static inline void *nvshare_real_or_error(int hook_id, CUresult *error)
     return nvshare_real[hook_id];
 }
 
-/* Typed as the hook of that row is (the driver's function has its type):
- * __typeof__(&cuMemAlloc_v2) real = NVSHARE_REAL_OR_ERROR(cuMemAlloc_v2, &error); */
-#define NVSHARE_REAL_OR_ERROR(name, error) \
-    ((__typeof__(&name))nvshare_real_or_error(NVSHARE_HOOK_ID_##name, (error)))
-
-/* Typed as the hook of that row is (the driver's function has its type):
- * __typeof__(&cuMemAlloc_v2) real = NVSHARE_REAL_OR_ERROR(cuMemAlloc_v2, &error); */
-#define NVSHARE_REAL_OR_ERROR(name, error) \
-    ((__typeof__(&name))nvshare_real_or_error(NVSHARE_HOOK_ID_##name, (error)))
+/* Where every hook starts, the generated ones (hooks.c) and the hand-written:
+ *     NVSHARE_REAL_OR_RETURN(cuMemAlloc_v2, real);
+ * declares real, row name's driver function typed as the hook is, or returns
+ * at once what the call answers without it.  A macro, not a function: the
+ * return is the hook's own, so the launch path has the one call and the two
+ * branches it always had (nvshare_real_or_error is inlined). */
+#define NVSHARE_REAL_OR_RETURN(name, real)                                                 \
+    CUresult real##_missing;                                                               \
+    __typeof__(&name) real =                                                               \
+        (__typeof__(&name))nvshare_real_or_error(NVSHARE_HOOK_ID_##name, &real##_missing); \
+    do {                                                                                   \
+        if (real == NULL)                                                                  \
+            return real##_missing;                                                         \
+    } while (0)
 
 /* Typed access to a row's real function, for the shim's own calls (hooks start with
- * NVSHARE_REAL_OR_ERROR): NVSHARE_REAL(cuMemAlloc_v2)(&pointer, bytes). */
+ * NVSHARE_REAL_OR_RETURN): NVSHARE_REAL(cuMemAlloc_v2)(&pointer, bytes). */
 #define NVSHARE_REAL(name) ((__typeof__(&name))nvshare_real[NVSHARE_HOOK_ID_##name])
 
 #endif

@@ -15,10 +15,7 @@
 #define DEFINE_GATED_HOOK(name, params, args, stream, per_thread, launch)                   \
     NVSHARE_EXPORT CUresult name params                                                     \
     {                                                                                       \
-        CUresult error;                                                                     \
-        __typeof__(&name) real = NVSHARE_REAL_OR_ERROR(name, &error);                       \
-        if (real == NULL)                                                                   \
-            return error;                                                                   \
+        NVSHARE_REAL_OR_RETURN(name, real);                                                 \
         struct nvshare_gate *gate = nvshare_gate_enter((stream), (per_thread));             \
         CUresult result = real args;                                                        \
         nvshare_gate_leave(gate);                                                           \

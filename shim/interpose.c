@@ -200,10 +200,7 @@ NVSHARE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int 
                                             cuuint64_t flags,
                                             CUdriverProcAddressQueryResult *symbolStatus)
 {
-    CUresult error;
-    cuGetProcAddress_v2_fn real = NVSHARE_REAL_OR_ERROR(cuGetProcAddress_v2, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuGetProcAddress_v2, real);
     CUresult result = real(symbol, pfn, cudaVersion, flags, symbolStatus);
     if (result == CUDA_SUCCESS && pfn != NULL && *pfn != NULL) {
         int saved_errno = errno;
@@ -216,10 +213,7 @@ NVSHARE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int 
 NVSHARE_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                                          cuuint64_t flags)
 {
-    CUresult error;
-    cuGetProcAddress_fn real = NVSHARE_REAL_OR_ERROR(cuGetProcAddress, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuGetProcAddress, real);
     CUresult result = real(symbol, pfn, cudaVersion, flags);
     if (result == CUDA_SUCCESS && pfn != NULL && *pfn != NULL) {
         int saved_errno = errno;

@@ -83,10 +83,7 @@ out:
 
 NVSHARE_EXPORT CUresult cuInit(unsigned int flags)
 {
-    CUresult error;
-    cuInit_fn real = NVSHARE_REAL_OR_ERROR(cuInit, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuInit, real);
     CUresult result = real(flags);
     if (result == CUDA_SUCCESS)
         nvshare_client_start();
@@ -119,10 +116,7 @@ static void forget_context(CUcontext context, int first, int last)
 
 NVSHARE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
-    CUresult error;
-    cuCtxDestroy_v2_fn real = NVSHARE_REAL_OR_ERROR(cuCtxDestroy_v2, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuCtxDestroy_v2, real);
     int cancel_state = nvshare_contexts_hold(0, NVSHARE_MAX_GPUS - 1);
     CUresult result = real(ctx);
     if (result == CUDA_SUCCESS)
@@ -134,10 +128,7 @@ NVSHARE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 /* Only to learn each GPU's primary context, which a reset or the last release frees. */
 NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-    CUresult error;
-    cuDevicePrimaryCtxRetain_fn real = NVSHARE_REAL_OR_ERROR(cuDevicePrimaryCtxRetain, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuDevicePrimaryCtxRetain, real);
     CUresult result = real(pctx, dev);
     if (result == CUDA_SUCCESS && dev >= 0 && dev < NVSHARE_MAX_GPUS) {
         nvshare_contexts_set_primary(dev, *pctx);
@@ -173,12 +164,11 @@ static CUresult end_primary(CUdevice dev, cuDevicePrimaryCtxReset_v2_fn real, en
 /* The version-1 names too: cudart of CUDA 13 asks cuGetProcAddress for them
  * with cudaVersion 7000 (measured on the H100), and cudaDeviceReset resets
  * through cuDevicePrimaryCtxReset. */
-#define DEFINE_PRIMARY_END(name, how)                                             \
-    NVSHARE_EXPORT CUresult name(CUdevice dev)                                    \
-    {                                                                             \
-        CUresult error;                                                           \
-        cuDevicePrimaryCtxReset_v2_fn real = NVSHARE_REAL_OR_ERROR(name, &error); \
-        return real == NULL ? error : end_primary(dev, real, how);                \
+#define DEFINE_PRIMARY_END(name, how)          \
+    NVSHARE_EXPORT CUresult name(CUdevice dev) \
+    {                                          \
+        NVSHARE_REAL_OR_RETURN(name, real);    \
+        return end_primary(dev, real, how);    \
     }
 DEFINE_PRIMARY_END(cuDevicePrimaryCtxRelease, PRIMARY_RELEASE)
 DEFINE_PRIMARY_END(cuDevicePrimaryCtxRelease_v2, PRIMARY_RELEASE)

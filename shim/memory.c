@@ -104,10 +104,7 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
 
 NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    CUresult error;
-    cuMemAlloc_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAlloc_v2, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemAlloc_v2, real);
     int saved_errno = errno;
     CUresult result = allocate_managed(dptr, bytesize, "cuMemAlloc");
     if (result == NOT_CONVERTED)
@@ -119,10 +116,7 @@ NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 NVSHARE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
                                            size_t Height, unsigned int ElementSizeBytes)
 {
-    CUresult error;
-    cuMemAllocPitch_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemAllocPitch_v2, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemAllocPitch_v2, real);
     int saved_errno = errno;
     CUresult result = NOT_CONVERTED;
     int valid = dptr != NULL && pPitch != NULL && WidthInBytes > 0 && Height > 0 &&
@@ -154,51 +148,37 @@ static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t bytes, CUstrea
     return allocate_managed(dptr, bytes, what);
 }
 
-#define DEFINE_ASYNC_ALLOC(name)                                                         \
-    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)   \
-    {                                                                                    \
-        CUresult error;                                                                  \
-        __typeof__(&name) real = NVSHARE_REAL_OR_ERROR(name, &error);                    \
-        if (real == NULL)                                                                \
-            return error;                                                                \
-        int saved_errno = errno;                                                         \
-        CUresult result = allocate_stream_ordered(dptr, bytesize, hStream,               \
-                                                  NVSHARE_HOOK_PER_THREAD(name), #name); \
-        if (result == NOT_CONVERTED)                                                     \
-            result = real(dptr, bytesize, hStream);                                      \
-        errno = saved_errno;                                                             \
-        return result;                                                                   \
-    }
-DEFINE_ASYNC_ALLOC(cuMemAllocAsync)
-DEFINE_ASYNC_ALLOC(cuMemAllocAsync_ptsz)
+/* The stream-ordered allocations' signatures, (parameters), (arguments), as
+ * the table's (hooks.h): with a pool or without, they are converted alike. */
+#define SIG_ALLOC_ASYNC \
+    (CUdeviceptr * dptr, size_t bytesize, CUstream hStream), (dptr, bytesize, hStream)
+#define SIG_ALLOC_FROM_POOL_ASYNC                                               \
+    (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream), \
+        (dptr, bytesize, pool, hStream)
 
-#define DEFINE_POOL_ALLOC(name)                                                          \
-    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,  \
-                                 CUstream hStream)                                       \
+#define DEFINE_STREAM_ORDERED_ALLOC_(name, params, args)                                 \
+    NVSHARE_EXPORT CUresult name params                                                  \
     {                                                                                    \
-        CUresult error;                                                                  \
-        __typeof__(&name) real = NVSHARE_REAL_OR_ERROR(name, &error);                    \
-        if (real == NULL)                                                                \
-            return error;                                                                \
+        NVSHARE_REAL_OR_RETURN(name, real);                                              \
         int saved_errno = errno;                                                         \
         CUresult result = allocate_stream_ordered(dptr, bytesize, hStream,               \
                                                   NVSHARE_HOOK_PER_THREAD(name), #name); \
         if (result == NOT_CONVERTED)                                                     \
-            result = real(dptr, bytesize, pool, hStream);                                \
+            result = real args;                                                          \
         errno = saved_errno;                                                             \
         return result;                                                                   \
     }
-DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync)
-DEFINE_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
+#define DEFINE_STREAM_ORDERED_ALLOC(name, signature) DEFINE_STREAM_ORDERED_ALLOC_(name, signature)
+DEFINE_STREAM_ORDERED_ALLOC(cuMemAllocAsync, SIG_ALLOC_ASYNC)
+DEFINE_STREAM_ORDERED_ALLOC(cuMemAllocAsync_ptsz, SIG_ALLOC_ASYNC)
+DEFINE_STREAM_ORDERED_ALLOC(cuMemAllocFromPoolAsync, SIG_ALLOC_FROM_POOL_ASYNC)
+DEFINE_STREAM_ORDERED_ALLOC(cuMemAllocFromPoolAsync_ptsz, SIG_ALLOC_FROM_POOL_ASYNC)
 
 /* The application's own managed memory: not converted, but counted and
  * prefetched like ours. */
 NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
-    CUresult error;
-    cuMemAllocManaged_fn real = NVSHARE_REAL_OR_ERROR(cuMemAllocManaged, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemAllocManaged, real);
     CUresult result = real(dptr, bytesize, flags);
     int saved_errno = errno;
     CUcontext context;
@@ -213,10 +193,7 @@ NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, un
 
 NVSHARE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    CUresult error;
-    cuMemFree_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemFree_v2, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemFree_v2, real);
     int saved_errno = errno, ours;
     CUresult result = nvshare_memory_free(dptr, &ours);
     if (!ours)
@@ -253,27 +230,19 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread,
 
 NVSHARE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
-    CUresult error;
-    cuMemFreeAsync_fn real = NVSHARE_REAL_OR_ERROR(cuMemFreeAsync, &error);
-    return real == NULL ? error
-                        : free_async(dptr, hStream, NVSHARE_HOOK_PER_THREAD(cuMemFreeAsync), real);
+    NVSHARE_REAL_OR_RETURN(cuMemFreeAsync, real);
+    return free_async(dptr, hStream, NVSHARE_HOOK_PER_THREAD(cuMemFreeAsync), real);
 }
 
 NVSHARE_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
-    CUresult error;
-    cuMemFreeAsync_fn real = NVSHARE_REAL_OR_ERROR(cuMemFreeAsync_ptsz, &error);
-    return real == NULL
-               ? error
-               : free_async(dptr, hStream, NVSHARE_HOOK_PER_THREAD(cuMemFreeAsync_ptsz), real);
+    NVSHARE_REAL_OR_RETURN(cuMemFreeAsync_ptsz, real);
+    return free_async(dptr, hStream, NVSHARE_HOOK_PER_THREAD(cuMemFreeAsync_ptsz), real);
 }
 
 NVSHARE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
-    CUresult error;
-    cuMemGetInfo_v2_fn real = NVSHARE_REAL_OR_ERROR(cuMemGetInfo_v2, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemGetInfo_v2, real);
     CUresult result = real(free_bytes, total_bytes);
     if (result != CUDA_SUCCESS || free_bytes == NULL || total_bytes == NULL)
         return result;

@@ -27,10 +27,7 @@
 NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                     const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    CUresult error;
-    cuMemCreate_fn real = NVSHARE_REAL_OR_ERROR(cuMemCreate, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemCreate, real);
     CUresult result = real(handle, size, prop, flags);
     if (result != CUDA_SUCCESS || handle == NULL)
         return result;
@@ -52,10 +49,7 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
 
 NVSHARE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    CUresult error;
-    cuMemRelease_fn real = NVSHARE_REAL_OR_ERROR(cuMemRelease, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemRelease, real);
     CUresult result = real(handle);
     if (result != CUDA_SUCCESS)
         return result;
@@ -75,10 +69,7 @@ static void reference_handle(CUmemGenericAllocationHandle handle)
 NVSHARE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                  CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
-    CUresult error;
-    cuMemMap_fn real = NVSHARE_REAL_OR_ERROR(cuMemMap, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemMap, real);
     CUresult result = real(ptr, size, offset, handle, flags);
     if (result != CUDA_SUCCESS)
         return result;
@@ -106,11 +97,7 @@ NVSHARE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 NVSHARE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
                                                     void *addr)
 {
-    CUresult error;
-    cuMemRetainAllocationHandle_fn real =
-        NVSHARE_REAL_OR_ERROR(cuMemRetainAllocationHandle, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemRetainAllocationHandle, real);
     CUresult result = real(handle, addr);
     if (result != CUDA_SUCCESS || handle == NULL)
         return result;
@@ -128,10 +115,7 @@ NVSHARE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle
 /* One call may unmap several neighbouring mappings. */
 NVSHARE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-    CUresult error;
-    cuMemUnmap_fn real = NVSHARE_REAL_OR_ERROR(cuMemUnmap, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemUnmap, real);
     CUresult result = real(ptr, size);
     if (result != CUDA_SUCCESS)
         return result;
@@ -181,25 +165,20 @@ static CUresult open_ipc(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int
 NVSHARE_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                            unsigned int Flags)
 {
-    CUresult error;
-    cuIpcOpenMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle, &error);
-    return real == NULL ? error : open_ipc(pdptr, handle, Flags, real);
+    NVSHARE_REAL_OR_RETURN(cuIpcOpenMemHandle, real);
+    return open_ipc(pdptr, handle, Flags, real);
 }
 
 NVSHARE_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                               unsigned int Flags)
 {
-    CUresult error;
-    cuIpcOpenMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcOpenMemHandle_v2, &error);
-    return real == NULL ? error : open_ipc(pdptr, handle, Flags, real);
+    NVSHARE_REAL_OR_RETURN(cuIpcOpenMemHandle_v2, real);
+    return open_ipc(pdptr, handle, Flags, real);
 }
 
 NVSHARE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
-    CUresult error;
-    cuIpcCloseMemHandle_fn real = NVSHARE_REAL_OR_ERROR(cuIpcCloseMemHandle, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuIpcCloseMemHandle, real);
     CUresult result = real(dptr);
     if (result != CUDA_SUCCESS)
         return result;

@@ -224,10 +224,7 @@ int nvshare_unpark(size_t bytes, CUstream stream, CUdeviceptr *pointer)
  * to minBytesToKeep. */
 NVSHARE_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
-    CUresult error;
-    cuMemPoolTrimTo_fn real = NVSHARE_REAL_OR_ERROR(cuMemPoolTrimTo, &error);
-    if (real == NULL)
-        return error;
+    NVSHARE_REAL_OR_RETURN(cuMemPoolTrimTo, real);
     CUresult result = real(pool, minBytesToKeep);
     int saved_errno = errno, gpu, slot;
     if (result == CUDA_SUCCESS && where(&gpu, &slot)) {
@@ -259,15 +256,12 @@ static void forget_stream(CUstream stream)
     pthread_mutex_unlock(&parking_mutex);
 }
 
-#define DEFINE_STREAM_DESTROY(name)                                       \
-    NVSHARE_EXPORT CUresult name(CUstream hStream)                        \
-    {                                                                     \
-        CUresult error;                                                   \
-        cuStreamDestroy_v2_fn real = NVSHARE_REAL_OR_ERROR(name, &error); \
-        if (real == NULL)                                                 \
-            return error;                                                 \
-        forget_stream(hStream);                                           \
-        return nvshare_capture_destroy_stream(hStream, real);             \
+#define DEFINE_STREAM_DESTROY(name)                           \
+    NVSHARE_EXPORT CUresult name(CUstream hStream)            \
+    {                                                         \
+        NVSHARE_REAL_OR_RETURN(name, real);                   \
+        forget_stream(hStream);                               \
+        return nvshare_capture_destroy_stream(hStream, real); \
     }
 DEFINE_STREAM_DESTROY(cuStreamDestroy)
 DEFINE_STREAM_DESTROY(cuStreamDestroy_v2)

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from run import Agent, stop_process
+from harness import Agent, stop_process
 
 HERE = pathlib.Path(__file__).resolve().parent
 LIGHT = """

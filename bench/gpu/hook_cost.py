@@ -18,7 +18,8 @@ import json
 import pathlib
 import tempfile
 
-from run import Agent, build_cuda_program, count_and_results_dir, hook_cost
+from harness import Agent, build_cuda_program, count_and_results_dir
+from phases.overhead import hook_cost
 
 SETTINGS = {"bound on (default)": {}, "bound off": {"NVSHARE_MAX_QUEUED_MS": "0"}}
 

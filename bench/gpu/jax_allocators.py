@@ -18,7 +18,7 @@ import pathlib
 import statistics
 import sys
 
-import run as bench
+import harness as bench
 
 WORKLOAD = bench.REPO / "tests" / "gpu" / "frameworks.py"
 SHAPES = (1024, 256)  # width = batch: ~2.8 ms and ~0.45 ms steps on the H100

@@ -16,7 +16,9 @@ import pathlib
 import statistics
 import tempfile
 
-from run import Agent, bootstrap_95, build_launch_loop, count_and_results_dir, launch_pairs
+from gpu_measures import bootstrap_95
+from harness import Agent, build_launch_loop, count_and_results_dir
+from phases.overhead import launch_pairs
 
 
 def bootstrap_delta(plain, tool, draws=4000, seed=1) -> tuple[float, float]:

@@ -21,7 +21,7 @@ import platform
 import statistics
 import tempfile
 
-from run import Agent, build_launch_loop, count_and_results_dir, run_json
+from harness import Agent, build_launch_loop, count_and_results_dir, run_json
 
 ADDRESSES_FIXED = ["setarch", platform.machine(), "-R"]
 ONE_CPU = ["taskset", "-c", "4"]

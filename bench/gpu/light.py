@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 
-from run import percentile
+from gpu_measures import percentile
 
 # A light client's allocations stay under this: mix.py plans memory with it.
 LIGHT_MAX_BYTES = 1 << 30

@@ -26,14 +26,8 @@ import tempfile
 import time
 from datetime import datetime
 
-from run import (
-    Agent,
-    build_cuda_program,
-    percentile,
-    run_json,
-    start_json,
-    trainer,
-)
+from gpu_measures import percentile
+from harness import Agent, build_cuda_program, run_json, start_json, trainer
 
 STOPPED_S = 30
 PROCESSES, ROUNDS = 6, 5

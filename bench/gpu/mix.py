@@ -38,18 +38,10 @@ import tempfile
 import time
 
 import mix_measures as measures
+from gpu_state import check_memory, environment, nvidia_smi_rows
+from harness import Agent, finish_json, start_json, stop_process, wait_for_file
 from multi_gpu import gpus, lock_figures
-from run import (
-    Agent,
-    check_memory,
-    environment,
-    finish_json,
-    nvidia_smi_rows,
-    run_phases,
-    start_json,
-    stop_process,
-    wait_for_file,
-)
+from phase_runner import run_phases
 
 from nvshare_agent.settings import DEFAULT_SETTINGS
 

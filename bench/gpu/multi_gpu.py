@@ -25,20 +25,10 @@ import pathlib
 import sys
 import tempfile
 
-from run import (
-    Agent,
-    drop_stats,
-    environment,
-    finish_json,
-    nvidia_smi_rows,
-    percentile,
-    run_json,
-    run_phases,
-    start_json,
-    steps_per_s,
-    trainer,
-    wait_for_file,
-)
+from gpu_measures import drop_stats, percentile, steps_per_s
+from gpu_state import environment, nvidia_smi_rows
+from harness import Agent, finish_json, run_json, start_json, trainer, wait_for_file
+from phase_runner import run_phases
 
 PCI_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 # A reference trainer holds ~3.5 GiB of managed memory; the split one ~3.5 GiB over

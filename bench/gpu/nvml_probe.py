@@ -16,7 +16,8 @@ import sys
 import tempfile
 import time
 
-from run import SHIM, nvidia_smi_rows
+from gpu_state import nvidia_smi_rows
+from harness import SHIM
 
 CHILD = """
 import sys, time, torch

@@ -9,8 +9,8 @@ ORIGINAL_BUILD holds `nvshare-scheduler`, `nvsharectl` and `libnvshare.so`
 built from grgalex/nvshare's src/ (its Makefile).  Its socket path is compiled
 in (/var/run/nvshare/scheduler.sock): run this as root, with no other
 scheduler of it running.  Both tools get the same workloads and measures: one
-process alone (run.py's sole_process_overhead: step ratio, identical results,
-launch cost); two trainers (run.py's pair_measures: aggregate step rate over
+process alone (phases/overhead.py's sole_process_overhead: step ratio, identical results,
+launch cost); two trainers (gpu_measures.py's pair_measures: aggregate step rate over
 the window both ran, shares, GPU busy fraction, turns from the step times);
 drop to release as each scheduler saw it (ours from the agent's log, the
 original's from the arrival of its scheduler's log lines), also with trainers
@@ -27,7 +27,12 @@ import tempfile
 import threading
 import time
 
-import run as bench
+from gpu_measures import drop_stats, pair_measures
+from gpu_state import check_memory, environment
+from harness import REPO, build_launch_loop, stop_process
+from phase_runner import run_phases
+from phases.overhead import nvshare_overhead, sole_process_overhead
+from phases.trainers import QUEUE_AHEAD, pair_run, run_pair, solo_run
 
 ORIGINAL_SOCKET = pathlib.Path("/var/run/nvshare/scheduler.sock")
 
@@ -81,7 +86,7 @@ class OriginalScheduler:
         return env
 
     def stop(self) -> None:
-        bench.stop_process(self.process)
+        stop_process(self.process)
         self.reader.join(5)
 
     def drop_to_release_ms(self) -> list[float]:
@@ -99,7 +104,7 @@ class OriginalScheduler:
 def original_solo(build, seconds, time_quantum_s) -> dict:
     scheduler = OriginalScheduler(build, time_quantum_s)
     try:
-        return bench.solo_run(seconds, env=scheduler.env())
+        return solo_run(seconds, env=scheduler.env())
     finally:
         scheduler.stop()
 
@@ -107,16 +112,16 @@ def original_solo(build, seconds, time_quantum_s) -> dict:
 def original_pair(build, seconds, time_quantum_s) -> dict:
     scheduler = OriginalScheduler(build, time_quantum_s)
     try:
-        results = bench.run_pair(scheduler.env(), seconds)
+        results = run_pair(scheduler.env(), seconds)
     finally:
         scheduler.stop()
-    return {**bench.pair_measures(results), **bench.drop_stats(scheduler.drop_to_release_ms())}
+    return {**pair_measures(results), **drop_stats(scheduler.drop_to_release_ms())}
 
 
 def original_overhead(build, launch_loop) -> dict:
     scheduler = OriginalScheduler(build, 30)  # its default quantum: a run alone is not dropped
     try:
-        return bench.sole_process_overhead(scheduler.env(), launch_loop)
+        return sole_process_overhead(scheduler.env(), launch_loop)
     finally:
         scheduler.stop()
 
@@ -124,10 +129,10 @@ def original_overhead(build, launch_loop) -> dict:
 def original_pair_queued(build, seconds, time_quantum_s) -> dict:
     scheduler = OriginalScheduler(build, time_quantum_s)
     try:
-        bench.run_pair(scheduler.env(), seconds, *bench.QUEUE_AHEAD)
+        run_pair(scheduler.env(), seconds, *QUEUE_AHEAD)
     finally:
         scheduler.stop()
-    return bench.drop_stats(scheduler.drop_to_release_ms())
+    return drop_stats(scheduler.drop_to_release_ms())
 
 
 def main() -> None:
@@ -141,33 +146,33 @@ def main() -> None:
     ]
     if missing:
         sys.exit(f"original.py: {build} lacks {', '.join(missing)}")
-    results_dir = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else bench.REPO / "results" / "gpu")
+    results_dir = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else REPO / "results" / "gpu")
     results_dir.mkdir(parents=True, exist_ok=True)
-    free_mib = bench.check_memory()
+    free_mib = check_memory()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="nvshare-vs-original-"))
-    results = {"environment": bench.environment(), "gpu_free_mib_at_start": free_mib}
-    launch_loop = bench.build_launch_loop(workdir)
+    results = {"environment": environment(), "gpu_free_mib_at_start": free_mib}
+    launch_loop = build_launch_loop(workdir)
     phases = [  # interleaved, so drift hits both tools alike
-        ("nvshare_overhead", lambda: bench.nvshare_overhead(workdir, launch_loop)),
+        ("nvshare_overhead", lambda: nvshare_overhead(workdir, launch_loop)),
         ("original_overhead", lambda: original_overhead(build, launch_loop)),
-        ("solo", lambda: bench.solo_run(20)),
+        ("solo", lambda: solo_run(20)),
         ("original_solo_tq5", lambda: original_solo(build, 20, 5)),
-        ("nvshare_tq5", lambda: bench.pair_run(workdir, 35, time_quantum_s=5)),
+        ("nvshare_tq5", lambda: pair_run(workdir, 35, time_quantum_s=5)),
         ("original_tq5", lambda: original_pair(build, 35, 5)),
-        ("nvshare_tq2", lambda: bench.pair_run(workdir, 30, time_quantum_s=2)),
+        ("nvshare_tq2", lambda: pair_run(workdir, 30, time_quantum_s=2)),
         ("original_tq2", lambda: original_pair(build, 30, 2)),
         (
             "nvshare_tq5_queued",
-            lambda: bench.pair_run(workdir, 35, queue_ahead=True, time_quantum_s=5),
+            lambda: pair_run(workdir, 35, queue_ahead=True, time_quantum_s=5),
         ),
         ("original_tq5_queued", lambda: original_pair_queued(build, 35, 5)),
         (
             "nvshare_tq2_queued",
-            lambda: bench.pair_run(workdir, 30, queue_ahead=True, time_quantum_s=2),
+            lambda: pair_run(workdir, 30, queue_ahead=True, time_quantum_s=2),
         ),
         ("original_tq2_queued", lambda: original_pair_queued(build, 30, 2)),
     ]
-    bench.run_phases(phases, results, results_dir / "original.json")
+    run_phases(phases, results, results_dir / "original.json")
     print_table(results)
 
 

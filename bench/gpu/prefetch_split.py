@@ -18,7 +18,8 @@ import subprocess
 import sys
 import tempfile
 
-import run
+from gpu_state import check_memory, environment
+from harness import REPO, Agent, run_json
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -30,13 +31,13 @@ def build_shim(streams: int) -> pathlib.Path:
             "make",
             "-s",
             "-C",
-            str(run.REPO / "shim"),
+            str(REPO / "shim"),
             f"BUILD={build}",
             f"CPPFLAGS=-DNVSHARE_PREFETCH_STREAMS={streams}",
         ],
         check=True,
     )
-    return run.REPO / "shim" / build / "libnvshare.so"
+    return REPO / "shim" / build / "libnvshare.so"
 
 
 def shim_rate(log: str) -> float | None:
@@ -59,11 +60,11 @@ def main() -> None:
         parser.error("--streams takes counts from 1 to 64")
     results_dir = pathlib.Path(args.results_dir or "results/gpu")
     results_dir.mkdir(parents=True, exist_ok=True)
-    run.check_memory()
+    check_memory()
 
     shims = {f"streams_{n}": build_shim(n) for n in args.streams}
     workdir = pathlib.Path(tempfile.mkdtemp())
-    agent = run.Agent(workdir, idle_release_ms=1000)
+    agent = Agent(workdir, idle_release_ms=1000)
     command = [sys.executable, str(HERE / "warmup.py"), "--gib", "8"]
     ways = [*shims, "by_hand"]
     samples = {way: [] for way in ways}
@@ -74,11 +75,11 @@ def main() -> None:
             for way in ways[shift:] + ways[:shift]:
                 if way == "by_hand":
                     env = agent.env(NVSHARE_SOCKET=str(workdir / "no-agent.sock"))
-                    result = run.run_json(command + ["--self-prefetch"], env=env, timeout=180)
+                    result = run_json(command + ["--self-prefetch"], env=env, timeout=180)
                 else:
                     logs = []
                     env = agent.env(NVSHARE_DEBUG="1", LD_PRELOAD=str(shims[way]))
-                    result = run.run_json(command, env=env, timeout=180, stderr_into=logs)
+                    result = run_json(command, env=env, timeout=180, stderr_into=logs)
                     shim_rates[way].append(shim_rate(logs[-1]))
                 samples[way].append(result["gb_per_s"])
             print(
@@ -96,7 +97,7 @@ def main() -> None:
     (results_dir / "prefetch_split.json").write_text(
         json.dumps(
             {
-                "environment": run.environment(),
+                "environment": environment(),
                 "gb_per_s": samples,
                 "shim_prefetch_gb_per_s": shim_rates,
                 "summary": summary,

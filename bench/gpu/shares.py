@@ -37,7 +37,9 @@ import sys
 import tempfile
 import time
 
-from run import Agent, check_memory, environment, run_phases, wait_for_file
+from gpu_state import check_memory, environment
+from harness import Agent, wait_for_file
+from phase_runner import run_phases
 
 HERE = pathlib.Path(__file__).resolve().parent
 USER_A, USER_B = 4001, 4002
@@ -75,7 +77,7 @@ def open_folder(parent: pathlib.Path, prefix: str) -> pathlib.Path:
 
 
 def shares_config(share_by: str, shares: dict[str, dict[str, str]] | None = None) -> str:
-    """The config lines beyond run.Agent's: share_by (it sits in [scheduler], which the
+    """The config lines beyond harness.Agent's: share_by (it sits in [scheduler], which the
     Agent writes last thing before these), then a section per group."""
     lines = [f"share_by = {share_by}"]
     for group, fields in (shares or {}).items():

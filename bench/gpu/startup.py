@@ -18,7 +18,8 @@ import statistics
 import tempfile
 import time
 
-from run import Agent, bootstrap_95, count_and_results_dir, run_json, trainer
+from gpu_measures import bootstrap_95
+from harness import Agent, count_and_results_dir, run_json, trainer
 
 
 def seconds_to_first_step(env) -> float:

@@ -10,11 +10,14 @@ import tempfile
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu"))
+import gpu_measures
+import gpu_state
+import harness
 import hook_cost
 import launch_pairs
 import launch_spread
 import original
-import run
+import phase_runner
 import startup
 
 
@@ -28,7 +31,7 @@ def alternating(turn_s=1.0, step_s=0.1, turns=10):
 
 
 def test_turns_of_exclusive_alternation_are_measured_from_the_other_process_last_step():
-    lengths = run.turn_lengths(alternating(turn_s=1.0, turns=10))
+    lengths = gpu_measures.turn_lengths(alternating(turn_s=1.0, turns=10))
     assert len(lengths) == 7  # 10 turns, 9 boundaries, first and last cut
     assert lengths == pytest.approx([1.0] * 7)
 
@@ -38,7 +41,7 @@ def test_interleaved_steps_show_as_many_short_turns():
         {"step_times": [i * 0.2 for i in range(50)]},
         {"step_times": [i * 0.2 + 0.1 for i in range(50)]},
     ]
-    lengths = run.turn_lengths(together)
+    lengths = gpu_measures.turn_lengths(together)
     assert len(lengths) > 90
     assert max(lengths) == pytest.approx(0.1)
 
@@ -46,7 +49,7 @@ def test_interleaved_steps_show_as_many_short_turns():
 def test_pair_measures_count_only_the_window_both_ran():
     results = alternating(turn_s=1.0, turns=10)
     results[1]["step_times"] += [11.0, 12.0]  # ran on alone after the other stopped
-    measures = run.pair_measures(results)
+    measures = gpu_measures.pair_measures(results)
     assert measures["window_s"] == pytest.approx(
         results[0]["step_times"][-1] - results[1]["step_times"][3]
     )
@@ -57,11 +60,12 @@ def test_pair_measures_count_only_the_window_both_ran():
 
 
 def test_drop_stats_percentiles():
-    stats = run.drop_stats([float(ms) for ms in range(1, 101)])
+    stats = gpu_measures.drop_stats([float(ms) for ms in range(1, 101)])
     assert stats["drop_to_release_p50_ms"] == pytest.approx(50, abs=1)
     assert stats["drop_to_release_p99_ms"] == pytest.approx(99, abs=1)
     assert (
-        run.drop_stats([])["drop_to_release_p50_ms"] != run.drop_stats([])["drop_to_release_p50_ms"]
+        gpu_measures.drop_stats([])["drop_to_release_p50_ms"]
+        != gpu_measures.drop_stats([])["drop_to_release_p50_ms"]
     )  # nan
 
 
@@ -110,7 +114,7 @@ def test_side_scripts_refuse_a_bad_count_in_one_line(script, count, error):
 def test_the_old_launch_figure_is_the_fastest_run_of_ten_consecutive_short_rounds():
     rounds = [5.0] * 10 + [4.0] * 9 + [9.0] + [4.5] * 10
     # Ten rounds in a row make one 100,000-launch round: blocks average 5.0, 4.5 and 4.5.
-    assert run.fastest_old_round_us(rounds) == pytest.approx(4.5)
+    assert gpu_measures.fastest_old_round_us(rounds) == pytest.approx(4.5)
     assert min(rounds) == 4.0  # what the new figure takes instead
 
 
@@ -132,7 +136,7 @@ def test_hook_cost_pairs_each_block_with_its_neighbour_through_the_driver():
     driver = [3000 + 0.1 * i for i in range(4000)]
     hook = [ns + 20 + (400 if i % 4 == 0 else 0) for i, ns in enumerate(driver)]
     locked = [ns + 150 for ns in driver]  # a locked add after each launch, 150 ns dearer
-    measures = run.hook_cost_measures(
+    measures = gpu_measures.hook_cost_measures(
         {
             "driver_ns": driver,
             "hook_ns": hook,
@@ -156,7 +160,7 @@ def test_gpu_clock_summary_takes_medians_and_every_clock_event_reason_seen():
         "[N/A], [N/A], 58, [N/A]",
         "1980, 6",
     ]  # cut off when the sampler stopped
-    summary = run.gpu_clock_summary(lines)
+    summary = gpu_state.gpu_clock_summary(lines)
     assert summary == {
         "samples": 3,
         "sm_mhz_median": 1830,
@@ -165,7 +169,7 @@ def test_gpu_clock_summary_takes_medians_and_every_clock_event_reason_seen():
         "temperature_c_max": 58,
         "clock_event_reasons": "0x24",
     }
-    assert run.gpu_clock_summary(["[N/A], [N/A], [N/A], [N/A]"]) == {}
+    assert gpu_state.gpu_clock_summary(["[N/A], [N/A], [N/A], [N/A]"]) == {}
 
 
 def test_unsampled_phases_run_without_querying_the_gpu(tmp_path, monkeypatch):
@@ -173,7 +177,7 @@ def test_unsampled_phases_run_without_querying_the_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("NVSHARE_BENCH_ONLY", raising=False)
     results = {}
-    run.run_phases(
+    phase_runner.run_phases(
         [("overhead", lambda: {"launch_us_delta": 0.01}), ("pausing", lambda: {})],
         results,
         tmp_path / "gpu.json",
@@ -184,7 +188,7 @@ def test_unsampled_phases_run_without_querying_the_gpu(tmp_path, monkeypatch):
     assert results["overhead"]["launch_us_delta"] == 0.01
     assert "gpu_clocks" not in results["overhead"] and "error" not in results["overhead"]
     with pytest.raises(FileNotFoundError):
-        run.run_phases([("solo", dict)], results, tmp_path / "gpu.json")
+        phase_runner.run_phases([("solo", dict)], results, tmp_path / "gpu.json")
 
 
 def test_each_phase_keeps_the_logs_of_the_agents_it_started(tmp_path, monkeypatch):
@@ -199,7 +203,7 @@ def test_each_phase_keeps_the_logs_of_the_agents_it_started(tmp_path, monkeypatc
     def phase_starting(name, agents):
         def phase():
             for number in range(agents):
-                agent = run.Agent(workdir, time_quantum_s=number + 1)
+                agent = harness.Agent(workdir, time_quantum_s=number + 1)
                 agent.stop()
                 logs[f"{name}{f'-{number + 1}' if number else ''}.log"] = agent.log()
             return {}
@@ -208,7 +212,7 @@ def test_each_phase_keeps_the_logs_of_the_agents_it_started(tmp_path, monkeypatc
 
     results = {}
     try:
-        run.run_phases(
+        phase_runner.run_phases(
             [phase_starting("first", 1), phase_starting("none", 0), phase_starting("second", 2)],
             results,
             results_dir / "gpu.json",
@@ -238,16 +242,16 @@ def test_each_phase_keeps_the_logs_of_the_agents_it_started(tmp_path, monkeypatc
 )
 def test_wait_for_file_returns_once_the_process_made_it_or_says_why_not(tmp_path, script, error):
     ready = tmp_path / "trainer-ready"
-    process = run.start_json([sys.executable, "-c", script, str(ready)])
+    process = harness.start_json([sys.executable, "-c", script, str(ready)])
     try:
         if error is None:
-            run.wait_for_file(ready, process, timeout=30)
+            harness.wait_for_file(ready, process, timeout=30)
             assert ready.exists() and process.poll() is None
         else:
             with pytest.raises(RuntimeError, match=error):
-                run.wait_for_file(ready, process, timeout=1)
+                harness.wait_for_file(ready, process, timeout=1)
     finally:
-        run.stop_process(process)
+        harness.stop_process(process)
 
 
 def test_startup_measures_compare_medians_and_pair_each_start():
@@ -268,4 +272,4 @@ def test_an_agent_that_cannot_start_says_so_with_its_log(tmp_path):
     (broken / "__init__.py").write_text("")
     (broken / "__main__.py").write_text("raise SystemExit('broken agent')\n")
     with pytest.raises(RuntimeError, match="agent did not start:\nbroken agent"):
-        run.Agent(tmp_path, base_env=dict(os.environ, PYTHONPATH=str(tmp_path / "path")))
+        harness.Agent(tmp_path, base_env=dict(os.environ, PYTHONPATH=str(tmp_path / "path")))

@@ -17,7 +17,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench" / "gpu"))
-import run as bench  # noqa: E402  (the benchmark's Agent: one way to start the agent)
+import harness as bench  # noqa: E402  (the benchmark's Agent: one way to start the agent)
 
 SHIM = bench.SHIM
 
@@ -77,7 +77,7 @@ def cuda_program(tmp_path_factory):
 
 @pytest.fixture
 def start_agent(tmp_path, agent_pythonpath):
-    """Starts the real agent (the GPU benchmark's Agent, bench/gpu/run.py) with its debug log."""
+    """Starts the real agent (the GPU benchmark's Agent, bench/gpu/harness.py) with its debug log."""
     started = []
 
     def start(time_quantum_s=30, anti_thrash=True, idle_release_ms=1000):

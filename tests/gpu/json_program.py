@@ -1,7 +1,7 @@
 """The GPU tests' programs print one JSON line last; the benchmark's runners
-(bench/gpu/run.py, on the path through conftest) run them and read it."""
+(bench/gpu/harness.py, on the path through conftest) run them and read it."""
 
-import run as bench
+import harness as bench
 
 
 def run_json_program(command, env=None, timeout=300):

@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
+import harness as bench
 import pytest
-import run as bench
 from json_program import run_json_program
 
 HERE = pathlib.Path(__file__).parent
