@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import nvml, systemd
-from .engine import Engine, describe_settings
+from .engine import Engine
 from .eventlog import events as log
 from .listener import Listener
 from .settings import Settings
+from .settings_changes import describe_settings
 from .settings_files import SettingsStore
 from .shim_connections import ShimConnections
 from .snapshot import AgentSnapshot
