@@ -14,7 +14,10 @@ from .settings_files import SettingsStore, overrides_after
 
 class SettingsChanges:
     def __init__(
-        self, store: SettingsStore, overrides: dict | None, loop: asyncio.AbstractEventLoop
+        self,
+        store: SettingsStore,
+        overrides: dict[str, Any] | None,
+        loop: asyncio.AbstractEventLoop,
     ):
         self._store = store
         self._overrides = dict(overrides or {})
