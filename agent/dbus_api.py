@@ -9,8 +9,8 @@ becomes a settings change.  dbus-next only carries messages: one dispatcher here
 call takes one path, which ARCHITECTURE.md walks through for a Set:
 
     handle -> _start_set -> _set -> caller_may_change (the one permission check)
-    -> Setting.change (dbus_properties.py) -> Engine.change_settings -> ... -> Engine._notify
-    -> publish_changes (PropertiesChanged)
+    -> Setting.change (dbus_properties.py) -> Engine.change_settings -> ...
+    -> ChangeNotifier._notify (timers.py) -> publish_changes (PropertiesChanged)
 
 The permission check repeats the policy file's rule on purpose: a permissive
 or broken policy must not turn into anyone-may-set.
