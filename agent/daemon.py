@@ -170,12 +170,12 @@ async def _pet_watchdog(notifier: systemd.Notifier, interval_s: float) -> None:
 
 async def _export_on_bus(engine: Engine, address: str, config_problem: str) -> None:
     try:
-        from . import dbus_api
+        from . import dbus_service
     except ImportError as e:
         log.warning("no D-Bus API (%s); serving the shim only", e)
         return
     try:
-        await dbus_api.export_on_bus(engine, address, config_problem=config_problem)
+        await dbus_service.export_on_bus(engine, address, config_problem=config_problem)
     except asyncio.CancelledError:
         raise
     except Exception as e:

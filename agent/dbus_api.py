@@ -14,6 +14,10 @@ call takes one path, which ARCHITECTURE.md walks through for a Set:
 
 The permission check repeats the policy file's rule on purpose: a permissive
 or broken policy must not turn into anyone-may-set.
+
+Adding a method is a row of DBusApi.METHODS, its handler and its XML; a method
+that changes something goes through caller_may_change as _set does.  Staying
+on the bus (connect, own the name, reconnect) is dbus_service.py's.
 """
 
 from __future__ import annotations
@@ -24,13 +28,14 @@ import logging
 import os
 import pwd
 from collections.abc import Callable
+from typing import ClassVar
 
 from dbus_next import Message, MessageType, Variant
 from dbus_next.aio import MessageBus
-from dbus_next.constants import ErrorType, RequestNameReply
+from dbus_next.constants import ErrorType
 
 from . import dbus_names as names
-from .dbus_connection import connect_bus, plain, read_machine_id
+from .dbus_connection import plain, read_machine_id
 from .dbus_contract import (
     CONTRACT_FILE,
     INTROSPECTABLE_INTERFACE,
@@ -41,7 +46,6 @@ from .dbus_contract import (
     Contract,
     ContractMismatch,
     DBusFailure,
-    load_contract,
 )
 from .dbus_properties import SETTINGS, check_properties, gpu_to_dbus, property_values
 from .engine import Engine
@@ -49,6 +53,25 @@ from .settings import SettingsNotSaved
 from .text import excerpt
 
 log = logging.getLogger(__name__)
+
+
+def check_contract(contract: Contract) -> None:
+    """The agent serves exactly the contract's properties (dbus_properties.py) and
+    methods (DBusApi.METHODS); ContractMismatch, a sentence naming each
+    difference, otherwise: a bug, said before anything is served."""
+    check_properties(contract)
+    only_xml = [m for m in contract.methods if m not in DBusApi.METHODS]
+    only_code = [m for m in DBusApi.METHODS if m not in contract.methods]
+    problems = []
+    if only_xml:
+        problems.append(f"in {CONTRACT_FILE} but not served: {', '.join(only_xml)}")
+    if only_code:
+        problems.append(f"served but not in {CONTRACT_FILE}: {', '.join(only_code)}")
+    if problems:
+        raise ContractMismatch(
+            "the agent's D-Bus methods and the contract disagree: " + "; ".join(problems)
+        )
+
 
 # Clients may report GPUs of their own: an error lists a few, not all.
 _KNOWN_GPUS_SHOWN = 8
@@ -94,13 +117,9 @@ class DBusApi:
             (INTROSPECTABLE_INTERFACE, "Introspect"): self._introspect,
             (PEER_INTERFACE, "Ping"): lambda msg: Message.new_method_return(msg),
             (PEER_INTERFACE, "GetMachineId"): self._machine_id,
-            (names.INTERFACE, names.METHOD_GET_GPU): self._get_gpu,
         }
-        unserved = [m for m in contract.methods if (names.INTERFACE, m) not in self._routes]
-        if unserved:  # a bug: say so before serving anything
-            raise ContractMismatch(
-                f"{CONTRACT_FILE} has methods the agent does not serve: {', '.join(unserved)}"
-            )
+        for member, handler in self.METHODS.items():
+            self._routes[(names.INTERFACE, member)] = handler.__get__(self)
 
     def handle(self, msg: Message):
         """dbus-next's message handler: every method call to the agent comes here."""
@@ -264,6 +283,12 @@ class DBusApi:
             f"no GPU with UUID {excerpt(uuid)} on this node (known: {known})",
         )
 
+    # The interface's own methods, one row each (and its line in the XML;
+    # check_contract refuses to serve when the two disagree).
+    METHODS: ClassVar[dict[str, Callable[[DBusApi, Message], Message | None]]] = {
+        names.METHOD_GET_GPU: _get_gpu,
+    }
+
     def _introspect(self, msg: Message) -> Message:
         xml = f"<node>{STANDARD_XML}\n  {self._contract.xml}\n</node>\n"
         return Message.new_method_return(msg, "s", [xml])
@@ -331,80 +356,3 @@ class DBusApi:
                 [names.INTERFACE, variants, []],
             )
         )
-
-
-# ---------------------------------------------------------------- staying on the bus
-
-
-async def _publish(
-    engine: Engine, address: str, contract: Contract, config_problem: str
-) -> tuple[MessageBus, DBusApi]:
-    bus = await connect_bus(address, timeout_s=10)
-    try:
-        api = DBusApi(bus, engine, contract, config_problem)
-        bus.add_message_handler(api.handle)
-        reply = await bus.request_name(names.BUS_NAME)
-    except BaseException:
-        bus.disconnect()
-        raise
-    if reply == RequestNameReply.IN_QUEUE:
-        log.warning("dbus name=%s is owned by another process; queued for it", names.BUS_NAME)
-    return bus, api
-
-
-async def export_on_bus(
-    engine: Engine,
-    address: str = "system",
-    *,
-    first_retry_s: float = 0.5,
-    max_retry_s: float = 30.0,
-    config_problem: str = "",
-) -> None:
-    """Serve the API on the bus at `address` ("system" or a D-Bus address) until
-    cancelled.  When the bus is missing or goes away, retry with exponential
-    backoff; the agent keeps serving the shims meanwhile."""
-    contract = load_contract()
-    check_properties(contract)  # a mismatch is a bug: say so before serving anything
-    current: list[DBusApi] = []  # the API of the connection we have, if any
-
-    def publish() -> None:
-        for api in current:
-            api.publish_changes()
-
-    unsubscribe = engine.subscribe(publish)
-    retry_s, failures = first_retry_s, 0
-    try:
-        while True:
-            bus = None
-            try:
-                bus, api = await _publish(engine, address, contract, config_problem)
-                current[:] = [api]
-                log.info("dbus connected address=%s name=%s", address, names.BUS_NAME)
-                retry_s, failures = first_retry_s, 0
-                try:
-                    await bus.wait_for_disconnect()
-                    reason = "disconnected"
-                except Exception as error:
-                    reason = str(error) or type(error).__name__
-                log.warning("dbus lost address=%s reason=%s", address, reason)
-            except asyncio.CancelledError:
-                if bus is not None and bus.connected:
-                    bus.disconnect()
-                raise
-            except Exception as error:
-                failures += 1
-                # Once per outage at warning level; the retries after it at debug.
-                level = logging.WARNING if failures == 1 else logging.DEBUG
-                log.log(
-                    level,
-                    "dbus unavailable address=%s error=%s retry_in_s=%.1f",
-                    address,
-                    str(error) or type(error).__name__,
-                    retry_s,
-                )
-            finally:
-                current.clear()
-            await asyncio.sleep(retry_s)
-            retry_s = min(retry_s * 2, max_retry_s)
-    finally:
-        unsubscribe()
