@@ -220,6 +220,8 @@ class Engine:
         (timers.py).  Returns an unsubscribe function."""
         return self._notifier.subscribe(callback)
 
+    # ------------------------------------------------------------ the parts it owns
+
     def execute(self, actions: list) -> None:
         """Carry out the core's actions, in order (action_runner.py)."""
         self._actions.run(actions)
