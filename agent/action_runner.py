@@ -80,6 +80,7 @@ class ActionRunner:
             act.ModeChanged: self._log_mode,
             act.GpuSettingsApplied: self._log_gpu_settings,
             act.IndexSettingsUnused: self._log_index_settings_unused,
+            act.SendMemoryCap: self._send_memory_cap,
         }
 
     def run(self, actions: list) -> None:
@@ -129,6 +130,8 @@ class ActionRunner:
         flags = int(protocol.GrantFlags.EXCLUSIVE if a.exclusive else protocol.GrantFlags.SHARED)
         if a.release_when_idle:
             flags |= int(protocol.GrantFlags.RELEASE_WHEN_IDLE)
+        if a.short_queue:
+            flags |= int(protocol.GrantFlags.SHORT_QUEUE)
         self._send(a.client, protocol.encode_lock(MessageType.LOCK_GRANT, a.gpu, a.lease, flags))
         if log.info_enabled:
             log.info(
@@ -261,6 +264,17 @@ class ActionRunner:
         for link in list(self._links.values()):
             if link.greeted:
                 link.send(frame)
+
+    def _send_memory_cap(self, a: act.SendMemoryCap) -> None:
+        self._send(a.client, protocol.encode_memory_cap(a.gpu, a.cap_bytes, a.others_bytes))
+        log.info(
+            "memory cap gpu=%s pid=%d group=%s cap_bytes=%d others_bytes=%d",
+            gpu_name(a.gpu),
+            a.pid,
+            a.group,
+            a.cap_bytes,
+            a.others_bytes,
+        )
 
     def _refuse(self, a: act.Refuse) -> None:
         self.close_client(a.client, ErrorCode.PROTOCOL, a.reason)

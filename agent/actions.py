@@ -28,6 +28,8 @@ class Grant:
     role: str = field(default="", compare=False)
     # Log only (auto): the client's recent use of the GPU (GPU time, 0..1) the rules saw.
     use: float = field(default=-1.0, compare=False)
+    # A turn that light work may cut short: its shim keeps its queue short throughout.
+    short_queue: bool = False
 
 
 @dataclass(slots=True)
@@ -104,6 +106,19 @@ class SendSettings:
 
 
 @dataclass(slots=True)
+class SendMemoryCap:
+    """MEMORY_CAP to a shim: its share group's cap on a GPU (0: none), and what the
+    group's other processes hold there."""
+
+    client: int
+    pid: int
+    gpu: bytes
+    cap_bytes: int
+    others_bytes: int
+    group: str = field(default="", compare=False)  # log only
+
+
+@dataclass(slots=True)
 class Refuse:
     """A valid frame at the wrong time, or a client out of bounds: the engine sends
     ERROR and closes."""
@@ -175,4 +190,5 @@ Action = (
     | ModeChanged
     | GpuSettingsApplied
     | IndexSettingsUnused
+    | SendMemoryCap
 )

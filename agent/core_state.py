@@ -14,6 +14,7 @@ SHARED = "shared"
 # module (tests/agent/test_protocol.py checks they agree).
 FEATURE_YIELD = 1
 FEATURE_USAGE = 8
+FEATURE_MEMORY_CAP = 16
 
 
 @dataclass(slots=True)
@@ -30,6 +31,9 @@ class Lease:
     # Its client held another GPU while it waited for this one: a process working
     # across GPUs, never asked to release this lease once idle.
     across_gpus: bool = False
+    # auto: when the turn it holds began.  A turn cut short for a window goes on
+    # after it, quantum and all: windows neither end a turn nor lengthen it.
+    turn_since: float = 0.0
 
 
 @dataclass(slots=True)
@@ -38,10 +42,12 @@ class Waiter:
     # auto, judged when it asks: light enough to run beside the turn (little use, or
     # much less than the turn holder's) ...
     light: bool = False
-    # ... and much less use than the holder's (a ratio, not the floor): may take an
-    # exclusive holder's GPU after its minimum slice.  Two new clients have little use
-    # each; only this keeps them from taking the GPU from each other slice by slice.
-    much_lighter: bool = False
+    # ... and light enough to cut the turn short when it cannot run beside it (under
+    # the floor *and* much less use than the holder's): it runs in a window.  Two new
+    # clients have little use each; the ratio keeps them from taking the GPU from each
+    # other slice by slice, the floor keeps a busy client that windows starve of use
+    # from staying in windows.  A light waiter that does neither waits for the turn.
+    cuts_in: bool = False
 
 
 @dataclass(slots=True)
@@ -65,6 +71,8 @@ class GpuState:
     settings: Settings = DEFAULT_SETTINGS
     deadline: float | None = None  # when tick() must look at this GPU next
     light_check_at: float | None = None
+    # auto: (client, its turn's start) while that turn is cut short for a window.
+    turn_paused: tuple[int, float] | None = None
 
 
 @dataclass(slots=True)
@@ -81,3 +89,5 @@ class ClientState:
     unmanaged: dict[bytes, int] = field(default_factory=dict)
     active: set[bytes] = field(default_factory=set)  # GPUs it has a context on (asked or allocated)
     usage: dict[bytes, UsageMeter] = field(default_factory=dict)
+    # share_by=unit: "pod:<uid>" or "unit:<name>" once the agent knows (share_groups.py).
+    share_unit: str = ""

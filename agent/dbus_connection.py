@@ -39,6 +39,8 @@ def plain(value):
         return plain(value.value)
     if isinstance(value, dict):
         return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):  # an array of a{sv} (Shares1's Groups)
+        return [plain(item) for item in value]
     return value
 
 

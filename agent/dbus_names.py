@@ -60,6 +60,7 @@ GPU_SETTINGS_FIELDS = (
     ("time_quantum_s", "u"),
     ("anti_thrash", "s"),
     ("memory_limit_bytes", "t"),
+    ("light_wait_ms", "u"),
 )
 CLIENT_DETAIL_FIELDS = (("user", "s"), ("unit", "s"), ("container", "s"))
 STATISTICS_FIELDS = (

@@ -1,8 +1,8 @@
-"""Staying on the bus: the D-Bus API (dbus_api.DBusApi) served on a bus
-connection, its well-known name requested, and a new connection with
-exponential backoff whenever the bus is missing or goes away; the agent keeps
-serving the shims meanwhile.  The contract is checked once, before the first
-connection (dbus_api.check_contract)."""
+"""Staying on the bus: the D-Bus API (dbus_api.DBusApi, and dbus_shares.SharesApi
+beside it for Shares1) served on a bus connection, its well-known name
+requested, and a new connection with exponential backoff whenever the bus is
+missing or goes away; the agent keeps serving the shims meanwhile.  The
+contract is checked once, before the first connection (dbus_api.check_contract)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from . import dbus_names as names
 from .dbus_api import DBusApi, check_contract
 from .dbus_connection import connect_bus
 from .dbus_contract import Contract, load_contract
+from .dbus_shares import SharesApi
 from .engine import Engine
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,9 @@ async def _publish(
     bus = await connect_bus(address, timeout_s=10)
     try:
         api = DBusApi(bus, engine, contract, config_problem)
+        # Shares1 (dbus_shares.py), a second interface: its handler goes first, and
+        # passes on every call that is not its own.
+        bus.add_message_handler(SharesApi(bus, engine, api).handle)
         bus.add_message_handler(api.handle)
         reply = await bus.request_name(names.BUS_NAME)
     except BaseException:

@@ -103,6 +103,7 @@ class Engine:
             self.execute(actions)
             if link.greeted:
                 link.send(protocol.encode_welcome(AGENT_FEATURES, int(KEEPALIVE_S * 1000)))
+                self.execute(core.memory_caps(client))  # after WELCOME, as docs/protocol.md says
             return
         elif type(message) is protocol.MemoryReport:
             actions = core.memory_report(
@@ -196,7 +197,7 @@ class Engine:
             else c
             for c in snapshot.clients
         )
-        return AgentSnapshot(snapshot.gpus, clients)
+        return dataclasses.replace(snapshot, clients=clients)
 
     def gpu_statistics(self) -> dict[str, GpuStatistics]:
         """What was done on each GPU since the agent started, by UUID."""
@@ -242,7 +243,10 @@ class Engine:
             if future.cancelled() or future.exception() is not None:
                 return
             if client in self.links:
-                self.identities[client] = future.result()
+                who = self.identities[client] = future.result()
+                self.execute(
+                    self.core.identified(client, who.unit, who.container, self.loop.time())
+                )
                 self._notifier.changed()
 
         try:

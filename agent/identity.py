@@ -73,6 +73,14 @@ def user_name(uid: int) -> str:
         return ""
 
 
+def uid_of(name: str) -> int | None:
+    """The uid of a user name (a share group named user:NAME), None when unknown."""
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except (KeyError, ValueError):
+        return None
+
+
 def identify(pid: int, uid: int, proc: str = "/proc") -> ClientIdentity:
     try:
         with open(f"{proc}/{pid}/cgroup", encoding="utf-8", errors="replace") as f:

@@ -31,12 +31,14 @@ from .core_state import (
     Waiter,
 )
 from .settings import AntiThrash
+from .share_groups import ShareGroups
 from .usage import UsageMeter
 
 # auto: a client is light when its recent use of the GPU (GPU time, 0..1) is under
-# LIGHT_FLOOR, or at most LIGHT_RATIO of the turn holder's.  An inference server
-# answering 20 requests of ~1 ms a second uses ~0.02-0.04; a notebook's cells ~0.05;
-# a trainer ~1.  A light lease beside the turn ends once its client's use passes
+# LIGHT_FLOOR, or at most LIGHT_RATIO of the turn holder's; it cuts the turn short
+# (a window) only when both hold.  An inference server answering 20 requests of ~1 ms
+# a second uses ~0.02-0.04; a notebook's cells ~0.05; a loader's batches ~0.03; a
+# trainer ~1.  A light lease beside the turn ends once its client's use passes
 # KEEP_LIGHT_FACTOR times those figures (hysteresis).
 LIGHT_FLOOR = 0.1
 LIGHT_RATIO = 0.25
@@ -52,6 +54,10 @@ YIELD_IDLE_MS = 50
 # auto: light work that runs while the turn waits (a window) gives the GPU back
 # after this long idle: at once, less the noise between one request's kernels.
 WINDOW_IDLE_MS = 2
+# auto: how long a turn takes to drain once asked to drop with light work waiting (its
+# shim bounds its queue to 5 ms meanwhile; a trainer's 18 ms kernels, one or two of
+# them): the drop is asked this much before light work's wait (light_wait_ms) is up.
+DRAIN_MS = 25
 
 
 class Policy(enum.Enum):
@@ -109,6 +115,7 @@ class LockRules:
 
     clients: dict[int, ClientState]
     gpus: dict[bytes, GpuState]
+    shares: ShareGroups
     _last_lease: int
 
     def _push_deadline(self, due: float, key: bytes | int) -> None:
@@ -176,8 +183,8 @@ class LockRules:
         return max((self._usage(c, gpu.uuid, now) for c in others), default=None)
 
     def _judge(self, gpu: GpuState, client: int, now: float) -> tuple[bool, bool]:
-        """(light, much lighter than the busiest other) for a request arriving now.
-        Alone on the GPU it is neither: nothing to cut in ahead of, it takes the turn."""
+        """(light, cuts in) for a request arriving now (core_state.Waiter).  Alone on
+        the GPU it is neither: nothing to cut in ahead of, it takes the turn."""
         if gpu.settings.anti_thrash is not AntiThrash.AUTO:
             return False, False
         busiest = self._busiest_other(gpu, client, now)
@@ -186,7 +193,8 @@ class LockRules:
         used = self._usage(client, gpu.uuid, now)
         much_lighter = used < LIGHT_RATIO * busiest
         light = used < LIGHT_FLOOR or much_lighter
-        return light or self._turn_elsewhere_others_want(client, gpu), much_lighter
+        cuts_in = used < LIGHT_FLOOR and much_lighter
+        return light or self._turn_elsewhere_others_want(client, gpu), cuts_in
 
     def _still_light(self, gpu: GpuState, client: int, now: float) -> bool:
         used = self._usage(client, gpu.uuid, now)
@@ -230,8 +238,8 @@ class LockRules:
             return True
         return memory_fit.fits(keeping, self._demand_of(gpu, running), gpu.capacity_bytes)
 
-    def _fits_with(self, gpu: GpuState, newcomer: int) -> bool:
-        return self._fits(gpu, [*gpu.holders, newcomer], keeping=False)
+    def _fits_with(self, gpu: GpuState, *newcomers: int) -> bool:
+        return self._fits(gpu, [*gpu.holders, *newcomers], keeping=False)
 
     # ------------------------------------------------------------ best waiter
 
@@ -240,10 +248,14 @@ class LockRules:
 
     def _best_waiter(self, gpu: GpuState, at: Moments, among: Iterable[int] | None = None) -> int:
         """First come first served (on); least recent use first, those waiting a
-        quantum or more before all others, oldest first (auto)."""
+        quantum or more before all others, oldest first (auto); by share groups
+        unless share_by is process (share_groups.py: the group charged least first)."""
         candidates = gpu.waiters if among is None else among
         if gpu.settings.anti_thrash is not AntiThrash.AUTO:
             return next(iter(candidates))
+        by_groups = self.shares.turn_order(gpu, self.clients, at.now, at.reached)
+        if by_groups is not None:
+            return min(candidates, key=by_groups)
         uuid = gpu.uuid
 
         def order(client: int) -> tuple[bool, float, float]:
@@ -253,6 +265,17 @@ class LockRules:
             return (not starving, used, waiter.requested_at)
 
         return min(candidates, key=order)
+
+    def _turn_goes_on(self, gpu: GpuState, turn: int, held: Lease, at: Moments) -> bool:
+        """Its quantum is over, but its share group still goes before the best
+        waiter's (share_groups.py: a group of weight 2 beside one of weight 1 takes two
+        turns for each of the other's): a new quantum from now, on the same lease."""
+        best = self._best_waiter(gpu, at)
+        if not self.shares.turn_goes_on(gpu, turn, best, self.clients, at.now, at.reached):
+            return False
+        held.turn_since = at.now
+        at.reached(at.now + gpu.settings.time_quantum_s)
+        return True
 
     # ------------------------------------------------------------ the decision, per GPU
 
@@ -321,7 +344,16 @@ class LockRules:
         work; light work beside it when their memory fits together, else in windows
         between turns, batched; beside leases that stop fitting or being light go."""
         now = at.now
-        # 1. Leases beside the turn that no longer fit with it (a report grew): newest
+        # 2. A client waiting longer than light work does is no lighter for it: its use
+        #    stops decaying until its grant (usage.py); light work that does not cut in
+        #    (it waits for the turn) competes for the turn as busy work does.
+        light_wait_s = gpu.settings.light_wait_ms / 1000.0
+        for client, waiter in gpu.waiters.items():
+            if at.reached(waiter.requested_at + light_wait_s):
+                meter = self._meter(self.clients[client], gpu.uuid)
+                meter.freeze(waiter.requested_at + light_wait_s)
+                waiter.light = waiter.light and waiter.cuts_in
+        # 3. Leases beside the turn that no longer fit with it (a report grew): newest
         #    first, until those that stay fit.
         staying = [c for c, held in gpu.holders.items() if held.drop_requested_at is None]
         for client in reversed(list(staying)):
@@ -332,7 +364,7 @@ class LockRules:
             if not held.turn and state.managed.get(gpu.uuid, 0):  # else its going frees nothing
                 self._ask_to_drop(gpu, client, held, now, actions, DropReason.MEMORY_DOES_NOT_FIT)
                 staying.remove(client)
-        # 2. Leases beside that are no longer light, every LIGHT_CHECK_S.
+        # 4. Leases beside that are no longer light, every LIGHT_CHECK_S.
         self._check_beside_still_light(gpu, at, actions)
         if gpu.waiters:
             self._grant_and_make_room(gpu, at, actions)
@@ -357,28 +389,38 @@ class LockRules:
         """auto, someone waits: grant whom the rules let in, and ask holders for room."""
         now = at.now
         turn = self._turn_holder(gpu)
-        # 3. Grants.  A waiter that has waited a quantum goes first and stops windows;
-        #    else light work first (beside the turn, or a window between turns, all of
-        #    it that fits at once), then the turn for the best busy waiter, once it fits
-        #    beside whoever still holds (with nobody else there, it always does).
+        # 5. Grants.  A waiter that has waited a quantum goes first and stops windows.
         best = self._best_waiter(gpu, at)
         starving = self._starving(gpu, gpu.waiters[best], at)
         if turn is None and starving and self._fits_with(gpu, best):
             self._grant(gpu, best, now, SHARED, actions, Role.TURN)
             turn = best
-        if not starving or turn is not None:
+        if turn is not None:
+            # 5.2 Light work beside the turn, where it fits.
             for client in [c for c, w in gpu.waiters.items() if w.light]:
                 if self._fits_with(gpu, client):
                     self._grant(gpu, client, now, SHARED, actions, Role.BESIDE)
-        busy = [c for c, w in gpu.waiters.items() if not w.light]
-        if turn is None and not starving and busy:
-            taker = self._best_waiter(gpu, at, busy)
-            if self._fits_with(gpu, taker):
-                self._grant(gpu, taker, now, SHARED, actions, Role.TURN)
-                turn = taker
+        elif not starving:
+            # 5.3 A turn change: light work that cuts in, or that fits beside the next
+            #     busy turn, runs now (a window); the turn goes to the best of the rest
+            #     (busy work, and light work that fits neither way), once it fits.
+            busy = [c for c, w in gpu.waiters.items() if not w.light]
+            next_busy = [self._best_waiter(gpu, at, busy)] if busy else []
+            for client in [c for c, w in gpu.waiters.items() if w.light]:
+                cuts_in = gpu.waiters[client].cuts_in
+                if (cuts_in or self._fits_with(gpu, client, *next_busy)) and self._fits_with(
+                    gpu, client
+                ):
+                    self._grant(gpu, client, now, SHARED, actions, Role.BESIDE)
+            takers = [c for c, w in gpu.waiters.items() if not w.cuts_in]
+            if takers:
+                taker = self._best_waiter(gpu, at, takers)
+                if self._fits_with(gpu, taker):
+                    self._grant(gpu, taker, now, SHARED, actions, Role.TURN)
+                    turn = taker
         if not gpu.waiters:
             return
-        # 4. Others wait.
+        # 6, 7. Others wait.
         if turn is None:
             # A window (light work while the turn waits): each lease in it gives the
             # GPU back as soon as it is idle; once the turn waits a quantum, at once.
@@ -393,15 +435,37 @@ class LockRules:
         held = gpu.holders[turn]
         if held.drop_requested_at is not None:
             return
-        # Light work that cannot run beside the turn takes it after the holder's
-        # minimum slice, unless a waiter has waited a quantum (it goes first).
-        light_waits = not starving and any(w.light and w.much_lighter for w in gpu.waiters.values())
-        if at.reached(held.granted_at + gpu.settings.time_quantum_s):
+        # Light work that cannot run beside the turn waits at most light_wait_ms: the turn
+        # is asked to drop DRAIN_MS before, once it has held min_slice_ms (no window comes
+        # sooner after another), unless a waiter has waited a quantum (it goes first).
+        cutting_in = [w.requested_at for w in gpu.waiters.values() if w.cuts_in]
+        if at.reached(held.turn_since + gpu.settings.time_quantum_s) and not self._turn_goes_on(
+            gpu, turn, held, at
+        ):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.QUANTUM_OVER)
-        elif light_waits and at.reached(held.granted_at + gpu.settings.min_slice_ms / 1000.0):
+        elif (
+            cutting_in
+            and not starving
+            and at.reached(
+                max(
+                    held.granted_at + gpu.settings.min_slice_ms / 1000.0,
+                    min(cutting_in) + (gpu.settings.light_wait_ms - DRAIN_MS) / 1000.0,
+                )
+            )
+        ):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.LIGHT_WORK_WAITS)
-        else:
+            gpu.turn_paused = (turn, held.turn_since)
+        elif held.yield_asked:
+            pass
+        elif starving or cutting_in or self._usage(best, gpu.uuid, now) <= self._usage(
+            turn, gpu.uuid, now
+        ):
+            # Someone with a better claim waits: release once idle.  Not to one with
+            # less use than the best waiter's: a trainer that waited its turn has its
+            # first steps' pauses (50 ms and more), and lost its turn in them (issue 35).
             self._ask_to_yield(gpu, turn, held, now, actions, DropReason.OTHERS_WAIT)
+        else:
+            at.reached(now + LIGHT_CHECK_S)  # its use grows as it runs: look again
 
     # ------------------------------------------------------------ actions on leases
 
@@ -422,6 +486,11 @@ class LockRules:
         # late for a release-when-idle ask sent at the grant.  What it held while it
         # waited (or just before it asked) tells instead.
         since = waiter.requested_at - ACROSS_GPUS_SLACK_S
+        turn_since = now
+        if role is Role.TURN:
+            paused, gpu.turn_paused = gpu.turn_paused, None
+            if paused is not None and paused[0] == client:
+                turn_since = paused[1]  # back from a window: the same turn
         gpu.holders[client] = Lease(
             self._last_lease,
             mode,
@@ -429,12 +498,14 @@ class LockRules:
             turn=role is Role.TURN,
             release_when_idle=release_when_idle,
             across_gpus=self._held_elsewhere_since(client, gpu, since),
+            turn_since=turn_since,
         )
         if auto and role is Role.TURN:
             # Light work is measured against the turn holder: a new one, judged afresh.
             for other, waiting in gpu.waiters.items():
-                waiting.light, waiting.much_lighter = self._judge(gpu, other, now)
+                waiting.light, waiting.cuts_in = self._judge(gpu, other, now)
         state = self.clients[client]
+        self._meter(state, gpu.uuid).thaw(now)
         if not state.features & FEATURE_USAGE:
             self._meter(state, gpu.uuid).start(now)  # an older shim: the hold stands for use
         actions.append(
@@ -448,6 +519,9 @@ class LockRules:
                 release_when_idle,
                 role.value if auto else "",
                 use=self._usage(client, gpu.uuid, now) if auto else -1.0,
+                # Memory does not fit beside it: light work may need windows, each a drop
+                # that should drain in milliseconds however soon after the grant it comes.
+                short_queue=auto and role is Role.TURN and not gpu.fits,
             )
         )
 

@@ -100,12 +100,14 @@ class MessageType(enum.IntEnum):
     GPU_MEMORY = _c(_MSG, "NVSHARE_MSG_GPU_MEMORY")
     KEEPALIVE = _c(_MSG, "NVSHARE_MSG_KEEPALIVE")
     GPU_USAGE = _c(_MSG, "NVSHARE_MSG_GPU_USAGE")
+    MEMORY_CAP = _c(_MSG, "NVSHARE_MSG_MEMORY_CAP")
 
 
 class GrantFlags(enum.IntEnum):
     EXCLUSIVE = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_EXCLUSIVE")
     SHARED = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_SHARED")
     RELEASE_WHEN_IDLE = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_RELEASE_WHEN_IDLE")
+    SHORT_QUEUE = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_SHORT_QUEUE")
 
 
 class DropFlags(enum.IntEnum):
@@ -117,6 +119,7 @@ class Features(enum.IntEnum):
     GPU_MEMORY = _c("enum nvshare_features", "NVSHARE_FEATURE_GPU_MEMORY")
     KEEPALIVE = _c("enum nvshare_features", "NVSHARE_FEATURE_KEEPALIVE")
     USAGE = _c("enum nvshare_features", "NVSHARE_FEATURE_USAGE")
+    MEMORY_CAP = _c("enum nvshare_features", "NVSHARE_FEATURE_MEMORY_CAP")
 
 
 class AntiThrashWire(enum.IntEnum):
@@ -162,6 +165,7 @@ PAYLOAD_STRUCT: dict[int, str] = {
     MessageType.GPU_MEMORY: "struct nvshare_gpu_memory",
     MessageType.KEEPALIVE: "struct nvshare_keepalive",
     MessageType.GPU_USAGE: "struct nvshare_gpu_usage",
+    MessageType.MEMORY_CAP: "struct nvshare_memory_cap",
     **{t: "struct nvshare_lock_message" for t in _LOCK_TYPES},
 }
 #: Payload size in bytes for each message type; any other size is a bad frame.
@@ -302,6 +306,13 @@ class GpuUsage:
     busy_us: int  # a running total since the connection's HELLO
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryCap:
+    gpu: bytes
+    cap_bytes: int  # 0: no cap
+    others_bytes: int  # what the share group's other processes hold on gpu
+
+
 #: Every decoded frame is one of these.
 Message = (
     Hello
@@ -313,6 +324,7 @@ Message = (
     | GpuMemory
     | Keepalive
     | GpuUsage
+    | MemoryCap
 )
 
 
@@ -396,6 +408,13 @@ def encode_gpu_memory(gpu: bytes, total_bytes: int) -> bytes:
     return _frame(MessageType.GPU_MEMORY, p)
 
 
+def encode_memory_cap(gpu: bytes, cap_bytes: int, others_bytes: int) -> bytes:
+    p = ffi.new("struct nvshare_memory_cap *")
+    p.gpu.bytes = gpu
+    p.cap_bytes, p.others_bytes = cap_bytes, others_bytes
+    return _frame(MessageType.MEMORY_CAP, p)
+
+
 def encode_keepalive(waiting_gpus: int) -> bytes:
     p = ffi.new("struct nvshare_keepalive *")
     p.waiting_gpus = waiting_gpus
@@ -455,6 +474,9 @@ def decode_payload(msg_type: int, payload: bytes, offset: int = 0) -> Message:
     if msg_type == MessageType.GPU_USAGE:
         m = ffi.cast("struct nvshare_gpu_usage *", start)
         return GpuUsage(ffi.buffer(m.gpu.bytes)[:], m.busy_us)
+    if msg_type == MessageType.MEMORY_CAP:
+        m = ffi.cast("struct nvshare_memory_cap *", start)
+        return MemoryCap(ffi.buffer(m.gpu.bytes)[:], m.cap_bytes, m.others_bytes)
     raise ProtocolError(ErrorCode.BAD_FRAME, f"unknown message type {msg_type}")
 
 

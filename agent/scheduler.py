@@ -46,6 +46,7 @@ deadlines (deadlines.py) and the snapshot (snapshot.take_snapshot).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 
 from . import memory_fit
@@ -67,6 +68,7 @@ from .gpu_settings import GpuSettingsBook, ModeSwitch
 from .learned_gpus import MAX_LEARNED_GPUS, MAX_LEARNED_GPUS_PER_UID, LearnedGpus
 from .lock_rules import LIGHT_CHECK_S, YIELD_IDLE_MS, DropReason, LockRules
 from .settings import NO_OVERRIDES, AntiThrash, Settings
+from .share_groups import ShareGroups, unit_group
 from .snapshot import AgentSnapshot, take_snapshot
 
 # Byte counts are u64 wherever they go (the wire, D-Bus 't'); two u64 fields
@@ -99,6 +101,7 @@ class Scheduler(LockRules):
         self._learned = LearnedGpus()
         self._last_lease = 0
         self._deadlines = Deadlines()
+        self.shares = ShareGroups()  # share groups' accounts and memory caps
 
     # ------------------------------------------------------------ inventory
 
@@ -196,8 +199,8 @@ class Scheduler(LockRules):
         if uuid not in state.active:
             state.active.add(uuid)  # its context now takes memory there
             self._refit(gpu, now, actions, "new client")
-        light, much_lighter = self._judge(gpu, client, now)
-        gpu.waiters[client] = Waiter(now, light, much_lighter)
+        light, cuts_in = self._judge(gpu, client, now)
+        gpu.waiters[client] = Waiter(now, light, cuts_in)
         self._update(gpu, now, actions)
         if client in gpu.waiters:
             actions.insert(0, Queued(client, state.pid, uuid, len(gpu.waiters)))
@@ -257,6 +260,7 @@ class Scheduler(LockRules):
         gpu = self.gpus[uuid]
         self._refit(gpu, now, actions, f"memory report pid={state.pid}")
         self._update(gpu, now, actions)
+        actions += self.shares.memory_caps([gpu], self.clients)  # its group's others
         return actions
 
     def gpu_usage(self, client: int, uuid: bytes, busy_us: int, now: float) -> list[Action]:
@@ -322,11 +326,31 @@ class Scheduler(LockRules):
         for uuid, gpu in touched.items():
             if not gpu.users and not gpu.from_inventory:
                 self._learned.forget(gpu)
+                self.shares.forget_gpu(uuid)
                 del self.gpus[uuid]  # learned from clients only: forget it with them
                 continue
             self._refit(gpu, now, actions, "client gone")
             self._update(gpu, now, actions)
+        actions += self.shares.memory_caps(touched.values(), self.clients)
         return actions + gone
+
+    # ------------------------------------------------------------ share groups
+
+    def identified(self, client: int, unit: str, container: str, now: float) -> list[Action]:
+        """Where a client comes from (its systemd unit, its pod), once the engine has
+        read it: its group under share_by=unit (share_groups.py)."""
+        state = self.clients.get(client)
+        if state is None:
+            return []
+        state.share_unit = unit_group(unit, container)
+        return self.memory_caps(client)
+
+    def memory_caps(self, client: int | None = None) -> list[Action]:
+        """MEMORY_CAP frames due on the GPUs a client named (the engine asks after
+        WELCOME), or on every GPU."""
+        state = self.clients.get(client) if client is not None else None
+        gpus = self.gpus.values() if state is None else [self.gpus[u] for u in state.gpus]
+        return self.shares.memory_caps(gpus, self.clients)
 
     def tick(self, now: float) -> list[Action]:
         actions: list[Action] = []
@@ -354,13 +378,13 @@ class Scheduler(LockRules):
         previous, self.settings = self.settings, settings
         self._gpu_settings.replace(settings)
         actions: list[Action] = []
-        if previous.for_gpu(NO_OVERRIDES) != settings.for_gpu(NO_OVERRIDES):
+        if _wire_settings(previous) != _wire_settings(settings):
             actions.append(SendSettings(None, settings))  # the node-wide ones: for every shim
         self._note_unused_index_settings(actions)
         for gpu in self.gpus.values():
             self._settle_gpu_settings(gpu, now, actions)
             self._update(gpu, now, actions)
-        return actions
+        return actions + self.memory_caps()
 
     def next_deadline(self) -> float | None:
         """When tick() must run next, or None when no timer is needed."""
@@ -471,7 +495,7 @@ class Scheduler(LockRules):
         if changed and fits:
             # Running side by side again: who is light is judged afresh.
             for client, waiter in gpu.waiters.items():
-                waiter.light, waiter.much_lighter = self._judge(gpu, client, now)
+                waiter.light, waiter.cuts_in = self._judge(gpu, client, now)
         if changed or always_log:
             mode = SHARED if fits else EXCLUSIVE
             actions.append(ModeChanged(gpu.uuid, mode, demand, capacity, reason))
@@ -486,7 +510,14 @@ class Scheduler(LockRules):
             format_gpu=self._format_gpu,
             policy=self._policy,
             recent_use=self._usage,
+            group_figures=lambda gpu, at: self.shares.figures(gpu, self.clients, at),
         )
+
+
+def _wire_settings(settings: Settings) -> Settings:
+    """What SETTINGS tells every shim: the node-wide settings, less what only the
+    agent reads (the GPUs' own, the share groups)."""
+    return dataclasses.replace(settings.for_gpu(NO_OVERRIDES), shares=())
 
 
 __all__ = [

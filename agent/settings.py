@@ -1,7 +1,7 @@
 """Scheduler settings: the value type, its validation, and the words for its values.
 
 Node-wide settings, and what a GPU may set for itself: a time quantum,
-anti-thrash mode and memory limit of its own (GpuOverrides), named by the GPU's
+anti-thrash mode, memory limit and light work's wait of its own (GpuOverrides), named by the GPU's
 UUID or by its index as NVML numbers the node's GPUs; what it does not set is the
 node-wide value.  An entry by UUID wins over one by index, key by key.  Where the
 values come from (defaults < the config file < run-time changes) is
@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +23,9 @@ from .text import excerpt
 TIME_QUANTUM_RANGE_S = (1, 86400)
 # u32 milliseconds on the wire; a day is plenty and keeps the numbers sane.
 MILLIS_RANGE = (0, 86_400_000)
-# A minimum slice longer than a second would make light work wait noticeably.
+# A minimum slice or a light wait of more than ten seconds is no longer light work's.
 MIN_SLICE_RANGE_MS = (0, 10_000)
+LIGHT_WAIT_RANGE_MS = (0, 10_000)
 # Bytes fit in u64 (D-Bus 't'); a limit of a few MiB would only ever mean "never fits".
 MEMORY_LIMIT_RANGE = (0, 2**64 - 1)
 _SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -34,7 +35,12 @@ MAX_GPU_INDEX = 1023
 MAX_GPUS_WITH_SETTINGS = 256
 # What a GPU may set for itself; idle release, drop grace and the minimum slice
 # stay node-wide (the shim applies the first two, per process, not per GPU).
-GPU_SETTING_FIELDS = ("time_quantum_s", "anti_thrash", "memory_limit_bytes")
+GPU_SETTING_FIELDS = ("time_quantum_s", "anti_thrash", "memory_limit_bytes", "light_wait_ms")
+# Shares (docs/scheduling.md, "Shares"): a group's weight, and how many groups may
+# have settings (each one a line in status; the bound keeps a D-Bus write sane).
+SHARE_WEIGHT_RANGE = (1, 1000)
+MAX_SHARES = 1024
+SHARE_FIELDS = ("weight", "memory_cap_bytes")
 
 
 class AntiThrash(str, enum.Enum):
@@ -46,6 +52,18 @@ class AntiThrash(str, enum.Enum):
     ON = "on"
     OFF = "off"
     AUTO = "auto"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ShareBy(str, enum.Enum):
+    """What a share group is: the client's user (uid), its systemd unit or
+    Kubernetes pod, or the process itself (fairness per process, as before shares)."""
+
+    USER = "user"
+    UNIT = "unit"
+    PROCESS = "process"
 
     def __str__(self) -> str:
         return self.value
@@ -68,6 +86,7 @@ class GpuOverrides:
     time_quantum_s: int | None = None
     anti_thrash: AntiThrash | None = None
     memory_limit_bytes: int | None = None
+    light_wait_ms: int | None = None
 
     def given(self) -> dict[str, Any]:
         """The settings it sets, by field name."""
@@ -88,6 +107,23 @@ NO_OVERRIDES = GpuOverrides()
 GpuOverrideEntries = tuple[tuple[str, GpuOverrides], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Share:
+    """What one share group sets: its weight (None: 1) and its memory cap per GPU
+    in bytes (None or 0: no cap)."""
+
+    weight: int | None = None
+    memory_cap_bytes: int | None = None
+
+    def given(self) -> dict[str, Any]:
+        return {name: value for name in SHARE_FIELDS if (value := getattr(self, name)) is not None}
+
+
+# (group id, what it sets): ids as parse_share_group writes them ("user:1000",
+# "unit:jupyter-alice.service", "pod:<uid>"), sorted.
+ShareEntries = tuple[tuple[str, Share], ...]
+
+
 DEFAULT_TIME_QUANTUM_S = 30
 
 
@@ -97,18 +133,24 @@ class Settings:
     anti_thrash: AntiThrash = AntiThrash.AUTO
     idle_release_ms: int = 1000
     drop_grace_ms: int = DEFAULT_DROP_GRACE_MS
-    # auto: how long a busy holder keeps the GPU before light work may take it over.
-    min_slice_ms: int = 100
+    # auto: light work that cannot run beside the turn waits about this long at most ...
+    light_wait_ms: int = 100
+    # ... and a turn runs at least this long between two windows of it.
+    min_slice_ms: int = 50
     # auto: the most memory a GPU is taken to have (0: its own size).
     memory_limit_bytes: int = 0
     # GPUs with settings of their own (with_gpu_overrides builds it).  A tuple, so
     # that the value stays hashable and compares by value.
     gpu_overrides: GpuOverrideEntries = ()
+    # What a share group is, and the groups' weights and memory caps.
+    share_by: ShareBy = ShareBy.USER
+    shares: ShareEntries = ()
 
     def validated(self) -> Settings:
         for name in _NODE_FIELDS:
             check_setting(name, getattr(self, name))
         _check_gpu_overrides(self.gpu_overrides)
+        _check_shares(self.shares)
         return self
 
     def replaced(self, **changes: Any) -> Settings:
@@ -135,12 +177,15 @@ _NODE_FIELDS = (
     "anti_thrash",
     "idle_release_ms",
     "drop_grace_ms",
+    "light_wait_ms",
     "min_slice_ms",
     "memory_limit_bytes",
+    "share_by",
 )
 _MILLIS_FIELDS = {
     "idle_release_ms": MILLIS_RANGE,
     "drop_grace_ms": MILLIS_RANGE,
+    "light_wait_ms": LIGHT_WAIT_RANGE_MS,
     "min_slice_ms": MIN_SLICE_RANGE_MS,
 }
 
@@ -158,6 +203,17 @@ def check_setting(name: str, value: object) -> None:
         lo, hi = MEMORY_LIMIT_RANGE
         if type(value) is not int or not lo <= value <= hi:
             raise SettingsError(f"memory_limit must be {lo}..{hi} bytes, got {value!r}")
+    elif name == "share_by":
+        if not isinstance(value, ShareBy):
+            raise SettingsError(f"share_by must be user, unit or process, got {value!r}")
+    elif name == "weight":
+        lo, hi = SHARE_WEIGHT_RANGE
+        if type(value) is not int or not lo <= value <= hi:
+            raise SettingsError(f"a share's weight must be {lo}..{hi}, got {value!r}")
+    elif name == "memory_cap_bytes":
+        lo, hi = MEMORY_LIMIT_RANGE
+        if type(value) is not int or not lo <= value <= hi:
+            raise SettingsError(f"a share's memory cap must be {lo}..{hi} bytes, got {value!r}")
     else:
         lo, hi = _MILLIS_FIELDS[name]
         if type(value) is not int or not lo <= value <= hi:
@@ -193,6 +249,84 @@ def _check_gpu_overrides(entries: object) -> None:
                 check_setting(name, value)
             except SettingsError as e:
                 raise SettingsError(f"GPU {gpu_id}: {e}") from None
+
+
+def _check_shares(entries: object) -> None:
+    if type(entries) is not tuple:
+        raise SettingsError(f"shares must be a tuple of entries, got {excerpt(entries)}")
+    if len(entries) > MAX_SHARES:
+        raise SettingsError(f"at most {MAX_SHARES} groups may have shares, got {len(entries)}")
+    seen = set()
+    for entry in entries:
+        if (
+            type(entry) is not tuple
+            or len(entry) != 2
+            or type(entry[0]) is not str
+            or type(entry[1]) is not Share
+        ):
+            raise SettingsError(f"a share must be (group, Share), got {excerpt(entry)}")
+        group, share = entry
+        if parse_share_group(group) != group:
+            raise SettingsError(f"share group {group!r} is not written canonically")
+        if group in seen:
+            raise SettingsError(f"share group {group} appears twice")
+        seen.add(group)
+        for name, value in share.given().items():
+            try:
+                check_setting(name, value)
+            except SettingsError as e:
+                raise SettingsError(f"share {group}: {e}") from None
+
+
+# ---------------------------------------------------------------- naming a share group
+
+_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\@-]{1,250}\.(service|scope|slice)")
+_POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?")
+MAX_UID = 2**32 - 2  # (uid_t)-1 is "no user"
+
+
+def parse_share_group(text: object, uid_of: Callable[[str], int | None] | None = None) -> str:
+    """A share group as an admin names it, in one canonical spelling:
+    user:NAME or user:UID (kept as user:UID; uid_of looks a name up, the adapters
+    pass the user database), unit:NAME.service (or .scope, .slice), pod:UID (a
+    Kubernetes pod's UID).  A process is no group one can set: it has no
+    lasting name.  Raises SettingsError."""
+    stripped = text.strip() if isinstance(text, str) else ""
+    kind, _, name = stripped.partition(":")
+    kind = kind.lower()
+    if kind == "user" and name:
+        if name.isascii() and name.isdigit() and int(name) <= MAX_UID:
+            return f"user:{int(name)}"
+        if _USER_NAME.fullmatch(name):
+            uid = uid_of(name) if uid_of is not None else None
+            if uid is None:
+                raise SettingsError(f"share group {stripped}: no user named {name!r} on this node")
+            return f"user:{uid}"
+    elif kind == "unit" and _UNIT_NAME.fullmatch(name):
+        return f"unit:{name}"
+    elif kind == "pod" and _POD_UID.fullmatch(name.lower()):
+        return f"pod:{name.lower()}"
+    raise SettingsError(
+        f"a share group is user:NAME, user:UID, unit:NAME.service or pod:UID, got {excerpt(text)}"
+    )
+
+
+def share_entries(entries: Iterable[tuple[str, Share]]) -> ShareEntries:
+    """Entries as Settings keeps them: canonical (already), empty ones left out, sorted."""
+    by_group: dict[str, Share] = {}
+    for group, share in entries:
+        if group in by_group:
+            raise SettingsError(f"share group {group} appears twice")
+        by_group[group] = share
+    return tuple((g, by_group[g]) for g in sorted(by_group) if by_group[g].given())
+
+
+def parse_share_by(text: str) -> ShareBy:
+    try:
+        return ShareBy(text.strip().lower())
+    except ValueError:
+        raise SettingsError(f"share_by must be user, unit or process, got {text!r}") from None
 
 
 # ---------------------------------------------------------------- naming a GPU

@@ -61,8 +61,16 @@ def describe_settings(s: Settings) -> str:
     return (
         f"time_quantum_s={s.time_quantum_s} anti_thrash={s.anti_thrash} "
         f"idle_release_ms={s.idle_release_ms} drop_grace_ms={s.drop_grace_ms} "
-        f"min_slice_ms={s.min_slice_ms} memory_limit_bytes={s.memory_limit_bytes} "
-        f"gpu_settings={own or '-'}"
+        f"light_wait_ms={s.light_wait_ms} min_slice_ms={s.min_slice_ms} "
+        f"memory_limit_bytes={s.memory_limit_bytes} "
+        f"gpu_settings={own or '-'} share_by={s.share_by} shares={_shares_text(s) or '-'}"
+    )
+
+
+def _shares_text(s: Settings) -> str:
+    return ",".join(
+        f"{group}:" + "+".join(f"{k}={v}" for k, v in share.given().items())
+        for group, share in s.shares
     )
 
 

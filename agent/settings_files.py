@@ -27,19 +27,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .identity import uid_of
 from .settings import (
     ANTI_THRASH_WORDS,
     GPU_SETTING_FIELDS,
+    SHARE_FIELDS,
     AntiThrash,
     GpuOverrideEntries,
     GpuOverrides,
     Settings,
     SettingsError,
+    Share,
+    ShareBy,
+    ShareEntries,
     check_setting,
     gpu_sort_key,
     parse_anti_thrash,
     parse_gpu_id,
+    parse_share_by,
+    parse_share_group,
     parse_size,
+    share_entries,
 )
 from .text import excerpt
 
@@ -59,15 +67,21 @@ _CONFIG_KEYS = {
     "anti_thrash": "anti_thrash",
     "idle_release_ms": "idle_release_ms",
     "drop_grace_ms": "drop_grace_ms",
+    "light_wait_ms": "light_wait_ms",
     "min_slice_ms": "min_slice_ms",
     "memory_limit": "memory_limit_bytes",
+    "share_by": "share_by",
 }
 _GPU_CONFIG_KEYS = {
     "time_quantum": "time_quantum_s",
     "anti_thrash": "anti_thrash",
     "memory_limit": "memory_limit_bytes",
+    "light_wait_ms": "light_wait_ms",
 }
 GPU_SECTION_PREFIX = "gpu:"
+# [share:user:alice], [share:unit:jupyter-bob.service], [share:pod:UID]
+SHARE_SECTION_PREFIX = "share:"
+_SHARE_CONFIG_KEYS = {"weight": "weight", "memory_cap": "memory_cap_bytes"}
 
 
 def load_config(path: Path) -> Settings:
@@ -118,14 +132,16 @@ def parse_config(text: str, path: Path) -> Settings:
     # configparser keeps [DEFAULT] out of sections() and silently merges it into
     # [scheduler]: an admin who wrote only [DEFAULT] would get none of it.
     unknown_sections = [
-        s for s in parser.sections() if s != "scheduler" and not s.startswith(GPU_SECTION_PREFIX)
+        s
+        for s in parser.sections()
+        if s != "scheduler" and not s.startswith((GPU_SECTION_PREFIX, SHARE_SECTION_PREFIX))
     ]
     if parser.defaults():
         unknown_sections.insert(0, parser.default_section)
     if unknown_sections:
         raise SettingsError(
             f"{where(unknown_sections[0])}: unknown section [{unknown_sections[0]}] "
-            "(only [scheduler] and [gpu:ID])"
+            "(only [scheduler], [gpu:ID] and [share:GROUP])"
         )
     changes = {}
     if parser.has_section("scheduler"):
@@ -150,8 +166,17 @@ def parse_config(text: str, path: Path) -> Settings:
             )
         named[canonical] = section
         gpus.append((gpu_id, own))
+    shares = []
+    for section in parser.sections():
+        if section.startswith(SHARE_SECTION_PREFIX):
+            shares.append(_share_section(parser, section, where))
     try:
-        return Settings().replaced(**changes).with_gpu_overrides(gpus)
+        return (
+            Settings()
+            .replaced(**changes)
+            .with_gpu_overrides(gpus)
+            .replaced(shares=share_entries(shares))
+        )
     except SettingsError as e:  # what no single line says: too many GPUs, say
         raise SettingsError(f"config {path}: {e}") from None
 
@@ -176,13 +201,35 @@ def _gpu_section(
     return section.removeprefix(GPU_SECTION_PREFIX), GpuOverrides(**own)
 
 
-def _parse_value(where: str, key: str, field: str, text: str) -> int | AntiThrash:
+def _share_section(
+    parser: configparser.ConfigParser, section: str, where: Callable[..., str]
+) -> tuple[str, Share]:
+    """[share:GROUP]: the group, canonical, and its weight and memory cap."""
+    try:
+        group = parse_share_group(section.removeprefix(SHARE_SECTION_PREFIX), uid_of)
+    except SettingsError as e:
+        raise SettingsError(f"{where(section)}: [{section}]: {e}") from None
+    own: dict[str, Any] = {}
+    for key, text in parser.items(section):
+        field = _SHARE_CONFIG_KEYS.get(key)
+        if field is None:
+            raise SettingsError(
+                f"{where(section, key)}: unknown key {key!r} in [{section}]"
+                f" (known: {', '.join(_SHARE_CONFIG_KEYS)})"
+            )
+        own[field] = _parse_value(where(section, key), f"[{section}] {key}", field, text.strip())
+    return group, Share(**own)
+
+
+def _parse_value(where: str, key: str, field: str, text: str) -> int | AntiThrash | ShareBy:
     """One value, parsed and range-checked here, where its line is known."""
-    value: int | AntiThrash
+    value: int | AntiThrash | ShareBy
     try:
         if field == "anti_thrash":
             value = parse_anti_thrash(text)
-        elif field == "memory_limit_bytes":
+        elif field == "share_by":
+            value = parse_share_by(text)
+        elif field in ("memory_limit_bytes", "memory_cap_bytes"):
             value = parse_size(text)
         else:
             try:
@@ -271,13 +318,54 @@ def read_small_file(path: Path) -> str:
 # config file sets for it).  Saved under GPUS_KEY beside the node-wide fields.
 GpuPins = dict[str, dict[str, Any]]
 GPUS_KEY = "gpus"
+# Per share group, likewise: group -> field -> value, or None where reset.
+SharePins = dict[str, dict[str, Any]]
+SHARES_KEY = "shares"
+
+
+def _share_pins(path: Path, saved: object) -> tuple[SharePins, str | None]:
+    """The saved share changes, checked; a broken entry leaves out that group's."""
+    if saved is None:
+        return {}, None
+    if not isinstance(saved, dict):
+        return {}, f"ignoring saved shares in {path}: not a JSON object"
+    pins: SharePins = {}
+    broken: list[str] = []
+    for group, fields in saved.items():
+        try:
+            if parse_share_group(group) != group or not isinstance(fields, dict):
+                raise SettingsError(f"share {excerpt(group)}: not a saved share")
+            for name, value in fields.items():
+                if name not in SHARE_FIELDS:
+                    raise SettingsError(f"share {group}: unknown setting {excerpt(name)}")
+                if value is not None:
+                    check_setting(name, value)
+            pins[group] = dict(fields)
+        except SettingsError as e:
+            broken.append(_one_line(e)[:200])
+    if not broken:
+        return pins, None
+    return pins, f"ignoring saved shares in {path}: {broken[0]}; the config's values apply"
+
+
+def with_share_pins(entries: ShareEntries, pins: SharePins) -> ShareEntries:
+    """The config's shares with the run-time changes over them, key by key."""
+    merged = {group: share.given() for group, share in entries}
+    for group, changed in pins.items():
+        values = merged.setdefault(group, {})
+        for name, value in changed.items():
+            if value is None:
+                values.pop(name, None)
+            else:
+                values[name] = value
+    return share_entries((group, Share(**values)) for group, values in merged.items())
 
 
 class SettingsStore:
     """The run-time overrides, one JSON object in <state_dir>/settings.json:
     node-wide fields, and under "gpus" each GPU's changed fields (GpuPins)."""
 
-    PERSISTED_FIELDS = ("time_quantum_s", "anti_thrash", "memory_limit_bytes")
+    PERSISTED_FIELDS = ("time_quantum_s", "anti_thrash", "memory_limit_bytes", "share_by")
 
     def __init__(self, state_dir: Path):
         self.path = Path(state_dir) / STATE_FILE_NAME
@@ -303,6 +391,11 @@ class SettingsStore:
             overrides["anti_thrash"] = AntiThrash.ON if saved else AntiThrash.OFF
         elif isinstance(saved, str):
             overrides["anti_thrash"] = ANTI_THRASH_WORDS.get(saved, saved)
+        if isinstance(overrides.get("share_by"), str):
+            try:
+                overrides["share_by"] = parse_share_by(overrides["share_by"])
+            except SettingsError as e:
+                return {}, f"ignoring saved settings {self.path}: {_one_line(e)[:200]}"
         try:
             Settings().replaced(**overrides)
         except (SettingsError, RecursionError) as e:
@@ -311,6 +404,11 @@ class SettingsStore:
         pins, warning = self._gpu_pins(data.get(GPUS_KEY))
         if pins:
             overrides[GPUS_KEY] = pins
+        share_pins, share_warning = _share_pins(self.path, data.get(SHARES_KEY))
+        if share_pins:
+            overrides[SHARES_KEY] = share_pins
+        if share_warning:
+            warning = f"{warning}; {share_warning}" if warning else share_warning
         return overrides, warning
 
     def _gpu_pins(self, saved: object) -> tuple[GpuPins, str | None]:
@@ -448,8 +546,18 @@ def overrides_after(
     config file."""
     saved = dict(overrides)
     for name in changed:
-        if name != "gpu_overrides":
+        if name not in ("gpu_overrides", "shares"):
             saved[name] = getattr(after, name)
+    if "shares" in changed:
+        was_shares = {group: share.given() for group, share in before.shares}
+        now_shares = {group: share.given() for group, share in after.shares}
+        share_pins: SharePins = {g: dict(f) for g, f in saved.get(SHARES_KEY, {}).items()}
+        for group in sorted(was_shares.keys() | now_shares.keys()):
+            was, now = was_shares.get(group, {}), now_shares.get(group, {})
+            for name in SHARE_FIELDS:
+                if was.get(name) != now.get(name):
+                    share_pins.setdefault(group, {})[name] = now.get(name)
+        saved[SHARES_KEY] = share_pins
     if "gpu_overrides" in changed:
         old = {gpu_id: own.given() for gpu_id, own in before.gpu_overrides}
         new = {gpu_id: own.given() for gpu_id, own in after.gpu_overrides}
@@ -475,14 +583,22 @@ def _with_saved_changes(
     base: Settings, store: SettingsStore
 ) -> tuple[Settings, dict[str, Any], str | None]:
     overrides, warning = store.load_overrides()
-    node_wide = {k: v for k, v in overrides.items() if k != GPUS_KEY}
+    node_wide = {k: v for k, v in overrides.items() if k not in (GPUS_KEY, SHARES_KEY)}
     settings = base.replaced(**node_wide)
+    share_pins = overrides.get(SHARES_KEY)
+    if share_pins:
+        try:
+            settings = settings.replaced(shares=with_share_pins(base.shares, share_pins))
+        except SettingsError as e:  # each fits, together too many groups
+            overrides = {k: v for k, v in overrides.items() if k != SHARES_KEY}
+            problem = f"ignoring saved shares in {store.path}: {_one_line(e)[:200]}"
+            warning = f"{warning}; {problem}" if warning else problem
     pins = overrides.get(GPUS_KEY)
     if pins:
         try:
             settings = settings.with_gpu_overrides(with_gpu_pins(base.gpu_overrides, pins))
         except SettingsError as e:  # each fits, together too many GPUs have settings
-            overrides = node_wide
+            overrides = {k: v for k, v in overrides.items() if k != GPUS_KEY}
             problem = f"ignoring saved GPU settings in {store.path}: {_one_line(e)[:200]}"
             warning = f"{warning}; {problem}" if warning else problem
     return settings, overrides, warning

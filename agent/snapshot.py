@@ -3,7 +3,7 @@ status line, and how they are taken from the core's state (take_snapshot)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from .core_state import EXCLUSIVE, SHARED, ClientState, GpuState
@@ -50,9 +50,28 @@ class ClientSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class ShareGroupSnapshot:
+    """A share group on a GPU (share_groups.py): a group with clients there, or
+    with settings of its own."""
+
+    gpu: str
+    group: str  # "user:1000", "unit:jupyter-alice.service", "pod:<uid>", "process:4242"
+    weight: int
+    memory_cap_bytes: int  # 0: none
+    use: float  # its clients' recent use together (usage.py's, ~10 s)
+    share: float  # its share of the GPU's time over the last minute
+    clients: int
+
+
+# A ShareGroupSnapshot less its GPU: (group, weight, memory cap, use, share, clients).
+GroupFigures = tuple[str, int, int, float, float, int]
+
+
+@dataclass(frozen=True, slots=True)
 class AgentSnapshot:
     gpus: tuple[GpuSnapshot, ...]
     clients: tuple[ClientSnapshot, ...]
+    groups: tuple[ShareGroupSnapshot, ...] = ()
 
 
 def take_snapshot(
@@ -63,9 +82,11 @@ def take_snapshot(
     format_gpu: Callable[[bytes], str],
     policy: Callable[[GpuState], Policy],
     recent_use: Callable[[int, bytes, float], float],
+    group_figures: Callable[[GpuState, float], Iterable[GroupFigures]],
 ) -> AgentSnapshot:
     """The core's state as status shows it (Scheduler.snapshot): GPUs by their
-    settings and mode, clients that said HELLO with what they do on each GPU."""
+    settings and mode, clients that said HELLO with what they do on each GPU, the
+    share groups on each GPU (group_figures: share_groups.ShareGroups.figures)."""
     gpu_records = tuple(
         GpuSnapshot(
             format_gpu(g.uuid),
@@ -110,7 +131,12 @@ def take_snapshot(
         client_records.append(
             ClientSnapshot(state.pid, state.uid, state.gid, state.command, tuple(per_gpu))
         )
-    return AgentSnapshot(gpu_records, tuple(client_records))
+    groups = tuple(
+        ShareGroupSnapshot(format_gpu(g.uuid), *row)
+        for g in gpus.values()
+        for row in group_figures(g, now)
+    )
+    return AgentSnapshot(gpu_records, tuple(client_records), groups)
 
 
 def _mode(gpu: GpuState, policy: Policy) -> str:

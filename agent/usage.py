@@ -16,6 +16,11 @@ it counts 0.02.
 For an older shim, which reports nothing, the hold stands in for it: busy from
 the grant (start) until the release (stop), less the idle tail the release
 reports (RELEASED.idle_ms).
+
+A client kept waiting is no lighter for it: the rules freeze its figure while it
+waits longer than light work does (freeze, thaw at its grant).  Else a trainer
+waiting for its turn would soon look light, and take a window where its turn was
+due (issue 35).
 """
 
 from __future__ import annotations
@@ -32,14 +37,36 @@ class UsageMeter:
     stamp: float = 0.0
     busy: bool = False  # an older shim's hold: busy since `stamp`
     reported_s: float = 0.0  # a measuring shim's running total at `stamp`
+    held_s: float = 0.0  # an older shim's holds, summed up to its last release
+    frozen: bool = False  # `value` holds until thawed
+
+    def total_s(self, now: float) -> float:
+        """All the GPU time so far (share_groups.py charges it to the client's group)."""
+        return self.reported_s + self.held_s + (max(0.0, now - self.stamp) if self.busy else 0.0)
 
     def at(self, now: float) -> float:
+        if self.frozen:
+            return self.value
         decay = math.exp(-max(0.0, now - self.stamp) / USAGE_WINDOW_S)
         return self.value * decay + (1.0 - decay if self.busy else 0.0)
+
+    def freeze(self, moment: float) -> None:
+        """Its figure stops decaying from `moment` on (or its last report, if later)."""
+        if not self.frozen:
+            moment = max(moment, self.stamp)
+            self.value, self.stamp, self.frozen = self.at(moment), moment, True
+
+    def thaw(self, now: float) -> None:
+        if self.frozen:
+            self.stamp, self.frozen = now, False
 
     def report(self, now: float, busy_total_s: float) -> None:
         """A measuring shim's running total of GPU time on this GPU."""
         busy_s = max(0.0, busy_total_s - self.reported_s)
+        if self.frozen:  # a last report after the release: counted, nothing decays
+            self.value = min(1.0, self.value + 1.0 - math.exp(-busy_s / USAGE_WINDOW_S))
+            self.reported_s = max(self.reported_s, busy_total_s)
+            return
         elapsed = max(0.0, now - self.stamp)
         decay = math.exp(-elapsed / USAGE_WINDOW_S)
         if elapsed > busy_s:  # the new busy time spread over the interval
@@ -60,6 +87,7 @@ class UsageMeter:
         if not self.busy:
             return
         busy_until = max(self.stamp, now - max(0.0, idle_s))
+        self.held_s += busy_until - self.stamp
         at_end = self.at(busy_until)
         self.value = at_end * math.exp(-(now - busy_until) / USAGE_WINDOW_S)
         self.stamp, self.busy = now, False

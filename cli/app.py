@@ -107,6 +107,10 @@ def _print_json(value) -> None:
 async def _status(options: Options, print_status: bool = True) -> dict:
     async with connect(options.bus) as client:
         status = render.status_as_dict(await client.properties())
+        try:
+            status.update(render.shares_as_dict(await client.shares()))
+        except CliError:
+            pass  # an agent from before share groups: no Shares1
     if print_status:
         if options.json_output:
             _print_json(status)
@@ -329,6 +333,117 @@ def reset_command(
     """Take a GPU's own setting away (or all of them): it follows the node's again."""
     keys = [_GPU_SETTING_KEYS[setting]] if setting else list(_GPU_SETTING_KEYS.values())
     _run(_change_gpu(_options(ctx, json_output, bus), gpu, {}, take_away=keys))
+
+
+share_app = typer.Typer(
+    help="Share groups: fair GPU time and memory caps per user, unit or pod "
+    "(docs/scheduling.md, Shares)."
+)
+app.add_typer(share_app, name="share")
+
+
+class ShareBy(str, enum.Enum):
+    user = "user"
+    unit = "unit"
+    process = "process"
+
+
+GROUP_ARGUMENT = typer.Argument(
+    ..., metavar="GROUP", help="user:NAME, user:UID, unit:NAME.service or pod:UID"
+)
+
+
+async def _shares(options: Options, change=None) -> None:
+    async with connect(options.bus) as client:
+        if change is not None:
+            await change(client)
+        shares = render.shares_as_dict(await client.shares())
+    typer.echo(
+        json.dumps(shares, indent=2, sort_keys=True)
+        if options.json_output
+        else render.shares_text(shares)
+    )
+
+
+@share_app.callback(invoke_without_command=True)
+def share_show(
+    ctx: typer.Context, json_output: Optional[bool] = JSON_OPTION, bus: Optional[str] = BUS_OPTION
+):
+    """What a share group is, each group's weight and memory cap, and on each GPU each
+    group's use and share of the last minute."""
+    if ctx.invoked_subcommand is None:
+        _run(_shares(_options(ctx, json_output, bus)))
+
+
+@share_app.command("set", context_settings={"ignore_unknown_options": True})
+def share_set(
+    ctx: typer.Context,
+    group: str = GROUP_ARGUMENT,
+    weight: Optional[int] = typer.Option(
+        None, "--weight", metavar="N", help="1..1000: its GPU time against others' (default 1)"
+    ),
+    memory_cap: Optional[str] = typer.Option(
+        None,
+        "--memory-cap",
+        metavar="SIZE|none",
+        help="the most the group may allocate on each GPU: 4G; none: no cap",
+    ),
+    json_output: Optional[bool] = JSON_OPTION,
+    bus: Optional[str] = BUS_OPTION,
+):
+    """Set a group's weight and/or memory cap (root or group nvshare-admin)."""
+    fields: dict = {}
+    if weight is not None:
+        fields["weight"] = weight
+    if memory_cap is not None:
+        try:
+            fields["memory_cap_bytes"] = parse_size(memory_cap)
+        except SettingsError as error:
+            typer.echo(f"nvsharectl: invalid value: {error}", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+    if not fields:
+        typer.echo("nvsharectl: share set needs --weight or --memory-cap", err=True)
+        raise typer.Exit(EXIT_USAGE)
+    if weight is not None and not 1 <= weight <= 1000:
+        typer.echo(
+            f"nvsharectl: invalid value: a share's weight must be 1..1000, got {weight}", err=True
+        )
+        raise typer.Exit(EXIT_USAGE)
+
+    async def change(client) -> None:
+        await client.set_share(group, fields)
+
+    _run(_shares(_options(ctx, json_output, bus), change))
+
+
+@share_app.command("reset")
+def share_reset(
+    ctx: typer.Context,
+    group: str = GROUP_ARGUMENT,
+    json_output: Optional[bool] = JSON_OPTION,
+    bus: Optional[str] = BUS_OPTION,
+):
+    """Take a group's settings away: weight 1, no cap."""
+
+    async def change(client) -> None:
+        await client.reset_share(group)
+
+    _run(_shares(_options(ctx, json_output, bus), change))
+
+
+@share_app.command("by")
+def share_by(
+    ctx: typer.Context,
+    what: ShareBy = typer.Argument(..., metavar="user|unit|process"),
+    json_output: Optional[bool] = JSON_OPTION,
+    bus: Optional[str] = BUS_OPTION,
+):
+    """What a share group is: a user, a systemd unit or Kubernetes pod, or a process."""
+
+    async def change(client) -> None:
+        await client.set_share_by(what.value)
+
+    _run(_shares(_options(ctx, json_output, bus), change))
 
 
 def _preload(action: str) -> None:

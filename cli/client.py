@@ -96,6 +96,9 @@ def _variant(dbus_type: str, value) -> Variant:
     return Variant(dbus_type, _u64(value) if dbus_type == "t" else value)
 
 
+SHARES_INTERFACE = "io.github.nvshare.Shares1"  # agent/io.github.nvshare.Shares1.xml
+
+
 class AgentClient:
     def __init__(self, bus: MessageBus, where: str, on_system_bus: bool = False):
         self._bus = bus
@@ -203,6 +206,28 @@ class AgentClient:
     async def _set(self, prop_name: str, value: Variant) -> None:
         await self._call(
             self._message(_PROPERTIES, "Set", "ssv", [names.INTERFACE, prop_name, value])
+        )
+
+    # ---- share groups (io.github.nvshare.Shares1)
+
+    async def shares(self) -> dict:
+        """ShareBy, Shares and Groups, plain values by name."""
+        reply = await self._call(self._message(_PROPERTIES, "GetAll", "s", [SHARES_INTERFACE]))
+        return {name: plain(variant.value) for name, variant in reply.body[0].items()}
+
+    async def set_share(self, group: str, fields: dict) -> None:
+        types = {"weight": "u", "memory_cap_bytes": "t"}
+        body = [group, {key: _variant(types[key], value) for key, value in fields.items()}]
+        await self._call(self._message(SHARES_INTERFACE, "SetShare", "sa{sv}", body))
+
+    async def reset_share(self, group: str) -> None:
+        await self._call(self._message(SHARES_INTERFACE, "ResetShare", "s", [group]))
+
+    async def set_share_by(self, share_by: str) -> None:
+        await self._call(
+            self._message(
+                _PROPERTIES, "Set", "ssv", [SHARES_INTERFACE, "ShareBy", Variant("s", share_by)]
+            )
         )
 
     async def gpu(self, uuid: str) -> list:

@@ -3,6 +3,7 @@ from nvshare_agent.dbus_names) and as human text that fits 80 columns.
 nvshare-metrics builds its Prometheus families from the same dicts."""
 
 import math
+import pwd
 import textwrap
 
 from nvshare_agent import dbus_names as names
@@ -182,6 +183,7 @@ def gpu_change_text(gpu_id: str, status: dict) -> str:
             "time_quantum_s": lambda v: f"tq {v} s",
             "anti_thrash": lambda v: f"anti-thrash: {v}",
             "memory_limit_bytes": lambda v: f"memory limit: {limit_text(v)}",
+            "light_wait_ms": lambda v: f"light wait: {v} ms",
         }
         listed = ", ".join(words[key](value) for key, value in own.items() if key in words)
         lines = [f"GPU {gpu_id}  (not on this node now)", f"  own:     {listed}"]
@@ -242,7 +244,59 @@ def config_problem_lines(status: dict) -> list:
     problem = printable(status.get("config_problem") or "")
     if not problem:
         return []
-    return [*textwrap.wrap(f"CONFIG ERROR: {problem}", WIDTH, subsequent_indent="  "), ""]
+    # Not at hyphens: a reader (and a test) joins the lines with spaces again.
+    lines = textwrap.wrap(
+        f"CONFIG ERROR: {problem}", WIDTH, subsequent_indent="  ", break_on_hyphens=False
+    )
+    return [*lines, ""]
+
+
+# ---------------------------------------------------------------- share groups
+
+
+def group_label(group: str) -> str:
+    """A group as status shows it: user:1000 with the user's name where the node has one."""
+    kind, _, name = group.partition(":")
+    if kind == "user" and name.isdigit():
+        try:
+            return f"{group} ({pwd.getpwuid(int(name)).pw_name})"
+        except (KeyError, OverflowError):
+            return group
+    return group
+
+
+def shares_as_dict(properties: dict) -> dict:
+    """Shares1's properties as nvsharectl's --json shows them."""
+    return {
+        "share_by": properties.get("ShareBy", "user"),
+        "shares": properties.get("Shares", {}),
+        "groups": sorted(properties.get("Groups", []), key=lambda g: (g["gpu"], g["group"])),
+    }
+
+
+def group_text(group: dict) -> str:
+    cap = limit_text(group["memory_cap_bytes"])
+    return (
+        f"{group_label(group['group'])}  weight {group['weight']}  cap {cap}  "
+        f"use {group['use']:.2f}  share {group['share'] * 100:.0f} % (last minute)  "
+        f"{group['clients']} client{'s' if group['clients'] != 1 else ''}"
+    )
+
+
+def shares_text(shares: dict) -> str:
+    """nvsharectl share: what a group is, the groups' settings, each GPU's groups."""
+    lines = [f"share by: {shares['share_by']}"]
+    if shares["shares"]:
+        lines.append("settings:")
+        for group, fields in sorted(shares["shares"].items()):
+            weight = fields.get("weight", 1)
+            cap = limit_text(fields.get("memory_cap_bytes", 0))
+            lines.append(f"  {group_label(group)}  weight {weight}  memory cap {cap}")
+    else:
+        lines.append("settings: none (every group weight 1, no cap)")
+    for group in shares["groups"]:
+        lines.append(f"GPU {group['gpu']}  {group_text(group)}")
+    return "\n".join(_fit(line) for line in lines)
 
 
 def status_text(status: dict) -> str:
@@ -274,6 +328,10 @@ def status_text(status: dict) -> str:
             f"  holding: {who(gpu['holder_pids'])}",
             f"  waiting: {who(gpu['queue_pids'])}",
         ]
+        groups = [g for g in status.get("groups", ()) if g["gpu"] == gpu["uuid"]]
+        if groups:
+            lines.append(f"  groups:  by {status.get('share_by', 'user')}")
+            lines += [f"    {group_text(g)}" for g in groups]
     lines += ["", *clients_text(status["clients"], status["gpus"]).split("\n")]
     return "\n".join(_fit(line) for line in lines)
 

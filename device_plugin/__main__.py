@@ -93,6 +93,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"devices per GPU, 1 to {MAX_REPLICAS} (default {DEFAULT_REPLICAS})",
     )
     parser.add_argument(
+        "--memory-cap-per-replica",
+        action="store_true",
+        help="each replica is also worth 1/replicas of its GPU's memory: a container given "
+        "k replicas may allocate at most k/replicas of it (NVSHARE_MEMORY_CAP, enforced by "
+        "the shim)",
+    )
+    parser.add_argument(
         "--socket-dir",
         type=Path,
         default=DEFAULT_SOCKET_DIR,
@@ -162,7 +169,8 @@ async def read_inventory_now(watch: DeviceWatch, problem_before: str | None) -> 
             log.warning("GPU inventory: %s", problem)
         elif problem_before:
             log.info("GPU inventory: NVML answers again")
-    for change in await watch.observe([format_uuid(gpu.uuid) for gpu in gpus]):
+    memory = {format_uuid(gpu.uuid): gpu.memory_total_bytes for gpu in gpus}
+    for change in await watch.observe([format_uuid(gpu.uuid) for gpu in gpus], memory):
         log.info("%s is %s", change.gpu_uuid, change.health)
     return problem
 
@@ -178,7 +186,7 @@ async def run(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
-    watch = DeviceWatch(DeviceTable(args.replicas))
+    watch = DeviceWatch(DeviceTable(args.replicas, args.memory_cap_per_replica))
     # The first reading comes before registering, so the kubelet's first list has the GPUs.
     problem = await read_inventory_now(watch, None)
     service = DevicePluginService(watch, NodePaths(str(args.socket_dir), str(args.shim_path)))

@@ -7,7 +7,10 @@ sees and turns the answers into the kubelet's messages (docs/kubernetes.md).
 Each physical GPU is advertised as `replicas` devices named "<GPU UUID>::<n>",
 n = 0 .. replicas-1.  A replica is a seat at the GPU, not a slice of it:
 nvshare gives every process the whole GPU memory and lets them take turns, so
-all replicas of one GPU give a container the same GPU.
+all replicas of one GPU give a container the same GPU.  With memory caps per
+replica (--memory-cap-per-replica), each replica is also worth 1/replicas of
+the GPU's memory: a container given k replicas gets NVSHARE_MEMORY_CAP, k/replicas
+of the GPU's memory, which its shim enforces (docs/kubernetes.md, "Memory caps").
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ REPLICA_SEPARATOR = "::"
 # /run/nvshare whatever the node's directory is called.
 CONTAINER_SHIM_PATH = "/usr/lib/nvshare/libnvshare.so"
 CONTAINER_SOCKET_DIR = "/run/nvshare"
+# The shim's own memory cap per GPU (shim/config.c), in bytes.
+MEMORY_CAP_ENV = "NVSHARE_MEMORY_CAP"
 
 
 class RequestRefused(ValueError):
@@ -79,16 +84,21 @@ class DeviceTable:
     kubelet then gives none of its devices to new containers, and still
     accounts for those it gave out.  It is Healthy again once NVML shows it."""
 
-    def __init__(self, replicas: int):
+    def __init__(self, replicas: int, memory_cap_per_replica: bool = False):
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
         self.replicas = replicas
+        self.memory_cap_per_replica = memory_cap_per_replica
         # GPU UUID -> present in the last inventory; in the order first seen.
         self._present: dict[str, bool] = {}
+        self._memory_bytes: dict[str, int] = {}  # GPU UUID -> its memory, as NVML said
 
-    def observe(self, inventory: Sequence[str]) -> list[HealthChange]:
-        """Takes one reading of the inventory (GPU UUIDs in NVML's order);
-        returns the GPUs whose health changed, new GPUs included."""
+    def observe(
+        self, inventory: Sequence[str], memory_bytes: dict[str, int] | None = None
+    ) -> list[HealthChange]:
+        """Takes one reading of the inventory (GPU UUIDs in NVML's order, and each
+        one's memory); returns the GPUs whose health changed, new GPUs included."""
+        self._memory_bytes.update(memory_bytes or {})
         present = set(inventory)
         changes = []
         for gpu_uuid, was_present in self._present.items():
@@ -107,6 +117,14 @@ class DeviceTable:
             for gpu_uuid, present in self._present.items()
             for index in range(self.replicas)
         ]
+
+    def memory_cap(self, gpu_uuid: str, replicas_given: int) -> int | None:
+        """What replicas_given replicas of the GPU are worth in memory; None when caps
+        per replica are off or the GPU's memory is not known."""
+        memory = self._memory_bytes.get(gpu_uuid, 0)
+        if not self.memory_cap_per_replica or memory <= 0:
+            return None
+        return replica_memory_cap(replicas_given, self.replicas, memory)
 
     def gpu_health(self, gpu_uuid: str) -> str | None:
         """Healthy or Unhealthy, or None for a GPU never seen."""
@@ -185,6 +203,14 @@ class NodePaths:
     shim: str
 
 
+def replica_memory_cap(replicas_given: int, replicas: int, memory_bytes: int) -> int:
+    """k of a GPU's n replicas are worth k/n of its memory, rounded down to whole MiB
+    (so that nvidia-smi and the shim's warning show a round figure)."""
+    if not 1 <= replicas_given <= replicas:
+        raise ValueError(f"{replicas_given} replicas of {replicas}")
+    return memory_bytes * replicas_given // replicas >> 20 << 20
+
+
 def allocate(table: DeviceTable, device_ids: Sequence[str], node: NodePaths) -> ContainerAllocation:
     """One container's share of an Allocate request.  Raises RequestRefused."""
     if not device_ids:
@@ -207,12 +233,16 @@ def allocate(table: DeviceTable, device_ids: Sequence[str], node: NodePaths) -> 
     (gpu_uuid,) = gpus
     if table.gpu_health(gpu_uuid) != HEALTHY:
         raise GpuUnhealthy(f"{gpu_uuid} is Unhealthy: NVML no longer shows it on this node")
+    envs = {
+        # NVIDIA's container runtime gives the container this GPU (and its driver).
+        "NVIDIA_VISIBLE_DEVICES": gpu_uuid,
+        "LD_PRELOAD": CONTAINER_SHIM_PATH,
+    }
+    cap = table.memory_cap(gpu_uuid, len(set(device_ids)))
+    if cap is not None:
+        envs[MEMORY_CAP_ENV] = str(cap)
     return ContainerAllocation(
-        envs={
-            # NVIDIA's container runtime gives the container this GPU (and its driver).
-            "NVIDIA_VISIBLE_DEVICES": gpu_uuid,
-            "LD_PRELOAD": CONTAINER_SHIM_PATH,
-        },
+        envs=envs,
         mounts=(
             # The directory, not the socket file: a restart of nvshare.socket makes a
             # new socket there, which a mount of the file would miss.  Read-only is

@@ -42,8 +42,10 @@ class DeviceWatch:
         self.version = 0
         self._changed = asyncio.Condition()
 
-    async def observe(self, inventory: Sequence[str]) -> list[devices.HealthChange]:
-        changes = self.table.observe(inventory)
+    async def observe(
+        self, inventory: Sequence[str], memory_bytes: dict[str, int] | None = None
+    ) -> list[devices.HealthChange]:
+        changes = self.table.observe(inventory, memory_bytes)
         if changes:
             self.version += 1
             async with self._changed:

@@ -84,7 +84,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 async def _read_agent(address: str) -> dict:
     async with connect(address) as client:
-        return render.status_as_dict(await client.properties())
+        status = render.status_as_dict(await client.properties())
+        try:
+            status.update(render.shares_as_dict(await client.shares()))
+        except CliError:
+            pass  # an agent from before share groups
+        return status
 
 
 def read_agent(address: str) -> tuple[dict | None, str]:

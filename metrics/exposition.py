@@ -114,6 +114,36 @@ def agent_families(status: dict | None) -> Iterator[Metric]:
     yield setting
     yield from _gpu_families(status["gpus"])
     yield from _client_families(status["clients"])
+    yield from _group_families(status.get("groups", []))
+
+
+def _group_families(groups: list[dict]) -> Iterator[Metric]:
+    """Share groups on each GPU (docs/scheduling.md "Shares")."""
+    labels = ["gpu", "group"]
+    families = {
+        "weight": GaugeMetricFamily(
+            "nvshare_share_weight", "A share group's weight (default 1).", labels=labels
+        ),
+        "memory_cap_bytes": GaugeMetricFamily(
+            "nvshare_share_memory_cap_bytes",
+            "A share group's memory cap on the GPU; 0: none.",
+            labels=labels,
+        ),
+        "use": GaugeMetricFamily(
+            "nvshare_share_use",
+            "A share group's clients' recent use of the GPU together (GPU time, ~10 s).",
+            labels=labels,
+        ),
+        "share": GaugeMetricFamily(
+            "nvshare_share_of_gpu_time",
+            "A share group's share of the GPU's time over the last minute (0..1).",
+            labels=labels,
+        ),
+    }
+    for group in groups:
+        for key, family in families.items():
+            family.add_metric([group["gpu"], group["group"]], group[key])
+    yield from families.values()
 
 
 def _gpu_families(gpus: list[dict]) -> Iterator[Metric]:

@@ -49,6 +49,30 @@ static unsigned read_count(const char *name, unsigned fallback, unsigned largest
     return (unsigned)value;
 }
 
+/* Bytes with an optional K, M, G or T suffix (powers of 1024), as the agent's sizes;
+ * anything else warns and means no cap. */
+static uint64_t read_size(const char *name)
+{
+    const char *text = secure_getenv(name);
+    if (text == NULL || *text == '\0')
+        return 0;
+    uint64_t value = 0;
+    const char *digit = text;
+    for (; *digit >= '0' && *digit <= '9' && value <= UINT64_MAX / 10 - 9; digit++)
+        value = value * 10 + (uint64_t)(*digit - '0');
+    int no_digits = digit == text;
+    static const char suffixes[] = "KMGT";
+    const char *suffix = *digit != '\0' ? strchr(suffixes, *digit) : NULL;
+    int shift = suffix != NULL ? 10 * (int)(suffix - suffixes + 1) : 0;
+    if (suffix != NULL)
+        digit++;
+    if (no_digits || *digit != '\0' || value > (UINT64_MAX >> shift)) {
+        nvshare_warn("%s=%.40s is not a size (bytes, or with K, M, G or T); no cap", name, text);
+        return 0;
+    }
+    return value << shift;
+}
+
 static void load(void)
 {
     int saved_errno = errno;
@@ -63,8 +87,10 @@ static void load(void)
     }
     strcpy(config.socket_path, socket_path);
     config.prefetch = read_flag("NVSHARE_PREFETCH", 1);
+    config.prefetch_after_ms = read_count("NVSHARE_PREFETCH_AFTER_MS", 1000, 3600000);
     config.single_oversub = read_flag("NVSHARE_ENABLE_SINGLE_OVERSUB", 0);
     config.max_queued_ms = read_count("NVSHARE_MAX_QUEUED_MS", DEFAULT_MAX_QUEUED_MS, 3600000);
+    config.memory_cap_bytes = read_size("NVSHARE_MEMORY_CAP");
     errno = saved_errno;
 }
 

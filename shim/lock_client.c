@@ -100,6 +100,7 @@ static void connect_to_agent(int first_attempt)
     keepalive_ms = 0;
     answered = 0;
     nvshare_usage_reset();
+    nvshare_memory_clear_caps(); /* this agent says its own (MEMORY_CAP) */
     heard_at_ms = nvshare_now_ms();
     if (nvshare_link_hello() != 0) {
         lose_agent("hello not sent");
@@ -289,7 +290,8 @@ static void on_grant(int gpu, const struct nvshare_lock_message *message)
     struct nvshare_lock_event grant = {.kind = NVSHARE_EVENT_GRANT,
                                        .lease = message->lease,
                                        .flags = message->flags,
-                                       .prefetch = nvshare_config()->prefetch};
+                                       .prefetch = nvshare_config()->prefetch,
+                                       .prefetch_after_ms = nvshare_config()->prefetch_after_ms};
     struct nvshare_lock_jobs jobs;
     struct nvshare_lock_machine before;
     nvshare_lock_step(gpu, &grant, &jobs, &before);
@@ -361,6 +363,19 @@ static void on_frame(const struct nvshare_header *header, const unsigned char *p
     }
     case NVSHARE_MSG_KEEPALIVE:
         return; /* only its arrival counts (liveness) */
+    case NVSHARE_MSG_MEMORY_CAP: {
+        struct nvshare_memory_cap cap;
+        if (header->payload_bytes != sizeof cap)
+            break;
+        memcpy(&cap, payload, sizeof cap);
+        int gpu = nvshare_gpu_of_uuid(&cap.gpu);
+        if (gpu < 0)
+            return;
+        nvshare_memory_set_cap(gpu, cap.cap_bytes, cap.others_bytes);
+        nvshare_debug("memory cap gpu=%d cap_bytes=%llu others_bytes=%llu", gpu,
+                      (unsigned long long)cap.cap_bytes, (unsigned long long)cap.others_bytes);
+        return;
+    }
     case NVSHARE_MSG_LOCK_GRANT:
     case NVSHARE_MSG_DROP_REQUEST:
     case NVSHARE_MSG_REVOKED: {

@@ -58,7 +58,8 @@ struct nvshare_lock_machine {
     /* RELEASED's idle_ms: how long no gated call had run when an idle release
      * was decided; 0 for a drop. */
     uint32_t released_idle_ms;
-    uint32_t last_ticket; /* the last ticket given; outlives the lease, so none repeats */
+    uint32_t last_ticket;  /* the last ticket given; outlives the lease, so none repeats */
+    double released_at_ms; /* when the last lease ended (0: none yet); outlives it too */
 };
 
 enum nvshare_lock_event_kind {
@@ -81,14 +82,15 @@ enum nvshare_lock_event_kind {
 struct nvshare_lock_event {
     int kind; /* enum nvshare_lock_event_kind */
     double now_ms;
-    uint32_t activity;        /* the gate's passage counter now */
-    uint64_t lease;           /* GRANT, DROP, REVOKED */
-    uint32_t flags;           /* GRANT: enum nvshare_grant_flags; DROP: enum nvshare_drop_flags */
-    uint32_t idle_ms;         /* DROP with NVSHARE_DROP_WHEN_IDLE: the idle time to release at */
-    int prefetch;             /* GRANT: prefetch before the gate opens */
-    uint32_t ticket;          /* the worker's events: the work they are about */
-    int gate_closed;          /* BUSY_AFTER_ALL: the worker had closed the gate */
-    uint32_t idle_release_ms; /* IDLE_LOOK: the agent's setting; 0: no idle release */
+    uint32_t activity;          /* the gate's passage counter now */
+    uint64_t lease;             /* GRANT, DROP, REVOKED */
+    uint32_t flags;             /* GRANT: enum nvshare_grant_flags; DROP: enum nvshare_drop_flags */
+    uint32_t idle_ms;           /* DROP with NVSHARE_DROP_WHEN_IDLE: the idle time to release at */
+    int prefetch;               /* GRANT: prefetch before the gate opens ... */
+    uint32_t prefetch_after_ms; /* ... if the last lease ended at least this long ago */
+    uint32_t ticket;            /* the worker's events: the work they are about */
+    int gate_closed;            /* BUSY_AFTER_ALL: the worker had closed the gate */
+    uint32_t idle_release_ms;   /* IDLE_LOOK: the agent's setting; 0: no idle release */
 };
 
 enum nvshare_lock_job_kind {

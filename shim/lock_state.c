@@ -67,9 +67,11 @@ static void step_locked(int gpu, struct nvshare_lock_event *event, struct nvshar
     memset(jobs, 0, sizeof *jobs);
     nvshare_lock_machine_step(&locks[gpu], event, jobs);
     carry_out(gpu, jobs);
-    atomic_store_explicit(&nvshare_gates[gpu].others_wait,
-                          locks[gpu].phase == NVSHARE_LOCK_HELD && locks[gpu].idle_drop,
-                          memory_order_relaxed);
+    atomic_store_explicit(
+        &nvshare_gates[gpu].short_queue,
+        locks[gpu].phase == NVSHARE_LOCK_HELD &&
+            (locks[gpu].idle_drop || (locks[gpu].grant_flags & NVSHARE_GRANT_SHORT_QUEUE)),
+        memory_order_relaxed);
 }
 
 void nvshare_lock_step(int gpu, struct nvshare_lock_event *event, struct nvshare_lock_jobs *jobs,
@@ -208,6 +210,6 @@ void nvshare_lock_forget_after_fork(void)
         work_posted[gpu] = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
         atomic_store(&nvshare_gates[gpu].open, 0);
         atomic_store(&nvshare_gates[gpu].inflight, 0);
-        atomic_store(&nvshare_gates[gpu].others_wait, 0);
+        atomic_store(&nvshare_gates[gpu].short_queue, 0);
     }
 }

@@ -32,9 +32,10 @@ struct nvshare_gate {
     atomic_int open;      /* 1: held, shared, or unscheduled (no agent) */
     atomic_int inflight;  /* submissions between gate and driver right now */
     atomic_uint activity; /* bumped per passage; idle = unchanged */
-    /* 1 while the lease has a WHEN_IDLE drop pending (others wait): the queue bound
-     * keeps this process's queue short, so that the drop that follows drains fast. */
-    atomic_int others_wait;
+    /* 1 while the lease has a WHEN_IDLE drop pending (others wait), or was granted
+     * SHORT_QUEUE: the queue bound keeps this process's queue short, so that a drop
+     * drains fast. */
+    atomic_int short_queue;
 } __attribute__((aligned(64)));
 
 extern struct nvshare_gate nvshare_gates[NVSHARE_MAX_GPUS];

@@ -22,6 +22,12 @@
  *    NVSHARE_ENABLE_SINGLE_OVERSUB=1.
  *  - cuMemGetInfo_v2 reports the whole GPU minus this process's allocations,
  *    so frameworks size their caches for the GPU, not for what others hold.
+ *  - Under its share group's memory cap (the agent's MEMORY_CAP,
+ *    docs/scheduling.md "Shares"), an allocation that would take the group past
+ *    the cap fails with CUDA_ERROR_OUT_OF_MEMORY and one warning, and
+ *    cuMemGetInfo_v2 reports the cap as the total and the room left under it as
+ *    free, so that frameworks size their caches to it.  The application's own
+ *    managed memory and what is passed through are counted, not refused.
  *
  * What the shim knows of each allocation and the totals per GPU are kept in
  * memory_accounting.c, below these hooks.
@@ -55,12 +61,28 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
     if (managed == NULL || gpu < 0 || dptr == NULL)
         return NOT_CONVERTED;
     uint64_t total = nvshare_gpu_total_bytes(gpu);
+    int over_total_allowed = nvshare_config()->single_oversub;
+    uint64_t cap, room;
+    int capped = nvshare_memory_capped(gpu, &cap, &room) && (total == 0 || room < total);
+    if (capped) { /* the cap binds even with NVSHARE_ENABLE_SINGLE_OVERSUB=1 */
+        total = room;
+        over_total_allowed = 0;
+    }
 
     uint64_t in_use;
-    if (!nvshare_memory_reserve(gpu, bytes, total, nvshare_config()->single_oversub, &in_use)) {
+    if (!nvshare_memory_reserve(gpu, bytes, total, over_total_allowed, &in_use)) {
         /* Parked blocks are held only for reuse: they give way first. */
-        if (nvshare_parking_free(gpu, in_use + bytes - total) > 0)
+        if (in_use + bytes > total && nvshare_parking_free(gpu, in_use + bytes - total) > 0)
             return allocate_managed(dptr, bytes, what);
+        if (capped) {
+            NVSHARE_WARN_ONCE("%s of %zu bytes on GPU %d refused: this process's share group "
+                              "may hold %llu bytes there (its memory cap: the agent's setting "
+                              "memory_cap, nvsharectl share; or NVSHARE_MEMORY_CAP), it would "
+                              "hold %llu",
+                              what, bytes, gpu, (unsigned long long)cap,
+                              (unsigned long long)(cap - room + in_use + bytes));
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
         nvshare_debug("refused %s of %zu bytes on GPU %d: this process would hold %llu of "
                       "%llu bytes (NVSHARE_ENABLE_SINGLE_OVERSUB=1 allows it)",
                       what, bytes, gpu, (unsigned long long)in_use + bytes,
@@ -261,7 +283,13 @@ NVSHARE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     int gpu = nvshare_current_gpu(&context);
     if (gpu >= 0) {
         uint64_t used = nvshare_memory_used(gpu);
-        *free_bytes = *total_bytes > used ? *total_bytes - used : 0;
+        uint64_t cap, room;
+        if (nvshare_memory_capped(gpu, &cap, &room) && cap < *total_bytes) {
+            *total_bytes = cap;
+            *free_bytes = room > used ? room - used : 0;
+        } else {
+            *free_bytes = *total_bytes > used ? *total_bytes - used : 0;
+        }
     }
     errno = saved_errno;
     return result;

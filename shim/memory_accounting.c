@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "allocation_map.h"
+#include "config.h"
 #include "driver.h"
 #include "hooks.h"
 #include "log.h"
@@ -28,6 +29,8 @@ struct gpu_memory {
     uint64_t unmanaged_bytes;
     uint64_t reserved_bytes; /* allocations under way, counted against the limit */
     int changed;             /* totals not yet reported */
+    uint64_t cap_bytes;      /* the share group's cap (MEMORY_CAP); 0: none */
+    uint64_t others_bytes;   /* what the group's other processes hold */
 };
 
 pthread_mutex_t nvshare_memory_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -125,6 +128,37 @@ void nvshare_memory_unreserve(int gpu, uint64_t bytes)
     pthread_mutex_lock(&nvshare_memory_mutex);
     gpus[gpu].reserved_bytes -= bytes;
     pthread_mutex_unlock(&nvshare_memory_mutex);
+}
+
+void nvshare_memory_set_cap(int gpu, uint64_t cap_bytes, uint64_t others_bytes)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    gpus[gpu].cap_bytes = cap_bytes;
+    gpus[gpu].others_bytes = cap_bytes ? others_bytes : 0;
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+}
+
+void nvshare_memory_clear_caps(void)
+{
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
+        nvshare_memory_set_cap(gpu, 0, 0);
+}
+
+int nvshare_memory_capped(int gpu, uint64_t *cap, uint64_t *room)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    *cap = gpus[gpu].cap_bytes;
+    uint64_t others = gpus[gpu].others_bytes;
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    *room = *cap > others ? *cap - others : 0;
+    /* The process's own cap (NVSHARE_MEMORY_CAP, a pod's from the device plugin): the
+     * tighter of the two binds. */
+    uint64_t own = nvshare_config()->memory_cap_bytes;
+    if (own != 0 && (*cap == 0 || own < *room)) {
+        *room = own;
+        *cap = *cap == 0 || own < *cap ? own : *cap;
+    }
+    return *cap != 0;
 }
 
 uint64_t nvshare_memory_used(int gpu)

@@ -38,6 +38,16 @@ int nvshare_memory_kind_is_managed(enum allocation_kind kind);
 int nvshare_memory_reserve(int gpu, uint64_t bytes, uint64_t total, int over_total_allowed,
                            uint64_t *in_use);
 void nvshare_memory_unreserve(int gpu, uint64_t bytes);
+/* The memory cap of this process's share group on gpu, as the agent last said
+ * (MEMORY_CAP): cap_bytes 0 is none; others_bytes what the group's other
+ * processes hold there.  Kept while the agent is away; a new connection's agent
+ * says it again (nvshare_memory_clear_caps at connect). */
+void nvshare_memory_set_cap(int gpu, uint64_t cap_bytes, uint64_t others_bytes);
+void nvshare_memory_clear_caps(void);
+/* The most this process may hold on gpu under the cap (the cap less what the
+ * others hold, at least 0) in *room, and the cap in *cap; 0 when there is none. */
+int nvshare_memory_capped(int gpu, uint64_t *cap, uint64_t *room);
+
 /* Managed and unmanaged bytes gpu's allocations hold (cuMemGetInfo). */
 uint64_t nvshare_memory_used(int gpu);
 

@@ -63,7 +63,10 @@ enum nvshare_message_type {
     NVSHARE_MSG_KEEPALIVE = 12,
     /* shim -> agent: how long this process kept a GPU busy; only to an agent that announced
      * USAGE */
-    NVSHARE_MSG_GPU_USAGE = 13
+    NVSHARE_MSG_GPU_USAGE = 13,
+    /* agent -> shim: the memory cap of this process's share group on a GPU; only to a shim
+     * that announced MEMORY_CAP */
+    NVSHARE_MSG_MEMORY_CAP = 14
 };
 
 /* Additions a peer announces: the shim in HELLO.features, the agent in
@@ -75,7 +78,9 @@ enum nvshare_features {
     /* shim: wants KEEPALIVE while it waits; agent: sends them, every WELCOME.keepalive_ms */
     NVSHARE_FEATURE_KEEPALIVE = 4,
     /* shim: measures its GPU time; agent: takes GPU_USAGE frames and schedules by them */
-    NVSHARE_FEATURE_USAGE = 8
+    NVSHARE_FEATURE_USAGE = 8,
+    /* shim: takes MEMORY_CAP frames and refuses allocations past the cap */
+    NVSHARE_FEATURE_MEMORY_CAP = 16
 };
 
 enum nvshare_grant_flags {
@@ -83,7 +88,11 @@ enum nvshare_grant_flags {
     NVSHARE_GRANT_SHARED = 2,    /* others may run beside this one */
     /* with SHARED: release when idle for idle_release_ms all the same (anti-thrash auto,
      * where shared leases are short); exclusive leases always do */
-    NVSHARE_GRANT_RELEASE_WHEN_IDLE = 4
+    NVSHARE_GRANT_RELEASE_WHEN_IDLE = 4,
+    /* drops are likely (anti-thrash auto, a turn that light work may cut short): keep
+     * the queue as short as while others wait, for the whole lease; a shim that does
+     * not know the bit ignores it */
+    NVSHARE_GRANT_SHORT_QUEUE = 8
 };
 
 enum nvshare_drop_flags {
@@ -186,6 +195,17 @@ struct nvshare_gpu_usage {
     uint64_t busy_us;
 };
 
+/* NVSHARE_MSG_MEMORY_CAP: sent after WELCOME for each GPU where the process's share group has
+ * a cap, and again whenever the cap or what the group's other processes hold there changes.
+ * The shim refuses an allocation that would take its own allocations past
+ * cap_bytes - others_bytes (CUDA_ERROR_OUT_OF_MEMORY) and reports cap_bytes as the GPU's total
+ * memory (cuMemGetInfo).  cap_bytes 0: no cap (others_bytes is then 0). */
+struct nvshare_memory_cap {
+    struct nvshare_gpu_uuid gpu;
+    uint64_t cap_bytes;
+    uint64_t others_bytes; /* what the group's other processes hold on gpu, as they reported */
+};
+
 /* NVSHARE_MSG_ERROR */
 struct nvshare_error {
     uint32_t code; /* enum nvshare_error_code */
@@ -209,5 +229,6 @@ NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_welcome) == 8, "welcome layout");
 NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_gpu_memory) == 24, "gpu memory layout");
 NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_keepalive) == 8, "keepalive layout");
 NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_gpu_usage) == 24, "gpu usage layout");
+NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_memory_cap) == 32, "memory cap layout");
 
 #endif /* NVSHARE_PROTOCOL_H */

@@ -12,7 +12,21 @@
  * How few launches make a mark adapts: windows of about 1/8 of the bound are
  * fine enough, and each mark costs a few driver calls (an event record among
  * them), which at 8 launches a mark added ~0.5 us to every launch of a loop of
- * empty kernels on the H100.  Long kernels keep the minimum of 8.
+ * empty kernels on the H100.  So short kernels take a mark every 8 launches or
+ * more; kernels of MARK_COVERS_MS or longer take one at every launch, which
+ * costs them under 1 %: 8 of a trainer's 18 ms kernels queued between two
+ * marks made a drop wait up to 300 ms for them (issue 35).
+ *
+ * Two estimates.  The average (a moving one) serves the bound as configured.
+ * The longest recent window's time per launch serves the short bound (below):
+ * kernels differ (a trainer's 18 ms GEMMs among many short ones), and by the
+ * average a whole 330 ms step was queued, so that every drop waited for it (up
+ * to 350 ms on the H100, issue 35).  It rises with any dense sample above it and
+ * falls slowly, by the time the samples cover (ESTIMATE_DECAY_MS).  Not for the
+ * configured bound: beside another process, a window's GPU time includes the
+ * other's kernels (time-slicing), so a notebook beside a trainer took its own
+ * small products for 18 ms ones and waited in the bound between them (its 15 ms
+ * cells took 130-170 ms).
  *
  * The time between two marks is GPU time only if the GPU had the second
  * window's work queued when it finished the first (the first was still pending
@@ -24,9 +38,10 @@
  *
  * Two more uses: the usage meter (usage_meter.c) asks whether any mark is still
  * pending, so the launch after the GPU ran dry is marked at once (a lone long
- * kernel is then covered); and while others wait for this GPU (a WHEN_IDLE drop
- * pending) the bound is OTHERS_WAIT_MAX_QUEUED_MS, so that the drop which
- * follows drains in milliseconds.
+ * kernel is then covered); and while the queue is to be short (others wait for
+ * this GPU: a WHEN_IDLE drop pending; or the lease was granted SHORT_QUEUE) the
+ * bound is SHORT_MAX_QUEUED_MS by the longest estimate, so that a drop drains
+ * in milliseconds.
  */
 #include "queue_bound.h"
 
@@ -43,6 +58,8 @@
 #include "nvshare_protocol.h"
 
 #define MIN_LAUNCHES_PER_MARK 8
+/* GPU time a mark covers at the least: ~4 us of driver calls per 0.5 ms. */
+#define MARK_COVERS_MS 0.5
 /* Also caps how much a sudden switch to long kernels can queue before the
  * first of them completes and shrinks the windows again. */
 #define MAX_LAUNCHES_PER_MARK 256
@@ -52,8 +69,10 @@
 #define MAX_PENDING (RING_SLOTS - 2)
 /* Marks queued before the first measurement bounds the queue. */
 #define LEARNING_PENDING 2
-/* The bound while others wait for the GPU: a few of a trainer's kernels. */
-#define OTHERS_WAIT_MAX_QUEUED_MS 5
+/* The estimate falls by e at most per this much of the time the samples cover. */
+#define ESTIMATE_DECAY_MS 500.0
+/* The short bound: one or two of a trainer's kernels. */
+#define SHORT_MAX_QUEUED_MS 5
 
 struct mark {
     CUevent event;
@@ -69,6 +88,7 @@ struct launch_queue {
     unsigned head, tail;           /* pending marks: head..tail-1 (mod RING_SLOTS) */
     int have_completed;            /* ring[head - 1] holds the newest completed mark */
     double ms_per_launch;          /* GPU time, moving average; 0 until measured */
+    double longest_ms_per_launch;  /* the longest recent window's, for the short bound */
     atomic_uint launches_per_mark; /* read on every launch, without the mutex */
     atomic_int ran_dry;            /* no mark pending at the usage meter's look: mark next launch */
     _Atomic(CUevent) newest;       /* the mark recorded last: the usage meter's look, lock-free */
@@ -91,8 +111,13 @@ static void init_queues(void)
 static unsigned launches_per_mark_for(double ms_per_launch, unsigned max_queued_ms)
 {
     double launches = max_queued_ms / WINDOWS_PER_BOUND / ms_per_launch;
-    if (launches < MIN_LAUNCHES_PER_MARK)
-        return MIN_LAUNCHES_PER_MARK;
+    double fewest = MARK_COVERS_MS / ms_per_launch; /* long kernels: down to 1 */
+    if (fewest > MIN_LAUNCHES_PER_MARK)
+        fewest = MIN_LAUNCHES_PER_MARK;
+    if (launches < fewest)
+        launches = fewest;
+    if (launches < 1)
+        return 1;
     return launches > MAX_LAUNCHES_PER_MARK ? MAX_LAUNCHES_PER_MARK : (unsigned)launches;
 }
 
@@ -103,7 +128,7 @@ static int on_one_stream(const struct mark *a, const struct mark *b)
 }
 
 /* Pops completed marks, learning the GPU time per launch and sizing the windows. */
-static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms)
+static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms, int short_queue)
 {
     while (queue->head != queue->tail) {
         struct mark *mark = &queue->ring[queue->head % RING_SLOTS];
@@ -117,13 +142,28 @@ static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms
             elapsed_ms >= 0) {
             /* Events closer than the timer's resolution read 0 ms apart. */
             double sample = elapsed_ms > 0 ? (double)elapsed_ms / (double)mark->launches : 1e-6;
-            /* A sparse window's sample is an upper bound: it only ever lowers the estimate. */
+            /* A sparse window's sample is an upper bound: it only ever lowers the average. */
             if (queue->ms_per_launch <= 0 || (!mark->dense && sample < queue->ms_per_launch))
                 queue->ms_per_launch = sample;
             else if (mark->dense)
                 queue->ms_per_launch = 0.8 * queue->ms_per_launch + 0.2 * sample;
-            /* Windows shrink at once when kernels get longer, grow as the average falls. */
-            double slowest = sample > queue->ms_per_launch ? sample : queue->ms_per_launch;
+            /* The longest: a dense sample raises it at once; any sample lowers it, no
+             * faster than by e per ESTIMATE_DECAY_MS of the time it covers (many short
+             * kernels in a row are short), and a sparse one never raises it. */
+            double longest = queue->longest_ms_per_launch;
+            if (longest <= 0) {
+                longest = sample;
+            } else {
+                double trusted = mark->dense || sample < longest ? sample : longest;
+                double kept = 1.0 - (double)elapsed_ms / ESTIMATE_DECAY_MS; /* ~e^-x: no libm */
+                double decayed = kept > 0 ? longest * kept : 0;
+                longest = trusted > decayed ? trusted : decayed;
+            }
+            queue->longest_ms_per_launch = longest;
+            /* Windows shrink at once when kernels get longer, grow as the estimate falls. */
+            double slowest = short_queue ? longest : queue->ms_per_launch;
+            if (sample > slowest)
+                slowest = sample;
             atomic_store_explicit(&queue->launches_per_mark,
                                   launches_per_mark_for(slowest, max_queued_ms),
                                   memory_order_relaxed);
@@ -136,9 +176,10 @@ static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms
 /* The oldest pending mark behind which at most max_queued_ms of launches are
  * queued (waiting on it is the shortest wait that restores the bound), or
  * NULL when all that is pending fits. */
-static CUevent mark_to_wait_for(struct launch_queue *queue, unsigned max_queued_ms)
+static CUevent mark_to_wait_for(struct launch_queue *queue, unsigned max_queued_ms,
+                                double ms_per_launch)
 {
-    double allowed_launches = max_queued_ms / queue->ms_per_launch;
+    double allowed_launches = max_queued_ms / ms_per_launch;
     double behind = 0; /* launches queued behind the mark looked at */
     for (unsigned mark = queue->tail; mark != queue->head;) {
         mark--;
@@ -161,9 +202,9 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
         !atomic_load_explicit(&queue->ran_dry, memory_order_relaxed))
         return;
     unsigned max_queued_ms = nvshare_config()->max_queued_ms;
-    if (max_queued_ms > OTHERS_WAIT_MAX_QUEUED_MS &&
-        atomic_load_explicit(&nvshare_gates[gpu].others_wait, memory_order_relaxed))
-        max_queued_ms = OTHERS_WAIT_MAX_QUEUED_MS;
+    int short_queue = atomic_load_explicit(&nvshare_gates[gpu].short_queue, memory_order_relaxed);
+    if (short_queue && max_queued_ms > SHORT_MAX_QUEUED_MS)
+        max_queued_ms = SHORT_MAX_QUEUED_MS;
     if (max_queued_ms == 0 || nvshare_driver.event_record == NULL ||
         nvshare_driver.event_query == NULL || nvshare_driver.event_elapsed_time == NULL) {
         launches_since_mark = 0;
@@ -186,7 +227,7 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
     /* The application's launch was allowed during another thread's capture;
      * querying and waiting on the marks must not invalidate that capture. */
     int capture_mode = nvshare_capture_relax();
-    collect_completed(queue, max_queued_ms);
+    collect_completed(queue, max_queued_ms, short_queue);
 
     CUevent wait_for = NULL;
     int dense = queue->tail != queue->head; /* the mark before it still runs */
@@ -212,7 +253,9 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
          * sample, before queueing further ahead. */
         wait_for = queue->ring[(queue->head + 1) % RING_SLOTS].event;
     } else if (queue->ms_per_launch > 0) {
-        wait_for = mark_to_wait_for(queue, max_queued_ms);
+        wait_for =
+            mark_to_wait_for(queue, max_queued_ms,
+                             short_queue ? queue->longest_ms_per_launch : queue->ms_per_launch);
     }
     pthread_mutex_unlock(mutex);
     if (wait_for != NULL)

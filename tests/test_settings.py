@@ -146,7 +146,7 @@ def test_gpu_sections_give_gpus_settings_of_their_own(tmp_path):
         (
             "[gpu:1]\nidle_release_ms = 5\n",
             "line 4: unknown key 'idle_release_ms' in [gpu:1] "
-            "(known: time_quantum, anti_thrash, memory_limit)",
+            "(known: time_quantum, anti_thrash, memory_limit, light_wait_ms)",
         ),
         ("[gpu:first]\ntime_quantum = 5\n", "line 3: [gpu:first]: a GPU is named by its UUID"),
         ("[gpu:]\ntime_quantum = 5\n", "line 3: [gpu:]: a GPU is named by its UUID"),
@@ -161,7 +161,10 @@ def test_gpu_sections_give_gpus_settings_of_their_own(tmp_path):
         ),
         ("[gpu:1]\nmemory_limit = lots\n", "line 4: [gpu:1] memory_limit: a size is a whole"),
         ("[gpu:1]\n[gpu:01]\n", "line 4: [gpu:01] and [gpu:1] name the same GPU"),
-        ("[GPU:1]\n", "line 3: unknown section [GPU:1] (only [scheduler] and [gpu:ID])"),
+        (
+            "[GPU:1]\n",
+            "line 3: unknown section [GPU:1] (only [scheduler], [gpu:ID] and [share:GROUP])",
+        ),
     ],
 )
 def test_a_bad_gpu_section_is_one_line_naming_it(tmp_path, section, message):

@@ -66,10 +66,12 @@ class Agent:
         base_env=None,
         memory_limit=None,
         socket=None,
+        extra_config="",
     ):
         """anti_thrash: True/False (on/off, what the phases before auto used), or
         "on", "off", "auto"; memory_limit: the config's memory_limit (e.g. "1G"); socket: a
-        path of one's own (a restarted agent on the socket its clients know)."""
+        path of one's own (a restarted agent on the socket its clients know); extra_config:
+        more of the config file (share_by, [share:GROUP] sections: shares.py)."""
         # Numbered, so a phase's logs are kept in the order its agents started (keep_agent_logs).
         self.dir = pathlib.Path(
             tempfile.mkdtemp(dir=workdir, prefix=f"agent-{next(Agent.started):04d}-")
@@ -83,6 +85,7 @@ class Agent:
             f"anti_thrash = {anti_thrash}\n"
             f"idle_release_ms = {idle_release_ms}\n"
             + (f"memory_limit = {memory_limit}\n" if memory_limit else "")
+            + extra_config
         )
         self.socket = pathlib.Path(socket) if socket else self.dir / "scheduler.sock"
         self.log_path = self.dir / "agent.log"

@@ -12,6 +12,7 @@
 #   bench/gpu/run.sh --liveness [RESULTS_DIR]                          (liveness.py)
 #   bench/gpu/run.sh --multi-gpu [RESULTS_DIR]                         (multi_gpu.py)
 #   bench/gpu/run.sh --mix [RESULTS_DIR] [--window S]                  (mix.py)
+#   bench/gpu/run.sh --shares [RESULTS_DIR] [--window S]               (shares.py, as root)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -33,5 +34,7 @@ case "${1:-}" in
     --liveness) script=liveness.py; shift ;;
     --multi-gpu) script=multi_gpu.py; shift ;;
     --mix) script=mix.py; shift ;;
+    --drain-probe) script=drain_probe.py; shift ;;
+    --shares) script=shares.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"

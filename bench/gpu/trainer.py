@@ -2,10 +2,10 @@
 
 Prints one JSON line: wall-clock time of every step, the last loss and a
 checksum of the weights (equal with and without the shim when results are
-identical).  By default the loss is read every step, so at most one step is
-queued ahead of the GPU; --sync-every N reads it every N steps, as loops that
-log every N steps do, and lets work queue ahead (step times are then the
-times steps were queued).  --pause-every N --pause-s S waits S seconds on the
+identical); also when stopped by SIGTERM, after the step under way.  By default the
+loss is read every step, so at most one step is queued ahead of the GPU; --sync-every N
+reads it every N steps, as loops that log every N steps do, and lets work queue ahead
+(step times are then the times steps were queued).  --pause-every N --pause-s S waits S seconds on the
 CPU after every N steps (an evaluation or a checkpoint), leaving the GPU idle.
 --devices 0,1 splits the six layers in order over those GPUs: one process using
 two GPUs, activations and gradients crossing between them every step."""
@@ -13,6 +13,7 @@ two GPUs, activations and gradients crossing between them every step."""
 import argparse
 import json
 import pathlib
+import signal
 import time
 
 import torch
@@ -82,9 +83,13 @@ def main() -> None:
     inputs = torch.randn(args.batch, args.width, device=devices[0])
     targets = torch.randn(args.batch, args.width, device=devices[-1])
 
+    # SIGTERM ends the loop after the step under way, and the result is printed as at the
+    # end: shares.py stops its trainers at its window's end, whenever each started.
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     step_times, spans, loss = [], [], None
     started = time.time()
-    while True:
+    while not stopping:
         if args.gpu_spans:
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()

@@ -55,9 +55,12 @@ async def test_clients_whose_memory_fits_run_together_until_one_does_not_fit_the
     c.report_memory(GPU0, 76 * GIB)
     assert await a.nothing_within(0.1) and await b.nothing_within(0.01)
     assert agent.snapshot().gpus[0].mode == "exclusive"
-    # It asks: light, but it fits beside neither.  The turn (a) is cut short (its
-    # minimum slice is over), then b, beside, gives the GPU back once idle: a window.
+    # It asks: light, but it fits beside neither.  The turn (a) is asked to yield, then
+    # cut short in time for c's light wait (light_wait_ms less the drain), then b,
+    # beside, gives the GPU back once idle: a window.
     c.request()
+    yield_a = await a.expect(MessageType.DROP_REQUEST)
+    assert yield_a.flags == DropFlags.WHEN_IDLE
     drop_a = await a.expect(MessageType.DROP_REQUEST)
     assert drop_a.flags == 0  # at once
     assert await c.nothing_within(0.05)
@@ -90,7 +93,11 @@ async def test_capacity_unknown_takes_turns_until_a_shim_reports_it(start_inproc
     a = await AsyncShimClient.connect(path, (GPU0,), "a", features=SHIM_FEATURES)
     b = await AsyncShimClient.connect(path, (GPU0,), "b", features=SHIM_FEATURES)
     grant_a, _ = await granted_within(a, 1)
-    assert grant_a.flags == GrantFlags.SHARED | GrantFlags.RELEASE_WHEN_IDLE  # the turn
+    # The turn; nothing is known to fit beside it, so light work may cut it short: its
+    # shim keeps its queue short, for drops that drain in milliseconds.
+    assert grant_a.flags == (
+        GrantFlags.SHARED | GrantFlags.RELEASE_WHEN_IDLE | GrantFlags.SHORT_QUEUE
+    )
     b.request()  # nothing fits beside a GPU of unknown size
     assert await b.nothing_within(0.05)
     a.report_gpu_memory(GPU0, 80 * GIB)

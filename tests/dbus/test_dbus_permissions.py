@@ -158,4 +158,8 @@ def test_every_method_introspection_offers_but_set_is_open_to_everyone(agent, bu
         if "org.freedesktop.DBus.Error.AccessDenied"
         in dbus_send(bus.address, member, interface=interface, user=NOBODY).stderr
     ]
-    assert refused == [("org.freedesktop.DBus.Properties", "Set")]
+    assert refused == [
+        ("org.freedesktop.DBus.Properties", "Set"),
+        ("io.github.nvshare.Shares1", "SetShare"),  # agent/dbus_shares.py
+        ("io.github.nvshare.Shares1", "ResetShare"),
+    ]

@@ -163,6 +163,12 @@ def expected_samples(status: dict) -> dict:
         put(HOLDING, dict(zip(names, labels)), value)
     for labels, value in states.items():
         put("nvshare_client_state", dict(zip((*names, "state"), labels)), value)
+    for group in status.get("groups", []):
+        on = {"gpu": group["gpu"], "group": group["group"]}
+        put("nvshare_share_weight", on, group["weight"])
+        put("nvshare_share_memory_cap_bytes", on, group["memory_cap_bytes"])
+        put("nvshare_share_use", on, group["use"])
+        put("nvshare_share_of_gpu_time", on, group["share"])
     return want
 
 
@@ -177,8 +183,14 @@ def scrape(bus, accept: str = "") -> str:
     return answer.body.decode()
 
 
+# What moves while nothing else does: a holder's time, a share group's use and share.
+MOVING = (HOLDING, "nvshare_share_use", "nvshare_share_of_gpu_time")
+
+
 def without(found: dict, name: str) -> dict:
-    return {key: value for key, value in found.items() if key[0] != name}
+    """found less the samples that move with time (HOLDING and the groups' use and share)."""
+    assert name == HOLDING
+    return {key: value for key, value in found.items() if key[0] not in MOVING}
 
 
 def test_a_scrape_equals_nvsharectl_status_json_of_the_same_moment(fast_agent, bus):

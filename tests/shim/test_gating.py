@@ -149,7 +149,14 @@ def test_the_idle_release_counts_from_the_gate_opening_not_from_the_grant(world)
     # asked again, and the process paid a second prefetch for one burst of work.
     agent = world.start_agent(config=SLOW_PREFETCH_CONFIG.format(idle_ms=100))
     client = world.client(
-        "linked", "--loops", 6, "--sleep-ms", 400, STANDIN_PREFETCH_US=300_000, NVSHARE_DEBUG=1
+        "linked",
+        "--loops",
+        6,
+        "--sleep-ms",
+        400,
+        STANDIN_PREFETCH_US=300_000,
+        NVSHARE_DEBUG=1,
+        NVSHARE_PREFETCH_AFTER_MS=0,
     )
     client.finish_ok()
     world.settled(agent, client)

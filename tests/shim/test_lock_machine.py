@@ -149,6 +149,33 @@ def test_a_grant_with_prefetch_opens_the_gate_only_after_the_prefetch(lock):
     assert lock.state.activity_changed_at_ms == 300.0, "idle counts from the gate's opening"
 
 
+def test_a_grant_soon_after_the_last_lease_ended_opens_the_gate_without_a_prefetch(lock):
+    # Back from a window of light work 200 ms later: little can have been evicted, and a
+    # prefetch of what stayed resident costs ~0.7 ms a GiB (H100).  After a second away
+    # (another's turn), the grant prefetches again.
+    def release_at(now: float, lease: int) -> None:
+        ticket = lock.ticket(lock.step("DROP", now=now, lease=lease))
+        lock.step("TAKE_WORK", now=now)
+        lock.step("CLOSE_FOR_DRAIN", now=now, ticket=ticket)
+        lock.step("DRAINED", now=now, ticket=ticket)
+        assert lock.step("SEND_RELEASE", now=now)[0] == ("SEND_RELEASED", lease, 0)
+
+    def grant_at(now: float, lease: int) -> list[tuple]:
+        lock.step("THREAD_WAITS", now=now - 2)
+        lock.step("SEND_REQUEST", now=now - 1)
+        return lock.step(
+            "GRANT", now=now, lease=lease, flags=EXCLUSIVE, prefetch=1, prefetch_after_ms=1000
+        )
+
+    assert grant_at(10.0, 7) == [("POST_WORK", "PREFETCH", lock.state.ticket)]  # the first
+    lock.step("TAKE_WORK")
+    lock.step("PREFETCHED", now=20.0, ticket=lock.state.ticket)
+    release_at(100.0, 7)
+    assert grant_at(300.0, 8)[0] == ("OPEN_GATE",)
+    release_at(400.0, 8)
+    assert grant_at(1400.0, 9)[0][:2] == ("POST_WORK", "PREFETCH")
+
+
 def test_an_idle_exclusive_lock_is_released_after_idle_release_ms_without_a_passage(lock):
     lock.granted(now=0.0)
     assert lock.step("IDLE_LOOK", now=50.0, idle_release_ms=100) == []

@@ -168,7 +168,10 @@ def prefetches(world, pid):
 
 
 def test_each_grant_prefetches_the_managed_memory(world, agent):
-    client = world.client("linked", "--loops", 3, "--sleep-ms", 400, "--ints", 1 << 18)
+    # Every grant, however short the absence before it (by default only after a second).
+    client = world.client(
+        "linked", "--loops", 3, "--sleep-ms", 400, "--ints", 1 << 18, NVSHARE_PREFETCH_AFTER_MS=0
+    )
     client.finish_ok()
     grants = len(
         re.findall(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b", world.settled(agent, client))
@@ -177,6 +180,26 @@ def test_each_grant_prefetches_the_managed_memory(world, agent):
     mine = [c for c in prefetches(world, client.pid) if c.fields["ptr"] == buffer]
     assert len(mine) >= grants >= 3, f"{len(mine)} prefetches of the buffer for {grants} grants"
     assert all(c.fields["result"] == "0" and c.fields["bytes"] == str(1 << 20) for c in mine)
+
+
+def test_a_grant_after_a_short_absence_does_not_prefetch(world, agent):
+    # Back from a window of light work: what stayed resident would cost ~0.7 ms a GiB.
+    client = world.client(
+        "linked",
+        "--loops",
+        3,
+        "--sleep-ms",
+        400,
+        "--ints",
+        1 << 18,
+        NVSHARE_PREFETCH_AFTER_MS=60000,
+    )
+    client.finish_ok()
+    log = world.settled(agent, client)
+    assert len(re.findall(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b", log)) >= 3, log
+    buffer = world.calls(client.pid, "cuMemAllocManaged")[0].fields["ptr"]
+    mine = [c for c in prefetches(world, client.pid) if c.fields["ptr"] == buffer]
+    assert len(mine) <= 1, "only the first grant (none before it) may prefetch"
 
 
 def test_prefetch_can_be_turned_off(world, agent):
@@ -210,7 +233,8 @@ def test_a_shim_built_to_split_the_prefetch_covers_each_buffer_in_chunks_over_it
         400,
         "--ints",
         1 << 18,
-        env=world.env() | {"LD_PRELOAD": str(build / "libnvshare.so")},
+        env=world.env()
+        | {"LD_PRELOAD": str(build / "libnvshare.so"), "NVSHARE_PREFETCH_AFTER_MS": "0"},
     )
     client.finish_ok()
     world.settled(agent, client)

@@ -26,9 +26,8 @@ def test_hello_announces_yield_and_keepalive(world):
         client = world.client("linked", "--loops", 1)
         hello = agent.wait_for_connection().wait_for(protocol.Hello)
         client.finish_ok()
-    assert hello.message.features == int(Features.YIELD | Features.KEEPALIVE | Features.USAGE), (
-        hello.message
-    )
+    announced = Features.YIELD | Features.KEEPALIVE | Features.USAGE | Features.MEMORY_CAP
+    assert hello.message.features == int(announced), hello.message
 
 
 def test_each_gpus_memory_goes_to_an_agent_that_takes_it_after_its_welcome(world):

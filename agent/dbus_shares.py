@@ -1,0 +1,211 @@
+"""The share groups' D-Bus surface: interface io.github.nvshare.Shares1 on the
+agent's object (agent/io.github.nvshare.Shares1.xml, docs/control.md "Shares").
+
+A second interface beside Scheduler1, served by its own handler ahead of
+dbus_api's: the settings (ShareBy, Shares) and the live figures (Groups) as
+properties; SetShare and ResetShare as methods, since a share is one entry of a
+table, not one value.  Who may change them is dbus_api's one permission check
+(DBusApi.caller_may_change); the change goes through Engine.change_settings,
+which validates, saves and applies it like any other setting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.resources
+
+from dbus_next import Message, MessageType, Variant
+from dbus_next.constants import ErrorType
+
+from . import dbus_names as names
+from .dbus_api import DBusApi
+from .dbus_connection import plain
+from .dbus_contract import DBusFailure
+from .engine import Engine
+from .eventlog import events as log
+from .identity import uid_of
+from .settings import SettingsError, SettingsNotSaved, Share, parse_share_by, parse_share_group
+from .text import excerpt
+
+INTERFACE = "io.github.nvshare.Shares1"
+XML_FILE = "io.github.nvshare.Shares1.xml"  # package data, as dbus_api's contract
+_PROPERTIES = "org.freedesktop.DBus.Properties"
+_INTROSPECTABLE = "org.freedesktop.DBus.Introspectable"
+_SIGNATURES = {"SetShare": "sa{sv}", "ResetShare": "s"}
+_FIELD_TYPES = {"weight": "u", "memory_cap_bytes": "t"}
+PROPERTY_TYPES = {"ShareBy": "s", "Shares": "a{sa{sv}}", "Groups": "aa{sv}"}
+
+
+def interface_xml() -> str:
+    """The interface element of io.github.nvshare.Shares1.xml, as written."""
+    text = importlib.resources.files(__package__).joinpath(XML_FILE).read_text()
+    start = text.index(f'<interface name="{INTERFACE}"')
+    return text[start : text.index("</interface>", start) + len("</interface>")]
+
+
+def share_values(engine: Engine) -> dict:
+    settings = engine.settings
+    groups = [
+        {
+            "gpu": Variant("s", g.gpu),
+            "group": Variant("s", g.group),
+            "weight": Variant("u", g.weight),
+            "memory_cap_bytes": Variant("t", g.memory_cap_bytes),
+            "use": Variant("d", g.use),
+            "share": Variant("d", g.share),
+            "clients": Variant("u", g.clients),
+        }
+        for g in engine.snapshot().groups
+    ]
+    shares = {
+        group: {name: Variant(_FIELD_TYPES[name], value) for name, value in share.given().items()}
+        for group, share in settings.shares
+    }
+    return {"ShareBy": settings.share_by.value, "Shares": shares, "Groups": groups}
+
+
+class SharesApi:
+    """Serves Shares1; every other call falls through to dbus_api's handler."""
+
+    def __init__(self, bus, engine: Engine, api: DBusApi):
+        self._bus, self._engine, self._api = bus, engine, api
+        self._pending: set[asyncio.Task] = set()
+
+    def handle(self, msg: Message):
+        if msg.message_type != MessageType.METHOD_CALL or msg.path != names.OBJECT_PATH:
+            return None
+        try:
+            if (msg.interface, msg.member, msg.signature) == (_INTROSPECTABLE, "Introspect", ""):
+                return self._introspect(msg)
+            if msg.interface == _PROPERTIES and msg.body and msg.body[0] == INTERFACE:
+                return self._property_call(msg)
+            if msg.interface != INTERFACE:
+                return None
+            expected = _SIGNATURES.get(msg.member)
+            if expected is None:
+                raise DBusFailure(
+                    ErrorType.UNKNOWN_METHOD.value,
+                    f"{INTERFACE} has no method {excerpt(msg.member)}",
+                )
+            if msg.signature != expected:
+                raise DBusFailure(
+                    ErrorType.INVALID_ARGS.value,
+                    f"{msg.member} takes '{expected}', got '{excerpt(msg.signature)}'",
+                )
+            self._start(msg, self._change_of(msg))
+            return True
+        except DBusFailure as failure:
+            return Message.new_error(msg, failure.name, failure.text)
+
+    def _introspect(self, msg: Message) -> Message:
+        """Scheduler1's introspection (dbus_api's), with this interface in it."""
+        reply = self._api._introspect(msg)
+        (xml,) = reply.body
+        at = xml.rindex("</node>")
+        return Message.new_method_return(msg, "s", [f"{xml[:at]}  {interface_xml()}\n{xml[at:]}"])
+
+    def _property_call(self, msg: Message):
+        values = share_values(self._engine)
+        if msg.member == "GetAll" and msg.signature == "s":
+            props = {n: Variant(PROPERTY_TYPES[n], v) for n, v in values.items()}
+            return Message.new_method_return(msg, "a{sv}", [props])
+        if msg.member == "Get" and msg.signature == "ss":
+            name = msg.body[1]
+            if name not in values:
+                raise DBusFailure(
+                    ErrorType.UNKNOWN_PROPERTY.value, f"{INTERFACE} has no property {excerpt(name)}"
+                )
+            return Message.new_method_return(
+                msg, "v", [Variant(PROPERTY_TYPES[name], values[name])]
+            )
+        if msg.member == "Set" and msg.signature == "ssv":
+            name, value = msg.body[1], msg.body[2]
+            if name != "ShareBy":
+                raise DBusFailure(
+                    ErrorType.PROPERTY_READ_ONLY.value, f"{excerpt(name)} is not a writable setting"
+                )
+            self._start(msg, lambda: {"share_by": _share_by_of(value)})
+            return True
+        return None  # dbus_api answers what is malformed
+
+    def _change_of(self, msg: Message):
+        if msg.member == "ResetShare":
+            (text,) = msg.body
+            return lambda: self._with_share(text, None)
+        text, fields = msg.body
+        return lambda: self._with_share(text, _share_of(fields))
+
+    def _with_share(self, text: str, share: Share | None) -> dict:
+        try:
+            group = parse_share_group(text, uid_of)
+        except SettingsError as e:
+            raise DBusFailure(names.ERROR_INVALID_ARGUMENT, str(e)) from None
+        entries = dict(self._engine.settings.shares)
+        if share is None:
+            entries.pop(group, None)
+        else:
+            entries[group] = Share(**{**entries.get(group, Share()).given(), **share.given()})
+        return {"shares": tuple(sorted((g, s) for g, s in entries.items() if s.given()))}
+
+    def _start(self, msg: Message, change) -> None:
+        task = asyncio.ensure_future(self._change(msg, change))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _change(self, msg: Message, change) -> None:
+        try:
+            uid = await self._api._caller_uid(msg.sender)
+            if not await self._api.caller_may_change(uid):
+                raise DBusFailure(
+                    names.ERROR_ACCESS_DENIED,
+                    f"changing nvshare's shares needs root or group {names.ADMIN_GROUP} "
+                    f"(caller uid {uid})",
+                )
+            changes = await asyncio.get_running_loop().run_in_executor(None, change)
+            try:
+                await self._engine.change_settings(**changes)
+            except SettingsNotSaved as error:
+                raise DBusFailure(names.ERROR_SAVE_FAILED, str(error)) from None
+            except ValueError as error:
+                raise DBusFailure(names.ERROR_INVALID_ARGUMENT, str(error)) from None
+            reply = Message.new_method_return(msg)
+            log.info("dbus %s %s uid=%d", msg.member, excerpt(plain(msg.body), 400), uid)
+        except DBusFailure as failure:
+            reply = Message.new_error(msg, failure.name, failure.text)
+        except Exception as error:
+            log.error("dbus %s failed: %s", excerpt(msg.member), excerpt(repr(error), 400))
+            reply = Message.new_error(msg, names.ERROR_FAILED, f"internal error: {error}")
+        if self._bus.connected:
+            self._bus.send(reply)
+
+
+def _share_by_of(value: Variant) -> object:
+    if value.signature != "s":
+        raise DBusFailure(
+            names.ERROR_INVALID_ARGUMENT,
+            f"ShareBy must be of D-Bus type 's', got type '{excerpt(value.signature)}'",
+        )
+    try:
+        return parse_share_by(value.value)
+    except SettingsError as e:
+        raise DBusFailure(names.ERROR_INVALID_ARGUMENT, str(e)) from None
+
+
+def _share_of(fields: dict) -> Share:
+    own = {}
+    for key, item in fields.items():
+        expected = _FIELD_TYPES.get(key)
+        if expected is None:
+            raise DBusFailure(
+                names.ERROR_INVALID_ARGUMENT,
+                f"a share has weight (u) and memory_cap_bytes (t), got {excerpt(key)}",
+            )
+        if item.signature != expected:
+            raise DBusFailure(
+                names.ERROR_INVALID_ARGUMENT,
+                f"{key} must be of D-Bus type '{expected}', got type '{excerpt(item.signature)}'",
+            )
+        own[key] = item.value
+    if not own:
+        raise DBusFailure(names.ERROR_INVALID_ARGUMENT, "SetShare needs weight or memory_cap_bytes")
+    return Share(**own)

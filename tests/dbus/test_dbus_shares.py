@@ -1,0 +1,144 @@
+"""Share groups over D-Bus (io.github.nvshare.Shares1) and nvsharectl share: set, read
+back, refused for a user outside nvshare-admin, kept across a restart; bad input is a
+one-line error and the agent stays up."""
+
+import json
+
+from dbus_harness import NOBODY, _start_agent, busctl, nvsharectl
+
+from nvshare_agent import dbus_names as names
+
+SHARES = "io.github.nvshare.Shares1"
+
+
+def shares_call(address, *args, user=None):
+    return busctl(
+        address, "call", names.BUS_NAME, names.OBJECT_PATH, SHARES, *args, user=user, check=False
+    )
+
+
+def shares_property(address, name):
+    result = busctl(
+        address, "get-property", "--json=short", names.BUS_NAME, names.OBJECT_PATH, SHARES, name
+    )
+    return json.loads(result.stdout)["data"]
+
+
+def test_a_share_is_set_read_back_and_kept_across_a_restart(world_dir, bus):
+    agent = _start_agent(world_dir, bus)
+    result = shares_call(
+        bus.address, "SetShare", "sa{sv}", "user:4001", "2", "weight", "u", "2",
+        "memory_cap_bytes", "t", str(4 << 30),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert shares_property(bus.address, "Shares") == {
+        "user:4001": {
+            "weight": {"type": "u", "data": 2},
+            "memory_cap_bytes": {"type": "t", "data": 4 << 30},
+        }
+    }
+    result = nvsharectl(bus.address, "share", "set", "user:4002", "--weight", "3")
+    assert result.returncode == 0, result.stderr
+    result = busctl(
+        bus.address, "set-property", names.BUS_NAME, names.OBJECT_PATH, SHARES, "ShareBy", "s",
+        "unit",
+    )  # fmt: skip
+    assert agent.stop() == 0
+    restarted = _start_agent(world_dir, bus)
+    try:
+        shares = shares_property(bus.address, "Shares")
+        assert shares["user:4001"]["weight"]["data"] == 2
+        assert shares["user:4002"]["weight"]["data"] == 3
+        assert shares_property(bus.address, "ShareBy") == "unit"
+        shown = json.loads(nvsharectl(bus.address, "share", "--json").stdout)
+        assert shown["share_by"] == "unit"
+        assert shown["shares"]["user:4001"] == {"weight": 2, "memory_cap_bytes": 4 << 30}
+        result = nvsharectl(bus.address, "share", "reset", "user:4001")
+        assert result.returncode == 0, result.stderr
+        assert "user:4001" not in shares_property(bus.address, "Shares")
+    finally:
+        assert restarted.stop() == 0
+
+
+def test_a_user_outside_nvshare_admin_is_refused(bus, agent):
+    result = shares_call(
+        bus.address, "SetShare", "sa{sv}", "user:4001", "1", "weight", "u", "5", user=NOBODY
+    )
+    assert result.returncode != 0 and "Access denied" in result.stderr
+    result = nvsharectl(bus.address, "share", "set", "user:4001", "--weight", "5", user=NOBODY)
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert shares_property(bus.address, "Shares") == {}
+
+
+def test_bad_shares_get_a_one_line_error_and_the_agent_stays_up(bus, agent):
+    for args, message in (
+        (("SetShare", "sa{sv}", "process:42", "1", "weight", "u", "2"), "a share group is"),
+        (("SetShare", "sa{sv}", "user:4001", "1", "weight", "u", "0"), "weight must be 1..1000"),
+        (("SetShare", "sa{sv}", "user:4001", "1", "weight", "s", "x"), "of D-Bus type 'u'"),
+        (("SetShare", "sa{sv}", "user:4001", "0"), "needs weight or memory_cap_bytes"),
+        (("ResetShare", "s", "user:no-such-user-here"), "no user named"),
+    ):
+        result = shares_call(bus.address, *args)
+        assert result.returncode != 0 and message in result.stderr, (args, result.stderr)
+    result = nvsharectl(bus.address, "share", "set", "user:4001", "--weight", "0")
+    assert result.returncode in (1, 2) and len(result.stderr.strip().splitlines()) == 1
+    agent.assert_alive()
+
+
+def test_status_json_and_the_metrics_show_the_groups(bus, agent):
+    shares_call(bus.address, "SetShare", "sa{sv}", "user:4001", "1", "weight", "u", "2")
+    status = json.loads(nvsharectl(bus.address, "status", "--json").stdout)
+    assert status["share_by"] == "user" and status["shares"] == {"user:4001": {"weight": 2}}
+    assert status["groups"] == []  # no GPU yet: no group on one
+    from nvshare_metrics.exposition import exposition
+
+    status["groups"] = [
+        {"gpu": "GPU-x", "group": "user:4001", "weight": 2, "memory_cap_bytes": 0,
+         "use": 0.9, "share": 0.66, "clients": 3},
+    ]  # fmt: skip
+    text = exposition(status)[0].decode()
+    assert 'nvshare_share_of_gpu_time{gpu="GPU-x",group="user:4001"} 0.66' in text
+    assert 'nvshare_share_weight{gpu="GPU-x",group="user:4001"} 2.0' in text
+
+
+def test_groups_on_a_gpu_show_weight_cap_use_and_share_over_d_bus(bus, agent):
+    import asyncio
+
+    from agent_harness import GPU0, AsyncShimClient
+
+    shares_call(bus.address, "SetShare", "sa{sv}", "user:0", "2", "weight", "u", "2",
+                "memory_cap_bytes", "t", str(1 << 30))  # fmt: skip
+
+    async def hold_and_look() -> list:
+        client = await AsyncShimClient.connect(agent.socket_path, (GPU0,), command="trainer")
+        client.request()
+        await client.wait_grant()
+        await asyncio.sleep(0.5)  # an older shim: the hold is its use
+        groups = await asyncio.get_running_loop().run_in_executor(
+            None, shares_property, bus.address, "Groups"
+        )
+        await client.close()
+        return groups
+
+    groups = asyncio.run(hold_and_look())
+    assert len(groups) == 1, groups
+    group = {key: item["data"] for key, item in groups[0].items()}
+    assert group["group"] == "user:0" and group["weight"] == 2
+    assert group["memory_cap_bytes"] == 1 << 30 and group["clients"] == 1
+    assert 0 < group["use"] < 0.2 and group["share"] > 0.5
+    shown = nvsharectl(bus.address, "share").stdout
+    assert "user:0 (root)  weight 2  memory cap 1.0 GiB" in shown
+
+
+def test_bad_nvsharectl_share_arguments_are_one_line_and_exit_2(bus, agent):
+    for args in (
+        ("share", "set", "user:4001"),
+        ("share", "set", "user:4001", "--memory-cap", "lots"),
+        ("share", "set", "user:4001", "--weight", "-3"),
+    ):
+        result = nvsharectl(bus.address, *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+    result = nvsharectl(bus.address, "share", "set", "process:42", "--weight", "2")
+    assert result.returncode == 2 and "a share group is" in result.stderr  # InvalidArgument
+    assert shares_property(bus.address, "Shares") == {}

@@ -1,0 +1,155 @@
+"""Share groups with real shims on the stand-in driver (docs/scheduling.md, "Shares"):
+two users, one with three busy processes and one with one, share a GPU's time by
+user (50/50), by weights 2:1 (67/33) or by process (75/25); a memory cap refuses an
+allocation past it with CUDA_ERROR_OUT_OF_MEMORY and one warning, cuMemGetInfo shows
+the cap, and the process goes on.
+
+The users are two uids (4001, 4002) that the test runs its clients as (setpriv): it
+needs root, and skips without it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+MIB = 1 << 20
+USER_A, USER_B = 4001, 4002
+# Nothing fits beside anything (memory_limit far below one context): busy clients take
+# strict turns, so a client's bursts count the GPU time it was given.  TQ 1 s: sixty
+# turns in a minute.
+TURNS_CONFIG = """\
+[scheduler]
+anti_thrash = auto
+time_quantum = 1
+idle_release_ms = 200
+drop_grace_ms = 2000
+memory_limit = 64M
+share_by = {share_by}
+{shares}"""
+MINUTE_MS = int(os.environ.get("SHARES_TEST_MS", "60000"))
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="runs clients as two other uids (setpriv): needs root",
+)
+
+
+def as_user(uid: int) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+
+
+@pytest.fixture
+def open_world(world):
+    """The world's socket folder and a stand-in log that other uids can reach."""
+    os.chmod(world.socket_dir, 0o755)
+    shared = Path(tempfile.mkdtemp(prefix="nvs-shares-", dir="/tmp"))
+    os.chmod(shared, 0o1777)
+    world.standin_log = shared / "standin.log"
+    yield world
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+def shares_of_busy_users(world, share_by: str, shares: str = "") -> dict[int, float]:
+    """Three busy processes of user A and one of user B for a minute: each user's
+    share of the bursts done."""
+    agent = world.start_agent(config=TURNS_CONFIG.format(share_by=share_by, shares=shares))
+    busy = ("--ints", "1024", "--launches", "4", "--duration-ms", str(MINUTE_MS))
+    users = [USER_A, USER_A, USER_A, USER_B]
+    clients = [world.client("linked", *busy, prefix=as_user(uid)) for uid in users]
+    done: dict[int, int] = {USER_A: 0, USER_B: 0}
+    for uid, client in zip(users, clients, strict=True):
+        done[uid] += int(client.finish_ok(timeout=MINUTE_MS / 1000 + 60)["loops"])
+    log = world.settled(agent, *clients)
+    if os.environ.get("SHARES_TEST_LOG"):
+        Path(os.environ["SHARES_TEST_LOG"]).write_text(log)
+    total = sum(done.values())
+    shares = {uid: n / total for uid, n in done.items()}
+    print(f"share_by={share_by} {shares!r} {shares_note(shares)}")  # for the record (-rP)
+    return shares
+
+
+def shares_note(shares: dict[int, float]) -> str:
+    return " ".join(f"uid {uid}: {share * 100:.1f} %" for uid, share in sorted(shares.items()))
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.slow  # a minute
+def test_two_users_share_by_user_half_each_however_many_processes(open_world):
+    shares = shares_of_busy_users(open_world, "user")
+    assert shares[USER_B] == pytest.approx(0.5, abs=0.05), shares
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.slow  # a minute
+def test_weights_two_to_one_give_two_thirds_and_one_third(open_world):
+    shares = shares_of_busy_users(open_world, "user", f"[share:user:{USER_B}]\nweight = 2\n")
+    assert shares[USER_B] == pytest.approx(2 / 3, abs=0.05), shares
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.slow  # a minute
+def test_share_by_process_gives_each_process_a_quarter(open_world):
+    shares = shares_of_busy_users(open_world, "process")
+    assert shares[USER_B] == pytest.approx(0.25, abs=0.05), shares
+
+
+CAP_CONFIG = """\
+[scheduler]
+anti_thrash = auto
+
+[share:user:{uid}]
+memory_cap = 64M
+"""
+
+
+def test_an_allocation_past_the_cap_fails_and_the_process_goes_on(world):
+    agent = world.start_agent(config=CAP_CONFIG.format(uid=os.geteuid()))
+    capped = world.client("capped", 500, 100 * MIB, 16 * MIB)
+    result = capped.finish_ok()
+    assert int(result["total"]) == 64 * MIB  # the cap is the GPU's total
+    assert int(result["free"]) == 64 * MIB  # nothing allocated yet
+    assert result["big"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert result["small"] == "CUDA_SUCCESS"
+    assert int(result["free_after"]) == 48 * MIB  # the room left under the cap
+    warnings = [w for w in capped.warnings() if "memory cap" in w]
+    assert len(warnings) == 1, capped.describe()
+    assert re.search(r"may hold 67108864 bytes .*memory_cap", warnings[0]), warnings
+    log = world.settled(agent, capped)
+    assert re.search(rf"memory cap gpu=\S+ pid={capped.pid} group=user:\d+ cap_bytes=67108864", log)
+
+
+def test_without_a_cap_the_gpu_is_reported_whole(world):
+    agent = world.start_agent(config="[scheduler]\nanti_thrash = auto\n")
+    plain = world.client("capped", 200, 100 * MIB, 16 * MIB)
+    result = plain.finish_ok()
+    assert int(result["total"]) > 64 * MIB and result["big"] == "CUDA_SUCCESS"
+    assert not [w for w in plain.warnings() if "memory cap" in w]
+    world.settled(agent, plain)
+
+
+def test_a_processs_own_cap_from_its_environment_binds_too(world):
+    # NVSHARE_MEMORY_CAP: what the device plugin gives a pod (docs/kubernetes.md).
+    agent = world.start_agent(config="[scheduler]\nanti_thrash = auto\n")
+    capped = world.client("capped", 200, 100 * MIB, 16 * MIB, NVSHARE_MEMORY_CAP="64M")
+    result = capped.finish_ok()
+    assert int(result["total"]) == 64 * MIB and result["big"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert result["small"] == "CUDA_SUCCESS"
+    world.settled(agent, capped)
+
+
+@pytest.mark.parametrize("text", ["64X", "G", "-1", "99999999999999999999999"])
+def test_a_bad_cap_in_the_environment_warns_once_and_caps_nothing(world, text):
+    agent = world.start_agent(config="[scheduler]\nanti_thrash = auto\n")
+    plain = world.client("capped", 100, 100 * MIB, 16 * MIB, NVSHARE_MEMORY_CAP=text)
+    result = plain.finish_ok()
+    assert result["big"] == "CUDA_SUCCESS"
+    assert [w for w in plain.warnings() if "NVSHARE_MEMORY_CAP" in w and "not a size" in w]
+    world.settled(agent, plain)
