@@ -457,8 +457,10 @@ class LockRules:
             gpu.turn_paused = (turn, held.turn_since)
         elif held.yield_asked:
             pass
-        elif starving or cutting_in or self._usage(best, gpu.uuid, now) <= self._usage(
-            turn, gpu.uuid, now
+        elif (
+            starving
+            or cutting_in
+            or self._usage(best, gpu.uuid, now) <= self._usage(turn, gpu.uuid, now)
         ):
             # Someone with a better claim waits: release once idle.  Not to one with
             # less use than the best waiter's: a trainer that waited its turn has its
