@@ -39,9 +39,10 @@ One concern, though past ~400 lines: the core's events, each a short method
 that updates the state it names and has the rules look at the GPUs it touched
 (and memory's fit, _refit, which the events recompute as they go).  What the
 events keep track of besides has modules of its own, which they call: the
-rules (lock_rules.py), each GPU's settings and their switches
-(gpu_settings.py), the GPUs learned from clients (learned_gpus.py), the
-deadlines (deadlines.py) and the snapshot (snapshot.take_snapshot).
+rules (lock_rules.py), the share groups' accounts and memory caps
+(share_groups.py), each GPU's settings and their switches (gpu_settings.py),
+the GPUs learned from clients (learned_gpus.py), the deadlines (deadlines.py)
+and the snapshot (snapshot.take_snapshot).
 """
 
 from __future__ import annotations
