@@ -1,7 +1,8 @@
 """What the scheduling core asks the engine to do, one small record per action.
 
 The core (scheduler.py) returns these from every event, in order; the engine
-(engine.py) carries each one out through the adapters and logs it.  Plain
+(engine.py) carries each one out through the adapters and logs it (its
+ActionRunner, action_runner.py).  Plain
 (not frozen) slotted dataclasses: frozen ones cost a few microseconds more to
 build, and the hot path builds two or three per handoff.
 """

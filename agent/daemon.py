@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import nvml, systemd
-from .engine import Engine, describe_settings
+from .engine import Engine
 from .eventlog import events as log
 from .listener import Listener
 from .settings import Settings
+from .settings_changes import describe_settings
 from .settings_files import SettingsStore
 from .shim_connections import ShimConnections
 from .snapshot import AgentSnapshot
@@ -169,12 +170,12 @@ async def _pet_watchdog(notifier: systemd.Notifier, interval_s: float) -> None:
 
 async def _export_on_bus(engine: Engine, address: str, config_problem: str) -> None:
     try:
-        from . import dbus_api
+        from . import dbus_service
     except ImportError as e:
         log.warning("no D-Bus API (%s); serving the shim only", e)
         return
     try:
-        await dbus_api.export_on_bus(engine, address, config_problem=config_problem)
+        await dbus_service.export_on_bus(engine, address, config_problem=config_problem)
     except asyncio.CancelledError:
         raise
     except Exception as e:

@@ -1,328 +1,80 @@
 """The D-Bus adapter: the engine's settings and state as io.github.nvshare.Scheduler1.
 
-The contract is the checked-in interface XML beside this file: its property
-names, types and access are what calls are checked against, and Introspect
-serves it as it is.  dbus-next only carries messages: one dispatcher here
+The contract is the checked-in interface XML beside this file (read by
+dbus_contract.py): its property names, types and access are what calls are
+checked against, and Introspect serves it as it is.  Each property is a row of
+dbus_properties.py's table: how it is read, and for a setting how a Set's value
+becomes a settings change.  dbus-next only carries messages: one dispatcher here
 (DBusApi.handle) answers every method call that reaches the agent, so each
 call takes one path, which ARCHITECTURE.md walks through for a Set:
 
     handle -> _start_set -> _set -> caller_may_change (the one permission check)
-    -> _setting_change -> Engine.change_settings -> ... -> Engine._notify
-    -> publish_changes (PropertiesChanged)
+    -> Setting.change (dbus_properties.py) -> Engine.change_settings -> ...
+    -> ChangeNotifier._notify (timers.py) -> publish_changes (PropertiesChanged)
 
 The permission check repeats the policy file's rule on purpose: a permissive
 or broken policy must not turn into anyone-may-set.
+
+Adding a method is a row of DBusApi.METHODS, its handler and its XML; a method
+that changes something goes through caller_may_change as _set does.  Staying
+on the bus (connect, own the name, reconnect) is dbus_service.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import grp
-import importlib.resources
 import logging
 import os
 import pwd
 from collections.abc import Callable
-from dataclasses import dataclass
-from xml.etree import ElementTree
+from typing import ClassVar
 
 from dbus_next import Message, MessageType, Variant
 from dbus_next.aio import MessageBus
-from dbus_next.constants import ErrorType, RequestNameReply
+from dbus_next.constants import ErrorType
 
 from . import dbus_names as names
-from .dbus_connection import connect_bus, plain, read_machine_id
-from .engine import Engine
-from .settings import (
-    MAX_GPUS_WITH_SETTINGS,
-    AntiThrash,
-    GpuOverrides,
-    Settings,
-    SettingsNotSaved,
-    parse_anti_thrash,
+from .dbus_connection import plain, read_machine_id
+from .dbus_contract import (
+    CONTRACT_FILE,
+    INTROSPECTABLE_INTERFACE,
+    PEER_INTERFACE,
+    PROPERTIES_INTERFACE,
+    STANDARD_INTERFACES,
+    STANDARD_XML,
+    Contract,
+    ContractMismatch,
+    DBusFailure,
 )
-from .snapshot import AgentSnapshot
+from .dbus_properties import SETTINGS, check_properties, gpu_to_dbus, property_values
+from .engine import Engine
+from .settings import SettingsNotSaved
 from .text import excerpt
 
 log = logging.getLogger(__name__)
 
-CONTRACT_FILE = names.INTERFACE + ".xml"
-_PROPERTIES = "org.freedesktop.DBus.Properties"
-_INTROSPECTABLE = "org.freedesktop.DBus.Introspectable"
-_PEER = "org.freedesktop.DBus.Peer"
-_STANDARD = (_PROPERTIES, _INTROSPECTABLE, _PEER)
-_INTEGER_TYPES = frozenset("ynqiuxt")
-# One number outside its D-Bus type fails the whole message, every client's
-# view with it: the last line of defence clamps instead.
-_UNSIGNED_MAX = {"u": 2**32 - 1, "t": 2**64 - 1}
+
+def check_contract(contract: Contract) -> None:
+    """The agent serves exactly the contract's properties (dbus_properties.py) and
+    methods (DBusApi.METHODS); ContractMismatch, a sentence naming each
+    difference, otherwise: a bug, said before anything is served."""
+    check_properties(contract)
+    only_xml = [m for m in contract.methods if m not in DBusApi.METHODS]
+    only_code = [m for m in DBusApi.METHODS if m not in contract.methods]
+    problems = []
+    if only_xml:
+        problems.append(f"in {CONTRACT_FILE} but not served: {', '.join(only_xml)}")
+    if only_code:
+        problems.append(f"served but not in {CONTRACT_FILE}: {', '.join(only_code)}")
+    if problems:
+        raise ContractMismatch(
+            "the agent's D-Bus methods and the contract disagree: " + "; ".join(problems)
+        )
+
+
 # Clients may report GPUs of their own: an error lists a few, not all.
 _KNOWN_GPUS_SHOWN = 8
-
-# The standard interfaces, as Introspect describes them beside ours.
-_STANDARD_XML = f"""
-  <interface name="{_INTROSPECTABLE}">
-    <method name="Introspect"><arg name="xml_data" type="s" direction="out"/></method>
-  </interface>
-  <interface name="{_PEER}">
-    <method name="Ping"/>
-    <method name="GetMachineId"><arg name="machine_uuid" type="s" direction="out"/></method>
-  </interface>
-  <interface name="{_PROPERTIES}">
-    <method name="Get">
-      <arg name="interface_name" type="s" direction="in"/>
-      <arg name="property_name" type="s" direction="in"/>
-      <arg name="value" type="v" direction="out"/>
-    </method>
-    <method name="GetAll">
-      <arg name="interface_name" type="s" direction="in"/>
-      <arg name="props" type="a{{sv}}" direction="out"/>
-    </method>
-    <method name="Set">
-      <arg name="interface_name" type="s" direction="in"/>
-      <arg name="property_name" type="s" direction="in"/>
-      <arg name="value" type="v" direction="in"/>
-    </method>
-    <signal name="PropertiesChanged">
-      <arg name="interface_name" type="s"/>
-      <arg name="changed_properties" type="a{{sv}}"/>
-      <arg name="invalidated_properties" type="as"/>
-    </signal>
-  </interface>"""
-
-
-class DBusFailure(Exception):
-    """A call answered with a named error and one human sentence."""
-
-    def __init__(self, name: str, text: str):
-        super().__init__(text)
-        self.name, self.text = name, text
-
-
-@dataclass(frozen=True)
-class Contract:
-    xml: str  # the interface element as written in the file
-    properties: dict[str, tuple[str, str]]  # name -> (type, access)
-    methods: dict[str, str]  # name -> input signature
-    silent: frozenset[str]  # properties that emit no PropertiesChanged
-
-
-def load_contract() -> Contract:
-    text = importlib.resources.files(__package__).joinpath(CONTRACT_FILE).read_text()
-    root = ElementTree.fromstring(text)
-    (interface,) = [i for i in root.findall("interface") if i.get("name") == names.INTERFACE]
-    properties = {
-        p.attrib["name"]: (p.attrib["type"], p.attrib["access"]) for p in interface.iter("property")
-    }
-    methods = {
-        m.attrib["name"]: "".join(
-            a.attrib["type"] for a in m.iter("arg") if a.get("direction") == "in"
-        )
-        for m in interface.iter("method")
-    }
-    silent = frozenset(
-        p.attrib["name"]
-        for p in interface.iter("property")
-        for a in p.iter("annotation")
-        if a.get("name") == "org.freedesktop.DBus.Property.EmitsChangedSignal"
-        and a.get("value") == "false"
-    )
-    start = text.index(f'<interface name="{names.INTERFACE}"')
-    end = text.index("</interface>", start) + len("</interface>")
-    return Contract(text[start:end], properties, methods, silent)
-
-
-# ---------------------------------------------------------------- values
-
-
-def _in_range(value, dbus_type):
-    maximum = _UNSIGNED_MAX.get(dbus_type)
-    return value if maximum is None else min(max(value, 0), maximum)
-
-
-def _struct_of(record, fields) -> list:
-    """A snapshot dataclass as a D-Bus struct, in dbus_names' field order."""
-    struct = []
-    for field_name, dbus_type in fields:
-        value = getattr(record, field_name)
-        if field_name == "gpus":
-            value = [_struct_of(entry, names.CLIENT_GPU_FIELDS) for entry in value]
-        elif dbus_type.startswith("a"):
-            value = [_in_range(entry, dbus_type[1:]) for entry in value]
-        elif dbus_type == "d":
-            value = float(value)
-        else:
-            value = _in_range(value, dbus_type)
-        struct.append(value)
-    return struct
-
-
-def gpu_to_dbus(gpu) -> list:
-    return _struct_of(gpu, names.GPU_FIELDS)
-
-
-def clients_to_dbus(snapshot: AgentSnapshot) -> list:
-    return [_struct_of(client, names.CLIENT_FIELDS) for client in snapshot.clients]
-
-
-def gpu_details_to_dbus(snapshot: AgentSnapshot) -> dict:
-    return {
-        gpu.uuid: {
-            key: Variant(dbus_type, _in_range(getattr(gpu, key), dbus_type))
-            for key, dbus_type in names.GPU_DETAIL_FIELDS
-        }
-        for gpu in snapshot.gpus
-    }
-
-
-def client_details_to_dbus(snapshot: AgentSnapshot) -> dict:
-    return {
-        _in_range(client.pid, "u"): {
-            key: Variant(dbus_type, getattr(client, key))
-            for key, dbus_type in names.CLIENT_DETAIL_FIELDS
-        }
-        for client in snapshot.clients
-    }
-
-
-def gpu_settings_to_dbus(settings: Settings) -> dict:
-    """GpuSettings: each GPU id with what it sets for itself, and only that."""
-    types = dict(names.GPU_SETTINGS_FIELDS)
-    return {
-        gpu_id: {
-            key: Variant(types[key], value.value if isinstance(value, AntiThrash) else value)
-            for key, value in own.given().items()
-        }
-        for gpu_id, own in settings.gpu_overrides
-    }
-
-
-def statistics_to_dbus(engine: Engine) -> dict:
-    return {
-        uuid: {
-            "grants": Variant("t", _in_range(stats.grants, "t")),
-            "drops": Variant("t", _in_range(stats.drops, "t")),
-            "revokes": Variant("t", _in_range(stats.revokes, "t")),
-            "wait_seconds_sum": Variant("d", float(stats.wait_sum_s)),
-            "wait_seconds_buckets": Variant(
-                "a(dt)", [[bound, count] for bound, count in stats.cumulative_buckets()]
-            ),
-        }
-        for uuid, stats in engine.gpu_statistics().items()
-    }
-
-
-def property_values(engine: Engine, config_problem: str = "") -> dict:
-    """Every property's value now, plain Python, by name."""
-    settings, snapshot = engine.settings, engine.snapshot()
-    return {
-        names.PROP_TIME_QUANTUM: settings.time_quantum_s,
-        names.PROP_ANTI_THRASH: settings.anti_thrash is not AntiThrash.OFF,
-        names.PROP_ANTI_THRASH_MODE: settings.anti_thrash.value,
-        names.PROP_MEMORY_LIMIT: settings.memory_limit_bytes,
-        names.PROP_GPU_SETTINGS: gpu_settings_to_dbus(settings),
-        names.PROP_GPUS: [gpu_to_dbus(gpu) for gpu in snapshot.gpus],
-        names.PROP_CLIENTS: clients_to_dbus(snapshot),
-        names.PROP_GPU_DETAILS: gpu_details_to_dbus(snapshot),
-        names.PROP_CLIENT_DETAILS: client_details_to_dbus(snapshot),
-        names.PROP_STATISTICS: statistics_to_dbus(engine),
-        names.PROP_CONFIG_PROBLEM: config_problem,
-    }
-
-
-def _setting_change(prop_name: str, value: Variant) -> dict:
-    """The engine's settings change for a Set of prop_name, or DBusFailure."""
-    if prop_name == names.PROP_TIME_QUANTUM:
-        if value.signature not in _INTEGER_TYPES:
-            raise DBusFailure(
-                names.ERROR_INVALID_ARGUMENT,
-                "time quantum must be a whole number of seconds (D-Bus type 'u'), "
-                f"got type '{value.signature}'",
-            )
-        return {"time_quantum_s": value.value}
-    if prop_name == names.PROP_ANTI_THRASH:
-        if value.signature != "b":
-            raise DBusFailure(
-                names.ERROR_INVALID_ARGUMENT,
-                f"anti-thrash must be on or off (D-Bus type 'b'), "
-                f"got {excerpt(value.value)} of type '{value.signature}'",
-            )
-        return {"anti_thrash": AntiThrash.ON if value.value else AntiThrash.OFF}
-    if prop_name == names.PROP_ANTI_THRASH_MODE:
-        if value.signature != "s":
-            raise DBusFailure(
-                names.ERROR_INVALID_ARGUMENT,
-                f"anti-thrash mode must be on, off or auto (D-Bus type 's'), "
-                f"got type '{value.signature}'",
-            )
-        try:
-            return {"anti_thrash": parse_anti_thrash(value.value)}
-        except ValueError:
-            raise DBusFailure(
-                names.ERROR_INVALID_ARGUMENT,
-                f"anti-thrash mode must be on, off or auto, got {excerpt(value.value)}",
-            ) from None
-    if prop_name == names.PROP_MEMORY_LIMIT:
-        if value.signature not in _INTEGER_TYPES:
-            raise DBusFailure(
-                names.ERROR_INVALID_ARGUMENT,
-                "memory limit must be a whole number of bytes (D-Bus type 't'), "
-                f"got type '{value.signature}'",
-            )
-        return {"memory_limit_bytes": value.value}
-    if prop_name == names.PROP_GPU_SETTINGS:
-        return {"gpu_overrides": _gpu_overrides_of(value)}
-    raise AssertionError(f"no setting behind the writable property {prop_name}")
-
-
-_GPU_SETTINGS_SIGNATURE = "a{sa{sv}}"
-
-
-def _gpu_overrides_of(value: Variant) -> list[tuple[str, GpuOverrides]]:
-    """A GpuSettings write as (GPU id, its settings) pairs, or DBusFailure.  The ids
-    and ranges are the engine's to check (settings.py), with the rest of the settings."""
-    if value.signature != _GPU_SETTINGS_SIGNATURE:
-        raise DBusFailure(
-            names.ERROR_INVALID_ARGUMENT,
-            f"GPU settings map GPU ids to their settings (D-Bus type '{_GPU_SETTINGS_SIGNATURE}'), "
-            f"got type '{excerpt(value.signature)}'",
-        )
-    if len(value.value) > MAX_GPUS_WITH_SETTINGS:  # before looking at each
-        raise DBusFailure(
-            names.ERROR_INVALID_ARGUMENT,
-            f"at most {MAX_GPUS_WITH_SETTINGS} GPUs may have settings of their own, "
-            f"got {len(value.value)}",
-        )
-    types = dict(names.GPU_SETTINGS_FIELDS)
-    entries = []
-    for gpu_id, fields in value.value.items():
-        own: dict = {}
-        for key, item in fields.items():
-            expected = types.get(key)
-            if expected is None:
-                raise DBusFailure(
-                    names.ERROR_INVALID_ARGUMENT,
-                    f"GPU {excerpt(gpu_id)}: unknown setting {excerpt(key)} "
-                    f"(known: {', '.join(types)})",
-                )
-            if expected == "s" and item.signature == "s":
-                try:
-                    own[key] = parse_anti_thrash(item.value)
-                except ValueError:
-                    raise DBusFailure(
-                        names.ERROR_INVALID_ARGUMENT,
-                        f"GPU {excerpt(gpu_id)}: anti-thrash mode must be on, off or auto, "
-                        f"got {excerpt(item.value)}",
-                    ) from None
-            elif expected != "s" and item.signature in _INTEGER_TYPES:
-                own[key] = item.value
-            else:
-                raise DBusFailure(
-                    names.ERROR_INVALID_ARGUMENT,
-                    f"GPU {excerpt(gpu_id)}: {key} must be of D-Bus type '{expected}', "
-                    f"got type '{excerpt(item.signature)}'",
-                )
-        entries.append((gpu_id, GpuOverrides(**own)))
-    return entries
 
 
 # ---------------------------------------------------------------- who may change settings
@@ -359,14 +111,15 @@ class DBusApi:
         self._pending: set[asyncio.Task] = set()  # strong refs: the loop keeps weak ones
         self._published = self._comparable(self._values())
         self._routes: dict[tuple[str, str], Callable[[Message], Message | None]] = {
-            (_PROPERTIES, "Get"): self._get,
-            (_PROPERTIES, "GetAll"): self._get_all,
-            (_PROPERTIES, "Set"): self._start_set,
-            (_INTROSPECTABLE, "Introspect"): self._introspect,
-            (_PEER, "Ping"): lambda msg: Message.new_method_return(msg),
-            (_PEER, "GetMachineId"): self._machine_id,
-            (names.INTERFACE, names.METHOD_GET_GPU): self._get_gpu,
+            (PROPERTIES_INTERFACE, "Get"): self._get,
+            (PROPERTIES_INTERFACE, "GetAll"): self._get_all,
+            (PROPERTIES_INTERFACE, "Set"): self._start_set,
+            (INTROSPECTABLE_INTERFACE, "Introspect"): self._introspect,
+            (PEER_INTERFACE, "Ping"): lambda msg: Message.new_method_return(msg),
+            (PEER_INTERFACE, "GetMachineId"): self._machine_id,
         }
+        for member, handler in self.METHODS.items():
+            self._routes[(names.INTERFACE, member)] = handler.__get__(self)
 
     def handle(self, msg: Message):
         """dbus-next's message handler: every method call to the agent comes here."""
@@ -374,10 +127,10 @@ class DBusApi:
             return None
         route = self._routes.get((msg.interface or "", msg.member))
         try:
-            if msg.interface == _PEER and route is not None:
+            if msg.interface == PEER_INTERFACE and route is not None:
                 return route(msg)  # Peer answers on any path
             if msg.path != names.OBJECT_PATH:
-                if (msg.interface, msg.member) == (_INTROSPECTABLE, "Introspect"):
+                if (msg.interface, msg.member) == (INTROSPECTABLE_INTERFACE, "Introspect"):
                     return self._introspect_parent(msg)
                 raise DBusFailure(
                     ErrorType.UNKNOWN_OBJECT.value, f"no object at path {excerpt(msg.path)}"
@@ -414,7 +167,7 @@ class DBusApi:
             raise DBusFailure(
                 ErrorType.NOT_SUPPORTED.value, "properties need an interface name; none was given"
             )
-        if interface in _STANDARD:
+        if interface in STANDARD_INTERFACES:
             raise DBusFailure(
                 ErrorType.UNKNOWN_PROPERTY.value,
                 f"{interface} has no property {excerpt(prop_name)}",
@@ -440,7 +193,7 @@ class DBusApi:
 
     def _get_all(self, msg: Message) -> Message:
         (interface,) = msg.body
-        if interface in _STANDARD:
+        if interface in STANDARD_INTERFACES:
             return Message.new_method_return(msg, "a{sv}", [{}])
         if interface != names.INTERFACE:
             self._property(interface, "")  # raises the error that fits
@@ -452,16 +205,16 @@ class DBusApi:
 
     def _start_set(self, msg: Message) -> None:
         interface, prop_name, value = msg.body
-        _dbus_type, access = self._property(interface, prop_name)
+        dbus_type, access = self._property(interface, prop_name)
         if access != "readwrite":
             raise DBusFailure(
                 ErrorType.PROPERTY_READ_ONLY.value, f"{prop_name} is read-only live state"
             )
-        task = asyncio.ensure_future(self._set(msg, prop_name, value))
+        task = asyncio.ensure_future(self._set(msg, prop_name, dbus_type, value))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _set(self, msg: Message, prop_name: str, value: Variant) -> None:
+    async def _set(self, msg: Message, prop_name: str, dbus_type: str, value: Variant) -> None:
         try:
             uid = await self._caller_uid(msg.sender)
             if not await self.caller_may_change(uid):
@@ -471,7 +224,7 @@ class DBusApi:
                     f"(caller uid {uid})",
                 )
             # The value is looked at only for those who may change it.
-            change = _setting_change(prop_name, value)
+            change = SETTINGS[prop_name].change(dbus_type, value)
             try:
                 await self._engine.change_settings(**change)
             except SettingsNotSaved as error:
@@ -530,8 +283,14 @@ class DBusApi:
             f"no GPU with UUID {excerpt(uuid)} on this node (known: {known})",
         )
 
+    # The interface's own methods, one row each (and its line in the XML;
+    # check_contract refuses to serve when the two disagree).
+    METHODS: ClassVar[dict[str, Callable[[DBusApi, Message], Message | None]]] = {
+        names.METHOD_GET_GPU: _get_gpu,
+    }
+
     def _introspect(self, msg: Message) -> Message:
-        xml = f"<node>{_STANDARD_XML}\n  {self._contract.xml}\n</node>\n"
+        xml = f"<node>{STANDARD_XML}\n  {self._contract.xml}\n</node>\n"
         return Message.new_method_return(msg, "s", [xml])
 
     def _introspect_parent(self, msg: Message) -> Message:
@@ -542,7 +301,7 @@ class DBusApi:
                 ErrorType.UNKNOWN_OBJECT.value, f"no object at path {excerpt(msg.path)}"
             )
         child = names.OBJECT_PATH[len(path) + 1 :].split("/")[0]
-        xml = f'<node>{_STANDARD_XML}\n  <node name="{child}"/>\n</node>\n'
+        xml = f'<node>{STANDARD_XML}\n  <node name="{child}"/>\n</node>\n'
         return Message.new_method_return(msg, "s", [xml])
 
     def _machine_id(self, msg: Message) -> Message:
@@ -591,88 +350,9 @@ class DBusApi:
         self._bus.send(
             Message.new_signal(
                 names.OBJECT_PATH,
-                _PROPERTIES,
+                PROPERTIES_INTERFACE,
                 "PropertiesChanged",
                 "sa{sv}as",
                 [names.INTERFACE, variants, []],
             )
         )
-
-
-# ---------------------------------------------------------------- staying on the bus
-
-
-async def _publish(
-    engine: Engine, address: str, contract: Contract, config_problem: str
-) -> tuple[MessageBus, DBusApi]:
-    bus = await connect_bus(address, timeout_s=10)
-    try:
-        api = DBusApi(bus, engine, contract, config_problem)
-        from .dbus_shares import SharesApi  # a second interface, ahead of this one's handler
-
-        bus.add_message_handler(SharesApi(bus, engine, api).handle)
-        bus.add_message_handler(api.handle)
-        reply = await bus.request_name(names.BUS_NAME)
-    except BaseException:
-        bus.disconnect()
-        raise
-    if reply == RequestNameReply.IN_QUEUE:
-        log.warning("dbus name=%s is owned by another process; queued for it", names.BUS_NAME)
-    return bus, api
-
-
-async def export_on_bus(
-    engine: Engine,
-    address: str = "system",
-    *,
-    first_retry_s: float = 0.5,
-    max_retry_s: float = 30.0,
-    config_problem: str = "",
-) -> None:
-    """Serve the API on the bus at `address` ("system" or a D-Bus address) until
-    cancelled.  When the bus is missing or goes away, retry with exponential
-    backoff; the agent keeps serving the shims meanwhile."""
-    contract = load_contract()
-    current: list[DBusApi] = []  # the API of the connection we have, if any
-
-    def publish() -> None:
-        for api in current:
-            api.publish_changes()
-
-    unsubscribe = engine.subscribe(publish)
-    retry_s, failures = first_retry_s, 0
-    try:
-        while True:
-            bus = None
-            try:
-                bus, api = await _publish(engine, address, contract, config_problem)
-                current[:] = [api]
-                log.info("dbus connected address=%s name=%s", address, names.BUS_NAME)
-                retry_s, failures = first_retry_s, 0
-                try:
-                    await bus.wait_for_disconnect()
-                    reason = "disconnected"
-                except Exception as error:
-                    reason = str(error) or type(error).__name__
-                log.warning("dbus lost address=%s reason=%s", address, reason)
-            except asyncio.CancelledError:
-                if bus is not None and bus.connected:
-                    bus.disconnect()
-                raise
-            except Exception as error:
-                failures += 1
-                # Once per outage at warning level; the retries after it at debug.
-                level = logging.WARNING if failures == 1 else logging.DEBUG
-                log.log(
-                    level,
-                    "dbus unavailable address=%s error=%s retry_in_s=%.1f",
-                    address,
-                    str(error) or type(error).__name__,
-                    retry_s,
-                )
-            finally:
-                current.clear()
-            await asyncio.sleep(retry_s)
-            retry_s = min(retry_s * 2, max_retry_s)
-    finally:
-        unsubscribe()

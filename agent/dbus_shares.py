@@ -18,8 +18,9 @@ from dbus_next import Message, MessageType, Variant
 from dbus_next.constants import ErrorType
 
 from . import dbus_names as names
-from .dbus_api import DBusApi, DBusFailure
+from .dbus_api import DBusApi
 from .dbus_connection import plain
+from .dbus_contract import DBusFailure
 from .engine import Engine
 from .eventlog import events as log
 from .identity import uid_of

@@ -11,6 +11,13 @@ deadline that a second copy of the rules computed and the rules never acted on).
 A part of the scheduling core (scheduler.Scheduler inherits it), kept apart so
 that the events and the bookkeeping (scheduler.py) and the rules themselves
 can each be read in one sitting.  Pure, like the rest of the core.
+
+One concern, though past ~400 lines: the rules of one decision.  decide() and
+the steps it takes in order, with the judgements they share (who is light,
+whose memory fits beside the turn, the best waiter) and the lease actions they
+end in; split apart, each part would have to be read beside the others.  What
+the rules consult has modules of its own: memory's fit (memory_fit.py), use
+(usage.py), the share groups' order (share_groups.py).
 """
 
 from __future__ import annotations

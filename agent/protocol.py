@@ -8,6 +8,12 @@ frames (the agent's socket adapter, the tests, the benches) uses this module.
 Frames are a fixed header followed by exactly header.payload_bytes of payload,
 whose size is fixed by header.type.  Integers are in native byte order: both
 peers are on one host.
+
+One concern, though past ~400 lines: the wire format, both ways.  The enums
+checked against the header, the message records, encoding and decoding are each
+short; they stay together because a change of the format touches all of them at
+once, and a reader checking one frame should find its layout, its record, its
+encoder and its decoder in one file.
 """
 
 from __future__ import annotations

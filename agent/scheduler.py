@@ -34,23 +34,28 @@ what the GPU sets for itself over them, by NVML index and, over that, by UUID.
 They are worked out when a GPU appears, when settings change and when the
 inventory gives a GPU its index; a GPU whose mode changes goes through the same
 transitions as a node-wide switch (_settle_gpu_settings).
+
+One concern, though past ~400 lines: the core's events, each a short method
+that updates the state it names and has the rules look at the GPUs it touched
+(and memory's fit, _refit, which the events recompute as they go).  What the
+events keep track of besides has modules of its own, which they call: the
+rules (lock_rules.py), the share groups' accounts and memory caps
+(share_groups.py), each GPU's settings and their switches (gpu_settings.py),
+the GPUs learned from clients (learned_gpus.py), the deadlines (deadlines.py)
+and the snapshot (snapshot.take_snapshot).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import itertools
 from collections.abc import Callable, Iterable
 
 from . import memory_fit
 from .actions import (
     Action,
     Gone,
-    GpuSettingsApplied,
     Greeted,
     Ignored,
-    IndexSettingsUnused,
     LockReleased,
     ModeChanged,
     Queued,
@@ -59,16 +64,13 @@ from .actions import (
     Withdrawn,
 )
 from .core_state import EXCLUSIVE, FEATURE_YIELD, SHARED, ClientState, GpuState, Lease, Waiter
-from .lock_rules import LIGHT_CHECK_S, YIELD_IDLE_MS, DropReason, LockRules, Policy
-from .settings import NO_OVERRIDES, AntiThrash, GpuOverrides, Settings
+from .deadlines import Deadlines, Key
+from .gpu_settings import GpuSettingsBook, ModeSwitch
+from .learned_gpus import MAX_LEARNED_GPUS, MAX_LEARNED_GPUS_PER_UID, LearnedGpus
+from .lock_rules import LIGHT_CHECK_S, YIELD_IDLE_MS, DropReason, LockRules
+from .settings import NO_OVERRIDES, AntiThrash, Settings
 from .share_groups import ShareGroups, unit_group
-from .snapshot import (
-    AgentSnapshot,
-    ClientGpuSnapshot,
-    ClientSnapshot,
-    GpuSnapshot,
-    ShareGroupSnapshot,
-)
+from .snapshot import AgentSnapshot, take_snapshot
 
 # Byte counts are u64 wherever they go (the wire, D-Bus 't'); two u64 fields
 # of one report can add up to more, which no one could show.
@@ -76,11 +78,6 @@ MAX_BYTES = 2**64 - 1
 # A shim sends HELLO right after connect(); a peer that has not within this
 # long only holds an fd (and a place under the connection limits).
 HELLO_TIMEOUT_S = 10.0
-# GPUs that no inventory lists but clients name (no NVML: containers, CI):
-# one uid may introduce this many, all uids together MAX_LEARNED_GPUS, so a
-# user cannot make the agent track (and every status read list) thousands.
-MAX_LEARNED_GPUS_PER_UID = 64
-MAX_LEARNED_GPUS = 1024
 
 
 class Scheduler(LockRules):
@@ -93,7 +90,7 @@ class Scheduler(LockRules):
         format_gpu: Callable[[bytes], str] = bytes.hex,
     ):
         self.settings = settings
-        self._own_by_key = settings.gpu_overrides_by_key()
+        self._gpu_settings = GpuSettingsBook(settings)
         self.max_gpus_per_client = max_gpus_per_client
         self.hello_timeout_s = hello_timeout_s
         self._format_gpu = format_gpu  # only for snapshots and refusals: the core keeps raw ids
@@ -102,16 +99,10 @@ class Scheduler(LockRules):
         self.inventory_known = False
         self._inventory_missing = False  # NVML could not be read: none will come
         self._next_index = 0
-        self._told_unused: set[str] = set()  # index-keyed GPU settings said to apply to nothing
-        self._also_known: set[bytes] = set()  # from the inventory but not scheduled (MIG)
-        self._learned_by_uid: dict[int, int] = {}
-        self._learned = 0
+        self._learned = LearnedGpus()
         self._last_lease = 0
+        self._deadlines = Deadlines()
         self.shares = ShareGroups()  # share groups' accounts and memory caps
-        # (time, sequence, gpu uuid or client id) with lazy deletion: an entry
-        # counts only while it is still its key's current deadline.
-        self._deadlines: list[tuple[float, int, bytes | int]] = []
-        self._sequence = itertools.count()
 
     # ------------------------------------------------------------ inventory
 
@@ -135,8 +126,7 @@ class Scheduler(LockRules):
             gpu = self.gpus[uuid] = GpuState(uuid, index=index)
             self._settle_gpu_settings(gpu, now, actions, fresh=True)
         else:
-            if gpu.introduced_by is not None:
-                self._forget_learned(gpu)
+            self._learned.forget(gpu)
             gpu.index = index
             self._settle_gpu_settings(gpu, now, actions)  # it may have settings by index
         gpu.name, gpu.memory_total_bytes, gpu.from_inventory = name, memory_total_bytes, True
@@ -155,7 +145,7 @@ class Scheduler(LockRules):
     def allow_gpu(self, uuid: bytes) -> None:
         """An id the inventory knows but does not schedule on its own (a MIG instance):
         clients may name it."""
-        self._also_known.add(uuid)
+        self._learned.also_known.add(uuid)
 
     def nvml_processes(self, readings: dict[bytes, dict[int, int]], now: float) -> list[Action]:
         """NVML's per-process memory on each GPU (pid -> bytes), all processes."""
@@ -336,7 +326,7 @@ class Scheduler(LockRules):
             gone.append(Gone(client, state.pid, state.greeted))
         for uuid, gpu in touched.items():
             if not gpu.users and not gpu.from_inventory:
-                self._forget_learned(gpu)
+                self._learned.forget(gpu)
                 self.shares.forget_gpu(uuid)
                 del self.gpus[uuid]  # learned from clients only: forget it with them
                 continue
@@ -365,9 +355,7 @@ class Scheduler(LockRules):
 
     def tick(self, now: float) -> list[Action]:
         actions: list[Action] = []
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][0] <= now:
-            due, _, key = heapq.heappop(deadlines)
+        for due, key in self._deadlines.pop_due(now):
             if isinstance(key, int):
                 state = self.clients.get(key)
                 if (
@@ -389,7 +377,7 @@ class Scheduler(LockRules):
         """New settings, node-wide and per GPU: each GPU switches to what it now
         runs by (_settle_gpu_settings)."""
         previous, self.settings = self.settings, settings
-        self._own_by_key = settings.gpu_overrides_by_key()
+        self._gpu_settings.replace(settings)
         actions: list[Action] = []
         if _wire_settings(previous) != _wire_settings(settings):
             actions.append(SendSettings(None, settings))  # the node-wide ones: for every shim
@@ -401,19 +389,25 @@ class Scheduler(LockRules):
 
     def next_deadline(self) -> float | None:
         """When tick() must run next, or None when no timer is needed."""
-        deadlines = self._deadlines
-        while deadlines:
-            due, _, key = deadlines[0]
-            if isinstance(key, int):
-                state = self.clients.get(key)
-                valid = state is not None and not state.greeted
-            else:
-                gpu = self.gpus.get(key)
-                valid = gpu is not None and gpu.deadline == due
-            if valid:
-                return due
-            heapq.heappop(deadlines)
-        return None
+        return self._deadlines.earliest(self._deadline_current)
+
+    def _deadline_current(self, due: float, key: Key) -> bool:
+        if isinstance(key, int):
+            state = self.clients.get(key)
+            return state is not None and not state.greeted
+        gpu = self.gpus.get(key)
+        return gpu is not None and gpu.deadline == due
+
+    def _push_deadline(self, due: float, key: Key) -> None:
+        self._deadlines.push(due, key, len(self.gpus) + len(self.clients), self._all_deadlines)
+
+    def _all_deadlines(self) -> Iterable[tuple[float, Key]]:
+        for uuid, gpu in self.gpus.items():
+            if gpu.deadline is not None:
+                yield gpu.deadline, uuid
+        for client, state in self.clients.items():
+            if not state.greeted:
+                yield state.connected_at + self.hello_timeout_s, client
 
     # ------------------------------------------------------------ who may name which GPU
 
@@ -426,92 +420,44 @@ class Scheduler(LockRules):
             return Refuse(client, f"more than {self.max_gpus_per_client} GPUs on one connection")
         gpu = self.gpus.get(uuid)
         if gpu is None:
-            refusal = self._may_learn(client, state.uid, uuid)
+            refusal = self._learned.refusal(state.uid, uuid, self.inventory_known, self._format_gpu)
             if refusal:
-                return refusal
-            gpu = self.gpus[uuid] = GpuState(uuid, introduced_by=state.uid)
-            self._learned_by_uid[state.uid] = self._learned_by_uid.get(state.uid, 0) + 1
-            self._learned += 1
+                return Refuse(client, refusal)
+            gpu = self.gpus[uuid] = self._learned.learn(uuid, state.uid)
             self._settle_gpu_settings(gpu, 0.0, actions, fresh=True)
         state.gpus[uuid] = None
         gpu.users.add(client)
         return None
 
-    def _may_learn(self, client: int, uid: int, uuid: bytes) -> Refuse | None:
-        if self.inventory_known and uuid not in self._also_known:
-            return Refuse(client, f"GPU {self._format_gpu(uuid)} is not on this node")
-        if self._learned >= MAX_LEARNED_GPUS:
-            return Refuse(client, f"the agent already tracks {MAX_LEARNED_GPUS} GPUs it cannot see")
-        if self._learned_by_uid.get(uid, 0) >= MAX_LEARNED_GPUS_PER_UID:
-            return Refuse(
-                client,
-                f"uid {uid} already named {MAX_LEARNED_GPUS_PER_UID} GPUs the agent cannot see",
-            )
-        return None
-
-    def _forget_learned(self, gpu: GpuState) -> None:
-        uid = gpu.introduced_by
-        if uid is None:
-            return
-        gpu.introduced_by = None
-        self._learned -= 1
-        left = self._learned_by_uid.get(uid, 0) - 1
-        if left > 0:
-            self._learned_by_uid[uid] = left
-        else:
-            self._learned_by_uid.pop(uid, None)
-
     # ------------------------------------------------------------ each GPU's settings
-
-    def _own_settings(self, gpu: GpuState) -> GpuOverrides:
-        """What the GPU sets for itself: by NVML index, and by UUID over that."""
-        by_key = self._own_by_key
-        if not by_key:
-            return NO_OVERRIDES
-        by_uuid = by_key.get(gpu.uuid)
-        by_index = by_key.get(gpu.index) if gpu.index is not None else None
-        if by_uuid is None:
-            return by_index or NO_OVERRIDES
-        return by_uuid.over(by_index)
 
     def _settle_gpu_settings(
         self, gpu: GpuState, now: float, actions: list[Action], fresh: bool = False
     ) -> None:
-        """Bring the GPU's own settings up to date, switching its mode as a node-wide
-        change switches every GPU's (docs/scheduling.md, "On and off").  fresh: a GPU
-        just added, with no lease or waiter yet."""
-        own = self._own_settings(gpu)
-        new = self.settings.for_gpu(own)
-        previous, own_before = gpu.settings, gpu.own
-        gpu.own, gpu.settings = own, new
-        if own != own_before:
-            actions.append(GpuSettingsApplied(gpu.uuid, gpu.index, new, tuple(own.given())))
-        if fresh or new == previous:
-            return
-        was, mode = previous.anti_thrash, new.anti_thrash
-        if mode is AntiThrash.OFF and was is not AntiThrash.OFF:
+        """Bring the GPU's own settings up to date (gpu_settings.py), switching its mode
+        as a node-wide change switches every GPU's (docs/scheduling.md, "On and off").
+        fresh: a GPU just added, with no lease or waiter yet."""
+        settled = self._gpu_settings.settle(gpu, self.settings, fresh)
+        if settled.applied is not None:
+            actions.append(settled.applied)
+        if settled.switch is ModeSwitch.TO_OFF:
             for held in gpu.holders.values():
                 held.drop_requested_at = None  # nothing to make room for any more
-        elif mode is AntiThrash.ON and was is not AntiThrash.ON:
+        elif settled.switch is ModeSwitch.TO_ON:
             self._drain_shared_holders(gpu, now, actions)
-        elif mode is AntiThrash.AUTO and was is AntiThrash.OFF:
+        elif settled.switch is ModeSwitch.OFF_TO_AUTO:
             # Leases of "off" are shared and never given back when idle: have
             # them asked again, so they get leases of auto's kind.
             self._ask_to_drop_each(gpu, now, actions, DropReason.ANTI_THRASH_AUTO)
-        if mode is AntiThrash.AUTO and (
-            was is not AntiThrash.AUTO or previous.memory_limit_bytes != new.memory_limit_bytes
-        ):
+        if settled.refit:
             self._refit(gpu, now, actions, "settings", always_log=True)
 
     def _note_unused_index_settings(self, actions: list[Action]) -> None:
-        """Settings for GPUs by NVML index with no inventory to look the index up
-        in apply to no GPU: say so, once for each such id."""
-        if not self._inventory_missing or self.inventory_known:
-            return
-        by_index = tuple(gpu_id for gpu_id, _ in self.settings.gpu_overrides if gpu_id.isdigit())
-        if set(by_index) - self._told_unused:
-            actions.append(IndexSettingsUnused(by_index))
-            self._told_unused.update(by_index)
+        unused = self._gpu_settings.unused_index_settings(
+            self.settings, self._inventory_missing, self.inventory_known
+        )
+        if unused is not None:
+            actions.append(unused)
 
     # ------------------------------------------------------------ memory (auto)
 
@@ -555,83 +501,18 @@ class Scheduler(LockRules):
             mode = SHARED if fits else EXCLUSIVE
             actions.append(ModeChanged(gpu.uuid, mode, demand, capacity, reason))
 
-    def _push_deadline(self, due: float, key: bytes | int) -> None:
-        heapq.heappush(self._deadlines, (due, next(self._sequence), key))
-        # Lazy deletion leaves stale entries behind; rebuild before they pile up.
-        if len(self._deadlines) > 4 * (len(self.gpus) + len(self.clients)) + 64:
-            live: list[tuple[float, int, bytes | int]] = []
-            for uuid, gpu in self.gpus.items():
-                if gpu.deadline is not None:
-                    live.append((gpu.deadline, next(self._sequence), uuid))
-            for client, state in self.clients.items():
-                if not state.greeted:
-                    live.append(
-                        (state.connected_at + self.hello_timeout_s, next(self._sequence), client)
-                    )
-            heapq.heapify(live)
-            self._deadlines = live
-
     # ------------------------------------------------------------ status
 
     def snapshot(self, now: float) -> AgentSnapshot:
-        fmt = self._format_gpu
-        gpus = tuple(
-            GpuSnapshot(
-                fmt(g.uuid),
-                g.name,
-                g.memory_total_bytes,
-                tuple(self.clients[c].pid for c in g.holders),
-                tuple(self.clients[c].pid for c in g.waiters),
-                anti_thrash=g.settings.anti_thrash.value,
-                mode=self._mode(g),
-                memory_capacity_bytes=g.capacity_bytes or 0,
-                memory_demand_bytes=g.demand_bytes,
-                time_quantum_s=g.settings.time_quantum_s,
-                memory_limit_bytes=g.settings.memory_limit_bytes,
-                index=-1 if g.index is None else g.index,
-            )
-            for g in self.gpus.values()
+        return take_snapshot(
+            self.gpus,
+            self.clients,
+            now,
+            format_gpu=self._format_gpu,
+            policy=self._policy,
+            recent_use=self._usage,
+            group_figures=lambda gpu, at: self.shares.figures(gpu, self.clients, at),
         )
-        clients = []
-        for client, state in self.clients.items():
-            if not state.greeted:
-                continue
-            per_gpu = []
-            for uuid in state.gpus:
-                gpu = self.gpus[uuid]
-                held = gpu.holders.get(client)
-                if held is not None:
-                    status = "holding" if held.drop_requested_at is None else "draining"
-                    holding = now - held.granted_at
-                else:
-                    status = "waiting" if client in gpu.waiters else "idle"
-                    holding = 0.0
-                allocated = state.managed.get(uuid, 0) + state.unmanaged.get(uuid, 0)
-                per_gpu.append(
-                    ClientGpuSnapshot(
-                        fmt(uuid),
-                        status,
-                        allocated,
-                        holding,
-                        recent_use=round(self._usage(client, uuid, now), 3),
-                    )
-                )
-            clients.append(
-                ClientSnapshot(state.pid, state.uid, state.gid, state.command, tuple(per_gpu))
-            )
-        groups = tuple(
-            ShareGroupSnapshot(fmt(g.uuid), *row)
-            for g in self.gpus.values()
-            for row in self.shares.figures(g, self.clients, now)
-        )
-        return AgentSnapshot(gpus, tuple(clients), groups)
-
-    def _mode(self, gpu: GpuState) -> str:
-        """What status shows: "shared" when everyone's memory fits at once (or
-        anti-thrash is off), else "exclusive" (turns; light work beside a turn only
-        where its memory fits with the turn's)."""
-        policy = self._policy(gpu)
-        return SHARED if policy is Policy.OFF or (policy is Policy.AUTO and gpu.fits) else EXCLUSIVE
 
 
 def _wire_settings(settings: Settings) -> Settings:

@@ -1,11 +1,18 @@
 """Scheduler settings: the value type, its validation, and the words for its values.
 
 Node-wide settings, and what a GPU may set for itself: a time quantum,
-anti-thrash mode, memory limit and light work's wait of its own (GpuOverrides), named by the GPU's
-UUID or by its index as NVML numbers the node's GPUs; what it does not set is the
-node-wide value.  An entry by UUID wins over one by index, key by key.  Where the
+anti-thrash mode, memory limit and light work's wait of its own (GpuOverrides),
+named by the GPU's UUID or by its index as NVML numbers the node's GPUs; what it
+does not set is the node-wide value.  An entry by UUID wins over one by index,
+key by key.  A share group's weight and memory cap (Share), by group.  Where the
 values come from (defaults < the config file < run-time changes) is
 settings_files.py.
+
+One concern, though past ~400 lines: what a setting may be.  The value types
+(node-wide, a GPU's own, a share group's), the range of each field and the
+words and ids that name values (a GPU, a share group, a mode, a size) live
+together, so that every way in (the config file, the state file, a change over
+D-Bus) is checked by the same rules.
 """
 
 from __future__ import annotations

@@ -1,11 +1,18 @@
 """Where the settings come from: the config file and the run-time changes' state file.
 
 Precedence at start: built-in defaults < the config file (INI, section
-[scheduler], and [gpu:ID] for a GPU's own settings) < changes made at run time
-through the control plane, which are persisted as JSON under the state
-directory and so survive a restart.  Only the settings that were changed at run
-time are persisted (per GPU and key for a GPU's own), so an admin's later edit
-of the config file still applies to everything else.
+[scheduler], [gpu:ID] for a GPU's own settings, [share:GROUP] for a share
+group's) < changes made at run time through the control plane, which are
+persisted as JSON under the state directory and so survive a restart.  Only the
+settings that were changed at run time are persisted (per GPU and key for a
+GPU's own, per group and key for a share), so an admin's later edit of the
+config file still applies to everything else.
+
+One concern, though past ~400 lines: the settings the agent starts with and
+keeps across restarts.  The config file, its last good copy and the state file
+are read together (settings_at_start, load_settings) and share the GPU and share
+pins (with_gpu_pins, with_share_pins); the precedence above is visible only
+where all three are.
 """
 
 from __future__ import annotations

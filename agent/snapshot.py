@@ -1,9 +1,13 @@
-"""What the scheduler shows of itself: frozen, read by D-Bus properties and the status line."""
+"""What the scheduler shows of itself: frozen, read by D-Bus properties and the
+status line, and how they are taken from the core's state (take_snapshot)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from .core_state import EXCLUSIVE, SHARED, ClientState, GpuState
+from .lock_rules import Policy
 from .settings import DEFAULT_TIME_QUANTUM_S
 
 
@@ -59,8 +63,84 @@ class ShareGroupSnapshot:
     clients: int
 
 
+# A ShareGroupSnapshot less its GPU: (group, weight, memory cap, use, share, clients).
+GroupFigures = tuple[str, int, int, float, float, int]
+
+
 @dataclass(frozen=True, slots=True)
 class AgentSnapshot:
     gpus: tuple[GpuSnapshot, ...]
     clients: tuple[ClientSnapshot, ...]
     groups: tuple[ShareGroupSnapshot, ...] = ()
+
+
+def take_snapshot(
+    gpus: Mapping[bytes, GpuState],
+    clients: Mapping[int, ClientState],
+    now: float,
+    *,
+    format_gpu: Callable[[bytes], str],
+    policy: Callable[[GpuState], Policy],
+    recent_use: Callable[[int, bytes, float], float],
+    group_figures: Callable[[GpuState, float], Iterable[GroupFigures]],
+) -> AgentSnapshot:
+    """The core's state as status shows it (Scheduler.snapshot): GPUs by their
+    settings and mode, clients that said HELLO with what they do on each GPU, the
+    share groups on each GPU (group_figures: share_groups.ShareGroups.figures)."""
+    gpu_records = tuple(
+        GpuSnapshot(
+            format_gpu(g.uuid),
+            g.name,
+            g.memory_total_bytes,
+            tuple(clients[c].pid for c in g.holders),
+            tuple(clients[c].pid for c in g.waiters),
+            anti_thrash=g.settings.anti_thrash.value,
+            mode=_mode(g, policy(g)),
+            memory_capacity_bytes=g.capacity_bytes or 0,
+            memory_demand_bytes=g.demand_bytes,
+            time_quantum_s=g.settings.time_quantum_s,
+            memory_limit_bytes=g.settings.memory_limit_bytes,
+            index=-1 if g.index is None else g.index,
+        )
+        for g in gpus.values()
+    )
+    client_records = []
+    for client, state in clients.items():
+        if not state.greeted:
+            continue
+        per_gpu = []
+        for uuid in state.gpus:
+            gpu = gpus[uuid]
+            held = gpu.holders.get(client)
+            if held is not None:
+                status = "holding" if held.drop_requested_at is None else "draining"
+                holding = now - held.granted_at
+            else:
+                status = "waiting" if client in gpu.waiters else "idle"
+                holding = 0.0
+            allocated = state.managed.get(uuid, 0) + state.unmanaged.get(uuid, 0)
+            per_gpu.append(
+                ClientGpuSnapshot(
+                    format_gpu(uuid),
+                    status,
+                    allocated,
+                    holding,
+                    recent_use=round(recent_use(client, uuid, now), 3),
+                )
+            )
+        client_records.append(
+            ClientSnapshot(state.pid, state.uid, state.gid, state.command, tuple(per_gpu))
+        )
+    groups = tuple(
+        ShareGroupSnapshot(format_gpu(g.uuid), *row)
+        for g in gpus.values()
+        for row in group_figures(g, now)
+    )
+    return AgentSnapshot(gpu_records, tuple(client_records), groups)
+
+
+def _mode(gpu: GpuState, policy: Policy) -> str:
+    """What status shows: "shared" when everyone's memory fits at once (or
+    anti-thrash is off), else "exclusive" (turns; light work beside a turn only
+    where its memory fits with the turn's)."""
+    return SHARED if policy is Policy.OFF or (policy is Policy.AUTO and gpu.fits) else EXCLUSIVE

@@ -194,8 +194,8 @@ async def test_keepalives_and_timers_skip_a_client_gone(engine):
     engine.client_gone(silent.client)
     # Before their hang-ups reach the core: it still queues the waiter and still has
     # the silent one's HELLO deadline.
-    engine._send_keepalives()
-    engine._on_timer()
+    engine.keepalives.send()
+    engine.timer.fire()
     assert not waiter.sent and not silent.sent
     await asyncio.sleep(0)
     assert set(engine.core.clients) == {holder.client}

@@ -16,8 +16,10 @@ from dbus_harness import TIMEOUT_S, nvsharectl, watch_properties_changed  # noqa
 from other_users import other_user_env, python_as  # noqa: E402
 
 from nvshare_agent import dbus_names as names  # noqa: E402
-from nvshare_agent.dbus_api import DBusApi, clients_to_dbus, load_contract  # noqa: E402
+from nvshare_agent.dbus_api import DBusApi  # noqa: E402
 from nvshare_agent.dbus_connection import connect_bus  # noqa: E402
+from nvshare_agent.dbus_contract import load_contract  # noqa: E402
+from nvshare_agent.dbus_properties import clients_to_dbus  # noqa: E402
 from nvshare_agent.protocol import ErrorCode  # noqa: E402
 from nvshare_agent.settings import Settings  # noqa: E402
 from nvshare_agent.snapshot import AgentSnapshot, ClientGpuSnapshot, ClientSnapshot  # noqa: E402

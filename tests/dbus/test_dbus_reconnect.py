@@ -28,8 +28,9 @@ from dbus_harness import (
 from dbus_next import Message, Variant
 
 from nvshare_agent import dbus_names as names
-from nvshare_agent.dbus_api import DBusApi, load_contract
+from nvshare_agent.dbus_api import DBusApi
 from nvshare_agent.dbus_connection import connect_bus
+from nvshare_agent.dbus_contract import load_contract
 from nvshare_agent.settings import Settings
 from nvshare_agent.snapshot import AgentSnapshot
 

@@ -1,0 +1,51 @@
+"""The core's deadlines: when tick() must look at a GPU (its rules' next
+moment) or at a client (its HELLO timeout).  A heap with lazy deletion: an
+entry counts only while it is still its key's current deadline, which the core
+says; a changed deadline is pushed again rather than searched for.  Part of
+the scheduling core: pure, no I/O."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+
+Key = bytes | int  # a GPU's uuid, or a client's id
+
+
+class Deadlines:
+    def __init__(self) -> None:
+        # (time, sequence, key): the sequence keeps equal times in push order.
+        self._heap: list[tuple[float, int, Key]] = []
+        self._sequence = itertools.count()
+
+    def push(
+        self, due: float, key: Key, live: int, current: Callable[[], Iterable[tuple[float, Key]]]
+    ) -> None:
+        """live: how many keys there are; current(): every current deadline, asked
+        for only when stale entries have piled up, to rebuild the heap from them."""
+        heapq.heappush(self._heap, (due, next(self._sequence), key))
+        if len(self._heap) > 4 * live + 64:
+            rebuilt = [(when, next(self._sequence), k) for when, k in current()]
+            heapq.heapify(rebuilt)
+            self._heap = rebuilt
+
+    def pop_due(self, now: float) -> Iterator[tuple[float, Key]]:
+        """Each entry due by now, earliest first, current or not (the caller checks).
+        Entries pushed meanwhile come too when they are due."""
+        # The heap the tick began with: a rebuild meanwhile copies what is current
+        # (and what is due of that) into a new one, for next_deadline to find.
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            due, _, key = heapq.heappop(heap)
+            yield due, key
+
+    def earliest(self, is_current: Callable[[float, Key], bool]) -> float | None:
+        """The earliest current deadline, or None; drops stale entries on the way."""
+        heap = self._heap
+        while heap:
+            due, _, key = heap[0]
+            if is_current(due, key):
+                return due
+            heapq.heappop(heap)
+        return None
