@@ -467,11 +467,14 @@ class LockRules:
         elif (
             starving
             or cutting_in
-            or self._usage(best, gpu.uuid, now) <= self._usage(turn, gpu.uuid, now)
+            or self._usage(self._best_waiter(gpu, at), gpu.uuid, now)
+            <= self._usage(turn, gpu.uuid, now)
         ):
             # Someone with a better claim waits: release once idle.  Not to one with
             # less use than the best waiter's: a trainer that waited its turn has its
             # first steps' pauses (50 ms and more), and lost its turn in them (issue 35).
+            # The best of those still waiting: light work granted beside just now
+            # (little use) once made the turn yield for nobody.
             self._ask_to_yield(gpu, turn, held, now, actions, DropReason.OTHERS_WAIT)
         else:
             at.reached(now + LIGHT_CHECK_S)  # its use grows as it runs: look again

@@ -790,3 +790,19 @@ def test_two_trainers_that_do_not_fit_together_share_the_gpu_by_turns():
     grants, busy_us = trainers_that_do_not_fit_together(4 * TQ)
     share = busy_us[1] / (busy_us[1] + busy_us[2])
     assert 0.45 <= share <= 0.55, (share, busy_us)
+
+
+def test_light_work_granted_beside_makes_the_turn_yield_for_nobody():
+    # B trained a minute; A's turn has just begun.  B waits with no better claim (more
+    # use than A's): A is not asked to release once idle.  Light work that comes
+    # and is granted beside at once leaves B the best waiter: still no ask (the rule
+    # once compared A with the light client, already granted, and A lost its turn to
+    # a 50 ms pause).
+    s = make(3)
+    now = hold_for(s, 2, 60.0, 0.0)
+    one(Grant, s.request(1, G0, now))
+    actions = s.request(2, G0, now + 0.5)
+    assert of(Queued, actions) and not of(AskToDrop, actions)
+    actions = s.request(3, G0, now + 1.0)
+    assert one(Grant, actions).role == "beside"
+    assert not of(AskToDrop, actions), actions
