@@ -167,11 +167,23 @@ def prefetches(world, pid):
     return [c for c in world.calls(pid) if c.function.startswith("cuMemPrefetchAsync")]
 
 
+def loops_over_one_buffer(world, after_ms: int):
+    """Three bursts over a 1 MiB managed buffer, 400 ms apart (a grant each)."""
+    return world.client(
+        "linked",
+        "--loops",
+        3,
+        "--sleep-ms",
+        400,
+        "--ints",
+        1 << 18,
+        NVSHARE_PREFETCH_AFTER_MS=after_ms,
+    )
+
+
 def test_each_grant_prefetches_the_managed_memory(world, agent):
     # Every grant, however short the absence before it (by default only after a second).
-    client = world.client(
-        "linked", "--loops", 3, "--sleep-ms", 400, "--ints", 1 << 18, NVSHARE_PREFETCH_AFTER_MS=0
-    )
+    client = loops_over_one_buffer(world, after_ms=0)
     client.finish_ok()
     grants = len(
         re.findall(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b", world.settled(agent, client))
@@ -184,16 +196,7 @@ def test_each_grant_prefetches_the_managed_memory(world, agent):
 
 def test_a_grant_after_a_short_absence_does_not_prefetch(world, agent):
     # Back from a window of light work: what stayed resident would cost ~0.7 ms a GiB.
-    client = world.client(
-        "linked",
-        "--loops",
-        3,
-        "--sleep-ms",
-        400,
-        "--ints",
-        1 << 18,
-        NVSHARE_PREFETCH_AFTER_MS=60000,
-    )
+    client = loops_over_one_buffer(world, after_ms=60000)
     client.finish_ok()
     log = world.settled(agent, client)
     assert len(re.findall(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b", log)) >= 3, log
