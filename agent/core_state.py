@@ -48,6 +48,9 @@ class Waiter:
     # other slice by slice, the floor keeps a busy client that windows starve of use
     # from staying in windows.  A light waiter that does neither waits for the turn.
     cuts_in: bool = False
+    # It waited light_wait_ms, light only by the ratio (its use past the floor) and
+    # unable to cut in: busy until its grant, no longer judged (lock_rules, rule 2).
+    judged_busy: bool = False
 
 
 @dataclass(slots=True)

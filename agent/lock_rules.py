@@ -351,15 +351,25 @@ class LockRules:
         work; light work beside it when their memory fits together, else in windows
         between turns, batched; beside leases that stop fitting or being light go."""
         now = at.now
-        # 2. A client waiting longer than light work does is no lighter for it: its use
-        #    stops decaying until its grant (usage.py); light work that does not cut in
-        #    (it waits for the turn) competes for the turn as busy work does.
+        # 2. While a turn is held, waiters are judged at every look (its use grows as it
+        #    runs); between turns they keep their judgement.  A client waiting longer
+        #    than light work does is no lighter for it: its use stops decaying until its
+        #    grant (usage.py); light work that does not cut in (it waits for the turn)
+        #    competes for the turn as busy work does.
         light_wait_s = gpu.settings.light_wait_ms / 1000.0
+        judge = self._turn_holder(gpu) is not None
         for client, waiter in gpu.waiters.items():
+            if judge and not waiter.judged_busy:
+                waiter.light, waiter.cuts_in = self._judge(gpu, client, now)
             if at.reached(waiter.requested_at + light_wait_s):
-                meter = self._meter(self.clients[client], gpu.uuid)
-                meter.freeze(waiter.requested_at + light_wait_s)
-                waiter.light = waiter.light and waiter.cuts_in
+                self._meter(self.clients[client], gpu.uuid).freeze(
+                    waiter.requested_at + light_wait_s
+                )
+                # Light by the floor, it cuts in once the turn's use has grown (a turn
+                # just begun has little); light only by the ratio, it never would.
+                if waiter.light and not waiter.cuts_in:
+                    waiter.judged_busy = self._usage(client, gpu.uuid, now) >= LIGHT_FLOOR
+                    waiter.light = not waiter.judged_busy
         # 3. Leases beside the turn that no longer fit with it (a report grew): newest
         #    first, until those that stay fit.
         staying = [c for c, held in gpu.holders.items() if held.drop_requested_at is None]
@@ -427,6 +437,9 @@ class LockRules:
                     turn = taker
         if not gpu.waiters:
             return
+        # The grants may have taken the best waiter: judge by those still waiting.
+        best = self._best_waiter(gpu, at)
+        starving = self._starving(gpu, gpu.waiters[best], at)
         # 6, 7. Others wait.
         if turn is None:
             # A window (light work while the turn waits): each lease in it gives the
@@ -467,17 +480,18 @@ class LockRules:
         elif (
             starving
             or cutting_in
-            or self._usage(self._best_waiter(gpu, at), gpu.uuid, now)
-            <= self._usage(turn, gpu.uuid, now)
+            or self._usage(best, gpu.uuid, now) <= self._usage(turn, gpu.uuid, now)
         ):
             # Someone with a better claim waits: release once idle.  Not to one with
             # less use than the best waiter's: a trainer that waited its turn has its
             # first steps' pauses (50 ms and more), and lost its turn in them (issue 35).
-            # The best of those still waiting: light work granted beside just now
-            # (little use) once made the turn yield for nobody.
+            # The best of those still waiting (above): light work granted beside just
+            # now (little use) once made the turn yield for nobody.
             self._ask_to_yield(gpu, turn, held, now, actions, DropReason.OTHERS_WAIT)
         else:
             at.reached(now + LIGHT_CHECK_S)  # its use grows as it runs: look again
+        if any(w.light and not w.cuts_in for w in gpu.waiters.values()):
+            at.reached(now + LIGHT_CHECK_S)  # light work may come to cut in: look again
 
     # ------------------------------------------------------------ actions on leases
 
@@ -515,7 +529,8 @@ class LockRules:
         if auto and role is Role.TURN:
             # Light work is measured against the turn holder: a new one, judged afresh.
             for other, waiting in gpu.waiters.items():
-                waiting.light, waiting.cuts_in = self._judge(gpu, other, now)
+                if not waiting.judged_busy:
+                    waiting.light, waiting.cuts_in = self._judge(gpu, other, now)
         state = self.clients[client]
         self._meter(state, gpu.uuid).thaw(now)
         if not state.features & FEATURE_USAGE:
@@ -531,8 +546,9 @@ class LockRules:
                 release_when_idle,
                 role.value if auto else "",
                 use=self._usage(client, gpu.uuid, now) if auto else -1.0,
-                # Memory does not fit beside it: light work may need windows, each a drop
-                # that should drain in milliseconds however soon after the grant it comes.
+                # Not everyone's memory fits (gpu.fits is the whole GPU's): light work may
+                # need windows, each a drop; a queue bounded by the longest kernel keeps a
+                # step from being queued whole before the yield comes (shim/queue_bound.c).
                 short_queue=auto and role is Role.TURN and not gpu.fits,
             )
         )

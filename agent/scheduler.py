@@ -237,6 +237,7 @@ class Scheduler(LockRules):
             return actions
         if gpu and lease == 0 and client in gpu.waiters:
             del gpu.waiters[client]
+            self._meter(state, uuid).thaw(now)  # no longer waiting: its use decays again
             actions = [Withdrawn(client, state.pid, uuid)]
             self._update(gpu, now, actions)  # the best waiter may have changed
             return actions
@@ -496,7 +497,8 @@ class Scheduler(LockRules):
         if changed and fits:
             # Running side by side again: who is light is judged afresh.
             for client, waiter in gpu.waiters.items():
-                waiter.light, waiter.cuts_in = self._judge(gpu, client, now)
+                if not waiter.judged_busy:
+                    waiter.light, waiter.cuts_in = self._judge(gpu, client, now)
         if changed or always_log:
             mode = SHARED if fits else EXCLUSIVE
             actions.append(ModeChanged(gpu.uuid, mode, demand, capacity, reason))

@@ -38,7 +38,8 @@ class UsageMeter:
     busy: bool = False  # an older shim's hold: busy since `stamp`
     reported_s: float = 0.0  # a measuring shim's running total at `stamp`
     held_s: float = 0.0  # an older shim's holds, summed up to its last release
-    frozen: bool = False  # `value` holds until thawed
+    frozen: bool = False  # `frozen_value` holds until thawed; `stamp` stays
+    frozen_value: float = 0.0
 
     def total_s(self, now: float) -> float:
         """All the GPU time so far (share_groups.py charges it to the client's group)."""
@@ -46,25 +47,26 @@ class UsageMeter:
 
     def at(self, now: float) -> float:
         if self.frozen:
-            return self.value
+            return self.frozen_value
         decay = math.exp(-max(0.0, now - self.stamp) / USAGE_WINDOW_S)
         return self.value * decay + (1.0 - decay if self.busy else 0.0)
 
     def freeze(self, moment: float) -> None:
-        """Its figure stops decaying from `moment` on (or its last report, if later)."""
+        """Its figure stops decaying from `moment` on (or its last report, if later).
+        `stamp` stays: lock_rules reads it as the client's last activity there."""
         if not self.frozen:
-            moment = max(moment, self.stamp)
-            self.value, self.stamp, self.frozen = self.at(moment), moment, True
+            self.frozen_value, self.frozen = self.at(max(moment, self.stamp)), True
 
     def thaw(self, now: float) -> None:
         if self.frozen:
-            self.stamp, self.frozen = now, False
+            self.value, self.stamp, self.frozen = self.frozen_value, now, False
 
     def report(self, now: float, busy_total_s: float) -> None:
         """A measuring shim's running total of GPU time on this GPU."""
         busy_s = max(0.0, busy_total_s - self.reported_s)
         if self.frozen:  # a last report after the release: counted, nothing decays
-            self.value = min(1.0, self.value + 1.0 - math.exp(-busy_s / USAGE_WINDOW_S))
+            added = 1.0 - math.exp(-busy_s / USAGE_WINDOW_S)
+            self.frozen_value = min(1.0, self.frozen_value + added)
             self.reported_s = max(self.reported_s, busy_total_s)
             return
         elapsed = max(0.0, now - self.stamp)

@@ -173,7 +173,7 @@ static void on_revoked(struct nvshare_lock_machine *lock, const struct nvshare_l
         return;
     }
     close_gate(lock, jobs);
-    end_lease(lock, event->now_ms, jobs);
+    end_lease(lock, 0, jobs); /* revoked: another holds the GPU now, the next grant prefetches */
     add_job(jobs, NVSHARE_JOB_WAKE_WAITERS);
 }
 

@@ -89,9 +89,10 @@ enum nvshare_grant_flags {
     /* with SHARED: release when idle for idle_release_ms all the same (anti-thrash auto,
      * where shared leases are short); exclusive leases always do */
     NVSHARE_GRANT_RELEASE_WHEN_IDLE = 4,
-    /* drops are likely (anti-thrash auto, a turn that light work may cut short): keep
-     * the queue as short as while others wait, for the whole lease; a shim that does
-     * not know the bit ignores it */
+    /* drops are likely (anti-thrash auto, a turn while not everyone's memory fits):
+     * bound the queue by the longest recent kernel, not the average, for the whole
+     * lease (and to 5 ms once others wait); a shim that does not know the bit
+     * ignores it */
     NVSHARE_GRANT_SHORT_QUEUE = 8
 };
 

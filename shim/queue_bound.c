@@ -94,6 +94,7 @@ struct launch_queue {
     double longest_ms_per_launch;  /* the longest recent window's, for the short bound */
     atomic_uint launches_per_mark; /* read on every launch, without the mutex */
     atomic_int ran_dry;            /* no mark pending at the usage meter's look: mark next launch */
+    atomic_int length_seen;        /* the gate's queue length at the last mark: a change marks */
     _Atomic(CUevent) newest;       /* the mark recorded last: the usage meter's look, lock-free */
 };
 
@@ -158,8 +159,8 @@ static void collect_completed(struct launch_queue *queue, unsigned max_queued_ms
                 longest = sample;
             } else {
                 double trusted = mark->dense || sample < longest ? sample : longest;
-                double kept = 1.0 - (double)elapsed_ms / ESTIMATE_DECAY_MS; /* ~e^-x: no libm */
-                double decayed = kept > 0 ? longest * kept : 0;
+                /* 1/(1+x) >= e^-x: no faster than e per ESTIMATE_DECAY_MS, no libm */
+                double decayed = longest / (1.0 + (double)elapsed_ms / ESTIMATE_DECAY_MS);
                 longest = trusted > decayed ? trusted : decayed;
             }
             queue->longest_ms_per_launch = longest;
@@ -201,11 +202,13 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
         return; /* a context with no slot: not bounded */
     struct launch_queue *queue = &queues[gpu][slot];
     unsigned every = atomic_load_explicit(&queue->launches_per_mark, memory_order_relaxed);
+    /* A yield shortens the bound: the window sized for the longer one must not run on. */
+    int length = atomic_load_explicit(&nvshare_gates[gpu].short_queue, memory_order_relaxed);
     if (++launches_since_mark < (every ? every : MIN_LAUNCHES_PER_MARK) &&
-        !atomic_load_explicit(&queue->ran_dry, memory_order_relaxed))
+        !atomic_load_explicit(&queue->ran_dry, memory_order_relaxed) &&
+        length == atomic_load_explicit(&queue->length_seen, memory_order_relaxed))
         return;
     unsigned max_queued_ms = nvshare_config()->max_queued_ms;
-    int length = atomic_load_explicit(&nvshare_gates[gpu].short_queue, memory_order_relaxed);
     int short_queue = length != NVSHARE_QUEUE_AS_SET;
     if (length == NVSHARE_QUEUE_SHORTEST && max_queued_ms > SHORT_MAX_QUEUED_MS)
         max_queued_ms = SHORT_MAX_QUEUED_MS;
@@ -221,6 +224,7 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
     if (pthread_mutex_trylock(mutex) != 0)
         return;
     atomic_store_explicit(&queue->ran_dry, 0, memory_order_relaxed);
+    atomic_store_explicit(&queue->length_seen, length, memory_order_relaxed);
     unsigned launches = launches_since_mark;
     launches_since_mark = 0;
     stream = nvshare_actual_stream(stream, per_thread);

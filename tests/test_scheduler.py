@@ -486,8 +486,13 @@ def _check_invariants(s: Scheduler) -> None:
             staying = [c for c, h in gpu.holders.items() if h.drop_requested_at is None]
             if not s._fits(gpu, staying, keeping=True):
                 # What runs at once does not fit: the leases beside the turn are
-                # on their way out, only the turn may stay.
-                assert [c for c in staying if not gpu.holders[c].turn] == []
+                # on their way out, only the turn may stay, and those whose going
+                # would free nothing (no managed memory: rule 3).
+                assert [
+                    c
+                    for c in staying
+                    if not gpu.holders[c].turn and s.clients[c].managed.get(gpu.uuid, 0)
+                ] == []
         assert not set(gpu.holders) & set(gpu.waiters)
         exclusive = [h for h in gpu.holders.values() if h.mode == "exclusive"]
         if on and len(gpu.holders) > 1:

@@ -806,3 +806,68 @@ def test_light_work_granted_beside_makes_the_turn_yield_for_nobody():
     actions = s.request(3, G0, now + 1.0)
     assert one(Grant, actions).role == "beside"
     assert not of(AskToDrop, actions), actions
+
+
+def test_light_work_is_served_soon_after_a_starving_waiter_takes_the_turn():
+    # B waited a quantum and takes the turn; a notebook asked meanwhile.  The rules once
+    # kept judging by B as the best waiter after its grant: no window for a quantum.
+    s = exclusive_gpu(n_clients=3)
+    now = hold_for(s, 2, 60.0, 0.0)
+    now = hold_for(s, 1, 60.0, now)
+    a = one(Grant, s.request(1, G0, now))
+    s.request(2, G0, now + 0.01)
+    s.tick(now + TQ)
+    s.request(3, G0, now + TQ + 0.005)  # a notebook that never used the GPU
+    b = one(Grant, s.release(1, G0, a.lease, now + TQ + 0.2))  # A drained in 200 ms
+    assert b.client == 2 and b.role == "turn"
+    due = s.next_deadline()
+    assert due == pytest.approx(now + TQ + 0.2 + MIN_SLICE)
+    assert one(AskToDrop, s.tick(due)).reason == "light work waits"
+
+
+def test_light_work_that_asks_as_a_turn_begins_cuts_in_once_the_turn_is_busy():
+    # A notebook that used the GPU a little asks as a trainer's turn begins: not yet
+    # "much lighter" than a turn with no use.  Judged again as the turn's use grows, it
+    # cuts in within seconds (it once waited a whole quantum).
+    s = make(2, settings=AUTO.replaced(memory_limit_bytes=512 << 20), features=FEATURE_USAGE)
+    notebook = one(Grant, s.request(2, G0, 0.0))
+    s.gpu_usage(2, G0, 300_000, 0.5)
+    s.release(2, G0, notebook.lease, 0.5)
+    trainer = one(Grant, s.request(1, G0, 1.0))
+    s.request(2, G0, 1.005)
+    now = 1.0
+    while now < 1.0 + TQ:
+        now = round(now + 0.005, 6)
+        s.gpu_usage(1, G0, int((now - 1.0) * 1e6), now)
+        drops = [d for d in of(AskToDrop, s.tick(now)) if not d.when_idle_ms]
+        if drops:
+            assert drops[0].reason == "light work waits"
+            break
+    assert now - 1.0 < 3.0, f"the notebook waited {now - 1.0:.1f} s"
+    assert trainer.role == "turn"
+
+
+def test_a_waiter_that_withdraws_is_no_longer_frozen():
+    s = exclusive_gpu(n_clients=2)
+    now = hold_for(s, 2, 60.0, 0.0)
+    one(Grant, s.request(1, G0, now))
+    s.request(2, G0, now + 0.01)
+    s.tick(now + 0.2)  # past its light wait: its use frozen
+    s.release(2, G0, 0, now + 0.3)  # it withdraws
+    assert s._usage(2, G0, now + 600) < 0.01  # decayed, not frozen at a minute's use
+
+
+def test_waiting_on_one_gpu_is_not_holding_it_for_another():
+    # Frozen while it waited on G0, client 2 does not count as working across GPUs on G1.
+    s = Scheduler(AUTO.replaced(memory_limit_bytes=512 << 20))
+    s.add_gpu(G0, "GPU0", CAPACITY)
+    s.add_gpu(G1, "GPU1", CAPACITY)
+    for c, gpus in ((1, (G0,)), (2, (G0, G1)), (3, (G1,))):
+        s.connect(c, pid=100 + c, uid=1000, gid=1000)
+        s.hello(c, gpus, f"cmd{c}", now=0.0, features=FEATURE_YIELD)
+    now = hold_for(s, 2, 60.0, 0.0) + 100.0
+    one(Grant, s.request(1, G0, now))
+    s.request(2, G0, now + 0.01)
+    s.tick(now + 0.2)
+    one(Grant, s.request(2, G1, now + 0.5))
+    assert not s.gpus[G1].holders[2].across_gpus

@@ -176,6 +176,18 @@ def test_a_grant_soon_after_the_last_lease_ended_opens_the_gate_without_a_prefet
     assert grant_at(1400.0, 9)[0][:2] == ("POST_WORK", "PREFETCH")
 
 
+def test_a_grant_soon_after_a_revoke_still_prefetches(lock):
+    # Revoked, the lease went to another holder, whose work may have evicted ours.
+    lock.granted(lease=7, now=10.0)
+    assert lock.step("REVOKED", now=100.0, lease=7)
+    lock.step("THREAD_WAITS", now=150.0)
+    lock.step("SEND_REQUEST", now=160.0)
+    jobs = lock.step(
+        "GRANT", now=200.0, lease=8, flags=EXCLUSIVE, prefetch=1, prefetch_after_ms=1000
+    )
+    assert jobs[0][:2] == ("POST_WORK", "PREFETCH")
+
+
 def test_an_idle_exclusive_lock_is_released_after_idle_release_ms_without_a_passage(lock):
     lock.granted(now=0.0)
     assert lock.step("IDLE_LOOK", now=50.0, idle_release_ms=100) == []
