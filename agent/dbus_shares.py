@@ -24,7 +24,14 @@ from .dbus_contract import DBusFailure
 from .engine import Engine
 from .eventlog import events as log
 from .identity import uid_of
-from .settings import SettingsError, SettingsNotSaved, Share, parse_share_by, parse_share_group
+from .settings import (
+    Settings,
+    SettingsError,
+    SettingsNotSaved,
+    Share,
+    parse_share_by,
+    parse_share_group,
+)
 from .text import excerpt
 
 INTERFACE = "io.github.nvshare.Shares1"
@@ -135,17 +142,24 @@ class SharesApi:
         text, fields = msg.body
         return lambda: self._with_share(text, _share_of(fields))
 
-    def _with_share(self, text: str, share: Share | None) -> dict:
+    def _with_share(self, text: str, share: Share | None):
+        """In an executor (a user name's lookup may block): the group, and how to merge
+        the change into the shares as they are when it is applied (engine's lock)."""
         try:
             group = parse_share_group(text, uid_of)
         except SettingsError as e:
             raise DBusFailure(names.ERROR_INVALID_ARGUMENT, str(e)) from None
-        entries = dict(self._engine.settings.shares)
-        if share is None:
-            entries.pop(group, None)
-        else:
-            entries[group] = Share(**{**entries.get(group, Share()).given(), **share.given()})
-        return {"shares": tuple(sorted((g, s) for g, s in entries.items() if s.given()))}
+
+        def merged(current: Settings) -> dict:
+            entries = dict(current.shares)
+            if share is None:
+                entries.pop(group, None)
+            else:
+                given = {**entries.get(group, Share()).given(), **share.given()}
+                entries[group] = Share(**given)
+            return {"shares": tuple(sorted((g, s) for g, s in entries.items() if s.given()))}
+
+        return merged
 
     def _start(self, msg: Message, change) -> None:
         task = asyncio.ensure_future(self._change(msg, change))
@@ -163,7 +177,10 @@ class SharesApi:
                 )
             changes = await asyncio.get_running_loop().run_in_executor(None, change)
             try:
-                await self._engine.change_settings(**changes)
+                if callable(changes):  # a share: merged under the engine's lock
+                    await self._engine.change_settings_from(changes)
+                else:
+                    await self._engine.change_settings(**changes)
             except SettingsNotSaved as error:
                 raise DBusFailure(names.ERROR_SAVE_FAILED, str(error)) from None
             except ValueError as error:

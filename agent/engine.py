@@ -208,8 +208,14 @@ class Engine:
         own settings: (GPU id, GpuOverrides) pairs.  Raises SettingsError (a bad
         value) or SettingsNotSaved (the state file cannot be written), each one
         human sentence, and changes nothing then."""
+        return await self.change_settings_from(lambda current: changes)
+
+    async def change_settings_from(self, derive: Callable[[Settings], dict]) -> Settings:
+        """change_settings with the changes derived from the settings as they are once
+        this change's turn comes: two changes of one table (shares) made at once each
+        keep the other's."""
         async with self._settings_changes.one_at_a_time:
-            new = await self._settings_changes.save(self.settings, changes)
+            new = await self._settings_changes.save(self.settings, derive(self.settings))
             if new != self.settings:
                 self.execute(self.core.change_settings(new, self.loop.time()))
                 log.info("settings %s", describe_settings(new))

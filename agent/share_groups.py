@@ -143,9 +143,19 @@ class ShareGroups:
         holding = {group_of(clients[c], settings.share_by) for c in gpu.holders}
         present = holding | {group_of(clients[c], settings.share_by) for c in gpu.waiters}
 
+        # A waiting group has been here since its earliest request, whenever the rules
+        # last looked: a 30 s turn with no event in it once made a group that waited
+        # through it look away and come back, and lose its weight.
+        since: dict[str, float] = {}
+        for client, waiter in gpu.waiters.items():
+            group = group_of(clients[client], settings.share_by)
+            since[group] = min(since.get(group, waiter.requested_at), waiter.requested_at)
+
         def back(group: str) -> bool:
             seen = accounts[group].seen_at
-            return group not in holding and (seen is None or now - seen > ABSENCE_S)
+            return group not in holding and (
+                seen is None or since.get(group, now) - seen > ABSENCE_S
+            )
 
         stayed = [accounts[g].charged_s for g in present if not back(g)]
         floor = min(stayed, default=None)

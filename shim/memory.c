@@ -253,8 +253,11 @@ NVSHARE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     if (gpu >= 0) {
         uint64_t used = nvshare_memory_used(gpu);
         uint64_t cap, room;
-        if (nvshare_memory_capped(gpu, &cap, &room) && cap < *total_bytes) {
-            *total_bytes = cap;
+        /* As allocate_managed caps: by the room the group's others leave, also when the
+         * cap itself is above the GPU's size. */
+        if (nvshare_memory_capped(gpu, &cap, &room) && room < *total_bytes) {
+            if (cap < *total_bytes)
+                *total_bytes = cap;
             *free_bytes = room > used ? room - used : 0;
         } else {
             *free_bytes = *total_bytes > used ? *total_bytes - used : 0;

@@ -130,6 +130,15 @@ def test_weights_two_to_one_give_two_thirds_and_one_third():
     assert node.share_of(1000) == pytest.approx(2 / 3, abs=0.03)
 
 
+def test_weights_hold_at_the_default_quantum():
+    # 30 s turns with no event in them: a group waiting through one is still here, not
+    # away and back (which once brought its charge up to the holder's: plain turns).
+    settings = AUTO.replaced(time_quantum_s=30, shares=(("user:1000", Share(weight=2)),))
+    node = BusyNode(settings, [1000, 2000])
+    node.run(3000)
+    assert node.share_of(1000) == pytest.approx(2 / 3, abs=0.03)
+
+
 def test_share_by_unit_groups_a_units_processes_and_a_pods():
     node = BusyNode(AUTO.replaced(share_by=ShareBy.UNIT), [])
     for _ in range(3):

@@ -2,6 +2,7 @@
 back, refused for a user outside nvshare-admin, kept across a restart; bad input is a
 one-line error and the agent stays up."""
 
+import concurrent.futures
 import json
 
 from dbus_harness import NOBODY, _start_agent, busctl, nvsharectl
@@ -142,3 +143,20 @@ def test_bad_nvsharectl_share_arguments_are_one_line_and_exit_2(bus, agent):
     result = nvsharectl(bus.address, "share", "set", "process:42", "--weight", "2")
     assert result.returncode == 2 and "a share group is" in result.stderr  # InvalidArgument
     assert shares_property(bus.address, "Shares") == {}
+
+
+def test_shares_set_at_once_each_keep_the_others(bus, agent):
+    # Each SetShare once merged into the table as it was before the other's save, and the
+    # second one's save dropped the first's group, both callers told it worked.
+    groups = [f"user:{4001 + i}" for i in range(6)]
+    with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
+        results = list(
+            pool.map(
+                lambda g: shares_call(
+                    bus.address, "SetShare", "sa{sv}", g, "1", "weight", "u", "2"
+                ),
+                groups,
+            )
+        )
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    assert sorted(shares_property(bus.address, "Shares")) == groups
