@@ -189,6 +189,8 @@ class ShareGroups:
     def forget_gpu(self, uuid: bytes) -> None:
         self._accounts.pop(uuid, None)
         self._caps_sent.pop(uuid, None)
+        for key in [k for k in self._home if k[1] == uuid]:  # (client, GPU) -> group
+            del self._home[key]
 
     # ------------------------------------------------------------ the order of busy waiters
 
