@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -46,6 +47,18 @@ def as_user(uid: int) -> list[str]:
 @pytest.fixture
 def open_world(world):
     """The world's socket folder and a stand-in log that other uids can reach."""
+    # The README's test runs the suite from a 0700 home, where no other uid can reach
+    # the checkout's stand-in client, driver and shim.
+    from shim_harness import SHIM, STANDIN_BUILD
+
+    reach = [STANDIN_BUILD / "client_linked", SHIM]
+    for uid in (USER_A, USER_B):
+        if subprocess.run(
+            [*as_user(uid), "test", "-x", str(reach[0]), "-a", "-r", str(reach[1])]
+        ).returncode:
+            pytest.skip(
+                f"uid {uid} cannot reach the checkout's stand-in and shim ({reach[0].parent})"
+            )
     os.chmod(world.socket_dir, 0o755)
     shared = Path(tempfile.mkdtemp(prefix="nvs-shares-", dir="/tmp"))
     os.chmod(shared, 0o1777)
