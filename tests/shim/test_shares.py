@@ -51,14 +51,11 @@ def open_world(world):
     # the checkout's stand-in client, driver and shim.
     from shim_harness import SHIM, STANDIN_BUILD
 
-    reach = [STANDIN_BUILD / "client_linked", SHIM]
+    needed = [SHIM, STANDIN_BUILD / "libcuda.so.1", STANDIN_BUILD / "client_linked"]
     for uid in (USER_A, USER_B):
-        if subprocess.run(
-            [*as_user(uid), "test", "-x", str(reach[0]), "-a", "-r", str(reach[1])]
-        ).returncode:
-            pytest.skip(
-                f"uid {uid} cannot reach the checkout's stand-in and shim ({reach[0].parent})"
-            )
+        readable = [arg for path in needed for arg in ("-r", str(path), "-a")][:-1]
+        if subprocess.run([*as_user(uid), "test", *readable]).returncode:
+            pytest.skip(f"uid {uid} cannot read the checkout's shim and stand-in driver")
     os.chmod(world.socket_dir, 0o755)
     shared = Path(tempfile.mkdtemp(prefix="nvs-shares-", dir="/tmp"))
     os.chmod(shared, 0o1777)
