@@ -197,33 +197,37 @@ _MILLIS_FIELDS = {
 }
 
 
+def _whole_in(value: object, bounds: tuple[int, int]) -> bool:
+    return type(value) is int and bounds[0] <= value <= bounds[1]
+
+
 def check_setting(name: str, value: object) -> None:
     """One setting's value, by field name; SettingsError with the sentence for it."""
     if name == "time_quantum_s":
         lo, hi = TIME_QUANTUM_RANGE_S
-        if type(value) is not int or not lo <= value <= hi:
+        if not _whole_in(value, TIME_QUANTUM_RANGE_S):
             raise SettingsError(f"time quantum must be {lo}..{hi} seconds, got {value!r}")
     elif name == "anti_thrash":
         if not isinstance(value, AntiThrash):
             raise SettingsError(f"anti-thrash must be on, off or auto, got {value!r}")
     elif name == "memory_limit_bytes":
         lo, hi = MEMORY_LIMIT_RANGE
-        if type(value) is not int or not lo <= value <= hi:
+        if not _whole_in(value, MEMORY_LIMIT_RANGE):
             raise SettingsError(f"memory_limit must be {lo}..{hi} bytes, got {value!r}")
     elif name == "share_by":
         if not isinstance(value, ShareBy):
             raise SettingsError(f"share_by must be user, unit or process, got {value!r}")
     elif name == "weight":
         lo, hi = SHARE_WEIGHT_RANGE
-        if type(value) is not int or not lo <= value <= hi:
+        if not _whole_in(value, SHARE_WEIGHT_RANGE):
             raise SettingsError(f"a share's weight must be {lo}..{hi}, got {value!r}")
     elif name == "memory_cap_bytes":
         lo, hi = MEMORY_LIMIT_RANGE
-        if type(value) is not int or not lo <= value <= hi:
+        if not _whole_in(value, MEMORY_LIMIT_RANGE):
             raise SettingsError(f"a share's memory cap must be {lo}..{hi} bytes, got {value!r}")
     else:
         lo, hi = _MILLIS_FIELDS[name]
-        if type(value) is not int or not lo <= value <= hi:
+        if not _whole_in(value, _MILLIS_FIELDS[name]):
             raise SettingsError(f"{name} must be {lo}..{hi} milliseconds, got {value!r}")
 
 
