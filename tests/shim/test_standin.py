@@ -185,6 +185,9 @@ def test_stream_capture_refuses_and_invalidates_as_driver_580_did():
         captured, other, event = new_stream(), new_stream(), vp()
         check(cuda.cuEventCreate(ctypes.byref(event), 0), "event")
         check(cuda.cuEventRecord(event, other), "record")
+        # Done before any capture, so a query may only be refused, never NOT_READY
+        # (on a loaded machine the stream's worker can lag the first queries).
+        check(cuda.cuEventSynchronize(event), "event done")
 
         def status():
             value = ip(-1)

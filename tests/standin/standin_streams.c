@@ -139,8 +139,15 @@ static void ensure_worker(struct CUstream_st *stream)
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_t thread;
-    if (pthread_create(&thread, &attr, stream_worker, stream) == 0)
-        stream->worker_pid = getpid();
+    int failed = pthread_create(&thread, &attr, stream_worker, stream);
+    if (failed) {
+        /* Work queued on a stream with no worker would never complete: a test would
+         * see NOT_READY or hang.  A fixture fails loudly instead. */
+        fprintf(stderr, "standin: no worker thread for stream %p: %s\n", (void *)stream,
+                strerror(failed));
+        abort();
+    }
+    stream->worker_pid = getpid();
     pthread_attr_destroy(&attr);
 }
 
