@@ -132,10 +132,12 @@ class ActionRunner:
             flags |= int(protocol.GrantFlags.RELEASE_WHEN_IDLE)
         if a.short_queue:
             flags |= int(protocol.GrantFlags.SHORT_QUEUE)
+        if a.displaced:
+            flags |= int(protocol.GrantFlags.DISPLACED)
         self._send(a.client, protocol.encode_lock(MessageType.LOCK_GRANT, a.gpu, a.lease, flags))
         if log.info_enabled:
             log.info(
-                "grant gpu=%s pid=%d lease=%d mode=%s waited_ms=%.2f%s%s",
+                "grant gpu=%s pid=%d lease=%d mode=%s waited_ms=%.2f%s%s%s",
                 gpu_name(a.gpu),
                 a.pid,
                 a.lease,
@@ -143,6 +145,7 @@ class ActionRunner:
                 a.waited_s * 1e3,
                 f" role={a.role}" if a.role else "",
                 f" use={a.use:.3f}" if a.use >= 0 else "",
+                " displaced=1" if a.displaced else "",
             )
 
     def _ask_to_drop(self, a: act.AskToDrop) -> None:

@@ -30,6 +30,8 @@ class Grant:
     use: float = field(default=-1.0, compare=False)
     # A turn that light work may cut short: its shim keeps its queue short throughout.
     short_queue: bool = False
+    # Another's turn may have pushed its pages to the host since it last held the GPU.
+    displaced: bool = False
 
 
 @dataclass(slots=True)

@@ -76,6 +76,9 @@ class GpuState:
     light_check_at: float | None = None
     # auto: (client, its turn's start) while that turn is cut short for a window.
     turn_paused: tuple[int, float] | None = None
+    # Clients whose pages another's turn may have pushed to the host since they last
+    # held this GPU: their next grant says DISPLACED, so the shim prefetches.
+    displaced: set[int] = field(default_factory=set)
 
 
 @dataclass(slots=True)

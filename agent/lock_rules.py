@@ -508,6 +508,8 @@ class LockRules:
         self._last_lease += 1
         auto = gpu.settings.anti_thrash is AntiThrash.AUTO
         release_when_idle = auto and mode == SHARED
+        displaced = client in gpu.displaced
+        gpu.displaced.discard(client)
         # A pipeline asks for its next GPU a few milliseconds into its turn here: too
         # late for a release-when-idle ask sent at the grant.  What it held while it
         # waited (or just before it asked) tells instead.
@@ -517,6 +519,8 @@ class LockRules:
             paused, gpu.turn_paused = gpu.turn_paused, None
             if paused is not None and paused[0] == client:
                 turn_since = paused[1]  # back from a window: the same turn
+        if role is Role.TURN and (auto or mode == EXCLUSIVE):  # off: all run at once
+            self._displace_by(gpu, client)
         gpu.holders[client] = Lease(
             self._last_lease,
             mode,
@@ -550,8 +554,23 @@ class LockRules:
                 # need windows, each a drop; a queue bounded by the longest kernel keeps a
                 # step from being queued whole before the yield comes (shim/queue_bound.c).
                 short_queue=auto and role is Role.TURN and not gpu.fits,
+                displaced=displaced,
             )
         )
+
+    def _displace_by(self, gpu: GpuState, client: int) -> None:
+        """A turn of `client` alone on the GPU: whoever does not fit beside it may find
+        its pages on the host when it comes back.  Windows of light work are left out:
+        they are short and small, and faults bring back the little they push out; a
+        prefetch of a trainer's resident gigabytes at every window would cost more
+        (docs/scheduling.md, "Memory")."""
+        for other in gpu.users:
+            if (
+                other != client
+                and gpu.uuid in self.clients[other].active
+                and not self._fits(gpu, [client, other], keeping=True)
+            ):
+                gpu.displaced.add(other)
 
     def _ask_to_drop(
         self,

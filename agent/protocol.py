@@ -108,6 +108,7 @@ class GrantFlags(enum.IntEnum):
     SHARED = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_SHARED")
     RELEASE_WHEN_IDLE = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_RELEASE_WHEN_IDLE")
     SHORT_QUEUE = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_SHORT_QUEUE")
+    DISPLACED = _c("enum nvshare_grant_flags", "NVSHARE_GRANT_DISPLACED")
 
 
 class DropFlags(enum.IntEnum):

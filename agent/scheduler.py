@@ -309,6 +309,7 @@ class Scheduler(LockRules):
                 gpu = self.gpus[uuid]
                 gpu.waiters.pop(client, None)
                 gpu.users.discard(client)
+                gpu.displaced.discard(client)
                 gpu.reported_totals.pop(client, None)
                 held = gpu.holders.pop(client, None)
                 if held is not None:

@@ -134,10 +134,13 @@ static void on_grant(struct nvshare_lock_machine *lock, const struct nvshare_loc
     lock->granted_at_ms = event->now_ms;
     /* Back after a short absence (a window of light work, a yield), little can have
      * been evicted, and what was comes back by faults; a prefetch of what stayed
-     * resident still costs ~0.7 ms a GiB (H100), at every grant (issue 35). */
+     * resident still costs ~0.7 ms a GiB (H100), at every grant (issue 35).  Unless
+     * the agent says another's turn pushed this process out meanwhile (DISPLACED):
+     * then faults would bring it back at a sixth of a prefetch's speed. */
     int away_long = lock->released_at_ms <= 0 ||
                     event->now_ms - lock->released_at_ms >= event->prefetch_after_ms;
-    if (event->prefetch && away_long) {
+    int displaced = (event->flags & NVSHARE_GRANT_DISPLACED) != 0;
+    if (event->prefetch && (away_long || displaced)) {
         post_work(lock, NVSHARE_WORK_PREFETCH, jobs); /* the worker opens the gate */
     } else {
         open_gate(lock, event, jobs);

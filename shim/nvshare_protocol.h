@@ -93,7 +93,12 @@ enum nvshare_grant_flags {
      * bound the queue by the longest recent kernel, not the average, for the whole
      * lease (and to 5 ms once others wait); a shim that does not know the bit
      * ignores it */
-    NVSHARE_GRANT_SHORT_QUEUE = 8
+    NVSHARE_GRANT_SHORT_QUEUE = 8,
+    /* since this process last held the GPU, another one whose memory does not fit beside
+     * it held the GPU alone for a turn: its pages may be on the host, so prefetch at this
+     * grant however short the absence was (a shim that does not know the bit goes by time
+     * alone) */
+    NVSHARE_GRANT_DISPLACED = 16
 };
 
 enum nvshare_drop_flags {

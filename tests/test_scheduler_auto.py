@@ -423,6 +423,41 @@ def test_the_trainer_comes_back_once_the_notebook_goes_idle():
     assert back.client == 1
 
 
+def test_a_turn_marks_whoever_does_not_fit_beside_it_displaced_and_a_window_does_not():
+    # The grant's DISPLACED makes the shim prefetch however short the absence was:
+    # another's turn alone on the GPU may have pushed its pages to the host.
+    s = exclusive_gpu()
+    now = hold_for(s, 1, 60.0, 0.0)  # a trainer, busy a minute
+    trainer = one(Grant, s.request(1, G0, now))
+    assert trainer.role == "turn" and not trainer.displaced  # nobody else has run
+    s.request(2, G0, now + 1)
+    notebook = one(Grant, s.release(1, G0, trainer.lease, now + 1.05))
+    assert notebook.role == "beside" and not notebook.displaced  # nothing on the GPU before
+    s.request(1, G0, now + 1.06)
+    back = one(Grant, s.release(2, G0, notebook.lease, now + 1.1, idle_ms=WINDOW_IDLE_MS))
+    # A window is short and small: faults bring back the little it pushed out, where a
+    # prefetch of the trainer's resident memory would cost ~0.7 ms a GiB at every window.
+    assert (back.client, back.role, back.displaced) == (1, "turn", False)
+    s.request(2, G0, now + 2)
+    again = one(Grant, s.release(1, G0, back.lease, now + 2.05))
+    assert again.client == 2 and again.displaced  # the trainer's turn came between
+
+
+def test_turns_displace_each_other_only_where_memory_does_not_fit():
+    for limit, displaced in ((0, False), (512 << 20, True)):
+        s = make(2, settings=AUTO.replaced(anti_thrash=AntiThrash.ON, memory_limit_bytes=limit))
+        for client in (1, 2):
+            s.memory_report(client, G0, GIB, 0, now=0.0)
+        first = one(Grant, s.request(1, G0, 0.0))
+        s.request(2, G0, 0.1)
+        second = one(Grant, s.release(1, G0, first.lease, 0.2))
+        s.request(1, G0, 0.3)
+        third = one(Grant, s.release(2, G0, second.lease, 0.4))
+        assert (second.client, third.client) == (2, 1)
+        # 2 had its memory on the GPU before 1's first turn, 1 before 2's.
+        assert (first.displaced, second.displaced, third.displaced) == (False, *[displaced] * 2)
+
+
 def test_waiters_are_served_least_recent_use_first():
     s = exclusive_gpu(n_clients=4)
     now = 0.0

@@ -123,3 +123,27 @@ async def test_a_waiting_shim_hears_keepalives(start_inproc_agent):
     assert holder.keepalives == 0  # only those who wait
     for client in (holder, waiter):
         await client.close()
+
+
+async def test_a_grant_after_another_turn_that_did_not_fit_says_displaced(start_inproc_agent):
+    # The shim prefetches at such a grant however soon it comes (shim/lock_machine.c):
+    # the other's turn may have pushed this one's pages to the host.
+    for limit, displaced in ((0, 0), (GIB, int(GrantFlags.DISPLACED))):
+        settings = AUTO.replaced(anti_thrash=AntiThrash.ON, memory_limit_bytes=limit)
+        agent, path = await start_inproc_agent(settings)
+        a, b = await shim(path, "a"), await shim(path, "b")
+        a.report_memory(GPU0, 2 * GIB)
+        b.report_memory(GPU0, 2 * GIB)
+        await asyncio.sleep(0.05)  # the reports before the first grant
+        grant_a, _ = await granted_within(a, 1)
+        assert grant_a.flags == GrantFlags.EXCLUSIVE
+        b.request()
+        a.release(grant_a)
+        grant_b = await b.wait_grant(timeout=1)
+        assert grant_b.flags == GrantFlags.EXCLUSIVE | displaced  # a ran while b had memory
+        a.request()
+        b.release(grant_b)
+        grant_a = await a.wait_grant(timeout=1)
+        assert grant_a.flags == GrantFlags.EXCLUSIVE | displaced
+        for client in (a, b):
+            await client.close()

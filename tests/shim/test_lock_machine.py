@@ -23,6 +23,7 @@ EXCLUSIVE = int(protocol.GrantFlags.EXCLUSIVE)
 SHARED = int(protocol.GrantFlags.SHARED)
 RELEASE_WHEN_IDLE = int(protocol.GrantFlags.RELEASE_WHEN_IDLE)
 WHEN_IDLE = int(protocol.DropFlags.WHEN_IDLE)
+DISPLACED = int(protocol.GrantFlags.DISPLACED)
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +175,28 @@ def test_a_grant_soon_after_the_last_lease_ended_opens_the_gate_without_a_prefet
     assert grant_at(300.0, 8)[0] == ("OPEN_GATE",)
     release_at(400.0, 8)
     assert grant_at(1400.0, 9)[0][:2] == ("POST_WORK", "PREFETCH")
+
+
+def test_a_grant_soon_after_the_last_lease_prefetches_when_the_agent_says_displaced(lock):
+    # Another's turn alone on the GPU came between (the agent knows, the shim cannot):
+    # what it pushed to the host would come back by faults at a sixth of the speed.
+    lock.granted(lease=7, now=10.0)
+    ticket = lock.ticket(lock.step("DROP", now=100.0, lease=7))
+    lock.step("TAKE_WORK", now=100.0)
+    lock.step("CLOSE_FOR_DRAIN", now=100.0, ticket=ticket)
+    lock.step("DRAINED", now=100.0, ticket=ticket)
+    lock.step("SEND_RELEASE", now=100.0)
+    lock.step("THREAD_WAITS", now=150.0)
+    lock.step("SEND_REQUEST", now=160.0)
+    jobs = lock.step(
+        "GRANT",
+        now=300.0,
+        lease=8,
+        flags=EXCLUSIVE | DISPLACED,
+        prefetch=1,
+        prefetch_after_ms=1000,
+    )
+    assert jobs[0][:2] == ("POST_WORK", "PREFETCH")
 
 
 def test_a_grant_soon_after_a_revoke_still_prefetches(lock):

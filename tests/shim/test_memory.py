@@ -205,6 +205,38 @@ def test_a_grant_after_a_short_absence_does_not_prefetch(world, agent):
     assert len(mine) == 1, "the first grant only (no lease ended before it)"
 
 
+TURNS_WHERE_NOTHING_FITS = """\
+[scheduler]
+time_quantum = 1
+anti_thrash = on
+idle_release_ms = 100
+drop_grace_ms = 300
+memory_limit = 64M
+"""
+
+
+def test_a_grant_after_another_turn_that_did_not_fit_prefetches_however_soon(world):
+    # The agent says DISPLACED: the other's turn alone on the GPU may have pushed this
+    # one's pages to the host, and faults would bring them back at a sixth of the speed.
+    # Turns (anti-thrash on, 1 s) where nothing fits beside anything (contexts alone are
+    # counted 512 MiB without NVML).
+    agent = world.start_agent(config=TURNS_WHERE_NOTHING_FITS)
+    other = world.client("linked", "--ints", 1 << 18, "--duration-ms", 2500, "--sleep-ms", 20)
+    agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={other.pid}\b")
+    client = loops_over_one_buffer(world, after_ms=60000)  # time alone: never again
+    client.finish_ok()
+    other.finish_ok()
+    log = world.settled(agent, client, other)
+    grants = re.findall(rf"grant gpu={STANDIN_GPU} pid={client.pid}\b.*", log)
+    displaced = [g for g in grants if "displaced=1" in g]
+    assert displaced, grants  # the other held the GPU with its memory before each
+    buffer = world.calls(client.pid, "cuMemAllocManaged")[0].fields["ptr"]
+    mine = [c for c in prefetches(world, client.pid) if c.fields["ptr"] == buffer]
+    # The buffer exists from the first grant on; every later grant that says so prefetches.
+    later_displaced = [g for g in grants[1:] if "displaced=1" in g]
+    assert len(mine) == 1 + len(later_displaced) >= 2, (len(mine), grants)
+
+
 def test_prefetch_can_be_turned_off(world, agent):
     client = world.client("linked", "--loops", 2, "--sleep-ms", 400, NVSHARE_PREFETCH=0)
     client.finish_ok()
