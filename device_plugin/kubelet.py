@@ -36,7 +36,9 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 WATCH_INTERVAL_S = 0.2
 REGISTER_TIMEOUT_S = 5.0
-# After a failed Register, the same kubelet is asked again this much later; a new one at once.
+# After a failed Register the same kubelet is asked again after WATCH_INTERVAL_S, then twice
+# as long after each failure up to RETRY_INTERVAL_S; a new one at once.  A kubelet makes its
+# socket before it serves on it: a first attempt may come in between.
 RETRY_INTERVAL_S = 2.0
 
 SocketIdentity = tuple[int, int, int]
@@ -88,6 +90,7 @@ class KubeletLink:
         self.registered_with: SocketIdentity | None = None
         self.last_attempt: SocketIdentity | None = None
         self.retry_at = 0.0
+        self.retry_after_s = WATCH_INTERVAL_S
         self.problem: str | None = None
 
     async def keep_registered(self) -> None:
@@ -113,9 +116,13 @@ class KubeletLink:
         if kubelet is None or kubelet == self.registered_with:
             return
         now = asyncio.get_running_loop().time()
-        if kubelet == self.last_attempt and now < self.retry_at:
-            return
-        self.last_attempt, self.retry_at = kubelet, now + RETRY_INTERVAL_S
+        if kubelet == self.last_attempt:
+            if now < self.retry_at:
+                return
+            self.retry_after_s = min(2 * self.retry_after_s, RETRY_INTERVAL_S)
+        else:
+            self.retry_after_s = WATCH_INTERVAL_S
+        self.last_attempt, self.retry_at = kubelet, now + self.retry_after_s
         await self._register(kubelet)
 
     async def close(self) -> None:
@@ -164,7 +171,8 @@ class KubeletLink:
             except grpc.aio.AioRpcError as e:
                 self._report(
                     f"the kubelet at {self.kubelet_socket} did not take the registration "
-                    f"({e.code().name}: {e.details()}); trying again in {RETRY_INTERVAL_S:g} s"
+                    f"({e.code().name}: {e.details()}); trying again, at most every "
+                    f"{RETRY_INTERVAL_S:g} s"
                 )
                 return
         self.registered_with = kubelet
