@@ -3,8 +3,9 @@
 io.github.nvshare.Shares1.xml) and the standard interfaces served beside them,
 and the named error every refused call answers with.  The XML is the one
 definition: property types and access, method signatures, which properties
-emit no PropertiesChanged; dbus_properties.check_properties refuses to serve
-when its table and Scheduler1's XML disagree.
+emit no PropertiesChanged; dbus_properties.check_properties (Scheduler1) and
+dbus_shares.check_shares_contract (Shares1) refuse to serve when the code and
+the XML disagree.
 """
 
 from __future__ import annotations
