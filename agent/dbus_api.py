@@ -10,7 +10,8 @@ call takes one path, which ARCHITECTURE.md walks through for a Set:
 
     handle -> _start_set -> _set -> caller_may_change (the one permission check)
     -> Setting.change (dbus_properties.py) -> Engine.change_settings -> ...
-    -> ChangeNotifier._notify (timers.py) -> publish_changes (PropertiesChanged)
+    -> ChangeNotifier._notify (timers.py) -> publish_changes
+    -> PropertiesChangedEmitter.publish (dbus_changes.py, PropertiesChanged)
 
 The permission check repeats the policy file's rule on purpose: a permissive
 or broken policy must not turn into anyone-may-set.
@@ -35,6 +36,7 @@ from dbus_next.aio import MessageBus
 from dbus_next.constants import ErrorType
 
 from . import dbus_names as names
+from .dbus_changes import PropertiesChangedEmitter
 from .dbus_connection import plain, read_machine_id
 from .dbus_contract import (
     CONTRACT_FILE,
@@ -109,7 +111,9 @@ class DBusApi:
         # Read once at start: the agent reads its config file only then.
         self._config_problem = config_problem
         self._pending: set[asyncio.Task] = set()  # strong refs: the loop keeps weak ones
-        self._published = self._comparable(self._values())
+        self._changes = PropertiesChangedEmitter(
+            bus, contract, self._values, {names.PROP_CLIENTS: _clients_less_held_seconds}
+        )
         self._routes: dict[tuple[str, str], Callable[[Message], Message | None]] = {
             (PROPERTIES_INTERFACE, "Get"): self._get,
             (PROPERTIES_INTERFACE, "GetAll"): self._get_all,
@@ -312,47 +316,13 @@ class DBusApi:
 
     # ------------------------------------------------------------ PropertiesChanged
 
-    @staticmethod
-    def _comparable(values: dict) -> dict:
-        # Holding time grows on every read; comparing it would make every snapshot
-        # look like a change.  PropertiesChanged reports state changes.
-        clients = values[names.PROP_CLIENTS]
-        values[names.PROP_CLIENTS] = [[*c[:4], [e[:3] for e in c[4]]] for c in clients]
-        return values
-
     def publish_changes(self) -> None:
-        """The engine's subscriber (coalesced there): one PropertiesChanged for what changed."""
-        if not self._bus.connected:
-            return
-        values = self._values()
-        comparable = self._comparable(dict(values))
-        silent = self._contract.silent
-        changed = [n for n in values if n not in silent and comparable[n] != self._published.get(n)]
-        self._published = comparable
-        if not changed:
-            return
-        props = self._contract.properties
-        # One value the bus cannot carry (a Variant checks it here) must not hold
-        # back the others.
-        variants = {}
-        for name in changed:
-            try:
-                variants[name] = Variant(props[name][0], values[name])
-            except Exception as error:
-                log.warning("dbus PropertiesChanged %s not sent: %s", name, error)
-        if variants:
-            try:
-                self._send_changed(variants)
-            except Exception as error:
-                log.warning("dbus PropertiesChanged not sent: %s", error)
+        """The engine's subscriber (coalesced there): one PropertiesChanged for what changed
+        (dbus_changes.py, the rule both interfaces emit by)."""
+        self._changes.publish()
 
-    def _send_changed(self, variants: dict) -> None:
-        self._bus.send(
-            Message.new_signal(
-                names.OBJECT_PATH,
-                PROPERTIES_INTERFACE,
-                "PropertiesChanged",
-                "sa{sv}as",
-                [names.INTERFACE, variants, []],
-            )
-        )
+
+def _clients_less_held_seconds(clients: list) -> list:
+    # Holding time grows on every read; comparing it would make every snapshot
+    # look like a change.  PropertiesChanged reports state changes.
+    return [[*c[:4], [e[:3] for e in c[4]]] for c in clients]

@@ -1,9 +1,11 @@
 """The D-Bus contract as the agent reads it: the checked-in interface XML
-(io.github.nvshare.Scheduler1.xml, beside this file) and the standard
-interfaces served beside it, and the named error every refused call answers
-with.  The XML is the one definition: property types and access, method
-signatures; dbus_properties.check_properties refuses to serve when its table
-and the XML disagree.
+(io.github.nvshare.Scheduler1.xml beside this file, and Shares1's,
+io.github.nvshare.Shares1.xml) and the standard interfaces served beside them,
+and the named error every refused call answers with.  The XML is the one
+definition: property types and access, method signatures, which properties
+emit no PropertiesChanged; dbus_properties.check_properties (Scheduler1) and
+dbus_shares.check_shares_contract (Shares1) refuse to serve when the code and
+the XML disagree.
 """
 
 from __future__ import annotations
@@ -70,16 +72,18 @@ class Contract:
     properties: dict[str, tuple[str, str]]  # name -> (type, access)
     methods: dict[str, str]  # name -> input signature
     silent: frozenset[str]  # properties that emit no PropertiesChanged
+    interface: str = names.INTERFACE
 
 
-def load_contract() -> Contract:
-    text = importlib.resources.files(__package__).joinpath(CONTRACT_FILE).read_text()
-    return parse_contract(text)
+def load_contract(interface: str = names.INTERFACE) -> Contract:
+    """The contract of `interface`, from its file (INTERFACE.xml, package data)."""
+    text = importlib.resources.files(__package__).joinpath(interface + ".xml").read_text()
+    return parse_contract(text, interface)
 
 
-def parse_contract(text: str) -> Contract:
+def parse_contract(text: str, interface_name: str = names.INTERFACE) -> Contract:
     root = ElementTree.fromstring(text)
-    (interface,) = [i for i in root.findall("interface") if i.get("name") == names.INTERFACE]
+    (interface,) = [i for i in root.findall("interface") if i.get("name") == interface_name]
     properties = {
         p.attrib["name"]: (p.attrib["type"], p.attrib["access"]) for p in interface.iter("property")
     }
@@ -96,6 +100,6 @@ def parse_contract(text: str) -> Contract:
         if a.get("name") == "org.freedesktop.DBus.Property.EmitsChangedSignal"
         and a.get("value") == "false"
     )
-    start = text.index(f'<interface name="{names.INTERFACE}"')
+    start = text.index(f'<interface name="{interface_name}"')
     end = text.index("</interface>", start) + len("</interface>")
-    return Contract(text[start:end], properties, methods, silent)
+    return Contract(text[start:end], properties, methods, silent, interface_name)

@@ -12,6 +12,8 @@ checks that they agree with this module.
 BUS_NAME = "io.github.nvshare.Scheduler1"
 OBJECT_PATH = "/io/github/nvshare/Scheduler1"
 INTERFACE = "io.github.nvshare.Scheduler1"
+# The share groups' interface, on the same object (agent/dbus_shares.py).
+SHARES_INTERFACE = "io.github.nvshare.Shares1"
 
 # Members, so that no caller spells them twice.
 PROP_TIME_QUANTUM = "TimeQuantum"  # u, seconds, read-write

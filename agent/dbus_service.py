@@ -2,7 +2,9 @@
 beside it for Shares1) served on a bus connection, its well-known name
 requested, and a new connection with exponential backoff whenever the bus is
 missing or goes away; the agent keeps serving the shims meanwhile.  The
-contract is checked once, before the first connection (dbus_api.check_contract)."""
+contracts are checked once, before the first connection (dbus_api.check_contract,
+dbus_shares.check_shares_contract).  Each change notification from the engine
+goes to both interfaces' publish_changes, which send what changed (dbus_changes.py)."""
 
 from __future__ import annotations
 
@@ -16,21 +18,26 @@ from . import dbus_names as names
 from .dbus_api import DBusApi, check_contract
 from .dbus_connection import connect_bus
 from .dbus_contract import Contract, load_contract
-from .dbus_shares import SharesApi
+from .dbus_shares import SharesApi, check_shares_contract
 from .engine import Engine
 
 log = logging.getLogger(__name__)
 
 
 async def _publish(
-    engine: Engine, address: str, contract: Contract, config_problem: str
-) -> tuple[MessageBus, DBusApi]:
+    engine: Engine,
+    address: str,
+    contract: Contract,
+    shares_contract: Contract,
+    config_problem: str,
+) -> tuple[MessageBus, list[DBusApi | SharesApi]]:
     bus = await connect_bus(address, timeout_s=10)
     try:
         api = DBusApi(bus, engine, contract, config_problem)
         # Shares1 (dbus_shares.py), a second interface: its handler goes first, and
         # passes on every call that is not its own.
-        bus.add_message_handler(SharesApi(bus, engine, api).handle)
+        shares = SharesApi(bus, engine, api, shares_contract)
+        bus.add_message_handler(shares.handle)
         bus.add_message_handler(api.handle)
         reply = await bus.request_name(names.BUS_NAME)
     except BaseException:
@@ -38,7 +45,7 @@ async def _publish(
         raise
     if reply == RequestNameReply.IN_QUEUE:
         log.warning("dbus name=%s is owned by another process; queued for it", names.BUS_NAME)
-    return bus, api
+    return bus, [api, shares]
 
 
 async def export_on_bus(
@@ -54,7 +61,9 @@ async def export_on_bus(
     backoff; the agent keeps serving the shims meanwhile."""
     contract = load_contract()
     check_contract(contract)  # a mismatch is a bug: say so before serving anything
-    current: list[DBusApi] = []  # the API of the connection we have, if any
+    shares_contract = load_contract(names.SHARES_INTERFACE)
+    check_shares_contract(shares_contract)
+    current: list[DBusApi | SharesApi] = []  # the interfaces of the connection we have
 
     def publish() -> None:
         for api in current:
@@ -66,8 +75,10 @@ async def export_on_bus(
         while True:
             bus = None
             try:
-                bus, api = await _publish(engine, address, contract, config_problem)
-                current[:] = [api]
+                bus, apis = await _publish(
+                    engine, address, contract, shares_contract, config_problem
+                )
+                current[:] = apis
                 log.info("dbus connected address=%s name=%s", address, names.BUS_NAME)
                 retry_s, failures = first_retry_s, 0
                 try:

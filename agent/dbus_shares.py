@@ -6,21 +6,24 @@ dbus_api's: the settings (ShareBy, Shares) and the live figures (Groups) as
 properties; SetShare and ResetShare as methods, since a share is one entry of a
 table, not one value.  Who may change them is dbus_api's one permission check
 (DBusApi.caller_may_change); the change goes through Engine.change_settings,
-which validates, saves and applies it like any other setting.
+which validates, saves and applies it like any other setting.  Its contract is
+the XML (types, signatures, what emits), read by dbus_contract.py and checked
+against what this module serves at start (check_shares_contract); its
+PropertiesChanged come from dbus_changes.py, by the rule Scheduler1's do.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.resources
 
 from dbus_next import Message, MessageType, Variant
 from dbus_next.constants import ErrorType
 
 from . import dbus_names as names
 from .dbus_api import DBusApi
+from .dbus_changes import PropertiesChangedEmitter
 from .dbus_connection import plain
-from .dbus_contract import DBusFailure
+from .dbus_contract import Contract, ContractMismatch, DBusFailure
 from .engine import Engine
 from .eventlog import events as log
 from .identity import uid_of
@@ -34,20 +37,43 @@ from .settings import (
 )
 from .text import excerpt
 
-INTERFACE = "io.github.nvshare.Shares1"
-XML_FILE = "io.github.nvshare.Shares1.xml"  # package data, as dbus_api's contract
+INTERFACE = names.SHARES_INTERFACE
 _PROPERTIES = "org.freedesktop.DBus.Properties"
 _INTROSPECTABLE = "org.freedesktop.DBus.Introspectable"
-_SIGNATURES = {"SetShare": "sa{sv}", "ResetShare": "s"}
 _FIELD_TYPES = {"weight": "u", "memory_cap_bytes": "t"}
-PROPERTY_TYPES = {"ShareBy": "s", "Shares": "a{sa{sv}}", "Groups": "aa{sv}"}
+# What this module serves; the types, access and signatures are the contract's.
+PROPERTIES = ("ShareBy", "Shares", "Groups")  # share_values' keys, GetAll's order
+SETTINGS = ("ShareBy",)  # the writable ones
+METHODS = ("SetShare", "ResetShare")
 
 
-def interface_xml() -> str:
-    """The interface element of io.github.nvshare.Shares1.xml, as written."""
-    text = importlib.resources.files(__package__).joinpath(XML_FILE).read_text()
-    start = text.index(f'<interface name="{INTERFACE}"')
-    return text[start : text.index("</interface>", start) + len("</interface>")]
+def check_shares_contract(contract: Contract) -> None:
+    """This module serves exactly Shares1's contract; ContractMismatch, a sentence
+    naming each difference, otherwise: a bug, said before anything is served."""
+    problems = []
+    for what, served, in_xml in (
+        ("properties", PROPERTIES, tuple(contract.properties)),
+        ("methods", METHODS, tuple(contract.methods)),
+        (
+            "writable properties",
+            SETTINGS,
+            tuple(n for n, (_t, access) in contract.properties.items() if access == "readwrite"),
+        ),
+    ):
+        if sorted(served) != sorted(in_xml):
+            problems.append(f"{what}: served {', '.join(served)}; in the XML {', '.join(in_xml)}")
+    if problems:
+        raise ContractMismatch(
+            f"agent/dbus_shares.py and {INTERFACE}.xml disagree: " + "; ".join(problems)
+        )
+
+
+def _groups_less_use_and_share(groups: list) -> list:
+    # A group's use and share decay with time and grow while it holds a GPU:
+    # compared, every read would be a change (as a client's seconds held,
+    # dbus_api.py).  Groups changes when a group comes or goes, or its weight,
+    # cap or number of clients does.
+    return [{k: v for k, v in g.items() if k not in ("use", "share")} for g in groups]
 
 
 def share_values(engine: Engine) -> dict:
@@ -74,9 +100,21 @@ def share_values(engine: Engine) -> dict:
 class SharesApi:
     """Serves Shares1; every other call falls through to dbus_api's handler."""
 
-    def __init__(self, bus, engine: Engine, api: DBusApi):
+    def __init__(self, bus, engine: Engine, api: DBusApi, contract: Contract):
         self._bus, self._engine, self._api = bus, engine, api
+        self._contract = contract
         self._pending: set[asyncio.Task] = set()
+        self._changes = PropertiesChangedEmitter(
+            bus,
+            contract,
+            lambda: share_values(engine),
+            {"Groups": _groups_less_use_and_share},
+        )
+
+    def publish_changes(self) -> None:
+        """The engine's subscriber, beside DBusApi.publish_changes: one
+        PropertiesChanged on Shares1 for what changed (dbus_changes.py)."""
+        self._changes.publish()
 
     def handle(self, msg: Message):
         if msg.message_type != MessageType.METHOD_CALL or msg.path != names.OBJECT_PATH:
@@ -88,7 +126,7 @@ class SharesApi:
                 return self._property_call(msg)
             if msg.interface != INTERFACE:
                 return None
-            expected = _SIGNATURES.get(msg.member)
+            expected = self._contract.methods.get(msg.member)
             if expected is None:
                 raise DBusFailure(
                     ErrorType.UNKNOWN_METHOD.value,
@@ -109,12 +147,17 @@ class SharesApi:
         reply = self._api._introspect(msg)
         (xml,) = reply.body
         at = xml.rindex("</node>")
-        return Message.new_method_return(msg, "s", [f"{xml[:at]}  {interface_xml()}\n{xml[at:]}"])
+        return Message.new_method_return(
+            msg, "s", [f"{xml[:at]}  {self._contract.xml}\n{xml[at:]}"]
+        )
 
     def _property_call(self, msg: Message):
         values = share_values(self._engine)
+        types = {
+            name: dbus_type for name, (dbus_type, _access) in self._contract.properties.items()
+        }
         if msg.member == "GetAll" and msg.signature == "s":
-            props = {n: Variant(PROPERTY_TYPES[n], v) for n, v in values.items()}
+            props = {n: Variant(types[n], v) for n, v in values.items()}
             return Message.new_method_return(msg, "a{sv}", [props])
         if msg.member == "Get" and msg.signature == "ss":
             name = msg.body[1]
@@ -122,12 +165,10 @@ class SharesApi:
                 raise DBusFailure(
                     ErrorType.UNKNOWN_PROPERTY.value, f"{INTERFACE} has no property {excerpt(name)}"
                 )
-            return Message.new_method_return(
-                msg, "v", [Variant(PROPERTY_TYPES[name], values[name])]
-            )
+            return Message.new_method_return(msg, "v", [Variant(types[name], values[name])])
         if msg.member == "Set" and msg.signature == "ssv":
             name, value = msg.body[1], msg.body[2]
-            if name != "ShareBy":
+            if name not in SETTINGS:
                 raise DBusFailure(
                     ErrorType.PROPERTY_READ_ONLY.value, f"{excerpt(name)} is not a writable setting"
                 )

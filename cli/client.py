@@ -96,7 +96,7 @@ def _variant(dbus_type: str, value) -> Variant:
     return Variant(dbus_type, _u64(value) if dbus_type == "t" else value)
 
 
-SHARES_INTERFACE = "io.github.nvshare.Shares1"  # agent/io.github.nvshare.Shares1.xml
+SHARES_INTERFACE = names.SHARES_INTERFACE  # agent/io.github.nvshare.Shares1.xml
 
 
 class AgentClient:

@@ -1,6 +1,7 @@
-"""The property table (agent/dbus_properties.py) and the interface XML agree,
-and the agent refuses to serve when they do not: a setting added to one and not
-the other is a failing test and a clear line at start, not a silent gap."""
+"""The property table (agent/dbus_properties.py) and the interface XML agree, and
+so do agent/dbus_shares.py and Shares1's XML; the agent refuses to serve when they
+do not: a setting added to one and not the other is a failing test and a clear line
+at start, not a silent gap."""
 
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from nvshare_agent.dbus_contract import (
     parse_contract,
 )
 from nvshare_agent.dbus_properties import PROPERTIES, SETTINGS, check_properties
+from nvshare_agent.dbus_shares import check_shares_contract
 
 
 def test_the_property_table_serves_the_contract():
@@ -63,3 +65,22 @@ def test_a_method_the_agent_does_not_serve_is_refused_by_name():
     contract = _contract_file_with('<method name="JoinShareGroup"/>')
     with pytest.raises(ContractMismatch, match="not served: JoinShareGroup"):
         check_contract(contract)
+
+
+def test_the_shares_interface_serves_its_contract():
+    contract = load_contract(names.SHARES_INTERFACE)
+    check_shares_contract(contract)
+    assert contract.interface == names.SHARES_INTERFACE
+    assert contract.methods == {"SetShare": "sa{sv}", "ResetShare": "s"}
+    # Groups emits (its use and share alone do not count as a change, dbus_changes.py).
+    assert contract.silent == frozenset()
+
+
+def test_a_shares_member_the_agent_does_not_serve_is_refused_by_name():
+    text = (Path(nvshare_agent.__file__).parent / f"{names.SHARES_INTERFACE}.xml").read_text()
+    extra = '<property name="Quota" type="u" access="read"/>'
+    contract = parse_contract(
+        text.replace("  </interface>", extra + "\n  </interface>", 1), names.SHARES_INTERFACE
+    )
+    with pytest.raises(ContractMismatch, match="in the XML ShareBy, Shares, Groups, Quota"):
+        check_shares_contract(contract)
