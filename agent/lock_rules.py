@@ -61,6 +61,12 @@ YIELD_IDLE_MS = 50
 # auto: light work that runs while the turn waits (a window) gives the GPU back
 # after this long idle: at once, less the noise between one request's kernels.
 WINDOW_IDLE_MS = 2
+# auto: a turn held this long whose holder's use is still under LIGHT_FLOOR, while busy
+# work waits, is light work holding the turn (a notebook or a loader that came first):
+# asked to drop, it goes on beside the busy one's turn or in its windows.  A busy client
+# starting from nothing is past the floor within about 1 s (1 - e^(-t/10 s)): it keeps
+# its first turn.
+LIGHT_TURN_PROOF_S = 2.0
 # auto: how long a turn takes to drain once asked to drop with light work waiting (its
 # shim bounds its queue to 5 ms meanwhile; a trainer's 18 ms kernels, one or two of
 # them): the drop is asked this much before light work's wait (light_wait_ms) is up.
@@ -89,6 +95,7 @@ class DropReason(enum.Enum):
     MEMORY_DOES_NOT_FIT = "memory does not fit"  # beside the turn, after a report
     ANTI_THRASH_ON = "anti-thrash on"
     ANTI_THRASH_AUTO = "anti-thrash auto"
+    LIGHT_TURN = "light turn"  # auto: light work held the turn, busy work waits
     OTHERS_WAIT = "others wait"  # a yield: release once idle
     WINDOW = "window"  # a yield: light work in a window, release at once when idle
 
@@ -412,22 +419,20 @@ class LockRules:
         if turn is None and starving and self._fits_with(gpu, best):
             self._grant(gpu, best, now, SHARED, actions, Role.TURN)
             turn = best
-        if turn is not None:
-            # 5.2 Light work beside the turn, where it fits.
-            for client in [c for c, w in gpu.waiters.items() if w.light]:
-                if self._fits_with(gpu, client):
-                    self._grant(gpu, client, now, SHARED, actions, Role.BESIDE)
-        elif not starving:
+        if turn is None and not starving:
             # 5.3 A turn change: light work that cuts in, or that fits beside the next
             #     busy turn, runs now (a window); the turn goes to the best of the rest
             #     (busy work, and light work that fits neither way), once it fits.
+            #     With no busy waiter there is no turn to fit beside: light work that
+            #     does not cut in competes for the turn (a new trainer, light by its
+            #     little use so far, once took a window and kept it past light work).
             busy = [c for c, w in gpu.waiters.items() if not w.light]
             next_busy = [self._best_waiter(gpu, at, busy)] if busy else []
             for client in [c for c, w in gpu.waiters.items() if w.light]:
-                cuts_in = gpu.waiters[client].cuts_in
-                if (cuts_in or self._fits_with(gpu, client, *next_busy)) and self._fits_with(
-                    gpu, client
-                ):
+                runs_now = gpu.waiters[client].cuts_in or (
+                    next_busy and self._fits_with(gpu, client, *next_busy)
+                )
+                if runs_now and self._fits_with(gpu, client):
                     self._grant(gpu, client, now, SHARED, actions, Role.BESIDE)
             takers = [c for c, w in gpu.waiters.items() if not w.cuts_in]
             if takers:
@@ -435,6 +440,11 @@ class LockRules:
                 if self._fits_with(gpu, taker):
                     self._grant(gpu, taker, now, SHARED, actions, Role.TURN)
                     turn = taker
+        if turn is not None:
+            # 5.2 Light work beside the turn, where it fits (the new turn's too).
+            for client in [c for c, w in gpu.waiters.items() if w.light]:
+                if self._fits_with(gpu, client):
+                    self._grant(gpu, client, now, SHARED, actions, Role.BESIDE)
         if not gpu.waiters:
             return
         # The grants may have taken the best waiter: judge by those still waiting.
@@ -475,6 +485,9 @@ class LockRules:
         ):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.LIGHT_WORK_WAITS)
             gpu.turn_paused = (turn, held.turn_since)
+        elif not starving and self._light_work_holds_the_turn(gpu, turn, held, at):
+            # A yield would not do: a loader idle 9 ms in 10 is never idle 50 ms.
+            self._ask_to_drop(gpu, turn, held, now, actions, DropReason.LIGHT_TURN)
         elif held.yield_asked:
             pass
         elif (
@@ -492,6 +505,19 @@ class LockRules:
             at.reached(now + LIGHT_CHECK_S)  # its use grows as it runs: look again
         if any(w.light and not w.cuts_in for w in gpu.waiters.values()):
             at.reached(now + LIGHT_CHECK_S)  # light work may come to cut in: look again
+
+    def _light_work_holds_the_turn(
+        self, gpu: GpuState, turn: int, held: Lease, at: Moments
+    ) -> bool:
+        """Busy work waits (a waiter not light beside the turn) while the turn's holder,
+        after LIGHT_TURN_PROOF_S of it, is still under the floor: light work that came
+        first.  (The waiter's use is often frozen near 2 x the floor, where it stopped
+        being light beside the turn: no ratio to the holder's would hold.)"""
+        if self._usage(turn, gpu.uuid, at.now) >= LIGHT_FLOOR:
+            return False  # (looked at again every LIGHT_CHECK_S while the turn is held)
+        if all(waiter.light for waiter in gpu.waiters.values()):
+            return False
+        return at.reached(held.turn_since + LIGHT_TURN_PROOF_S)
 
     # ------------------------------------------------------------ actions on leases
 

@@ -21,7 +21,7 @@ from nvshare_agent.actions import (
     Revoke,
 )
 from nvshare_agent.core_state import FEATURE_USAGE
-from nvshare_agent.lock_rules import DRAIN_MS, WINDOW_IDLE_MS
+from nvshare_agent.lock_rules import DRAIN_MS, LIGHT_TURN_PROOF_S, WINDOW_IDLE_MS
 from nvshare_agent.scheduler import (
     FEATURE_YIELD,
     LIGHT_CHECK_S,
@@ -819,6 +819,105 @@ def test_a_busy_client_that_windows_starve_of_use_takes_the_next_turn():
     # Its windows stopped once it was no longer light: few, against 1's whole quantum.
     assert len(windows) < 200
     assert busy_us[2] < 0.1 * busy_us[1] + 5e6
+
+
+class MeasuredMix:
+    """Clients whose shims measure their GPU time, in 1 ms steps.  duty[c]: the
+    fraction of each 10 ms it keeps the GPU busy while it holds a lease (1: a
+    trainer; 0.03: a loader's batch every 10 ms).  A drop drains in 20 ms (a light
+    client's in 1 ms), a yield ends once the client is idle that long, and every
+    client asks again at once.  busy_s: the GPU time each got."""
+
+    def __init__(self, s: Scheduler, duty: dict[int, float]):
+        self.s, self.duty = s, duty
+        self.busy_s = dict.fromkeys(duty, 0.0)
+        self.held: dict[int, Grant] = {}
+        self.grants: list[tuple[float, Grant]] = []
+        self.releases: dict[int, float] = {}  # client -> when it gives its lease back
+        self.now = 0.0
+
+    def note(self, actions) -> None:
+        for grant in of(Grant, actions):
+            self.held[grant.client] = grant
+            self.grants.append((self.now, grant))
+        for drop in of(AskToDrop, actions):
+            duty = self.duty[drop.client]
+            if not drop.when_idle_ms:
+                drain = 0.02 if duty > 0.5 else 0.001
+                self.releases[drop.client] = self.now + drain
+            elif duty < 1:  # idle within the next 10 ms, for as long as asked
+                idle_after = 0.01 * duty
+                if drop.when_idle_ms / 1000 <= 0.01 * (1 - duty):
+                    self.releases[drop.client] = self.now + idle_after + drop.when_idle_ms / 1000
+
+    def ask(self, client: int) -> None:
+        self.note(self.s.request(client, G0, self.now))
+
+    def run_until(self, until: float) -> None:
+        while self.now < until - 1e-9:
+            self.now = round(self.now + 0.001, 6)
+            step = round(self.now * 1000)
+            for client in self.held:
+                if (step % 10) < 10 * self.duty[client] + 1e-9:
+                    self.busy_s[client] += 0.001
+            if step % 5 == 0:
+                for client in self.held:
+                    usage = int(self.busy_s[client] * 1e6)
+                    self.note(self.s.gpu_usage(client, G0, usage, self.now))
+            for client, when in list(self.releases.items()):
+                if self.now >= when - 1e-9:
+                    del self.releases[client]
+                    grant = self.held.pop(client, None)
+                    if grant is not None:
+                        self.note(self.s.release(client, G0, grant.lease, self.now))
+                        self.ask(client)
+            due = self.s.next_deadline()
+            if due is not None and due <= self.now:
+                self.note(self.s.tick(self.now))
+
+
+def test_light_work_that_took_the_turn_first_gives_it_to_a_busy_client_that_comes():
+    # A loader (a batch every 10 ms, never idle 50 ms) alone takes the turn; a trainer
+    # comes 5 s later.  Memory fits.  The turn once stayed the loader's for the whole
+    # quantum (30 s), the trainer waiting behind it after its first 2 s beside.
+    s = make(2, features=FEATURE_YIELD | FEATURE_USAGE)
+    mix = MeasuredMix(s, {1: 0.03, 2: 1.0})
+    mix.ask(1)
+    mix.run_until(5.0)
+    mix.ask(2)
+    mix.run_until(40.0)
+    turns = [(t, g.client) for t, g in mix.grants if g.role == "turn"]
+    assert turns[0] == (0.0, 1)
+    taken = next(t for t, client in turns if client == 2)
+    assert taken < 5.0 + LIGHT_TURN_PROOF_S + 1.0, turns
+    assert mix.busy_s[2] >= 0.97 * 35, mix.busy_s  # the loader beside it
+    assert all(g.role == "beside" for t, g in mix.grants if g.client == 1 and t > taken)
+
+
+def test_a_new_trainer_back_from_a_window_takes_the_turn_and_light_work_stays_bounded():
+    # Nothing fits.  A new trainer holds the turn; an inference server's requests cut
+    # it short.  The trainer, light by its little use so far, asks again at once: it
+    # once got a window (light work) and kept it 1.75 s while requests waited.
+    s = make(
+        2,
+        settings=AUTO.replaced(memory_limit_bytes=512 << 20),
+        features=FEATURE_YIELD | FEATURE_USAGE,
+    )
+    mix = MeasuredMix(s, {1: 1.0, 2: 0.02})
+    mix.ask(1)
+    waits = []
+    for request in range(20):
+        mix.run_until(0.5 + 0.05 * request)
+        if 2 not in mix.held and 2 not in s.gpus[G0].waiters:
+            mix.ask(2)
+        asked = mix.now
+        while 2 not in mix.held:
+            mix.run_until(mix.now + 0.001)
+        waits.append(mix.now - asked)
+        mix.releases[2] = mix.now + 0.001  # a 1 ms request, then idle: a window ends
+    trainer_roles = {g.role for t, g in mix.grants if g.client == 1}
+    assert trainer_roles == {"turn"}, mix.grants
+    assert max(waits) <= LIGHT_WAIT + 0.01, waits
 
 
 def test_two_trainers_that_do_not_fit_together_share_the_gpu_by_turns():
