@@ -1,0 +1,50 @@
+"""Issue 35's CPU-side points on the core, with clients that do what a node's real mix
+does: trainers keep the GPU busy all the time, inference servers a few ms every 50 ms,
+notebooks run cells; most of them measure it (FEATURE_USAGE, Scheduler.gpu_usage).
+Time is an argument: nothing here sleeps.
+
+A file of its own because tests/test_scheduler_auto.py, whose helpers these use, had
+passed 1,000 lines; docs/scheduling.md states the rules and the bounds shown here."""
+
+from __future__ import annotations
+
+import pytest
+from test_scheduler_auto import (
+    AUTO,
+    BEFORE_DRAIN,
+    G0,
+    LIGHT_WAIT,
+    hold_for,
+    make,
+    of,
+    one,
+)
+
+from nvshare_agent.actions import AskToDrop, Grant, Queued
+
+# ---------------------------------------------------------------- what light work waits for
+
+
+@pytest.mark.xfail(strict=True, reason="a window lease is only asked to yield")
+def test_light_work_waits_no_longer_than_its_light_wait_behind_a_window_never_idle():
+    # Nothing fits beside anything.  A new trainer (2), light by its nil use, cuts the
+    # busy turn of 1 short and runs in a window; never idle, it never yields.  A notebook
+    # (3) that asks then cuts in as well, and does not fit beside it: it once waited
+    # until 2's use showed it busy (~2 s); the window is cut short for it as a turn is.
+    s = make(3, settings=AUTO.replaced(memory_limit_bytes=512 << 20))
+    now = hold_for(s, 1, 60.0, 0.0)
+    turn = one(Grant, s.request(1, G0, now))
+    s.request(2, G0, now + 0.5)
+    assert s.gpus[G0].waiters[2].cuts_in
+    drop = one(AskToDrop, s.tick(now + 0.5 + BEFORE_DRAIN))
+    assert (drop.client, drop.reason) == (1, "light work waits")
+    window = one(Grant, s.release(1, G0, turn.lease, now + 0.6))
+    assert (window.client, window.role) == (2, "beside")
+    assert of(Queued, s.request(1, G0, now + 0.6))  # busy: it waits for its turn
+    asked = now + 1.0
+    assert of(Queued, s.request(3, G0, asked)) and s.gpus[G0].waiters[3].cuts_in
+    assert s.next_deadline() == pytest.approx(asked + BEFORE_DRAIN)
+    drop = one(AskToDrop, s.tick(asked + BEFORE_DRAIN))
+    assert (drop.client, drop.when_idle_ms, drop.reason) == (2, 0, "light work waits")
+    notebook = one(Grant, s.release(2, G0, window.lease, asked + LIGHT_WAIT - 0.005))
+    assert notebook.client == 3 and notebook.waited_s < LIGHT_WAIT
