@@ -451,37 +451,44 @@ class LockRules:
         best = self._best_waiter(gpu, at)
         starving = self._starving(gpu, gpu.waiters[best], at)
         # 6, 7. Others wait.
+        # Light work that cannot run beside the holders waits at most light_wait_ms: they
+        # are asked to drop DRAIN_MS before, once each has held min_slice_ms (no window
+        # comes sooner after another), unless a waiter has waited a quantum (it goes first).
+        cutting_in = [w.requested_at for w in gpu.waiters.values() if w.cuts_in]
+        light_waits_until = (
+            min(cutting_in) + (gpu.settings.light_wait_ms - DRAIN_MS) / 1000.0
+            if cutting_in
+            else None
+        )
+        min_slice_s = gpu.settings.min_slice_ms / 1000.0
         if turn is None:
             # A window (light work while the turn waits): each lease in it gives the
-            # GPU back as soon as it is idle; once the turn waits a quantum, at once.
+            # GPU back as soon as it is idle; once the turn waits a quantum, at once;
+            # and as a turn is, for light work that cannot run beside it: a new
+            # trainer in a window, light by its little use so far, is never idle.
             for client, held in gpu.holders.items():
                 if held.drop_requested_at is not None:
                     continue
                 if starving:
                     self._ask_to_drop(gpu, client, held, now, actions, DropReason.QUANTUM_OVER)
+                elif light_waits_until is not None and at.reached(
+                    max(held.granted_at + min_slice_s, light_waits_until)
+                ):
+                    self._ask_to_drop(gpu, client, held, now, actions, DropReason.LIGHT_WORK_WAITS)
                 else:
                     self._ask_to_yield(gpu, client, held, now, actions, DropReason.WINDOW)
             return
         held = gpu.holders[turn]
         if held.drop_requested_at is not None:
             return
-        # Light work that cannot run beside the turn waits at most light_wait_ms: the turn
-        # is asked to drop DRAIN_MS before, once it has held min_slice_ms (no window comes
-        # sooner after another), unless a waiter has waited a quantum (it goes first).
-        cutting_in = [w.requested_at for w in gpu.waiters.values() if w.cuts_in]
         if at.reached(held.turn_since + gpu.settings.time_quantum_s) and not self._turn_goes_on(
             gpu, turn, held, at
         ):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.QUANTUM_OVER)
         elif (
-            cutting_in
+            light_waits_until is not None
             and not starving
-            and at.reached(
-                max(
-                    held.granted_at + gpu.settings.min_slice_ms / 1000.0,
-                    min(cutting_in) + (gpu.settings.light_wait_ms - DRAIN_MS) / 1000.0,
-                )
-            )
+            and at.reached(max(held.granted_at + min_slice_s, light_waits_until))
         ):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.LIGHT_WORK_WAITS)
             gpu.turn_paused = (turn, held.turn_since)

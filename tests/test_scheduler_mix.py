@@ -25,7 +25,6 @@ from nvshare_agent.actions import AskToDrop, Grant, Queued
 # ---------------------------------------------------------------- what light work waits for
 
 
-@pytest.mark.xfail(strict=True, reason="a window lease is only asked to yield")
 def test_light_work_waits_no_longer_than_its_light_wait_behind_a_window_never_idle():
     # Nothing fits beside anything.  A new trainer (2), light by its nil use, cuts the
     # busy turn of 1 short and runs in a window; never idle, it never yields.  A notebook
