@@ -422,7 +422,9 @@ class LockRules:
         if turn is None and not starving:
             # 5.3 A turn change: light work that cuts in, or that fits beside the next
             #     busy turn, runs now (a window); the turn goes to the best of the rest
-            #     (busy work, and light work that fits neither way), once it fits.
+            #     (busy work, and light work that fits neither way), once it fits and no
+            #     light work that cuts in waits (it does not fit beside the leases still
+            #     there: a turn begun beside them would keep it out, as it once did).
             #     With no busy waiter there is no turn to fit beside: light work that
             #     does not cut in competes for the turn (a new trainer, light by its
             #     little use so far, once took a window and kept it past light work).
@@ -435,7 +437,7 @@ class LockRules:
                 if runs_now and self._fits_with(gpu, client):
                     self._grant(gpu, client, now, SHARED, actions, Role.BESIDE)
             takers = [c for c, w in gpu.waiters.items() if not w.cuts_in]
-            if takers:
+            if takers and len(takers) == len(gpu.waiters):
                 taker = self._best_waiter(gpu, at, takers)
                 if self._fits_with(gpu, taker):
                     self._grant(gpu, taker, now, SHARED, actions, Role.TURN)

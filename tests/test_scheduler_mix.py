@@ -50,7 +50,6 @@ def test_light_work_waits_no_longer_than_its_light_wait_behind_a_window_never_id
     assert notebook.client == 3 and notebook.waited_s < LIGHT_WAIT
 
 
-@pytest.mark.xfail(strict=True, reason="the turn goes back to a waiter that fits beside the rest")
 def test_a_turn_cut_short_for_light_work_does_not_come_back_before_it():
     # 1 trains (30 GiB), a server (2, 2 GiB) runs beside its turn, and 3 (76 GiB, new: it
     # cuts in) fits beside neither.  1's turn is cut short for 3 and 1 asks again at once:
