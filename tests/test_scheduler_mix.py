@@ -73,3 +73,33 @@ def test_a_turn_cut_short_for_light_work_does_not_come_back_before_it():
     assert of(Queued, actions) and not of(Grant, actions)
     light = one(Grant, s.release(2, G0, server.lease, released + 0.002))
     assert light.client == 3 and light.waited_s < LIGHT_WAIT
+
+
+@pytest.mark.xfail(strict=True, reason="newer light work is granted ahead of older light work")
+def test_light_work_does_not_jump_ahead_of_older_light_work_that_does_not_fit_beside_it():
+    # 1, a notebook that ran a cell, holds the turn (alone, it took it), 2 runs beside it;
+    # 3, a new trainer (76 GiB), light by its nil use, cuts in and fits beside neither.
+    # The turn and then 2 are asked to go for it.  A new notebook (4) asks meanwhile: it
+    # fits beside 2, not beside 3.  It was granted at once, and each such grant pushed 3
+    # back by another minimum slice; it waits its turn in the window order instead.
+    s = make(4)
+    for client, size in ((1, GIB), (2, GIB), (3, 76 * GIB), (4, GIB)):
+        s.memory_report(client, G0, size, 0, 0.0)
+    hold_for(s, 1, 0.5, 0.0)
+    turn = one(Grant, s.request(1, G0, 1.0))
+    beside = one(Grant, s.request(2, G0, 1.0))
+    assert (turn.role, beside.role) == ("turn", "beside")
+    asked = 1.1
+    assert of(Queued, s.request(3, G0, asked)) and s.gpus[G0].waiters[3].cuts_in
+    assert one(AskToDrop, s.tick(asked + BEFORE_DRAIN)).client == 1
+    drop = one(AskToDrop, s.release(1, G0, turn.lease, asked + 0.08))
+    assert (drop.client, drop.reason) == (2, "light work waits")
+    actions = s.request(4, G0, asked + 0.09)
+    assert of(Queued, actions) and not of(Grant, actions)
+    assert s.gpus[G0].waiters[4].cuts_in
+    trainer = one(Grant, s.release(2, G0, beside.lease, asked + 0.1))
+    assert trainer.client == 3 and trainer.waited_s <= LIGHT_WAIT
+    # 4 waits for 3's window as 3 did for 2: at most its light wait less the drain.
+    assert s.next_deadline() == pytest.approx(asked + 0.09 + BEFORE_DRAIN)
+    drop = one(AskToDrop, s.tick(asked + 0.09 + BEFORE_DRAIN))
+    assert (drop.client, drop.reason) == (3, "light work waits")
