@@ -428,14 +428,23 @@ class LockRules:
             #     With no busy waiter there is no turn to fit beside: light work that
             #     does not cut in competes for the turn (a new trainer, light by its
             #     little use so far, once took a window and kept it past light work).
+            #     Light work that cuts in and must wait (it does not fit beside the
+            #     leases still there) is not pushed back by newer light work that does
+            #     not fit beside it either: each such grant ran its own minimum slice.
             busy = [c for c, w in gpu.waiters.items() if not w.light]
             next_busy = [self._best_waiter(gpu, at, busy)] if busy else []
+            kept_out: list[int] = []
             for client in [c for c, w in gpu.waiters.items() if w.light]:
-                runs_now = gpu.waiters[client].cuts_in or (
-                    next_busy and self._fits_with(gpu, client, *next_busy)
-                )
-                if runs_now and self._fits_with(gpu, client):
+                cuts_in = gpu.waiters[client].cuts_in
+                runs_now = cuts_in or (next_busy and self._fits_with(gpu, client, *next_busy))
+                if (
+                    runs_now
+                    and self._fits_with(gpu, client)
+                    and self._fits(gpu, [client, *kept_out], keeping=False)
+                ):
                     self._grant(gpu, client, now, SHARED, actions, Role.BESIDE)
+                elif cuts_in:
+                    kept_out.append(client)
             takers = [c for c, w in gpu.waiters.items() if not w.cuts_in]
             if takers and len(takers) == len(gpu.waiters):
                 taker = self._best_waiter(gpu, at, takers)
