@@ -4,6 +4,8 @@ argument: nothing here sleeps.  (docs/scheduling.md, "Settings per GPU".)"""
 
 from __future__ import annotations
 
+import pytest
+
 from nvshare_agent.actions import (
     AskToDrop,
     GpuSettingsApplied,
@@ -134,6 +136,34 @@ def test_one_process_on_two_gpus_is_asked_to_drop_each_by_that_gpus_quantum():
     assert not of(AskToDrop, s.tick(29.9))
     assert 1 in s.gpus[G1].holders and s.gpus[G1].holders[1].drop_requested_at is None
     assert one(AskToDrop, s.tick(30.0)).gpu == G1
+
+
+@pytest.mark.parametrize(
+    "node_ms, own_ms",
+    [(100, {"gpu0": 300}), (300, {"gpu1": 100})],
+    ids=["300 on GPU 0, the node's 100 on GPU 1", "the node's 300 on GPU 0, 100 on GPU 1"],
+)
+def test_light_work_waits_each_gpus_own_light_wait(node_ms, own_ms):
+    # Nothing fits beside the turn (a tiny limit).  A trainer holds the turn on each GPU;
+    # a new notebook, light by its nil use, asks on both a second into it.  Each turn is
+    # asked to drop the drain (25 ms) before that GPU's light wait is up: +275 ms where
+    # it is 300 ms, +75 ms where it is 100 ms.
+    auto = NODE.replaced(
+        anti_thrash=AntiThrash.AUTO, memory_limit_bytes=512 << 20, light_wait_ms=node_ms
+    )
+    s = make(with_gpus(auto, **{gpu: own(light_wait_ms=ms) for gpu, ms in own_ms.items()}))
+    assert (s.gpus[G0].settings.light_wait_ms, s.gpus[G1].settings.light_wait_ms) == (300, 100)
+    hold_both(s, 1)
+    for gpu in (G0, G1):
+        assert of(Queued, s.request(2, gpu, 1.0)) and s.gpus[gpu].waiters[2].cuts_in
+    drops = []
+    while (now := s.next_deadline()) < 1.5:
+        drops += [(now, d) for d in of(AskToDrop, s.tick(now)) if not d.when_idle_ms]
+    assert [(d.gpu, d.client, d.reason) for _, d in drops] == [
+        (G1, 1, "light work waits"),
+        (G0, 1, "light work waits"),
+    ]
+    assert [at for at, _ in drops] == [pytest.approx(1.075), pytest.approx(1.275)]
 
 
 # ---------------------------------------------------------------- index and UUID

@@ -296,3 +296,34 @@ def test_the_scheduler_section_reads_the_minimum_slice(tmp_path):
     config.write_text("[scheduler]\nmin_slice_ms = soon\n")
     with pytest.raises(SettingsError, match="min_slice_ms"):
         load_config(config)
+
+
+def test_the_config_reads_light_wait_ms_node_wide_and_per_gpu(tmp_path):
+    config = tmp_path / "nvshare.conf"
+    config.write_text("[scheduler]\nlight_wait_ms = 300\n\n[gpu:1]\nlight_wait_ms = 100\n")
+    settings = load_config(config)
+    assert settings.light_wait_ms == 300
+    assert entries(settings) == {"1": {"light_wait_ms": 100}}
+    own = dict(settings.gpu_overrides)["1"]
+    assert settings.for_gpu(own).light_wait_ms == 100  # GPU 1 runs by its own
+    assert settings.for_gpu(GpuOverrides()).light_wait_ms == 300  # the others by the node's
+
+
+@pytest.mark.parametrize(
+    "text, line, fragments",
+    [
+        ("[scheduler]\nlight_wait_ms = soon\n", 2, ["light_wait_ms must be a whole number"]),
+        ("[scheduler]\nlight_wait_ms = 10001\n", 2, ["must be 0..10000 milliseconds, got 10001"]),
+        ("[scheduler]\n[gpu:1]\nlight_wait_ms = 2.5\n", 3, ["[gpu:1] light_wait_ms must be a"]),
+        ("[scheduler]\n[gpu:1]\nlight_wait_ms = -1\n", 3, ["[gpu:1] light_wait_ms", "got -1"]),
+    ],
+)
+def test_a_bad_light_wait_ms_is_one_line_naming_it(tmp_path, text, line, fragments):
+    config = tmp_path / "nvshare.conf"
+    config.write_text(text)
+    with pytest.raises(SettingsError) as error:
+        load_config(config)
+    message = str(error.value)
+    assert message.startswith(f"config {config} line {line}: ") and "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
