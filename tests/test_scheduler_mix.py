@@ -18,6 +18,7 @@ from test_scheduler_auto import (
     G0,
     GIB,
     LIGHT_WAIT,
+    TQ,
     hold_for,
     make,
     of,
@@ -29,6 +30,98 @@ from nvshare_agent.actions import AskToDrop, Grant, Queued, Revoke
 from nvshare_agent.core_state import FEATURE_USAGE, FEATURE_YIELD
 from nvshare_agent.scheduler import Scheduler
 from nvshare_agent.settings import AntiThrash
+
+# ---------------------------------------------------------------- light and busy: GPU time
+
+
+def steady_client_beside_a_trainer(features: int) -> tuple[Scheduler, Grant, list]:
+    """A trainer (1) holds the turn from 0, its GPU busy all the time; a steady client
+    (2), an inference server, asks at 1 s and holds its lease for 60 s: a 1 ms kernel
+    every 50 ms, never idle a second, so it never gives the lease back.  Where the shims
+    measure, each reports its GPU time every 100 ms.  Returns the core, 2's grant and
+    the (time, ask to drop) it got."""
+    s = make(2, features=features)
+    one(Grant, s.request(1, G0, 0.0))
+    steady = one(Grant, s.request(2, G0, 1.0))
+    busy_us = {1: 0, 2: 0}
+    drops = []
+    for step in range(1, 60_001):  # 1 ms steps, 1 s to 61 s
+        now = 1.0 + step / 1000
+        busy_us[1] += 1000
+        busy_us[2] += 1000 if step % 50 == 0 else 0
+        while (due := s.next_deadline()) is not None and due <= now:
+            drops += [(due, d) for d in of(AskToDrop, s.tick(due)) if d.client == 2]
+        if step % 100 == 0 and features & FEATURE_USAGE:
+            for client in (1, 2):
+                s.gpu_usage(client, G0, busy_us[client], now)
+    return s, steady, drops
+
+
+def test_a_steady_client_that_holds_its_lease_a_minute_beside_a_trainer_stays_light():
+    s, steady, drops = steady_client_beside_a_trainer(FEATURE_YIELD | FEATURE_USAGE)
+    assert (steady.role, steady.waited_s) == ("beside", 0.0)
+    assert drops == [], "dropped as no longer light"
+    assert s.gpus[G0].holders[2].number == steady.lease  # the same lease, 60 s on
+    assert s._usage(2, G0, 61.0) < 0.03 < 0.9 < s._usage(1, G0, 61.0)  # 2 % against ~1
+
+
+def test_without_gpu_time_the_steady_clients_hold_stands_in_and_it_counts_busy():
+    # The contrast: an older shim reports no GPU time, so holding its lease counts as
+    # use (as all leases did before issue 35): the same client is soon no longer light.
+    _, _, drops = steady_client_beside_a_trainer(FEATURE_YIELD)
+    (at, drop), *_ = drops
+    assert drop.reason == "no longer light" and at < 1.0 + 3.0
+
+
+@pytest.mark.parametrize("lease_s", [0.1, None], ids=["leases of 100 ms", "one lease"])
+def test_a_trainer_is_busy_by_its_gpu_time_whatever_its_leases(lease_s):
+    # 1 trains and holds the turn.  2 trains too, from 0.5 s, its GPU busy all the while
+    # it holds a lease: either it gives the lease back every 100 ms and asks again at
+    # once (short leases), or it keeps it.  Memory fits: new, with no use yet, it runs
+    # beside the turn; once its use shows it busy, it is no longer let beside (its
+    # request waits) or it is asked to leave, and waits for the turn, which it takes
+    # when 1's quantum is over.
+    s = make(2, features=FEATURE_YIELD | FEATURE_USAGE)
+    held = {1: one(Grant, s.request(1, G0, 0.0))}
+    busy_us = {1: 0, 2: 0}
+    releases: dict[int, float] = {}  # asked to drop: when its queued work has drained
+    judged_busy_at, turn = None, None
+    for step in range(1, int((TQ + 1) * 1000)):  # 1 ms steps
+        now = step / 1000
+        for client in held:
+            busy_us[client] += 1000
+        actions = []
+        if step % 100 == 0:
+            for client in (1, 2):
+                s.gpu_usage(client, G0, busy_us[client], now)
+        if 2 in held and lease_s and step % round(lease_s * 1000) == 0:
+            actions += s.release(2, G0, held.pop(2).lease, now)
+        for client, at in list(releases.items()):
+            if now >= at - 1e-9:
+                del releases[client]
+                actions += s.release(client, G0, held.pop(client).lease, now)
+        for client in (1, 2):
+            if client not in held and client not in s.gpus[G0].waiters and step >= 500:
+                actions += s.request(client, G0, now)  # both busy: they ask again at once
+        while (due := s.next_deadline()) is not None and due <= now:
+            actions += s.tick(due)
+        for drop in of(AskToDrop, actions):
+            if drop.when_idle_ms == 0:
+                releases[drop.client] = now + 0.02
+            if drop.client == 2:
+                assert (drop.reason, judged_busy_at) == ("no longer light", None)
+                judged_busy_at = now
+        if 2 in s.gpus[G0].waiters and judged_busy_at is None:
+            judged_busy_at = now  # its request waits: no longer let beside
+        for grant in of(Grant, actions):
+            held[grant.client] = grant
+            if grant.client == 2 and judged_busy_at is not None:
+                turn = grant
+        if turn is not None:
+            break
+    assert judged_busy_at is not None and 1.0 < judged_busy_at < 4.0, judged_busy_at
+    assert turn is not None and turn.role == "turn" and now == pytest.approx(TQ, abs=0.05)
+
 
 # ---------------------------------------------------------------- what light work waits for
 
