@@ -285,7 +285,9 @@ class NodeMix:
     or nothing); each leaves after 3-15 s, whatever it is doing (done, or a crash),
     and a new one takes its place.  Each step checks the bounds of docs/scheduling.md."""
 
-    def __init__(self, seed: int, mode: AntiThrash, staging: str, n: int = 5):
+    def __init__(self, seed: int, mode: AntiThrash, staging: str, n: int = 5, scripted=False):
+        """n: the clients on the GPU at any time; scripted: none at random, the caller
+        joins its own (at most n)."""
         self.rng = random.Random(seed)
         self.mode, self.staging = mode, staging
         self.tq, grace = 2, 0.5
@@ -315,19 +317,25 @@ class NodeMix:
         self.ids = itertools.count(1)
         self.now = 0.0
         self.waits: list[float] = []
+        self.grants: list[tuple[float, Grant, int | None]] = []  # (when, grant, turn holder)
+        self.drops: list[tuple[float, AskToDrop]] = []
         self.cut_in_waits: list[float] = []
         self.comings_and_goings = 0
-        for _ in range(n):
+        for _ in range(0 if scripted else n):
             self.join()
 
-    def join(self) -> None:
+    def join(self, client: MixClient | None = None) -> int:
+        """A new client: `client`, or one of a random kind and shim."""
         c = next(self.ids)
-        kind = self.rng.choice((TRAINER, SERVER, SERVER, NOTEBOOK, NOTEBOOK))
-        features = self.rng.choice((FEATURE_YIELD | FEATURE_USAGE,) * 3 + (FEATURE_YIELD, 0))
-        self.clients[c] = MixClient(kind, features, self.now, self.rng)
+        if client is None:
+            kind = self.rng.choice((TRAINER, SERVER, SERVER, NOTEBOOK, NOTEBOOK))
+            features = self.rng.choice((FEATURE_YIELD | FEATURE_USAGE,) * 3 + (FEATURE_YIELD, 0))
+            client = MixClient(kind, features, self.now, self.rng)
+        self.clients[c] = client
         self.s.connect(c, 100 + c, 1000, 1000, self.now)
-        self.s.hello(c, (G0,), kind, self.now, features=features)
-        self.note(self.s.memory_report(c, G0, MEMORY[self.staging][kind], 0, self.now))
+        self.s.hello(c, (G0,), client.kind, self.now, features=client.features)
+        self.note(self.s.memory_report(c, G0, MEMORY[self.staging][client.kind], 0, self.now))
+        return c
 
     def leave(self, c: int) -> None:
         del self.clients[c]
@@ -352,10 +360,12 @@ class NodeMix:
                 )
                 self.cut_in_waits.append(grant.waited_s)
             self.waits.append(grant.waited_s)
+            self.grants.append((self.now, grant, self.s._turn_holder(self.s.gpus[G0])))
             client.grant, client.asked_at = grant, None
             client.release_at = client.yield_idle_s = None
             client.idle_since = None if client.work_s > 0 else self.now
         for drop in of(AskToDrop, actions):
+            self.drops.append((self.now, drop))
             client = self.clients.get(drop.client)
             if client is None or client.grant is None or client.grant.lease != drop.lease:
                 continue
@@ -466,3 +476,55 @@ def test_a_node_mix_that_comes_and_goes_waits_no_one_past_the_bounds(seed, mode,
         assert max(mix.waits) > mix.tq / 2, "no one waited"
     if staging == "windows":  # light work waits for windows: the light-wait bound is shown
         assert len(mix.cut_in_waits) > 20 and max(mix.cut_in_waits) > LIGHT_WAIT / 2
+
+
+# ---------------------------------------------------------------- co-running by memory pairs
+
+
+class Scripted(MixClient):
+    """A client of the mix with work at fixed times: `burst_s` of GPU work every
+    `period_s` from `now` (a trainer: always), staying for good."""
+
+    def __init__(self, kind: str, now: float, period_s: float = 0.0, burst_s: float = 0.0):
+        super().__init__(kind, FEATURE_YIELD | FEATURE_USAGE, now, random.Random(0))
+        self.period_s, self.burst_s = period_s, burst_s
+        self.next_work, self.leaves_at = now, float("inf")
+
+    def new_work(self, now: float) -> None:
+        if self.kind != TRAINER and now >= self.next_work - 1e-9:
+            self.work_s += self.burst_s
+            self.next_work += self.period_s
+
+
+def test_trainers_that_do_not_fit_together_take_turns_with_light_work_beside_each():
+    # Issue 35's b.: two trainers of 40 GiB on an 80 GiB GPU do not fit together; an
+    # inference server (a 1 ms kernel every 50 ms: it never gives its lease back) and a
+    # notebook (a 15 ms cell every 2 s: it gives its lease back a second after each)
+    # have 2 GiB each and fit beside either.  The trainers take turns (of 5 s here);
+    # light work is granted beside whichever holds the turn, at once, never in a
+    # window, and is never asked to leave as the turn changes hands.
+    mix = NodeMix(0, AntiThrash.AUTO, "pairs", n=4, scripted=True)
+    mix.settings = mix.settings.replaced(time_quantum_s=5)
+    mix.note(mix.s.change_settings(mix.settings, 0.0))
+    mix.now = 30.0
+    trainers = [mix.join(Scripted(TRAINER, mix.now)) for _ in range(2)]
+    for c in trainers:
+        # Both have trained before (their first reports say so): neither is new, and
+        # light (a new trainer's first turns: test_scheduler_auto.py's windows).
+        mix.clients[c].busy_s = mix.clients[c].reported_s = 30.0
+        mix.s.gpu_usage(c, G0, 30_000_000, mix.now)
+    server = mix.join(Scripted(SERVER, mix.now + 0.5, period_s=0.05, burst_s=0.001))
+    notebook = mix.join(Scripted(NOTEBOOK, mix.now + 0.7, period_s=2.0, burst_s=0.015))
+    mix.run(90.0)
+    turns = [grant.client for _, grant, _ in mix.grants if grant.role == "turn"]
+    assert set(turns) == set(trainers) and len(turns) >= 10
+    assert all(a != b for a, b in itertools.pairwise(turns)), "they take turns"
+    busy = [mix.clients[c].busy_s - 30.0 for c in trainers]  # (each came with 30 s)
+    assert 0.45 <= busy[0] / sum(busy) <= 0.55 and sum(busy) > 0.99 * 60, busy
+    light = [(grant, turn) for _, grant, turn in mix.grants if grant.client in (server, notebook)]
+    assert len(light) > 15
+    for grant, turn in light:
+        assert (grant.role, grant.waited_s) == ("beside", 0.0), grant
+        assert turn in trainers, "granted in a window"
+    assert [g.client for g, _ in light].count(server) == 1  # one lease, a minute on
+    assert not [drop for _, drop in mix.drops if drop.client in (server, notebook)]
