@@ -1,7 +1,8 @@
 """Anti-thrash auto with real shims on the stand-in driver (docs/scheduling.md):
 the shims tell the agent the GPU's size (GPU_MEMORY) and what they allocate; two
 whose memory fits run together at once; a third whose allocation does not fit
-beside them runs in a window between them; once it is gone they run together again."""
+beside them runs in a window between them; once it is gone they run together again.
+Two trainers that no longer fit together take turns, light work beside each (issue 35's b.)."""
 
 import re
 
@@ -73,3 +74,54 @@ def test_clients_that_fit_run_together_one_that_does_not_runs_in_a_window_then_t
         assert client.wait() == 0, client.describe()
     log = world.settled(agent, a, b, big)
     assert " revoke " not in log, log[-3000:]
+
+
+# Issue 35's b.: two trainers that do not fit together and light work that fits beside
+# either.  Each context counts 512 MiB (no NVML); with a limit of 2144 MiB a newcomer
+# fits up to 1760 MiB, those running up to 1888.  A trainer (192 MiB), the light client
+# and the other trainer's context: 1728 MiB, they fit.  Both trainers: 1408 MiB, they fit
+# until the light client's context is there too: 1920 MiB, they no longer do.
+PAIRS_CONFIG = """\
+[scheduler]
+anti_thrash = auto
+time_quantum = 1
+idle_release_ms = 1000
+drop_grace_ms = 2000
+memory_limit = 2144M
+"""
+
+
+@pytest.mark.slow  # 6 s of training
+def test_trainers_that_no_longer_fit_together_take_turns_with_light_work_beside_each(world):
+    agent = world.start_agent(config=PAIRS_CONFIG)
+    # Trainers: 192 MiB each, a 150 ms kernel per step (the host fills and checks the
+    # buffer between steps).
+    trainer = ("--ints", str(48 << 20), "--launch", "graph", "--launches", "0")
+    t1 = world.client("linked", *trainer, "--duration-ms", "6000", kernel_us=150000)
+    t2 = world.client("linked", *trainer, "--duration-ms", "6000", kernel_us=150000)
+    agent.wait_for_log(r"grant gpu=\S+ pid=\d+ .*role=beside", timeout=10)  # together
+    # An inference server: a 1 ms kernel every 50 ms, never idle a second, for 3 s.
+    light = world.client(
+        "linked", "--launches", "1", "--sleep-ms", "50", "--duration-ms", "3000", kernel_us=1000
+    )
+    for client in (t1, t2, light):
+        client.finish_ok(timeout=60)
+    log = after(world.settled(agent, t1, t2, light), rf"connect pid={light.pid}\b")
+    assert re.search(r"mode gpu=\S+ mode=exclusive .*capacity_bytes=2248146944", log), log
+    served = grants(log, light.pid)
+    assert served, log[-3000:]
+    # Beside whoever holds the turn: the first once the trainer beside, which its own
+    # context pushes out, has drained a 150 ms kernel (the turn, asked to drop for it
+    # meanwhile, may drain one too); any later one at once.
+    for grant, most_ms in zip(served, [600] + [50] * len(served)):
+        assert grant["role"] == "beside" and float(grant["waited_ms"]) < most_ms, grant
+    # Its last lease, while the turn changes hands between the trainers: never asked to
+    # drop or to yield, and the trainers take turns (one at a time, never beside).
+    since = after(log, rf"grant gpu=\S+ pid={light.pid} lease={served[-1]['lease']} ")
+    assert not re.search(rf"(drop|yield) gpu=\S+ pid={light.pid} ", since), since
+    turns = [line for line in since.splitlines() if " grant " in line]
+    assert all("role=turn" in line for line in turns), turns
+    for trainer_client in (t1, t2):
+        assert any(f" pid={trainer_client.pid} " in line for line in turns), turns
+    assert "reason=light_work_waits" not in since, "light work needed a window"
+    assert " revoke " not in log
