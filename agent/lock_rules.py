@@ -469,6 +469,8 @@ class LockRules:
         # is asked to drop DRAIN_MS before, once it has held min_slice_ms (no window comes
         # sooner after another), unless a waiter has waited a quantum (it goes first).
         cutting_in = [w.requested_at for w in gpu.waiters.values() if w.cuts_in]
+        if cutting_in and not starving:
+            self._make_room_beside(gpu, turn, now, actions)
         if at.reached(held.turn_since + gpu.settings.time_quantum_s) and not self._turn_goes_on(
             gpu, turn, held, at
         ):
@@ -505,6 +507,26 @@ class LockRules:
             at.reached(now + LIGHT_CHECK_S)  # its use grows as it runs: look again
         if any(w.light and not w.cuts_in for w in gpu.waiters.values()):
             at.reached(now + LIGHT_CHECK_S)  # light work may come to cut in: look again
+
+    def _make_room_beside(
+        self, gpu: GpuState, turn: int, now: float, actions: list[Action]
+    ) -> None:
+        """Light work that cuts in would fit beside the turn but for the leases beside
+        it: those are asked to give the GPU back once idle (2 ms), as in a window,
+        before the turn is cut short for it (they are light: they ask again, and run
+        beside again when they fit)."""
+        crowded = [
+            c
+            for c, w in gpu.waiters.items()
+            if w.cuts_in
+            and self._fits(gpu, [turn, c], keeping=False)
+            and not self._fits_with(gpu, c)
+        ]
+        if not crowded:
+            return
+        for client, held in gpu.holders.items():
+            if client != turn and held.drop_requested_at is None and not held.yield_asked:
+                self._ask_to_yield(gpu, client, held, now, actions, DropReason.WINDOW)
 
     def _light_work_holds_the_turn(
         self, gpu: GpuState, turn: int, held: Lease, at: Moments
