@@ -73,14 +73,6 @@ LIGHT_TURN_PROOF_S = 2.0
 DRAIN_MS = 25
 
 
-class Policy(enum.Enum):
-    """What a GPU's anti-thrash setting makes of its lock."""
-
-    OFF = "off"  # every request granted at once
-    ON = "on"  # one exclusive holder, first come first served
-    AUTO = "auto"  # turns for busy work, light work beside or in windows
-
-
 class Role(enum.Enum):
     """auto: why a lease was granted (the log says it)."""
 
@@ -134,9 +126,6 @@ class LockRules:
 
     def _push_deadline(self, due: float, key: bytes | int) -> None:
         raise NotImplementedError  # the scheduler's
-
-    def _policy(self, gpu: GpuState) -> Policy:
-        return Policy(gpu.settings.anti_thrash.value)
 
     # ------------------------------------------------------------ use (GPU time)
 
@@ -307,11 +296,11 @@ class LockRules:
         moment one of them could act (None: only an event can change anything)."""
         at = Moments(now)
         self._revoke_overdue(gpu, at, actions)
-        policy = self._policy(gpu)
-        if policy is Policy.OFF:
+        policy = gpu.settings.anti_thrash
+        if policy is AntiThrash.OFF:
             while gpu.waiters:
                 self._grant(gpu, next(iter(gpu.waiters)), now, SHARED, actions)
-        elif policy is Policy.ON:
+        elif policy is AntiThrash.ON:
             self._take_turns_first_come(gpu, at, actions)
         else:
             self._take_turns_and_serve_light_work(gpu, at, actions)
