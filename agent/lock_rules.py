@@ -73,14 +73,6 @@ LIGHT_TURN_PROOF_S = 2.0
 DRAIN_MS = 25
 
 
-class Policy(enum.Enum):
-    """What a GPU's anti-thrash setting makes of its lock."""
-
-    OFF = "off"  # every request granted at once
-    ON = "on"  # one exclusive holder, first come first served
-    AUTO = "auto"  # turns for busy work, light work beside or in windows
-
-
 class Role(enum.Enum):
     """auto: why a lease was granted (the log says it)."""
 
@@ -134,9 +126,6 @@ class LockRules:
 
     def _push_deadline(self, due: float, key: bytes | int) -> None:
         raise NotImplementedError  # the scheduler's
-
-    def _policy(self, gpu: GpuState) -> Policy:
-        return Policy(gpu.settings.anti_thrash.value)
 
     # ------------------------------------------------------------ use (GPU time)
 
@@ -307,11 +296,11 @@ class LockRules:
         moment one of them could act (None: only an event can change anything)."""
         at = Moments(now)
         self._revoke_overdue(gpu, at, actions)
-        policy = self._policy(gpu)
-        if policy is Policy.OFF:
+        policy = gpu.settings.anti_thrash
+        if policy is AntiThrash.OFF:
             while gpu.waiters:
                 self._grant(gpu, next(iter(gpu.waiters)), now, SHARED, actions)
-        elif policy is Policy.ON:
+        elif policy is AntiThrash.ON:
             self._take_turns_first_come(gpu, at, actions)
         else:
             self._take_turns_and_serve_light_work(gpu, at, actions)
@@ -492,6 +481,8 @@ class LockRules:
         held = gpu.holders[turn]
         if held.drop_requested_at is not None:
             return
+        if cutting_in and not starving:
+            self._make_room_beside(gpu, turn, now, actions)
         if at.reached(held.turn_since + gpu.settings.time_quantum_s) and not self._turn_goes_on(
             gpu, turn, held, at
         ):
@@ -523,6 +514,26 @@ class LockRules:
             at.reached(now + LIGHT_CHECK_S)  # its use grows as it runs: look again
         if any(w.light and not w.cuts_in for w in gpu.waiters.values()):
             at.reached(now + LIGHT_CHECK_S)  # light work may come to cut in: look again
+
+    def _make_room_beside(
+        self, gpu: GpuState, turn: int, now: float, actions: list[Action]
+    ) -> None:
+        """Light work that cuts in would fit beside the turn but for the leases beside
+        it: those are asked to give the GPU back once idle (2 ms), as in a window,
+        before the turn is cut short for it (they are light: they ask again, and run
+        beside again when they fit)."""
+        crowded = [
+            c
+            for c, w in gpu.waiters.items()
+            if w.cuts_in
+            and self._fits(gpu, [turn, c], keeping=False)
+            and not self._fits_with(gpu, c)
+        ]
+        if not crowded:
+            return
+        for client, held in gpu.holders.items():
+            if client != turn and held.drop_requested_at is None and not held.yield_asked:
+                self._ask_to_yield(gpu, client, held, now, actions, DropReason.WINDOW)
 
     def _light_work_holds_the_turn(
         self, gpu: GpuState, turn: int, held: Lease, at: Moments

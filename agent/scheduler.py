@@ -512,7 +512,6 @@ class Scheduler(LockRules):
             self.clients,
             now,
             format_gpu=self._format_gpu,
-            policy=self._policy,
             recent_use=self._usage,
             group_figures=lambda gpu, at: self.shares.figures(gpu, self.clients, at),
         )

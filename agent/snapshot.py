@@ -7,8 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from .core_state import EXCLUSIVE, SHARED, ClientState, GpuState
-from .lock_rules import Policy
-from .settings import DEFAULT_TIME_QUANTUM_S
+from .settings import DEFAULT_TIME_QUANTUM_S, AntiThrash
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +79,6 @@ def take_snapshot(
     now: float,
     *,
     format_gpu: Callable[[bytes], str],
-    policy: Callable[[GpuState], Policy],
     recent_use: Callable[[int, bytes, float], float],
     group_figures: Callable[[GpuState, float], Iterable[GroupFigures]],
 ) -> AgentSnapshot:
@@ -95,7 +93,7 @@ def take_snapshot(
             tuple(clients[c].pid for c in g.holders),
             tuple(clients[c].pid for c in g.waiters),
             anti_thrash=g.settings.anti_thrash.value,
-            mode=_mode(g, policy(g)),
+            mode=_mode(g),
             memory_capacity_bytes=g.capacity_bytes or 0,
             memory_demand_bytes=g.demand_bytes,
             time_quantum_s=g.settings.time_quantum_s,
@@ -139,8 +137,13 @@ def take_snapshot(
     return AgentSnapshot(gpu_records, tuple(client_records), groups)
 
 
-def _mode(gpu: GpuState, policy: Policy) -> str:
+def _mode(gpu: GpuState) -> str:
     """What status shows: "shared" when everyone's memory fits at once (or
     anti-thrash is off), else "exclusive" (turns; light work beside a turn only
     where its memory fits with the turn's)."""
-    return SHARED if policy is Policy.OFF or (policy is Policy.AUTO and gpu.fits) else EXCLUSIVE
+    policy = gpu.settings.anti_thrash
+    return (
+        SHARED
+        if policy is AntiThrash.OFF or (policy is AntiThrash.AUTO and gpu.fits)
+        else EXCLUSIVE
+    )

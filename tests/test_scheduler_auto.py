@@ -922,6 +922,30 @@ def test_a_new_trainer_back_from_a_window_takes_the_turn_and_light_work_stays_bo
     assert max(waits) <= LIGHT_WAIT + 0.01, waits
 
 
+def test_light_work_that_fits_beside_the_turn_alone_makes_an_idle_lease_beside_it_yield():
+    # The trainer (40 GiB) holds the turn, a light client (20 GiB) sits idle beside it;
+    # another light client (30 GiB) fits beside the trainer, not beside both.  The
+    # turn was once cut short for it while the idle lease beside stayed.
+    s = make(3, features=FEATURE_YIELD | FEATURE_USAGE)
+    for client, size in ((1, 40), (2, 20), (3, 30)):
+        s.memory_report(client, G0, size * GIB, 0, now=0.0)
+    trainer = one(Grant, s.request(1, G0, 0.0))
+    for step in range(1, 1001):
+        s.gpu_usage(1, G0, step * 10_000, step / 100)
+        s.tick(step / 100)
+    beside = one(Grant, s.request(2, G0, 10.0))
+    assert beside.role == "beside"
+    s.gpu_usage(2, G0, 1000, 10.01)  # 1 ms of work, then idle with its lease
+    actions = s.request(3, G0, 10.5)
+    assert of(Queued, actions)
+    ask = one(AskToDrop, actions, client=2)
+    assert (ask.when_idle_ms, ask.reason) == (WINDOW_IDLE_MS, "window")
+    granted = one(Grant, s.release(2, G0, beside.lease, 10.502, idle_ms=WINDOW_IDLE_MS))
+    assert (granted.client, granted.role) == (3, "beside")
+    assert 1 in s.gpus[G0].holders and s.gpus[G0].holders[1].number == trainer.lease
+    assert s.gpus[G0].holders[1].drop_requested_at is None
+
+
 def test_two_trainers_that_do_not_fit_together_share_the_gpu_by_turns():
     grants, busy_us = trainers_that_do_not_fit_together(4 * TQ)
     share = busy_us[1] / (busy_us[1] + busy_us[2])

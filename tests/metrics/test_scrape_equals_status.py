@@ -253,7 +253,9 @@ def test_a_scrape_equals_nvsharectl_status_json_of_the_same_moment(fast_agent, b
         assert before[("nvshare_lock_wait_seconds_count", on)] == 3
         waited_long = frozenset({("gpu", uuid), ("le", 1.0)})
         assert before[("nvshare_lock_wait_seconds_bucket", waited_long)] == 2  # second waited
-        assert before[("nvshare_lock_wait_seconds_sum", on)] >= 1.3
+        # second waited first's quantum and grace (1.3 s) less the moments between
+        # first's grant and its own request (under load, a few milliseconds).
+        assert before[("nvshare_lock_wait_seconds_sum", on)] >= 1.2
         assert before[("nvshare_gpu_holders", on)] == 1
         assert before[("nvshare_gpu_queue_length", on)] == 1
         holder_labels = frozenset(
