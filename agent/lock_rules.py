@@ -494,7 +494,7 @@ class LockRules:
         ):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.LIGHT_WORK_WAITS)
             gpu.turn_paused = (turn, held.turn_since)
-        elif not starving and self._light_work_holds_the_turn(gpu, turn, held, at):
+        elif self._light_work_holds_the_turn(gpu, turn, held, at):
             # A yield would not do: a loader idle 9 ms in 10 is never idle 50 ms.
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.LIGHT_TURN)
         elif held.yield_asked:

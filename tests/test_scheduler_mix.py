@@ -19,6 +19,7 @@ from test_scheduler_auto import (
     GIB,
     LIGHT_WAIT,
     TQ,
+    MeasuredMix,
     hold_for,
     make,
     of,
@@ -28,6 +29,7 @@ from test_scheduler_auto import (
 
 from nvshare_agent.actions import AskToDrop, Grant, Queued, Revoke
 from nvshare_agent.core_state import FEATURE_USAGE, FEATURE_YIELD
+from nvshare_agent.lock_rules import LIGHT_TURN_PROOF_S
 from nvshare_agent.scheduler import Scheduler
 from nvshare_agent.settings import AntiThrash
 
@@ -528,3 +530,25 @@ def test_trainers_that_do_not_fit_together_take_turns_with_light_work_beside_eac
         assert turn in trainers, "granted in a window"
     assert [g.client for g, _ in light].count(server) == 1  # one lease, a minute on
     assert not [drop for _, drop in mix.drops if drop.client in (server, notebook)]
+
+
+def test_light_work_whose_turn_came_by_waiting_a_quantum_hands_it_on_after_two_seconds():
+    # Three trainers that fit with no one: one of them has always waited a quantum, so no
+    # window opens, and a loader that fits beside no trainer waits its turn like them.
+    # Its turn once lasted the whole quantum at 3 % use while they waited.
+    s = make(4, features=FEATURE_YIELD | FEATURE_USAGE)
+    for client, gib in {1: 45, 2: 45, 3: 45, 4: 35}.items():
+        s.memory_report(client, G0, gib * GIB, 0, now=0.0)
+    mix = MeasuredMix(s, {1: 1.0, 2: 1.0, 3: 1.0, 4: 0.03})
+    for client in (1, 2, 3):
+        mix.ask(client)
+        mix.run_until(mix.now + 1.0)
+    mix.run_until(35.0)
+    mix.ask(4)
+    mix.run_until(160.0)
+    turns = [(t, g.client) for t, g in mix.grants if g.role == "turn"]
+    loader = [i for i, (t, client) in enumerate(turns) if client == 4]
+    assert loader, turns
+    for i in loader:
+        lasted = turns[i + 1][0] - turns[i][0]
+        assert lasted <= LIGHT_TURN_PROOF_S + 0.1, (lasted, turns)
