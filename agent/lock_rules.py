@@ -414,9 +414,6 @@ class LockRules:
             #     (busy work, and light work that fits neither way), once it fits and no
             #     light work that cuts in waits (it does not fit beside the leases still
             #     there: a turn begun beside them would keep it out, as it once did).
-            #     With no busy waiter there is no turn to fit beside: light work that
-            #     does not cut in competes for the turn (a new trainer, light by its
-            #     little use so far, once took a window and kept it past light work).
             #     Light work that cuts in and must wait (it does not fit beside the
             #     leases still there) is not pushed back by newer light work that does
             #     not fit beside it either: each such grant ran its own minimum slice.
@@ -425,7 +422,7 @@ class LockRules:
             kept_out: list[int] = []
             for client in [c for c, w in gpu.waiters.items() if w.light]:
                 cuts_in = gpu.waiters[client].cuts_in
-                runs_now = cuts_in or (next_busy and self._fits_with(gpu, client, *next_busy))
+                runs_now = cuts_in or self._fits_with(gpu, client, *next_busy)
                 if (
                     runs_now
                     and self._fits_with(gpu, client)
@@ -436,6 +433,16 @@ class LockRules:
                     kept_out.append(client)
             takers = [c for c, w in gpu.waiters.items() if not w.cuts_in]
             if takers and len(takers) == len(gpu.waiters):
+                # Light work under the floor takes the turn only when no busy work waits
+                # (the light-turn rule would take it back 2 s later): after a light turn,
+                # light clients once passed the turn among themselves while a trainer
+                # waited seconds.  It runs beside the busy turn, or cuts in for windows.
+                if any(not gpu.waiters[c].light for c in takers):
+                    takers = [
+                        c
+                        for c in takers
+                        if not gpu.waiters[c].light or self._usage(c, gpu.uuid, now) >= LIGHT_FLOOR
+                    ]
                 taker = self._best_waiter(gpu, at, takers)
                 if self._fits_with(gpu, taker):
                     self._grant(gpu, taker, now, SHARED, actions, Role.TURN)
@@ -542,9 +549,10 @@ class LockRules:
         after LIGHT_TURN_PROOF_S of it, is still under the floor: light work that came
         first.  (The waiter's use is often frozen near 2 x the floor, where it stopped
         being light beside the turn: no ratio to the holder's would hold.)"""
-        if self._usage(turn, gpu.uuid, at.now) >= LIGHT_FLOOR:
-            return False  # (looked at again every LIGHT_CHECK_S while the turn is held)
         if all(waiter.light for waiter in gpu.waiters.values()):
+            return False
+        if self._usage(turn, gpu.uuid, at.now) >= LIGHT_FLOOR:
+            at.reached(at.now + LIGHT_CHECK_S)  # its use may fall (a use report decides nothing)
             return False
         return at.reached(held.turn_since + LIGHT_TURN_PROOF_S)
 
@@ -570,11 +578,15 @@ class LockRules:
         # waited (or just before it asked) tells instead.
         since = waiter.requested_at - ACROSS_GPUS_SLACK_S
         turn_since = now
+        resumed = False
         if role is Role.TURN:
             paused, gpu.turn_paused = gpu.turn_paused, None
             if paused is not None and paused[0] == client:
                 turn_since = paused[1]  # back from a window: the same turn
-        if role is Role.TURN and (auto or mode == EXCLUSIVE):  # off: all run at once
+                resumed = True
+        # off: all run at once.  A turn back from a window displaces no one: the light
+        # work of the window ran ~100 ms and has its pages back by faults next time.
+        if role is Role.TURN and (auto or mode == EXCLUSIVE) and not resumed:
             self._displace_by(gpu, client)
         gpu.holders[client] = Lease(
             self._last_lease,
@@ -619,6 +631,8 @@ class LockRules:
         they are short and small, and faults bring back the little they push out; a
         prefetch of a trainer's resident gigabytes at every window would cost more
         (docs/scheduling.md, "Memory")."""
+        if gpu.fits:
+            return  # everyone's memory fits at once
         for other in gpu.users:
             if (
                 other != client

@@ -461,9 +461,11 @@ def test_turns_displace_each_other_only_where_memory_does_not_fit():
 
 
 def test_waiters_are_served_least_recent_use_first():
+    # Busy waiters, all past the light floor (light work under it takes the turn only
+    # when no busy work waits: test_scheduler_mix.py).
     s = exclusive_gpu(n_clients=4)
     now = 0.0
-    for client, seconds in ((2, 10.0), (3, 0.5), (4, 3.0)):
+    for client, seconds in ((2, 10.0), (3, 3.0), (4, 6.0)):
         now = hold_for(s, client, seconds, now)
     holder = one(Grant, s.request(1, G0, now))
     for client in (2, 3, 4):
@@ -471,12 +473,13 @@ def test_waiters_are_served_least_recent_use_first():
     order = []
     lease = holder.lease
     t = now + 1
-    for holder_client in (1, 3, 4):
+    holder_client = 1
+    for _ in range(3):
         grant = one(Grant, s.release(holder_client, G0, lease, t))
         order.append(grant.client)
-        lease = grant.lease
+        holder_client, lease = grant.client, grant.lease
         t += 0.2
-    assert order == [3, 4, 2]
+    assert order == [3, 2, 4]  # uses 0.14, 0.26, 0.45 (4 held last and longest)
 
 
 def test_a_waiter_that_waited_a_quantum_goes_before_lighter_ones():
@@ -896,7 +899,7 @@ def test_light_work_that_took_the_turn_first_gives_it_to_a_busy_client_that_come
     assert all(g.role == "beside" for t, g in mix.grants if g.client == 1 and t > taken)
 
 
-def test_a_new_trainer_back_from_a_window_takes_the_turn_and_light_work_stays_bounded():
+def test_a_new_trainer_cut_short_for_light_work_keeps_light_work_within_its_wait():
     # Nothing fits.  A new trainer holds the turn; an inference server's requests cut
     # it short.  The trainer, light by its little use so far, asks again at once: it
     # once got a window (light work) and kept it 1.75 s while requests waited.
@@ -917,8 +920,8 @@ def test_a_new_trainer_back_from_a_window_takes_the_turn_and_light_work_stays_bo
             mix.run_until(mix.now + 0.001)
         waits.append(mix.now - asked)
         mix.releases[2] = mix.now + 0.001  # a 1 ms request, then idle: a window ends
-    trainer_roles = {g.role for t, g in mix.grants if g.client == 1}
-    assert trainer_roles == {"turn"}, mix.grants
+    # It may come back in a window (light by its little use so far), but a window in
+    # light work's way is cut short on the turn's clock (rule 6).
     assert max(waits) <= LIGHT_WAIT + 0.01, waits
 
 
