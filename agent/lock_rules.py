@@ -468,6 +468,13 @@ class LockRules:
             else None
         )
         min_slice_s = gpu.settings.min_slice_ms / 1000.0
+
+        def light_work_waited_out(held: Lease) -> bool:
+            """That light work's wait (less the drain) and this lease's minimum slice are up."""
+            return light_waits_until is not None and at.reached(
+                max(held.granted_at + min_slice_s, light_waits_until)
+            )
+
         if turn is None:
             # A window (light work while the turn waits): each lease in it gives the
             # GPU back as soon as it is idle; once the turn waits a quantum, at once;
@@ -478,9 +485,7 @@ class LockRules:
                     continue
                 if starving:
                     self._ask_to_drop(gpu, client, held, now, actions, DropReason.QUANTUM_OVER)
-                elif light_waits_until is not None and at.reached(
-                    max(held.granted_at + min_slice_s, light_waits_until)
-                ):
+                elif light_work_waited_out(held):
                     self._ask_to_drop(gpu, client, held, now, actions, DropReason.LIGHT_WORK_WAITS)
                 else:
                     self._ask_to_yield(gpu, client, held, now, actions, DropReason.WINDOW)
@@ -494,11 +499,7 @@ class LockRules:
             gpu, turn, held, at
         ):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.QUANTUM_OVER)
-        elif (
-            light_waits_until is not None
-            and not starving
-            and at.reached(max(held.granted_at + min_slice_s, light_waits_until))
-        ):
+        elif not starving and light_work_waited_out(held):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.LIGHT_WORK_WAITS)
             gpu.turn_paused = (turn, held.turn_since)
         elif self._light_work_holds_the_turn(gpu, turn, held, at):
@@ -529,18 +530,17 @@ class LockRules:
         it: those are asked to give the GPU back once idle (2 ms), as in a window,
         before the turn is cut short for it (they are light: they ask again, and run
         beside again when they fit)."""
-        crowded = [
-            c
+        crowded_out = any(
+            w.cuts_in and self._fits(gpu, [turn, c], keeping=False) and not self._fits_with(gpu, c)
             for c, w in gpu.waiters.items()
-            if w.cuts_in
-            and self._fits(gpu, [turn, c], keeping=False)
-            and not self._fits_with(gpu, c)
-        ]
-        if not crowded:
+        )
+        if not crowded_out:
             return
         for client, held in gpu.holders.items():
-            if client != turn and held.drop_requested_at is None and not held.yield_asked:
-                self._ask_to_yield(gpu, client, held, now, actions, DropReason.WINDOW)
+            if client != turn and held.drop_requested_at is None:
+                self._ask_to_yield(
+                    gpu, client, held, now, actions, DropReason.WINDOW
+                )  # at most once
 
     def _light_work_holds_the_turn(
         self, gpu: GpuState, turn: int, held: Lease, at: Moments
