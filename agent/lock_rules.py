@@ -630,7 +630,7 @@ class LockRules:
         its pages on the host when it comes back.  Windows of light work are left out:
         they are short and small, and faults bring back the little they push out; a
         prefetch of a trainer's resident gigabytes at every window would cost more
-        (docs/scheduling.md, "Memory")."""
+        (docs/scheduling.md, "When memory fits")."""
         if gpu.fits:
             return  # everyone's memory fits at once
         for other in gpu.users:
