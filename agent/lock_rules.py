@@ -64,8 +64,8 @@ WINDOW_IDLE_MS = 2
 # auto: a turn held this long whose holder's use is still under LIGHT_FLOOR, while busy
 # work waits, is light work holding the turn (a notebook or a loader that came first):
 # asked to drop, it goes on beside the busy one's turn or in its windows.  A busy client
-# starting from nothing is past the floor within about 1 s (1 - e^(-t/10 s)): it keeps
-# its first turn.
+# starting from nothing is past the floor within half a second (usage.py: a newcomer's
+# figure is over its stay): it keeps its first turn.
 LIGHT_TURN_PROOF_S = 2.0
 # auto: how long a turn takes to drain once asked to drop with light work waiting (its
 # shim bounds its queue to 5 ms meanwhile; a trainer's 18 ms kernels, one or two of
@@ -133,7 +133,8 @@ class LockRules:
         meter = state.usage.get(uuid)
         if meter is None:
             # A measuring shim's totals count from its HELLO.
-            meter = state.usage[uuid] = UsageMeter(stamp=state.connected_at)
+            meter = UsageMeter(stamp=state.connected_at, since=state.connected_at)
+            state.usage[uuid] = meter
         return meter
 
     def _usage(self, client: int, uuid: bytes, now: float) -> float:

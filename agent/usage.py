@@ -17,6 +17,13 @@ For an older shim, which reports nothing, the hold stands in for it: busy from
 the grant (start) until the release (stop), less the idle tail the release
 reports (RELEASED.idle_ms).
 
+A newcomer's figure is its GPU time over the time it has been here, not over a
+window it was mostly absent from: the sum so far divided by the weight the window
+has given its stay (1 - e^(-age/W)), its age counted as at least YOUNG_FLOOR_S.
+Else a new trainer counts light for seconds (1 - e^(-t/W) of 0.1 takes 1 s of
+work at full tilt, 2 s at half) and cuts the running turn short for its windows;
+the floor keeps a notebook's first 150 ms cell light.
+
 A client kept waiting is no lighter for it: the rules freeze its figure while it
 waits longer than light work does (freeze, thaw at its grant).  Else a trainer
 waiting for its turn would soon look light, and take a window where its turn was
@@ -29,17 +36,26 @@ import math
 from dataclasses import dataclass
 
 USAGE_WINDOW_S = 10.0
+# The least age a newcomer's figure is read over (see above): one busy second makes
+# it 0.24, one 150 ms cell 0.04.
+YOUNG_FLOOR_S = 5.0
 
 
 @dataclass(slots=True)
 class UsageMeter:
-    value: float = 0.0  # usage at `stamp`
+    value: float = 0.0  # usage at `stamp`, before a newcomer's weighting
     stamp: float = 0.0
+    since: float = -math.inf  # its arrival (by default: long ago)
     busy: bool = False  # an older shim's hold: busy since `stamp`
     reported_s: float = 0.0  # a measuring shim's running total at `stamp`
     held_s: float = 0.0  # an older shim's holds, summed up to its last release
     frozen: bool = False  # `frozen_value` holds until thawed; `stamp` stays
     frozen_value: float = 0.0
+
+    def _weight(self, now: float) -> float:
+        """How much of the window its stay has filled (1 for a client here for long)."""
+        age = max(now - self.since, YOUNG_FLOOR_S)
+        return 1.0 - math.exp(-age / USAGE_WINDOW_S)
 
     def total_s(self, now: float) -> float:
         """All the GPU time so far (share_groups.py charges it to the client's group)."""
@@ -48,6 +64,9 @@ class UsageMeter:
     def at(self, now: float) -> float:
         if self.frozen:
             return self.frozen_value
+        return min(1.0, self._unweighted_at(now) / self._weight(now))
+
+    def _unweighted_at(self, now: float) -> float:
         decay = math.exp(-max(0.0, now - self.stamp) / USAGE_WINDOW_S)
         return self.value * decay + (1.0 - decay if self.busy else 0.0)
 
@@ -59,14 +78,15 @@ class UsageMeter:
 
     def thaw(self, now: float) -> None:
         if self.frozen:
-            self.value, self.stamp, self.frozen = self.frozen_value, now, False
+            self.value = self.frozen_value * self._weight(now)
+            self.stamp, self.frozen = now, False
 
     def report(self, now: float, busy_total_s: float) -> None:
         """A measuring shim's running total of GPU time on this GPU."""
         busy_s = max(0.0, busy_total_s - self.reported_s)
         if self.frozen:  # a last report after the release: counted, nothing decays
             added = 1.0 - math.exp(-busy_s / USAGE_WINDOW_S)
-            self.frozen_value = min(1.0, self.frozen_value + added)
+            self.frozen_value = min(1.0, self.frozen_value + added / self._weight(now))
             self.reported_s = max(self.reported_s, busy_total_s)
             return
         elapsed = max(0.0, now - self.stamp)
@@ -81,7 +101,7 @@ class UsageMeter:
     def start(self, now: float) -> None:
         """An older shim's client was granted the GPU."""
         if not self.busy:
-            self.value, self.stamp, self.busy = self.at(now), now, True
+            self.value, self.stamp, self.busy = self._unweighted_at(now), now, True
 
     def stop(self, now: float, idle_s: float = 0.0) -> None:
         """An older shim's client let go of the GPU; it had been idle for the last
@@ -90,6 +110,6 @@ class UsageMeter:
             return
         busy_until = max(self.stamp, now - max(0.0, idle_s))
         self.held_s += busy_until - self.stamp
-        at_end = self.at(busy_until)
+        at_end = self._unweighted_at(busy_until)
         self.value = at_end * math.exp(-(now - busy_until) / USAGE_WINDOW_S)
         self.stamp, self.busy = now, False

@@ -21,7 +21,7 @@ from nvshare_agent.actions import (
     Revoke,
 )
 from nvshare_agent.core_state import FEATURE_USAGE
-from nvshare_agent.lock_rules import DRAIN_MS, LIGHT_TURN_PROOF_S, WINDOW_IDLE_MS
+from nvshare_agent.lock_rules import DRAIN_MS, LIGHT_FLOOR, LIGHT_TURN_PROOF_S, WINDOW_IDLE_MS
 from nvshare_agent.scheduler import (
     FEATURE_YIELD,
     LIGHT_CHECK_S,
@@ -30,7 +30,7 @@ from nvshare_agent.scheduler import (
     Scheduler,
 )
 from nvshare_agent.settings import AntiThrash, GpuOverrides, Settings
-from nvshare_agent.usage import USAGE_WINDOW_S, UsageMeter
+from nvshare_agent.usage import USAGE_WINDOW_S, YOUNG_FLOOR_S, UsageMeter
 
 G0, G1 = b"\x00" * 15 + b"\x01", b"\x00" * 15 + b"\x02"
 GIB = 1 << 30
@@ -61,13 +61,14 @@ def one(kind, actions, client=None):
     return found[0]
 
 
-def make(n_clients=3, settings=AUTO, capacity=CAPACITY, features=FEATURE_YIELD):
+def make(n_clients=3, settings=AUTO, capacity=CAPACITY, features=FEATURE_YIELD, hello_at=0.0):
+    """hello_at: when the clients came (a newcomer's use is read over its stay: usage.py)."""
     s = Scheduler(settings)
     if capacity:
         s.add_gpu(G0, "GPU", capacity)
     for c in range(1, n_clients + 1):
-        s.connect(c, pid=100 + c, uid=1000, gid=1000)
-        s.hello(c, (G0,), f"cmd{c}", now=0.0, features=features)
+        s.connect(c, pid=100 + c, uid=1000, gid=1000, now=hello_at)
+        s.hello(c, (G0,), f"cmd{c}", now=hello_at, features=features)
     return s
 
 
@@ -108,11 +109,38 @@ def spin_guarded_tick(s: Scheduler):
 
 
 def test_usage_counts_busy_time_in_a_decaying_window():
-    meter = UsageMeter()
+    meter = UsageMeter()  # here long before: no newcomer's weighting
     meter.start(0.0)
     assert meter.at(USAGE_WINDOW_S) == pytest.approx(1 - math.exp(-1))
     meter.stop(USAGE_WINDOW_S)
     assert meter.at(2 * USAGE_WINDOW_S) == pytest.approx((1 - math.exp(-1)) * math.exp(-1))
+
+
+def test_a_newcomer_counts_its_gpu_time_over_its_stay_not_the_whole_window():
+    trainer, notebook = UsageMeter(since=0.0), UsageMeter(since=0.0)
+    trainer.report(1.0, 1.0)  # one second at full tilt since it came
+    assert trainer.at(1.0) == pytest.approx((1 - math.exp(-0.1)) / (1 - math.exp(-0.5)))
+    assert trainer.at(1.0) > 2 * LIGHT_FLOOR  # busy at once, not light for seconds
+    notebook.report(1.0, 0.15)  # its first 150 ms cell
+    assert notebook.at(1.0) < 0.5 * LIGHT_FLOOR
+    # Once here for longer than the window, the plain decaying figure.
+    old = UsageMeter()
+    old.report(1.0, 1.0)
+    later = 30.0
+    assert trainer.at(later) == pytest.approx(
+        trainer.at(1.0) * (1 - math.exp(-0.5)) * math.exp(-2.9) / (1 - math.exp(-3.0)), rel=1e-9
+    )
+    assert old.at(later) == pytest.approx((1 - math.exp(-0.1)) * math.exp(-2.9))
+
+
+def test_a_frozen_newcomer_thaws_at_the_figure_it_was_frozen_at():
+    meter = UsageMeter(since=0.0)
+    meter.report(1.0, 0.5)
+    meter.freeze(1.0)
+    frozen = meter.at(1.0)
+    assert meter.at(20.0) == frozen  # waiting: no lighter for it
+    meter.thaw(20.0)
+    assert meter.at(20.0) == pytest.approx(frozen)
 
 
 def test_the_idle_tail_of_a_hold_is_not_counted_as_use():
@@ -185,8 +213,11 @@ def test_a_client_beside_the_turn_is_asked_to_drop_once_it_is_no_longer_light():
         if drops:
             assert drops[0].client == 2 and drops[0].lease == beside.lease
             dropped_at = now
-    # It passed twice the floor (0.2 of the window) after ~2.2 s of running beside.
-    assert dropped_at == pytest.approx(-USAGE_WINDOW_S * math.log(0.8), abs=LIGHT_CHECK_S + 1e-9)
+    # It passed twice the floor after ~0.8 s of running beside (a newcomer's figure is
+    # over its stay, at least YOUNG_FLOOR_S: usage.py).
+    young = 1 - math.exp(-YOUNG_FLOOR_S / USAGE_WINDOW_S)
+    passed_at = -USAGE_WINDOW_S * math.log(1 - 0.2 * young)
+    assert dropped_at == pytest.approx(passed_at, abs=LIGHT_CHECK_S + 1e-9)
     s.release(2, G0, beside.lease, now + 0.05)
     assert of(Queued, s.request(2, G0, now + 0.06)), "it now waits for the turn"
 
@@ -282,7 +313,7 @@ def test_an_older_shim_is_never_asked_to_release_when_idle():
 
 
 def test_memory_of_a_client_that_does_not_run_does_not_stop_those_that_do():
-    s = make()
+    s = make(hello_at=-60.0)  # here a while: holding a second is not busy yet
     a, b = one(Grant, s.request(1, G0, 0.0)), one(Grant, s.request(2, G0, 0.0))
     actions = s.memory_report(3, G0, 78 * GIB, 0, now=1.0)
     switch = one(ModeChanged, actions)
@@ -305,7 +336,7 @@ def test_memory_of_a_client_that_does_not_run_does_not_stop_those_that_do():
 
 
 def test_a_report_that_does_not_fit_asks_the_newest_lease_beside_the_turn_to_drop():
-    s = make()
+    s = make(hello_at=-60.0)  # here a while: holding a second is not busy yet
     one(Grant, s.request(1, G0, 0.0))
     one(Grant, s.request(2, G0, 0.0))
     one(Grant, s.request(3, G0, 0.0))
@@ -862,9 +893,9 @@ class MeasuredMix:
         while self.now < until - 1e-9:
             self.now = round(self.now + 0.001, 6)
             step = round(self.now * 1000)
-            for client in self.held:
-                if (step % 10) < 10 * self.duty[client] + 1e-9:
-                    self.busy_s[client] += 0.001
+            for client in self.held:  # busy at the start of each 10 ms, duty of it
+                busy_ms = min(1.0, max(0.0, 10 * self.duty[client] - step % 10))
+                self.busy_s[client] += busy_ms / 1000
             if step % 5 == 0:
                 for client in self.held:
                     usage = int(self.busy_s[client] * 1e6)

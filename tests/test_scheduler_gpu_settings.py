@@ -107,7 +107,7 @@ def test_a_gpus_own_memory_limit_refits_it_alone():
         for client in (1, 2):
             s.memory_report(client, gpu, 256 << 20, 0, 0.0)
             s.request(client, gpu, 0.0)
-    actions = s.change_settings(with_gpus(auto, gpu0=own(memory_limit_bytes=1 * GIB)), 1.0)
+    actions = s.change_settings(with_gpus(auto, gpu0=own(memory_limit_bytes=1 * GIB)), 0.2)
     switch = one(ModeChanged, actions)
     assert (switch.gpu, switch.mode, switch.capacity_bytes) == (G0, "exclusive", 1 * GIB)
     assert {(d.gpu, d.client) for d in of(AskToDrop, actions)} == {(G0, 2)}  # beside the turn
