@@ -250,6 +250,23 @@ class LockRules:
     def _starving(self, gpu: GpuState, waiter: Waiter, at: Moments) -> bool:
         return at.reached(waiter.requested_at + gpu.settings.time_quantum_s)
 
+    def _paused_turn_due_back(self, gpu: GpuState, at: Moments) -> bool:
+        """A turn cut short for a window is still within its quantum: it comes back
+        after the window, ahead of a waiter that has waited TQ (whose turn comes at the
+        quantum's end, as it would have had the window not been)."""
+        paused = gpu.turn_paused
+        if paused is None or paused[0] not in gpu.users:
+            return False
+        return not at.reached(paused[1] + gpu.settings.time_quantum_s)
+
+    def _best_waits_past_turns(self, gpu: GpuState, at: Moments) -> bool:
+        """The best waiter has waited TQ and no paused turn is due back: it goes next,
+        and no window opens before it."""
+        best = self._best_waiter(gpu, at)
+        return self._starving(gpu, gpu.waiters[best], at) and not self._paused_turn_due_back(
+            gpu, at
+        )
+
     def _best_waiter(self, gpu: GpuState, at: Moments, among: Iterable[int] | None = None) -> int:
         """First come first served (on); least recent use first, those waiting a
         quantum or more before all others, oldest first (auto); by share groups
@@ -403,9 +420,10 @@ class LockRules:
         """auto, someone waits: grant whom the rules let in, and ask holders for room."""
         now = at.now
         turn = self._turn_holder(gpu)
-        # 5. Grants.  A waiter that has waited a quantum goes first and stops windows.
+        # 5. Grants.  A waiter that has waited a quantum goes first and stops windows,
+        #    once no turn cut short for a window is due back.
         best = self._best_waiter(gpu, at)
-        starving = self._starving(gpu, gpu.waiters[best], at)
+        starving = self._best_waits_past_turns(gpu, at)
         if turn is None and starving and self._fits_with(gpu, best):
             self._grant(gpu, best, now, SHARED, actions, Role.TURN)
             turn = best
@@ -444,7 +462,11 @@ class LockRules:
                         for c in takers
                         if not gpu.waiters[c].light or self._usage(c, gpu.uuid, now) >= LIGHT_FLOOR
                     ]
-                taker = self._best_waiter(gpu, at, takers)
+                paused = gpu.turn_paused
+                if paused is not None and paused[0] in takers:
+                    taker = paused[0]  # back from the window (due back: not starving)
+                else:
+                    taker = self._best_waiter(gpu, at, takers)
                 if self._fits_with(gpu, taker):
                     self._grant(gpu, taker, now, SHARED, actions, Role.TURN)
                     turn = taker
@@ -457,11 +479,12 @@ class LockRules:
             return
         # The grants may have taken the best waiter: judge by those still waiting.
         best = self._best_waiter(gpu, at)
-        starving = self._starving(gpu, gpu.waiters[best], at)
+        starving = self._best_waits_past_turns(gpu, at)
         # 6, 7. Others wait.
         # Light work that cannot run beside the holders waits at most light_wait_ms: they
         # are asked to drop DRAIN_MS before, once each has held min_slice_ms (no window
-        # comes sooner after another), unless a waiter has waited a quantum (it goes first).
+        # comes sooner after another), also while a waiter has waited a quantum: the turn
+        # cut short keeps its clock, and that waiter goes first at its end.
         cutting_in = [w.requested_at for w in gpu.waiters.values() if w.cuts_in]
         light_waits_until = (
             min(cutting_in) + (gpu.settings.light_wait_ms - DRAIN_MS) / 1000.0
@@ -494,13 +517,13 @@ class LockRules:
         held = gpu.holders[turn]
         if held.drop_requested_at is not None:
             return
-        if cutting_in and not starving:
+        if cutting_in:
             self._make_room_beside(gpu, turn, now, actions)
         if at.reached(held.turn_since + gpu.settings.time_quantum_s) and not self._turn_goes_on(
             gpu, turn, held, at
         ):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.QUANTUM_OVER)
-        elif not starving and light_work_waited_out(held):
+        elif light_work_waited_out(held):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.LIGHT_WORK_WAITS)
             gpu.turn_paused = (turn, held.turn_since)
         elif self._light_work_holds_the_turn(gpu, turn, held, at):
