@@ -12,7 +12,8 @@ Phases (NVSHARE_BENCH_ONLY=phase,phase picks some; the order is fixed):
 - mix_auto: the same under the shim and an agent at its defaults (memory fits).
 - mix_two_trainers_apart: two trainers and the light clients, memory_limit staged so that
   the two trainers do not fit together but either fits beside the light clients (by the
-  agent's own memory_fit rule and the solo footprints); a window of two time quanta, 60 s.
+  agent's own memory_fit rule and the solo footprints); a window of four time quanta,
+  120 s: turns end early (a yield once idle), and two of them split a 60 s window by chance.
 - mix_nothing_fits: memory_limit = 1G, below one trainer.
 - mix_off_vs_plain: the mix under the shim with anti_thrash = off, then without nvshare.
 
@@ -20,7 +21,7 @@ In each run the light clients start first and set up (nothing else on the GPU), 
 trainers; once a trainer has taken its first step mix.py writes the window's start to a go
 file, and every client is measured over the same window (--window, 40 s by default).
 
-    bench/gpu/run.sh --mix [RESULTS] [--window S]   # about 7.5 minutes at 40 s (NVSHARE_MIX_WINDOW_S)
+    bench/gpu/run.sh --mix [RESULTS] [--window S]   # about 8.5 minutes at 40 s (NVSHARE_MIX_WINDOW_S)
 Prints a table; full numbers in RESULTS/mix.json, agent logs in RESULTS/agent-logs/.
 Safety: all the managed memory of the largest phase (two trainers and the light clients,
 11 GiB planned) stays under half of the GPU's free memory, checked before start and again
@@ -69,7 +70,7 @@ PHASES = (
 SOLO_WINDOWS_S = {"trainer": 12, "inference": 15, "notebook": 25, "loader": 8}
 # Two trainers that do not fit together take turns of a time quantum (30 s at the defaults):
 # a window of two quanta gives each one turn, so that their shares can be judged.
-APART_MIN_WINDOW_S = 2 * DEFAULT_SETTINGS.time_quantum_s
+APART_MIN_WINDOW_S = 4 * DEFAULT_SETTINGS.time_quantum_s
 # A trainer's --seconds counts from its loop's start, a little before the window's.
 TRAINER_SLACK_S = 5.0
 # A run's set-up and wind-down besides its window (torch's import, CUDA contexts), for the
