@@ -125,6 +125,14 @@ struct nvshare_lock_jobs {
 void nvshare_lock_machine_step(struct nvshare_lock_machine *lock,
                                const struct nvshare_lock_event *event,
                                struct nvshare_lock_jobs *jobs);
+enum nvshare_queue_length {
+    NVSHARE_QUEUE_AS_SET = 0,  /* NVSHARE_MAX_QUEUED_MS by the average kernel */
+    NVSHARE_QUEUE_SHORT = 1,   /* NVSHARE_MAX_QUEUED_MS by the longest recent kernel */
+    NVSHARE_QUEUE_SHORTEST = 2 /* 5 ms by the longest recent kernel */
+};
+
+/* How short the queue bound keeps the queue now (enum nvshare_queue_length). */
+int nvshare_lock_queue_length(const struct nvshare_lock_machine *lock);
 /* END NVSHARE LOCK MACHINE */
 
 #endif

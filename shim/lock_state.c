@@ -67,13 +67,8 @@ static void step_locked(int gpu, struct nvshare_lock_event *event, struct nvshar
     memset(jobs, 0, sizeof *jobs);
     nvshare_lock_machine_step(&locks[gpu], event, jobs);
     carry_out(gpu, jobs);
-    int queue = NVSHARE_QUEUE_AS_SET;
-    if (locks[gpu].phase == NVSHARE_LOCK_HELD && locks[gpu].idle_drop)
-        queue = NVSHARE_QUEUE_SHORTEST;
-    else if (locks[gpu].phase == NVSHARE_LOCK_HELD &&
-             (locks[gpu].grant_flags & NVSHARE_GRANT_SHORT_QUEUE))
-        queue = NVSHARE_QUEUE_SHORT;
-    atomic_store_explicit(&nvshare_gates[gpu].short_queue, queue, memory_order_relaxed);
+    atomic_store_explicit(&nvshare_gates[gpu].short_queue, nvshare_lock_queue_length(&locks[gpu]),
+                          memory_order_relaxed);
 }
 
 void nvshare_lock_step(int gpu, struct nvshare_lock_event *event, struct nvshare_lock_jobs *jobs,

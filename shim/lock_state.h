@@ -28,20 +28,12 @@
  * out) or the release sees it inside; a submission can never slip past a
  * release.
  */
-enum nvshare_queue_length {
-    NVSHARE_QUEUE_AS_SET = 0,  /* NVSHARE_MAX_QUEUED_MS by the average kernel */
-    NVSHARE_QUEUE_SHORT = 1,   /* NVSHARE_MAX_QUEUED_MS by the longest recent kernel */
-    NVSHARE_QUEUE_SHORTEST = 2 /* 5 ms by the longest recent kernel */
-};
-
 struct nvshare_gate {
     atomic_int open;      /* 1: held, shared, or unscheduled (no agent) */
     atomic_int inflight;  /* submissions between gate and driver right now */
     atomic_uint activity; /* bumped per passage; idle = unchanged */
     /* How short the queue bound keeps this process's queue, so that a drop drains
-     * fast (queue_bound.c): NVSHARE_QUEUE_AS_SET, NVSHARE_QUEUE_SHORT (the lease was
-     * granted SHORT_QUEUE) or NVSHARE_QUEUE_SHORTEST (a WHEN_IDLE drop pending: others
-     * wait). */
+     * fast (queue_bound.c): enum nvshare_queue_length, nvshare_lock_queue_length()'s. */
     atomic_int short_queue;
 } __attribute__((aligned(64)));
 

@@ -41,7 +41,8 @@
  * kernel is then covered).  A lease granted SHORT_QUEUE (a turn that light work
  * will cut short) is bounded by the longest estimate, and while others wait for
  * this GPU (a WHEN_IDLE drop pending) the bound is SHORT_MAX_QUEUED_MS by it, so
- * that the drop which follows drains in milliseconds.  (With 5 ms for the whole
+ * that the drop which follows drains in milliseconds (lock_machine.c's
+ * nvshare_lock_queue_length: only on such a lease).  (With 5 ms for the whole
  * turn, the mix's trainer kept 0.82x of its solo rate beside light work that cut
  * its turns short ten times a second, 0.85x with this; alone under SHORT_QUEUE it
  * runs at its plain rate, 2.738 steps/s both, on the H100.)

@@ -402,6 +402,21 @@ def test_a_shared_lease_granted_release_when_idle_is_released_when_idle(lock):
     assert idle_release(lock, now=100.0) == [("SEND_RELEASED", 7, 100)]
 
 
+SHORT_QUEUE = int(protocol.GrantFlags.SHORT_QUEUE)
+
+
+def test_the_queue_is_kept_short_for_a_yield_only_where_light_work_may_cut_in(lock):
+    lib = lock.lib
+    lock.granted(lease=7, flags=SHARED | RELEASE_WHEN_IDLE, now=0.0)  # everyone fits
+    lock.step("DROP", now=10.0, lease=7, flags=WHEN_IDLE, idle_ms=50)  # a yield to busy work
+    assert lib.nvshare_lock_queue_length(lock.state) == lib.NVSHARE_QUEUE_AS_SET
+    assert idle_release(lock, now=60.0, idle_release_ms=1000) == [("SEND_RELEASED", 7, 60)]
+    lock.granted(lease=8, flags=SHARED | RELEASE_WHEN_IDLE | SHORT_QUEUE, now=100.0)
+    assert lib.nvshare_lock_queue_length(lock.state) == lib.NVSHARE_QUEUE_SHORT
+    lock.step("DROP", now=110.0, lease=8, flags=WHEN_IDLE, idle_ms=50)
+    assert lib.nvshare_lock_queue_length(lock.state) == lib.NVSHARE_QUEUE_SHORTEST
+
+
 def test_a_when_idle_drop_does_not_drain_at_once(lock):
     lock.granted(lease=7, now=0.0)
     assert lock.step("DROP", now=10.0, lease=7, flags=WHEN_IDLE, idle_ms=300) == []
