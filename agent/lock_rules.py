@@ -463,8 +463,12 @@ class LockRules:
                         if not gpu.waiters[c].light or self._usage(c, gpu.uuid, now) >= LIGHT_FLOOR
                     ]
                 paused = gpu.turn_paused
-                if paused is not None and paused[0] in takers:
-                    taker = paused[0]  # back from the window (due back: not starving)
+                if (
+                    paused is not None
+                    and paused[0] in takers
+                    and self._paused_turn_due_back(gpu, at)
+                ):
+                    taker = paused[0]  # back from the window, within its quantum
                 else:
                     taker = self._best_waiter(gpu, at, takers)
                 if self._fits_with(gpu, taker):
