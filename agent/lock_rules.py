@@ -250,22 +250,20 @@ class LockRules:
     def _starving(self, gpu: GpuState, waiter: Waiter, at: Moments) -> bool:
         return at.reached(waiter.requested_at + gpu.settings.time_quantum_s)
 
-    def _paused_turn_due_back(self, gpu: GpuState, at: Moments) -> bool:
-        """A turn cut short for a window is still within its quantum: it comes back
-        after the window, ahead of a waiter that has waited TQ (whose turn comes at the
-        quantum's end, as it would have had the window not been)."""
+    def _paused_turn(self, gpu: GpuState, at: Moments) -> int | None:
+        """The holder of a turn cut short for a window, while that turn is within its
+        quantum: it comes back after the window, with its clock, ahead of a waiter that
+        has waited TQ (whose turn comes at the quantum's end, as it would have had the
+        window not been).  None once the quantum is over: a turn then is a new one."""
         paused = gpu.turn_paused
         if paused is None or paused[0] not in gpu.users:
-            return False
-        return not at.reached(paused[1] + gpu.settings.time_quantum_s)
+            return None
+        return None if at.reached(paused[1] + gpu.settings.time_quantum_s) else paused[0]
 
-    def _best_waits_past_turns(self, gpu: GpuState, at: Moments) -> bool:
+    def _goes_next_by_waiting(self, gpu: GpuState, best: int, at: Moments) -> bool:
         """The best waiter has waited TQ and no paused turn is due back: it goes next,
         and no window opens before it."""
-        best = self._best_waiter(gpu, at)
-        return self._starving(gpu, gpu.waiters[best], at) and not self._paused_turn_due_back(
-            gpu, at
-        )
+        return self._starving(gpu, gpu.waiters[best], at) and self._paused_turn(gpu, at) is None
 
     def _best_waiter(self, gpu: GpuState, at: Moments, among: Iterable[int] | None = None) -> int:
         """First come first served (on); least recent use first, those waiting a
@@ -423,7 +421,7 @@ class LockRules:
         # 5. Grants.  A waiter that has waited a quantum goes first and stops windows,
         #    once no turn cut short for a window is due back.
         best = self._best_waiter(gpu, at)
-        starving = self._best_waits_past_turns(gpu, at)
+        starving = self._goes_next_by_waiting(gpu, best, at)
         if turn is None and starving and self._fits_with(gpu, best):
             self._grant(gpu, best, now, SHARED, actions, Role.TURN)
             turn = best
@@ -462,15 +460,13 @@ class LockRules:
                         for c in takers
                         if not gpu.waiters[c].light or self._usage(c, gpu.uuid, now) >= LIGHT_FLOOR
                     ]
-                paused = gpu.turn_paused
-                if (
-                    paused is not None
-                    and paused[0] in takers
-                    and self._paused_turn_due_back(gpu, at)
-                ):
-                    taker = paused[0]  # back from the window, within its quantum
-                else:
-                    taker = self._best_waiter(gpu, at, takers)
+                # Back from the window, within its quantum: the same turn goes on.
+                resuming = self._paused_turn(gpu, at)
+                taker = (
+                    resuming
+                    if resuming is not None and resuming in takers
+                    else self._best_waiter(gpu, at, takers)
+                )
                 if self._fits_with(gpu, taker):
                     self._grant(gpu, taker, now, SHARED, actions, Role.TURN)
                     turn = taker
@@ -483,7 +479,7 @@ class LockRules:
             return
         # The grants may have taken the best waiter: judge by those still waiting.
         best = self._best_waiter(gpu, at)
-        starving = self._best_waits_past_turns(gpu, at)
+        starving = self._goes_next_by_waiting(gpu, best, at)
         # 6, 7. Others wait.
         # Light work that cannot run beside the holders waits at most light_wait_ms: they
         # are asked to drop DRAIN_MS before, once each has held min_slice_ms (no window
