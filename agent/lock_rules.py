@@ -604,10 +604,11 @@ class LockRules:
         turn_since = now
         resumed = False
         if role is Role.TURN:
-            paused, gpu.turn_paused = gpu.turn_paused, None
-            if paused is not None and paused[0] == client:
-                turn_since = paused[1]  # back from a window: the same turn
-                resumed = True
+            # Back from a window within its quantum: the same turn (past it, a new one).
+            paused = gpu.turn_paused
+            if paused is not None and self._paused_turn(gpu, Moments(now)) == client:
+                turn_since, resumed = paused[1], True
+            gpu.turn_paused = None
         # off: all run at once.  A turn back from a window displaces no one: the light
         # work of the window ran ~100 ms and has its pages back by faults next time.
         if role is Role.TURN and (auto or mode == EXCLUSIVE) and not resumed:

@@ -553,3 +553,22 @@ def test_light_work_gets_windows_while_a_busy_waiter_has_waited_a_quantum():
     for (began, _), (next_began, _) in itertools.pairwise(changes):
         assert TQ <= next_began - began <= TQ + 0.2, changes
     assert sum(mix.busy_s[c] for c in (1, 2, 3)) > 0.85 * 160, mix.busy_s
+
+
+def test_a_turn_cut_short_past_its_quantum_is_a_new_turn_when_its_holder_gets_the_next():
+    # 1's turn was cut short for a window that ran past its quantum; 1 (the least use)
+    # is the best waiter when 2's turn ends.  It gets a new turn: the old one's clock
+    # once came back with it, a turn over as soon as granted, dropped at once.
+    s = make(2, features=FEATURE_YIELD | FEATURE_USAGE, hello_at=-60.0)
+    for client in (1, 2):
+        s.memory_report(client, G0, 45 * GIB, 0, now=0.0)  # they do not fit together
+    s.gpu_usage(1, G0, 20_000_000, 0.0)
+    s.gpu_usage(2, G0, 50_000_000, 0.0)
+    second = one(Grant, s.request(2, G0, 0.0))
+    assert of(Queued, s.request(1, G0, 1.0))
+    s.gpus[G0].turn_paused = (1, -TQ)  # its turn, cut short a quantum ago
+    turn = one(Grant, s.release(2, G0, second.lease, 2.0))
+    assert (turn.client, turn.role) == (1, "turn")
+    actions = s.request(2, G0, 2.001)  # busy: it asks again at once
+    assert not [d for d in of(AskToDrop, actions) if d.reason == "quantum over"], actions
+    assert s.gpus[G0].holders[1].turn_since == 2.0
