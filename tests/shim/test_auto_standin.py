@@ -44,8 +44,11 @@ def test_clients_that_fit_run_together_one_that_does_not_runs_in_a_window_then_t
     world,
 ):
     agent = world.start_agent(config=AUTO_CONFIG)
-    # Light work: a short burst every 400 ms, given back 200 ms after each.
-    steady = ("--ints", "1024", "--duration-ms", "15000", "--sleep-ms", "400")
+    # Light work: a short burst every 100 ms, so that a lease is held (idle release
+    # 200 ms) whenever the big one below asks.  With bursts every 400 ms it asked at
+    # times with nothing held, took the turn alone, and its use then showed it busy
+    # (a newcomer's use is over its stay): a turn, not a window.
+    steady = ("--ints", "1024", "--duration-ms", "15000", "--sleep-ms", "100")
     a = world.client("linked", *steady)
     b = world.client("linked", *steady)
     # Both granted within 100 ms of asking, and running together: one beside the other.
