@@ -103,12 +103,17 @@ def turn_lengths(results) -> list[float]:
 
 
 def pair_measures(results) -> dict:
-    """Rates over the window in which both had started training and neither had stopped."""
+    """Rates over the window in which both had started training (their 4th step: past
+    their warm-up) and neither had stopped.  Shares over the window in which both were
+    in their loops: turns of TQ put one's 4th step a whole turn after the other's, and
+    a window from there held one turn of one and a few seconds of the other."""
     window_start = max(r["step_times"][3] for r in results)
     window_end = min(r["step_times"][-1] for r in results)
     counts = [sum(window_start <= t <= window_end for t in r["step_times"]) for r in results]
     window = window_end - window_start
     busy = sum(count / window * gpu_step_s(r) for count, r in zip(counts, results))
+    both_in = max(r.get("started_at", r["step_times"][0]) for r in results)
+    in_loops = [sum(both_in <= t <= window_end for t in r["step_times"]) for r in results]
     turns = turn_lengths(results)
     return {
         "window_s": window,
@@ -116,7 +121,8 @@ def pair_measures(results) -> dict:
         "gpu_step_s": [gpu_step_s(r) for r in results],
         "aggregate_steps_per_s": sum(counts) / window,
         "gpu_busy_fraction": busy,
-        "shares": [c / sum(counts) for c in counts],
+        "shares_window_s": window_end - both_in,
+        "shares": [c / sum(in_loops) for c in in_loops],
         "turns": len(turns),
         "turn_p50_s": percentile(turns, 0.5),
         "turn_max_s": max(turns, default=float("nan")),

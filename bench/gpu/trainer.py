@@ -115,7 +115,13 @@ def main() -> None:
             break
     loss_value = loss.item()
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
-    result = {"step_times": step_times, "loss": loss_value, "checksum": checksum}
+    # started_at: when its loop began (its model built), before it waited for any lock.
+    result = {
+        "step_times": step_times,
+        "started_at": started,
+        "loss": loss_value,
+        "checksum": checksum,
+    }
     if args.gpu_spans:
         result["gpu_spans_s"] = spans
     print(json.dumps(result))

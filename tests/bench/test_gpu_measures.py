@@ -59,6 +59,19 @@ def test_pair_measures_count_only_the_window_both_ran():
     assert measures["gpu_busy_fraction"] == pytest.approx(0.9, rel=0.05)
 
 
+def test_pair_shares_count_from_when_both_loops_began_not_from_the_later_fourth_step():
+    # Turns of 30 s, 64 s each (auto_pair_fits): 1 runs 0-30 and 60-64, 2 runs 30-60.
+    # From 2's 4th step (30.3 s) the window held 2's turn and 4 s of 1's: 12 / 88 %.
+    results = alternating(turn_s=30.0, turns=3)
+    results[0]["step_times"] = [t for t in results[0]["step_times"] if t <= 64.0]
+    results[1]["step_times"] += [64.5, 64.6]
+    for r in results:
+        r["started_at"] = 0.0
+    measures = gpu_measures.pair_measures(results)
+    assert measures["shares_window_s"] == pytest.approx(64.0)
+    assert measures["shares"][0] == pytest.approx(34 / 64, abs=0.01)
+
+
 def test_drop_stats_percentiles():
     stats = gpu_measures.drop_stats([float(ms) for ms in range(1, 101)])
     assert stats["drop_to_release_p50_ms"] == pytest.approx(50, abs=1)
