@@ -38,7 +38,7 @@ WATCH_INTERVAL_S = 0.2
 REGISTER_TIMEOUT_S = 5.0
 # After a failed Register the same kubelet is asked again after WATCH_INTERVAL_S, then twice
 # as long after each failure up to RETRY_INTERVAL_S; a new one at once.  A kubelet makes its
-# socket before it serves on it: a first attempt may come in between.
+# socket before it serves on it: a socket that refuses connections is no attempt.
 RETRY_INTERVAL_S = 2.0
 
 SocketIdentity = tuple[int, int, int]
@@ -114,6 +114,11 @@ class KubeletLink:
                 return
         kubelet = socket_identity(self.kubelet_socket)
         if kubelet is None or kubelet == self.registered_with:
+            return
+        if not someone_serves(self.kubelet_socket):
+            # Made, not yet served (or left by a kubelet that died): looked at again at
+            # the next watch, not after a backoff.  A kubelet slow to serve its new
+            # socket once met attempts that doubled the wait to 1.6 s past its start.
             return
         now = asyncio.get_running_loop().time()
         if kubelet == self.last_attempt:

@@ -144,6 +144,37 @@ def test_a_plugin_started_before_the_kubelet_registers_once_it_listens(kubelet_d
         late.stop()
 
 
+def test_a_kubelet_socket_made_long_before_it_is_served_is_registered_with_once_served(
+    kubelet_dir, start_plugin
+):
+    # A kubelet binds kubelet.sock, then serves on that same socket: under load, a second
+    # or more later.  Refused connections are no failed attempts: no backoff (it reached
+    # 1.6 s and more), so the plugin's Register comes within a watch of the listen().
+    made = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    made.bind(str(kubelet_dir / "kubelet.sock"))
+    try:
+        plugin = start_plugin()
+        time.sleep(2.5)  # refused all along: the old backoff would be at 2 s by now
+        assert plugin.running()
+        made.listen()
+        listening_since = time.monotonic()
+        made.settimeout(5.0)
+        while True:  # the probe's connection sends nothing; the Register's, HTTP/2's preface
+            connection, _ = made.accept()
+            connection.settimeout(1.0)
+            try:
+                first = connection.recv(3)
+            except TimeoutError:
+                first = b""
+            finally:
+                connection.close()
+            if first == b"PRI":
+                break
+        assert time.monotonic() - listening_since < 0.7
+    finally:
+        made.close()
+
+
 def test_a_refused_registration_is_logged_once_and_tried_again(kubelet_dir, start_plugin):
     refusing = StandinKubelet(kubelet_dir, refuse_registrations=1).start()
     try:
