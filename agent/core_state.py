@@ -34,6 +34,9 @@ class Lease:
     # auto: when the turn it holds began.  A turn cut short for a window goes on
     # after it, quantum and all: windows neither end a turn nor lengthen it.
     turn_since: float = 0.0
+    # Its client's GPU time on this GPU when it was granted (usage.py's total): what
+    # the lease has kept the GPU busy with since, against how long it has held it.
+    gpu_s_at_grant: float = 0.0
 
 
 @dataclass(slots=True)

@@ -71,12 +71,22 @@ LIGHT_TURN_PROOF_S = 2.0
 # shim bounds its queue to 5 ms meanwhile; a trainer's 18 ms kernels, one or two of
 # them): the drop is asked this much before light work's wait (light_wait_ms) is up.
 DRAIN_MS = 25
-# auto: a busy waiter takes the turn at its holder's next idle moment (a yield) only
-# when its use is at most this much of the holder's: a notebook's long cell behind a
-# trainer.  Between equals (two trainers, their uses both ~1) turns last the quantum:
-# a tie once made the holder yield at its first 50 ms pause, 12 to 30 s into its turn
-# as it happened, and the shares were chance (40 / 60 % on the H100, issue 35's b.).
+# auto: a busy waiter with no more use than the turn holder's takes the GPU at the
+# holder's next idle moment (a yield): two inference servers at 0.2-0.4 each serve
+# each other in their gaps.  But where the holder keeps the GPU busy (its use is
+# BUSY_LEASE_DUTY or more, or its lease, once held HOLDS_PROVEN_S, kept the GPU busy
+# that much of its time: a trainer), only a waiter with YIELD_TO_USE_RATIO of its use
+# or less: a notebook's long cell.  Between two trainers (uses ~1) a yield at a tie
+# ended a turn at the holder's first 50 ms pause, 12 to 30 s in as it happened, and
+# the shares were chance (40 / 60 % on the H100, issue 35's b.); their turns last the
+# quantum.  The lease's own figure: two trainers that swap the GPU at every pause each
+# show a use of ~0.7, and would go on swapping.
+BUSY_LEASE_DUTY = 0.8
+HOLDS_PROVEN_S = 0.5
 YIELD_TO_USE_RATIO = 0.5
+# The shim reports its GPU time at most every 100 ms (shim/usage_meter.c): a lease's
+# figure lags its holder by up to that.
+USAGE_REPORT_LAG_S = 0.1
 
 
 class Role(enum.Enum):
@@ -537,15 +547,10 @@ class LockRules:
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.LIGHT_TURN)
         elif held.yield_asked:
             pass
-        elif (
-            starving
-            or cutting_in
-            or self._usage(best, gpu.uuid, now)
-            <= YIELD_TO_USE_RATIO * self._usage(turn, gpu.uuid, now)
-        ):
+        elif starving or cutting_in or self._yields_to(gpu, turn, held, best, now):
             # Someone with a better claim waits: release once idle.  Not to one with
-            # as much use, or more: a trainer that waited its turn has its first steps'
-            # pauses (50 ms and more), and lost its turn in them (issue 35).
+            # more use: a trainer that waited its turn has its first steps' pauses (50 ms
+            # and more), and lost its turn in them (issue 35).
             # The best of those still waiting (above): light work granted beside just
             # now (little use) once made the turn yield for nobody.
             self._ask_to_yield(gpu, turn, held, now, actions, DropReason.OTHERS_WAIT)
@@ -553,6 +558,22 @@ class LockRules:
             at.reached(now + LIGHT_CHECK_S)  # its use grows as it runs: look again
         if any(w.light and not w.cuts_in for w in gpu.waiters.values()):
             at.reached(now + LIGHT_CHECK_S)  # light work may come to cut in: look again
+
+    def _yields_to(self, gpu: GpuState, turn: int, held: Lease, best: int, now: float) -> bool:
+        """Whether the turn's holder yields to `best`, a busy waiter, by their uses."""
+        holder, waiter = self._usage(turn, gpu.uuid, now), self._usage(best, gpu.uuid, now)
+        if holder >= BUSY_LEASE_DUTY or self._lease_kept_busy(gpu, turn, held, now):
+            return waiter <= YIELD_TO_USE_RATIO * holder
+        return waiter <= holder
+
+    def _lease_kept_busy(self, gpu: GpuState, client: int, held: Lease, now: float) -> bool:
+        """The lease, held HOLDS_PROVEN_S or more, kept the GPU busy BUSY_LEASE_DUTY of
+        its time."""
+        age = now - held.granted_at
+        if age < HOLDS_PROVEN_S:
+            return False
+        gained = self._meter(self.clients[client], gpu.uuid).total_s(now) - held.gpu_s_at_grant
+        return gained >= BUSY_LEASE_DUTY * (age - USAGE_REPORT_LAG_S)
 
     def _make_room_beside(
         self, gpu: GpuState, turn: int, now: float, actions: list[Action]
@@ -635,9 +656,11 @@ class LockRules:
                 if not waiting.judged_busy:
                     waiting.light, waiting.cuts_in = self._judge(gpu, other, now)
         state = self.clients[client]
-        self._meter(state, gpu.uuid).thaw(now)
+        meter = self._meter(state, gpu.uuid)
+        meter.thaw(now)
         if not state.features & FEATURE_USAGE:
-            self._meter(state, gpu.uuid).start(now)  # an older shim: the hold stands for use
+            meter.start(now)  # an older shim: the hold stands for use
+        gpu.holders[client].gpu_s_at_grant = meter.total_s(now)
         actions.append(
             Grant(
                 client,
