@@ -40,6 +40,8 @@ REGISTER_TIMEOUT_S = 5.0
 # as long after each failure up to RETRY_INTERVAL_S; a new one at once.  A kubelet makes its
 # socket before it serves on it: a socket that refuses connections is no attempt.
 RETRY_INTERVAL_S = 2.0
+# A kubelet socket that refuses connections this long is logged (once): a kubelet that died.
+REFUSED_REPORT_S = 5.0
 
 SocketIdentity = tuple[int, int, int]
 
@@ -62,7 +64,8 @@ def socket_identity(path: Path) -> SocketIdentity | None:
 
 
 def someone_serves(path: Path) -> bool:
-    """A connection to a UNIX socket is accepted or refused at once."""
+    """A connection to a UNIX socket is accepted or refused at once (never waits: a
+    full listen backlog reads as not served, looked at again at the next watch)."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)
     try:
@@ -91,6 +94,7 @@ class KubeletLink:
         self.last_attempt: SocketIdentity | None = None
         self.retry_at = 0.0
         self.retry_after_s = WATCH_INTERVAL_S
+        self.refused: tuple[SocketIdentity, float] | None = None  # the socket, since when
         self.problem: str | None = None
 
     async def keep_registered(self) -> None:
@@ -115,15 +119,23 @@ class KubeletLink:
         kubelet = socket_identity(self.kubelet_socket)
         if kubelet is None or kubelet == self.registered_with:
             return
+        now = asyncio.get_running_loop().time()
+        if kubelet == self.last_attempt and now < self.retry_at:
+            return
         if not someone_serves(self.kubelet_socket):
             # Made, not yet served (or left by a kubelet that died): looked at again at
             # the next watch, not after a backoff.  A kubelet slow to serve its new
             # socket once met attempts that doubled the wait to 1.6 s past its start.
+            if self.refused is None or self.refused[0] != kubelet:
+                self.refused = (kubelet, now)
+            elif now - self.refused[1] >= REFUSED_REPORT_S:
+                self._report(
+                    f"nobody serves the kubelet's socket {self.kubelet_socket} (is the "
+                    "kubelet running?); registering once it does"
+                )
             return
-        now = asyncio.get_running_loop().time()
+        self.refused = None
         if kubelet == self.last_attempt:
-            if now < self.retry_at:
-                return
             self.retry_after_s = min(2 * self.retry_after_s, RETRY_INTERVAL_S)
         else:
             self.retry_after_s = WATCH_INTERVAL_S

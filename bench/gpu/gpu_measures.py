@@ -105,8 +105,9 @@ def turn_lengths(results) -> list[float]:
 def pair_measures(results) -> dict:
     """Rates over the window in which both had started training (their 4th step: past
     their warm-up) and neither had stopped.  Shares over the window in which both were
-    in their loops: turns of TQ put one's 4th step a whole turn after the other's, and
-    a window from there held one turn of one and a few seconds of the other."""
+    at work (from the later of their starts, set-up included): turns of TQ put one's 4th
+    step a whole turn after the other's, and a window from there held one turn of one
+    and a few seconds of the other."""
     window_start = max(r["step_times"][3] for r in results)
     window_end = min(r["step_times"][-1] for r in results)
     counts = [sum(window_start <= t <= window_end for t in r["step_times"]) for r in results]
