@@ -98,5 +98,8 @@ class ClientState:
     unmanaged: dict[bytes, int] = field(default_factory=dict)
     active: set[bytes] = field(default_factory=set)  # GPUs it has a context on (asked or allocated)
     usage: dict[bytes, UsageMeter] = field(default_factory=dict)
+    # auto, per GPU: whether its last lease held long enough to tell kept the GPU busy
+    # (lock_rules.BUSY_LEASE_DUTY of its time: a trainer, not a service with gaps).
+    leases_kept_busy: dict[bytes, bool] = field(default_factory=dict)
     # share_by=unit: "pod:<uid>" or "unit:<name>" once the agent knows (share_groups.py).
     share_unit: str = ""

@@ -74,13 +74,14 @@ DRAIN_MS = 25
 # auto: a busy waiter with no more use than the turn holder's takes the GPU at the
 # holder's next idle moment (a yield): two inference servers at 0.2-0.4 each serve
 # each other in their gaps.  But where the holder keeps the GPU busy (its use is
-# BUSY_LEASE_DUTY or more, or its lease, once held HOLDS_PROVEN_S, kept the GPU busy
-# that much of its time: a trainer), only a waiter with YIELD_TO_USE_RATIO of its use
-# or less: a notebook's long cell.  Between two trainers (uses ~1) a yield at a tie
-# ended a turn at the holder's first 50 ms pause, 12 to 30 s in as it happened, and
-# the shares were chance (40 / 60 % on the H100, issue 35's b.); their turns last the
-# quantum.  The lease's own figure: two trainers that swap the GPU at every pause each
-# show a use of ~0.7, and would go on swapping.
+# BUSY_LEASE_DUTY or more, or its lease kept the GPU busy that much of its time: a
+# trainer; a lease younger than HOLDS_PROVEN_S as its client's last one that old did),
+# only a waiter with YIELD_TO_USE_RATIO of its use or less: a notebook's long cell.
+# Between two trainers (uses ~1) a yield at a tie ended a turn at the holder's first
+# 50 ms pause, 12 to 30 s in as it happened, and the shares were chance (40 / 60 % on
+# the H100, issue 35's b.); their turns last the quantum.  The lease's own figure:
+# two trainers that swap the GPU at every pause each show a use of ~0.7, and would go
+# on swapping.  An older shim's hold is its use: its lease is not judged.
 BUSY_LEASE_DUTY = 0.8
 HOLDS_PROVEN_S = 0.5
 YIELD_TO_USE_RATIO = 0.5
@@ -352,6 +353,7 @@ class LockRules:
         for client, held in list(gpu.holders.items()):
             if held.drop_requested_at is not None and at.reached(held.drop_requested_at + grace):
                 del gpu.holders[client]
+                self._lease_ended(gpu, client, held, at.now)
                 state = self.clients[client]
                 self._meter(state, gpu.uuid).stop(at.now)
                 actions.append(
@@ -562,18 +564,35 @@ class LockRules:
     def _yields_to(self, gpu: GpuState, turn: int, held: Lease, best: int, now: float) -> bool:
         """Whether the turn's holder yields to `best`, a busy waiter, by their uses."""
         holder, waiter = self._usage(turn, gpu.uuid, now), self._usage(best, gpu.uuid, now)
-        if holder >= BUSY_LEASE_DUTY or self._lease_kept_busy(gpu, turn, held, now):
+        if holder >= BUSY_LEASE_DUTY or self._keeps_the_gpu_busy(gpu, turn, held, now):
             return waiter <= YIELD_TO_USE_RATIO * holder
         return waiter <= holder
 
-    def _lease_kept_busy(self, gpu: GpuState, client: int, held: Lease, now: float) -> bool:
-        """The lease, held HOLDS_PROVEN_S or more, kept the GPU busy BUSY_LEASE_DUTY of
-        its time."""
+    def _keeps_the_gpu_busy(self, gpu: GpuState, client: int, held: Lease, now: float) -> bool:
+        """Its lease keeps the GPU busy; one younger than HOLDS_PROVEN_S, as its client's
+        last lease that old did (a turn resumed after a window, or begun after a yield:
+        asked to yield then, the holder kept that ask for the whole lease).  Never an
+        older shim's: its hold stands for its use, and would always be."""
+        state = self.clients[client]
+        if not state.features & FEATURE_USAGE:
+            return False
+        kept_busy = self._lease_kept_busy(gpu, client, held, now)
+        return state.leases_kept_busy.get(gpu.uuid, False) if kept_busy is None else kept_busy
+
+    def _lease_kept_busy(self, gpu: GpuState, client: int, held: Lease, now: float) -> bool | None:
+        """Whether the lease kept the GPU busy BUSY_LEASE_DUTY of its time (less the
+        shim's report lag); None while younger than HOLDS_PROVEN_S."""
         age = now - held.granted_at
         if age < HOLDS_PROVEN_S:
-            return False
+            return None
         gained = self._meter(self.clients[client], gpu.uuid).total_s(now) - held.gpu_s_at_grant
         return gained >= BUSY_LEASE_DUTY * (age - USAGE_REPORT_LAG_S)
+
+    def _lease_ended(self, gpu: GpuState, client: int, held: Lease, now: float) -> None:
+        """Remember whether it kept the GPU busy, for its next lease's first moments."""
+        kept_busy = self._lease_kept_busy(gpu, client, held, now)
+        if kept_busy is not None:
+            self.clients[client].leases_kept_busy[gpu.uuid] = kept_busy
 
     def _make_room_beside(
         self, gpu: GpuState, turn: int, now: float, actions: list[Action]

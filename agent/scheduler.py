@@ -218,6 +218,7 @@ class Scheduler(LockRules):
         held = gpu.holders.get(client) if gpu else None
         if gpu is not None and held is not None and held.number == lease:
             del gpu.holders[client]
+            self._lease_ended(gpu, client, held, now)
             self._meter(state, uuid).stop(now, idle_ms / 1000.0)
             drop_to_release = (
                 None if held.drop_requested_at is None else now - held.drop_requested_at

@@ -1041,15 +1041,18 @@ def test_a_trainer_yields_to_a_busy_waiter_with_half_its_use_or_less(cell_s, yie
         assert not asks
 
 
-def services_on_one_gpu(work_s: float, period_s: float, memory_limit: int, seconds=120):
+def services_on_one_gpu(
+    work_s: float, period_s: float, memory_limit: int, seconds=120, measuring=True
+):
     """Two services on a GPU, each with `work_s` of GPU work every `period_s` (the
     second half a period later), measuring shims; a lease asked to yield is released
-    once idle that long, one asked to drop 20 ms later.  Returns every request's
-    latency (arrival to its work done)."""
+    once idle that long, one asked to drop 20 ms later.  measuring=False: older shims
+    (no use reports: the hold stands for use).  Returns every request's latency
+    (arrival to its work done)."""
     s = make(
         2,
         settings=AUTO.replaced(memory_limit_bytes=memory_limit),
-        features=FEATURE_YIELD | FEATURE_USAGE,
+        features=FEATURE_YIELD | (FEATURE_USAGE if measuring else 0),
     )
     step = 0.005
     pending: dict[int, list[list[float]]] = {1: [], 2: []}  # [arrival, work left]
@@ -1084,7 +1087,8 @@ def services_on_one_gpu(work_s: float, period_s: float, memory_limit: int, secon
                     idle_since[client] = now
                     if pending[client][0][1] <= 1e-9:
                         latencies.append(now - pending[client].pop(0)[0])
-                s.gpu_usage(client, G0, int(busy_s[client] * 1e6), now)
+                if measuring:
+                    s.gpu_usage(client, G0, int(busy_s[client] * 1e6), now)
                 idle = now - idle_since[client]
                 if (
                     drain_at.get(client, now + 1) <= now
@@ -1101,17 +1105,50 @@ def services_on_one_gpu(work_s: float, period_s: float, memory_limit: int, secon
     return latencies
 
 
+@pytest.mark.parametrize("measuring", [True, False], ids=["measuring", "older-shims"])
 @pytest.mark.parametrize("memory_limit", [0, 512 << 20])  # fits; does not
 @pytest.mark.parametrize("work_s", [0.1, 0.2])
-def test_two_busy_services_serve_each_other_in_their_gaps(memory_limit, work_s):
+def test_two_busy_services_serve_each_other_in_their_gaps(memory_limit, work_s, measuring):
     # Two services, each busy by the rules (use 0.2-0.4: too much for light work), take
-    # turns; neither keeps its lease busy, so each yields in its gaps once its lease
-    # has held HOLDS_PROVEN_S: a request waits that long at most, not a quantum (as
-    # when a holder yielded only to a waiter with half its use or less).
-    latencies = sorted(services_on_one_gpu(work_s, 0.5, memory_limit))
+    # turns; neither keeps its lease busy, so each yields in its gaps: a request waits
+    # for the other's, not for a quantum (as when a holder yielded only to a waiter
+    # with half its use or less: 20-30 s).  Older shims too, whose holds stand for use.
+    latencies = sorted(services_on_one_gpu(work_s, 0.5, memory_limit, measuring=measuring))
     assert len(latencies) > 400
     bound = HOLDS_PROVEN_S + LIGHT_CHECK_S + work_s
     assert latencies[int(0.99 * len(latencies))] <= bound, latencies[-10:]
+
+
+def test_a_lease_too_young_to_tell_is_judged_by_its_clients_last_one():
+    # Whether a holder keeps the GPU busy decides whether it yields to an equal.  A
+    # lease under HOLDS_PROVEN_S cannot tell yet: a trainer's turn resumed after a
+    # window, or begun after a yield, is judged by its last lease (asked to yield in
+    # its first moments, it kept the ask for the whole lease, and two trainers swapped
+    # the GPU at every pause).  An older shim's hold is its use: never judged so.
+    s = make(1, features=FEATURE_YIELD | FEATURE_USAGE)
+    gpu = s.gpus[G0]
+
+    def lease(start, busy_s, held_s):
+        grant = one(Grant, s.request(1, G0, start))
+        if busy_s:
+            s.gpu_usage(
+                1,
+                G0,
+                int((s._meter(s.clients[1], G0).total_s(start) + busy_s) * 1e6),
+                start + busy_s,
+            )
+        young = s._keeps_the_gpu_busy(gpu, 1, gpu.holders[1], start + 0.1)
+        s.release(1, G0, grant.lease, start + held_s)
+        return young
+
+    lease(0.0, 1.0, 1.0)  # kept busy
+    assert lease(2.0, 0.05, 1.5) is True  # judged by the last: busy (itself it was not)
+    assert lease(4.0, 0.05, 0.2) is False  # by the last: not busy
+    assert lease(5.0, 0.0, 0.2) is False  # 0.2 s tells nothing: the one before stands
+    old = make(1)  # an older shim
+    grant = one(Grant, old.request(1, G0, 0.0))
+    assert not old._keeps_the_gpu_busy(old.gpus[G0], 1, old.gpus[G0].holders[1], 5.0)
+    assert grant.client == 1
 
 
 def test_light_work_granted_beside_makes_the_turn_yield_for_nobody():
