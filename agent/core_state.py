@@ -34,9 +34,12 @@ class Lease:
     # auto: when the turn it holds began.  A turn cut short for a window goes on
     # after it, quantum and all: windows neither end a turn nor lengthen it.
     turn_since: float = 0.0
-    # Its client's GPU time on this GPU when it was granted (usage.py's total): what
-    # the lease has kept the GPU busy with since, against how long it has held it.
+    # Its client's GPU time on this GPU when it was granted (usage.py's total), and
+    # when its work began (the first report of more, less what it adds; None before):
+    # what the lease has kept the GPU busy with since, against how long.  Not from the
+    # grant: a displaced trainer's prefetch comes first, and its shim counts none of it.
     gpu_s_at_grant: float = 0.0
+    working_since: float | None = None
 
 
 @dataclass(slots=True)

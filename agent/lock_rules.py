@@ -74,9 +74,10 @@ DRAIN_MS = 25
 # auto: a busy waiter with no more use than the turn holder's takes the GPU at the
 # holder's next idle moment (a yield): two inference servers at 0.2-0.4 each serve
 # each other in their gaps.  But where the holder keeps the GPU busy (its use is
-# BUSY_LEASE_DUTY or more, or its lease kept the GPU busy that much of its time: a
-# trainer; a lease younger than HOLDS_PROVEN_S as its client's last one that old did),
-# only a waiter with YIELD_TO_USE_RATIO of its use or less: a notebook's long cell.
+# BUSY_LEASE_DUTY or more, or its lease kept the GPU busy that much of the time since
+# its work began: a trainer; one with under HOLDS_PROVEN_S of work as its client's last
+# one that old did) and the two do not fit together (a handover pages memory), only a
+# waiter with YIELD_TO_USE_RATIO of its use or less: a notebook's long cell.
 # Between two trainers (uses ~1) a yield at a tie ended a turn at the holder's first
 # 50 ms pause, 12 to 30 s in as it happened, and the shares were chance (40 / 60 % on
 # the H100, issue 35's b.); their turns last the quantum.  The lease's own figure:
@@ -535,6 +536,7 @@ class LockRules:
         held = gpu.holders[turn]
         if held.drop_requested_at is not None:
             return
+        quantum = gpu.settings.time_quantum_s
         if cutting_in:
             self._make_room_beside(gpu, turn, now, actions)
         if at.reached(held.turn_since + gpu.settings.time_quantum_s) and not self._turn_goes_on(
@@ -549,10 +551,18 @@ class LockRules:
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.LIGHT_TURN)
         elif held.yield_asked:
             pass
-        elif starving or cutting_in or self._yields_to(gpu, turn, held, best, now):
-            # Someone with a better claim waits: release once idle.  Not to one with
-            # more use: a trainer that waited its turn has its first steps' pauses (50 ms
-            # and more), and lost its turn in them (issue 35).
+        elif (
+            (starving and held.turn_since < gpu.waiters[best].requested_at + quantum)
+            or cutting_in
+            or self._yields_to(gpu, turn, held, best, now)
+        ):
+            # Someone with a better claim waits: release once idle.  A waiter that came to
+            # have waited TQ during this turn, not one that had before it began: the
+            # share groups' order passed it over then, and a yield at once undid that
+            # (three trainers of three users: the least charged lost every turn at its
+            # first pause, 43 / 41 / 10 %).  Not to one with more use: a trainer that
+            # waited its turn has its first steps' pauses (50 ms and more), and lost its
+            # turn in them (issue 35).
             # The best of those still waiting (above): light work granted beside just
             # now (little use) once made the turn yield for nobody.
             self._ask_to_yield(gpu, turn, held, now, actions, DropReason.OTHERS_WAIT)
@@ -564,7 +574,9 @@ class LockRules:
     def _yields_to(self, gpu: GpuState, turn: int, held: Lease, best: int, now: float) -> bool:
         """Whether the turn's holder yields to `best`, a busy waiter, by their uses."""
         holder, waiter = self._usage(turn, gpu.uuid, now), self._usage(best, gpu.uuid, now)
-        if holder >= BUSY_LEASE_DUTY or self._keeps_the_gpu_busy(gpu, turn, held, now):
+        if (
+            holder >= BUSY_LEASE_DUTY or self._keeps_the_gpu_busy(gpu, turn, held, now)
+        ) and not self._fits(gpu, [turn, best], keeping=True):
             return waiter <= YIELD_TO_USE_RATIO * holder
         return waiter <= holder
 
@@ -580,13 +592,21 @@ class LockRules:
         return state.leases_kept_busy.get(gpu.uuid, False) if kept_busy is None else kept_busy
 
     def _lease_kept_busy(self, gpu: GpuState, client: int, held: Lease, now: float) -> bool | None:
-        """Whether the lease kept the GPU busy BUSY_LEASE_DUTY of its time (less the
-        shim's report lag); None while younger than HOLDS_PROVEN_S."""
-        age = now - held.granted_at
-        if age < HOLDS_PROVEN_S:
+        """Whether the lease kept the GPU busy BUSY_LEASE_DUTY of the time since its work
+        began (less the shim's report lag); None before HOLDS_PROVEN_S of that."""
+        if held.working_since is None or now - held.working_since < HOLDS_PROVEN_S:
             return None
         gained = self._meter(self.clients[client], gpu.uuid).total_s(now) - held.gpu_s_at_grant
-        return gained >= BUSY_LEASE_DUTY * (age - USAGE_REPORT_LAG_S)
+        return gained >= BUSY_LEASE_DUTY * (now - held.working_since - USAGE_REPORT_LAG_S)
+
+    def _lease_reported(self, gpu: GpuState, client: int, now: float) -> None:
+        """A use report: the lease's work began when its first report of more says."""
+        held = gpu.holders.get(client)
+        if held is None or held.working_since is not None:
+            return
+        gained = self._meter(self.clients[client], gpu.uuid).total_s(now) - held.gpu_s_at_grant
+        if gained > 0:
+            held.working_since = max(held.granted_at, now - gained)
 
     def _lease_ended(self, gpu: GpuState, client: int, held: Lease, now: float) -> None:
         """Remember whether it kept the GPU busy, for its next lease's first moments."""
