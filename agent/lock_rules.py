@@ -76,8 +76,9 @@ DRAIN_MS = 25
 # each other in their gaps.  But where the holder keeps the GPU busy (its use is
 # BUSY_LEASE_DUTY or more, or its lease kept the GPU busy that much of the time since
 # its work began: a trainer; one with under HOLDS_PROVEN_S of work as its client's last
-# one that old did) and the two do not fit together (a handover pages memory), only a
-# waiter with YIELD_TO_USE_RATIO of its use or less: a notebook's long cell.
+# one that old did), only a waiter with YIELD_TO_USE_RATIO of its use or less: a
+# notebook's long cell.  (Also where their memory fits: a share group of weight 2 must
+# keep its second quantum, tests/shim/test_shares.py.)
 # Between two trainers (uses ~1) a yield at a tie ended a turn at the holder's first
 # 50 ms pause, 12 to 30 s in as it happened, and the shares were chance (40 / 60 % on
 # the H100, issue 35's b.); their turns last the quantum.  The lease's own figure:
@@ -574,9 +575,7 @@ class LockRules:
     def _yields_to(self, gpu: GpuState, turn: int, held: Lease, best: int, now: float) -> bool:
         """Whether the turn's holder yields to `best`, a busy waiter, by their uses."""
         holder, waiter = self._usage(turn, gpu.uuid, now), self._usage(best, gpu.uuid, now)
-        if (
-            holder >= BUSY_LEASE_DUTY or self._keeps_the_gpu_busy(gpu, turn, held, now)
-        ) and not self._fits(gpu, [turn, best], keeping=True):
+        if holder >= BUSY_LEASE_DUTY or self._keeps_the_gpu_busy(gpu, turn, held, now):
             return waiter <= YIELD_TO_USE_RATIO * holder
         return waiter <= holder
 
