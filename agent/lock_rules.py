@@ -540,9 +540,7 @@ class LockRules:
         quantum = gpu.settings.time_quantum_s
         if cutting_in:
             self._make_room_beside(gpu, turn, now, actions)
-        if at.reached(held.turn_since + gpu.settings.time_quantum_s) and not self._turn_goes_on(
-            gpu, turn, held, at
-        ):
+        if at.reached(held.turn_since + quantum) and not self._turn_goes_on(gpu, turn, held, at):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.QUANTUM_OVER)
         elif light_work_waited_out(held):
             self._ask_to_drop(gpu, turn, held, now, actions, DropReason.LIGHT_WORK_WAITS)
@@ -595,15 +593,19 @@ class LockRules:
         began (less the shim's report lag); None before HOLDS_PROVEN_S of that."""
         if held.working_since is None or now - held.working_since < HOLDS_PROVEN_S:
             return None
-        gained = self._meter(self.clients[client], gpu.uuid).total_s(now) - held.gpu_s_at_grant
+        gained = self._lease_gpu_s(gpu, client, held, now)
         return gained >= BUSY_LEASE_DUTY * (now - held.working_since - USAGE_REPORT_LAG_S)
+
+    def _lease_gpu_s(self, gpu: GpuState, client: int, held: Lease, now: float) -> float:
+        """The GPU time its client has used since the lease was granted."""
+        return self._meter(self.clients[client], gpu.uuid).total_s(now) - held.gpu_s_at_grant
 
     def _lease_reported(self, gpu: GpuState, client: int, now: float) -> None:
         """A use report: the lease's work began when its first report of more says."""
         held = gpu.holders.get(client)
         if held is None or held.working_since is not None:
             return
-        gained = self._meter(self.clients[client], gpu.uuid).total_s(now) - held.gpu_s_at_grant
+        gained = self._lease_gpu_s(gpu, client, held, now)
         if gained > 0:
             held.working_since = max(held.granted_at, now - gained)
 

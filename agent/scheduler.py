@@ -24,8 +24,7 @@ Per GPU, by the anti-thrash setting (docs/scheduling.md has the diagrams):
   fits with the turn's (LockRules._fits: those that would run at once,
   not everyone), else in a window after the turn's minimum slice.  A holder
   others wait for is asked to release once idle (one that keeps the GPU busy,
-  only for a waiter with half its use or less);
-  waiters go least recent use
+  only for a waiter with half its use or less); waiters go least recent use
   first, and one that has waited a quantum before all others, so every waiter
   is granted within quantum + n x (quantum + drop_grace), n the clients on the
   GPU (tests/test_scheduler_auto.py).  A process working across GPUs counts as
