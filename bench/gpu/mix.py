@@ -299,13 +299,35 @@ def lock_lines(results: dict) -> list[str]:
     return lines
 
 
+def report_again(paths: list[str]) -> None:
+    """The table of earlier runs, from their mix.json; several are pooled (mix_measures.pooled)."""
+    runs = []
+    for path in paths:
+        try:
+            runs.append(json.loads(pathlib.Path(path).read_text()))
+        except (OSError, ValueError) as error:
+            sys.exit(f"mix: cannot read {path}: {error}")
+        environment = runs[-1].get("environment", {})
+        print(f"{path}: {environment.get('date', '?')}, {environment.get('gpu_and_driver', '?')}")
+    print("\n".join(measures.table(runs[0] if len(runs) == 1 else measures.pooled(runs))))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="mix", description="issue 35's node mix on one GPU")
     parser.add_argument("results", nargs="?", default=str(HERE.parents[1] / "results" / "gpu"))
     parser.add_argument(
         "--window", type=float, default=float(os.environ.get("NVSHARE_MIX_WINDOW_S", 40))
     )
+    parser.add_argument(
+        "--report",
+        nargs="+",
+        metavar="MIX_JSON",
+        help="print the table again from earlier runs' mix.json, several pooled, and run nothing",
+    )
     args = parser.parse_args(argv)
+    if args.report:
+        report_again(args.report)
+        return
     if not args.window > 0:
         sys.exit(f"mix: the window must be a positive number of seconds, not {args.window}")
     only = set(os.environ.get("NVSHARE_BENCH_ONLY", "").split(",")) - {""}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpu_measures import bootstrap_95, percentile
 from light import latency_summary
 from multi_gpu import rate_between
 
@@ -24,6 +25,12 @@ STAGING_MARGIN_BYTES = 256 * MIB
 # Below one trainer, as run.py's exclusive phases and issue 35's table stage it.
 NOTHING_FITS_LIMIT_BYTES = GIB
 TAILS = {"inference": 0.99, "loader": 0.99, "notebook": 0.95}
+# A ratio of two latency figures is shown with its 95 % interval, from resampled latencies: a
+# p99 over one 30 s window is the 6th slowest of ~600 requests, and the p99s of two runs of
+# the same mix without nvshare in one call differed by up to 1.10x (H100, three calls).
+RATIO_DRAWS = 2000
+# Two runs without nvshare in one call: the second divided by the first is the noise floor.
+NO_NVSHARE_TWICE = ("mix_off_vs_plain/plain", "mix_plain")
 
 
 def trainer_figures(runs: list[dict], start: float, end: float) -> dict:
@@ -197,7 +204,68 @@ def verdict(target: Target, results: dict) -> tuple[str, str]:
         return f"{extra:+.1f} ms", "MET" if extra <= target.limit else "MISSED"  # type: ignore[operator]
     ratio = value / reference
     met = ratio <= target.limit if target.rule == "ratio<=" else ratio >= target.limit  # type: ignore[operator]
-    return f"{ratio:.3f}x", "MET" if met else "MISSED"
+    interval = ratio_interval(
+        results,
+        target.run,
+        reference_run(target.run, target.against),
+        target.reference_client or target.client,
+        target.figure,
+    )
+    return f"{ratio:.3f}x{interval}", "MET" if met else "MISSED"
+
+
+def latency_fraction(figure_name: str) -> float | None:
+    """0.5 for "p50_ms", 0.99 for "p99_ms"; None for a figure that is no percentile."""
+    if figure_name.startswith("p") and figure_name.endswith("_ms") and figure_name[1:-3].isdigit():
+        return int(figure_name[1:-3]) / 100
+    return None
+
+
+def ratio_interval(results: dict, run: str, reference: str | None, client: str, name: str) -> str:
+    """ " (95 %: low-high)" for a latency percentile's ratio where both runs kept their
+    latencies, else "".  Every run's requests and cells come on the same seeded schedule, so
+    where the counts agree request i of one run is request i of the other: they are resampled
+    in pairs (a notebook's mix of 15 and 150 ms cells is then the same on both sides)."""
+    fraction = latency_fraction(name)
+    value = clients_of(results, run).get(client, {}).get("latencies_ms")
+    alone = clients_of(results, reference).get(client, {}).get("latencies_ms")
+    if fraction is None or not value or not alone:
+        return ""
+
+    def ratio(a, b):
+        return percentile(a, fraction) / percentile(b, fraction)
+
+    if len(value) == len(alone):
+        pairs = list(zip(value, alone))
+        low, high = bootstrap_95(lambda drawn: ratio(*zip(*drawn)), pairs, draws=RATIO_DRAWS)
+    else:
+        low, high = bootstrap_95(ratio, value, alone, draws=RATIO_DRAWS)
+    return f" (95 %: {low:.2f}-{high:.2f})"
+
+
+def noise_floor(results: dict) -> list[str]:
+    """The light clients' figures in the second run without nvshare divided by the first's:
+    how far two runs of the same mix differ with nothing of nvshare in either."""
+    second, first = NO_NVSHARE_TWICE
+    shown = []
+    for client in clients_of(results, second):
+        if client not in TAILS or client not in clients_of(results, first):
+            continue
+        parts = []
+        for name in ("p50_ms", f"p{round(100 * TAILS[client])}_ms"):
+            value, reference = (
+                figure(results, second, client, name),
+                figure(results, first, client, name),
+            )
+            if value is None or not reference:
+                continue
+            interval = ratio_interval(results, second, first, client, name)
+            parts.append(f"{name.removesuffix('_ms')} {value / reference:.3f}x{interval}")
+        if parts:
+            shown.append(f"{client} {', '.join(parts)}")
+    if not shown:
+        return []
+    return [f"no nvshare twice ({second} ÷ {first}): " + "; ".join(shown)]
 
 
 def _ms(value) -> str:
@@ -232,6 +300,33 @@ def ratios(results: dict, name: str, run: str, reference: str | None) -> str:
     return " / ".join(shown)
 
 
+def pooled(runs: list[dict]) -> dict:
+    """Several calls' results as one: each light client's latencies joined (its summary
+    recomputed), each trainer's rate and the trainers' shares averaged.  A tail over three
+    windows rests on three times the requests."""
+    pooled_results: dict = {}
+    for run in RUNS:
+        phase, _, part = run.partition("/")
+        each = [clients_of(results, run) for results in runs]
+        each = [clients for clients in each if clients]
+        if not each:
+            continue
+        clients = {}
+        for name in each[0]:
+            found = [c[name] for c in each if name in c]
+            if name in TAILS and all("latencies_ms" in f for f in found):
+                joined = [ms for f in found for ms in f["latencies_ms"]]
+                clients[name] = {"latencies_ms": joined, **latency_summary(joined, TAILS[name])}
+            elif name.startswith("trainer"):
+                clients[name] = {"steps_per_s": sum(f["steps_per_s"] for f in found) / len(found)}
+                if all(f.get("shares") for f in found):
+                    columns = zip(*(f["shares"] for f in found))
+                    clients[name]["shares"] = [sum(c) / len(found) for c in columns]
+        target = pooled_results.setdefault(phase, {})
+        (target.setdefault(part, {}) if part else target)["clients"] = clients
+    return pooled_results
+
+
 def table(results: dict) -> list[str]:
     """The markdown table: every run's clients, their ratios, the targets and verdicts."""
     lines = [
@@ -256,6 +351,7 @@ def table(results: dict) -> list[str]:
             )
     tally = [verdict(t, results)[1] for t in TARGETS]
     lines.append("")
+    lines.extend(noise_floor(results))
     lines.append(
         f"targets: {tally.count('MET')} met, {tally.count('MISSED')} missed, "
         f"{tally.count('NO DATA')} without data"

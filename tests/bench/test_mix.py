@@ -5,6 +5,7 @@ clients (tests/bench/mix_standin.py), a stand-in nvidia-smi and the real agent."
 import json
 import os
 import pathlib
+import random
 import statistics
 import subprocess
 import sys
@@ -269,6 +270,116 @@ def test_the_table_shows_each_run_its_ratios_targets_and_a_tally():
     assert "| 1.41x / 1.64x |" in rows[("mix_off_vs_plain/off", "inference")]
     assert rows[("solo", "trainer")].startswith("| solo | trainer | 10.00 steps/s |  |  |")
     assert lines[-1] == "targets: 6 met, 5 missed, 3 without data"
+
+
+def with_latencies(auto_ms, plain_ms, second_plain_ms=None):
+    """Results whose inference servers kept every latency: the mix under auto, the plain mix and,
+    if given, the second run without nvshare."""
+
+    def client(latencies):
+        return {"latencies_ms": latencies, **light.latency_summary(latencies, 0.99)}
+
+    results = {
+        "mix_plain": {"clients": {"inference": client(plain_ms)}},
+        "mix_auto": {"clients": {"inference": client(auto_ms)}},
+    }
+    if second_plain_ms is not None:
+        results["mix_off_vs_plain"] = {"plain": {"clients": {"inference": client(second_plain_ms)}}}
+    return results
+
+
+def test_a_tail_ratio_comes_with_its_interval_which_narrows_with_more_requests():
+    def interval(shown):
+        low, high = shown.split("95 %: ")[1].rstrip(")").split("-")
+        return float(low), float(high)
+
+    p99 = target("mix_auto", "inference", "p99_ms")
+    draw = random.Random(1)
+    noisy = [1.0 + draw.expovariate(1.0) for _ in range(6600)]  # a long tail, as requests have
+    shown, verdict = measures.verdict(
+        p99, with_latencies([1.05 * ms for ms in noisy[:600]], noisy[:600])
+    )
+    assert shown.startswith("1.050x (95 %: ") and verdict == "MET"
+    low, high = interval(shown)
+    # The same schedule on both sides (paired): the interval holds the ratio, and no more.
+    assert low <= 1.05 <= high
+    # Independent samples (the counts differ: no pairs) of 600 and of 3000: the more
+    # requests, the narrower.
+    small = interval(measures.verdict(p99, with_latencies(noisy[:599], noisy[600:1200]))[0])
+    large = interval(measures.verdict(p99, with_latencies(noisy[:2999], noisy[3000:6000]))[0])
+    assert large[1] - large[0] < small[1] - small[0]
+
+
+def test_a_notebooks_mix_of_short_and_long_cells_is_resampled_in_pairs():
+    # Same seeded cells on both sides: a resample keeps as many long ones on each.
+    cells = [15.0 if i % 3 else 150.0 for i in range(48)]
+    results = {
+        "mix_off_vs_plain": {
+            "off": {"clients": {"notebook": {"latencies_ms": cells, "p50_ms": 15.0}}},
+            "plain": {"clients": {"notebook": {"latencies_ms": cells, "p50_ms": 15.0}}},
+        }
+    }
+    shown, _ = measures.verdict(target("mix_off_vs_plain/off", "notebook", "p50_ms"), results)
+    assert shown == "1.000x (95 %: 1.00-1.00)"
+
+
+def test_figures_without_latencies_have_no_interval():
+    assert measures.verdict(target("mix_auto", "inference", "p99_ms"), made_up_results())[0] == (
+        "2981.200x"
+    )
+
+
+def test_the_noise_floor_divides_the_second_run_without_nvshare_by_the_first():
+    plain = [1.0 + i / 600 for i in range(600)]
+    lines = measures.table(with_latencies(plain, plain, [1.1 * ms for ms in plain]))
+    (floor,) = [line for line in lines if line.startswith("no nvshare twice")]
+    assert floor.startswith(
+        "no nvshare twice (mix_off_vs_plain/plain ÷ mix_plain): inference p50 1.100x (95 %: "
+    )
+    assert ", p99 1.100x (95 %: " in floor
+
+
+def test_pooled_runs_join_latencies_and_average_trainers():
+    first, second = made_up_results(), made_up_results()
+    for results, base in ((first, 1.0), (second, 3.0)):
+        results["mix_auto"]["clients"]["inference"]["latencies_ms"] = [base] * 100
+        results["mix_two_trainers_apart"]["clients"]["trainers"]["shares"] = [
+            base / 4,
+            1 - base / 4,
+        ]
+    second["mix_auto"]["clients"]["trainer"]["steps_per_s"] = 9.4
+    pooled = measures.pooled([first, second])
+    inference = pooled["mix_auto"]["clients"]["inference"]
+    assert inference["count"] == 200 and inference["p50_ms"] in (1.0, 3.0)
+    assert inference["p99_ms"] == 3.0
+    assert pooled["mix_auto"]["clients"]["trainer"]["steps_per_s"] == pytest.approx(9.5)
+    assert pooled["mix_two_trainers_apart"]["clients"]["trainers"]["shares"] == [0.5, 0.5]
+    # Clients that kept no latencies (older results) are left out rather than made up.
+    assert "inference" not in pooled["mix_plain"]["clients"]
+    assert pooled["mix_off_vs_plain"]["plain"]["clients"] == {}
+
+
+def test_report_prints_the_table_again_from_stored_runs_pooled(tmp_path, capsys):
+    paths = []
+    for index, scale in enumerate((1.0, 1.2)):
+        results = with_latencies(
+            [scale * (1 + i / 600) for i in range(600)], [1 + i / 600 for i in range(600)]
+        )
+        results["environment"] = {"date": f"2026-11-2{index}", "gpu_and_driver": "stand-in"}
+        paths.append(tmp_path / f"mix{index}.json")
+        paths[-1].write_text(json.dumps(results))
+    mix.main(["--report", *map(str, paths)])
+    printed = capsys.readouterr().out
+    assert f"{paths[0]}: 2026-11-20, stand-in" in printed
+    (row,) = [line for line in printed.splitlines() if line.startswith("| mix_auto | inference |")]
+    assert "(n=1200)" in row and "a. p99 <= 1.1x mix_plain: 1.194x (95 %: " in row
+
+
+def test_report_refuses_an_unreadable_file_in_one_line(tmp_path):
+    done = run_mix_script("--report", str(tmp_path / "missing.json"))
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.strip().startswith(f"mix: cannot read {tmp_path / 'missing.json'}: ")
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 FAKE_NVIDIA_SMI = """#!/bin/sh
