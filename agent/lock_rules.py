@@ -646,11 +646,15 @@ class LockRules:
     def _light_work_holds_the_turn(
         self, gpu: GpuState, turn: int, held: Lease, at: Moments
     ) -> bool:
-        """Busy work waits (a waiter not light beside the turn) while the turn's holder,
-        after LIGHT_TURN_PROOF_S of it, is still under the floor: light work that came
-        first.  (The waiter's use is often frozen near 2 x the floor, where it stopped
-        being light beside the turn: no ratio to the holder's would hold.)"""
-        if all(waiter.light for waiter in gpu.waiters.values()):
+        """Work that needs the turn waits while the turn's holder, after
+        LIGHT_TURN_PROOF_S of it, is still under the floor: light work that came first.
+        Work that needs the turn: busy work (often frozen near 2 x the floor, where it
+        stopped being light beside the turn: no ratio to the holder's would hold), or
+        light work that neither fits beside the turn nor cuts in (not under a quarter of
+        the holder's use: two inference servers that did not fit together, and the
+        second waited out the quantum while the first, never idle 50 ms, left the GPU
+        idle)."""
+        if all(waiter.light and waiter.cuts_in for waiter in gpu.waiters.values()):
             return False
         if self._usage(turn, gpu.uuid, at.now) >= LIGHT_FLOOR:
             at.reached(at.now + LIGHT_CHECK_S)  # its use may fall (a use report decides nothing)

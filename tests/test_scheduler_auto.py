@@ -1069,21 +1069,28 @@ def test_a_trainer_yields_to_a_busy_waiter_with_half_its_use_or_less(cell_s, fit
 
 
 def services_on_one_gpu(
-    work_s: float, period_s: float, memory_limit: int, seconds=120, measuring=True
+    work_s: float,
+    period_s: float,
+    memory_limit: int,
+    seconds=120,
+    measuring=True,
+    second_pauses=(0.0, 0.0),
+    step=0.005,
+    first_starts=0.0,
 ):
     """Two services on a GPU, each with `work_s` of GPU work every `period_s` (the
-    second half a period later), measuring shims; a lease asked to yield is released
-    once idle that long, one asked to drop 20 ms later.  measuring=False: older shims
-    (no use reports: the hold stands for use).  Returns every request's latency
-    (arrival to its work done)."""
+    second half a period later, and no requests in its `second_pauses` (from, to); the
+    first from `first_starts`),
+    measuring shims; a lease asked to yield is released once idle that long, one asked
+    to drop 20 ms later.  measuring=False: older shims (no use reports: the hold stands
+    for use).  Returns every request's latency (arrival to its work done)."""
     s = make(
         2,
         settings=AUTO.replaced(memory_limit_bytes=memory_limit),
         features=FEATURE_YIELD | (FEATURE_USAGE if measuring else 0),
     )
-    step = 0.005
     pending: dict[int, list[list[float]]] = {1: [], 2: []}  # [arrival, work left]
-    arrivals = {1: 0.0, 2: period_s / 2}
+    arrivals = {1: first_starts, 2: period_s / 2}
     busy_s = {1: 0.0, 2: 0.0}
     held: dict[int, Grant] = {}
     idle_since: dict[int, float] = {}
@@ -1105,7 +1112,9 @@ def services_on_one_gpu(
         now = round(now + step, 6)
         for client in (1, 2):
             if arrivals[client] <= now:
-                pending[client].append([arrivals[client], work_s])
+                paused = client == 2 and second_pauses[0] <= arrivals[client] < second_pauses[1]
+                if not paused:
+                    pending[client].append([arrivals[client], work_s])
                 arrivals[client] += period_s
             if client in held:
                 if pending[client] and client not in drain_at:
@@ -1144,6 +1153,22 @@ def test_two_busy_services_serve_each_other_in_their_gaps(memory_limit, work_s, 
     assert len(latencies) > 400
     bound = HOLDS_PROVEN_S + LIGHT_CHECK_S + work_s
     assert latencies[int(0.99 * len(latencies))] <= bound, latencies[-10:]
+
+
+def test_a_light_service_back_from_a_lull_does_not_wait_a_quantum_behind_another():
+    # Two inference servers whose memory does not fit together, 1 ms of work every 30 ms
+    # each: light (use ~0.03), and neither ever idle 50 ms.  The first starts while the
+    # second pauses, and takes the turn alone.  The second, back from 5 s without
+    # requests, is still light (its use ~0.02) but no longer under a quarter of the
+    # holder's, so it cannot cut in: it waited the quantum (27 s) while the GPU sat idle.
+    # The holder, itself under the floor after LIGHT_TURN_PROOF_S, hands it over.
+    latencies = services_on_one_gpu(
+        0.001, 0.03, 512 << 20, seconds=30, second_pauses=(3.0, 8.0), step=0.001, first_starts=5.0
+    )
+    # Every request answered (~1667 in all; one still waiting is not in the list), and
+    # none waited past the light turn's proof and a look.
+    assert len(latencies) >= 1660, len(latencies)
+    assert max(latencies) <= LIGHT_TURN_PROOF_S + LIGHT_CHECK_S + 0.05, sorted(latencies)[-5:]
 
 
 def test_a_lease_too_young_to_tell_is_judged_by_its_clients_last_one():
