@@ -90,12 +90,6 @@ YIELD_TO_USE_RATIO = 0.5
 # The shim reports its GPU time at most every 100 ms (shim/usage_meter.c): a lease's
 # figure lags its holder by up to that.
 USAGE_REPORT_LAG_S = 0.1
-# A turn whose share group is behind goes on for another quantum only if its holder
-# uses at least this much of the GPU: one that leaves it mostly idle cannot catch up by
-# holding it.  A service busy 20 % whose memory did not fit beside a trainer held the
-# turn for quantum after quantum, the trainer waited 90 s and the GPU sat idle 56 % of
-# the time (bench/policy_sim.py).
-USES_ITS_TURN = 0.5
 
 
 class Role(enum.Enum):
@@ -311,12 +305,9 @@ class LockRules:
         return min(candidates, key=order)
 
     def _turn_goes_on(self, gpu: GpuState, turn: int, held: Lease, at: Moments) -> bool:
-        """Its quantum is over, but it uses its turns and its share group still goes
-        before the best waiter's (share_groups.py: a group of weight 2 beside one of
-        weight 1 takes two turns for each of the other's): a new quantum from now, on
-        the same lease."""
-        if self._usage(turn, gpu.uuid, at.now) < USES_ITS_TURN:
-            return False
+        """Its quantum is over, but its share group still goes before the best
+        waiter's (share_groups.py: a group of weight 2 beside one of weight 1 takes two
+        turns for each of the other's): a new quantum from now, on the same lease."""
         best = self._best_waiter(gpu, at)
         if not self.shares.turn_goes_on(gpu, turn, best, self.clients, at.now, at.reached):
             return False

@@ -93,13 +93,3 @@ def test_the_table_has_a_row_per_client_and_the_idle_gpu():
     assert lines[2].startswith("| 1 trainer | ") and lines[3].startswith("| 2 notebook | ")
     assert lines[-1].startswith("GPU idle while work waited: ")
 
-
-def test_a_service_that_leaves_its_turn_mostly_idle_gets_no_second_quantum_for_being_behind():
-    # Busy 20 % (0.1 s of work every 0.5 s), its memory does not fit beside the trainer's,
-    # and it is another user: far behind in GPU time.  Holding the GPU idle 80 % of the
-    # time cannot bring it level; its turn ends at its quantum like the trainer's.  (It
-    # went on quantum after quantum: the trainer waited 3 TQ, the GPU idle 56 %.)
-    figures = run("trainer@30", "service:0.5:0.1@12", seconds=120)
-    assert figures["1 trainer"]["max_s"] <= 5.2  # one quantum and a drain
-    assert figures["2 service"]["share"] == pytest.approx(0.2, abs=0.01)  # all it asked for
-    assert figures["1 trainer"]["share"] >= 0.45
