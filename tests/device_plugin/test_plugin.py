@@ -139,7 +139,11 @@ def test_a_plugin_started_before_the_kubelet_registers_once_it_listens(kubelet_d
     late = StandinKubelet(kubelet_dir).start()
     try:
         registration = late.wait_for_registration(timeout=5)
-        assert registration.received_at - late.listening_since < 1.0
+        # The plugin looks every 0.2 s; a loaded machine (CI's check-fast, four tests at once
+        # on two cores, beside other work) took 1.44 s from listen() to the Register.  What
+        # this tells apart: a plugin that registers once the socket is served, from one that
+        # gave up on a kubelet that was not there when it started.
+        assert registration.received_at - late.listening_since < 3.0
     finally:
         late.stop()
 
