@@ -18,7 +18,8 @@ The GPU runs every holder's work at once at full speed (no slowdown when they sh
 what this shows is who holds the GPU when, not how fast kernels go.
 
 Prints, per client: its share of the GPU's time, its work's latency (from arrival to done)
-at p50 / p99 / max, and its turns; then how long the GPU sat idle while work waited.
+at p50 / p99 / max, and its turn grants (a turn that goes on after a window counts again);
+then how long the GPU sat idle while work waited.
 """
 
 from __future__ import annotations
@@ -125,8 +126,9 @@ def simulate(
             client = by_number.get(getattr(action, "client", None))
             if isinstance(action, Grant) and client is not None:
                 client.lease, client.waiting = action, False
-                client.idle_since = now
+                # Idle counts once its memory is back: a long prefetch is no idle time.
                 client.ready_at = now + (swap_s if action.displaced else 0.0)
+                client.idle_since = client.ready_at
                 client.drop_at = client.yield_idle_s = None
                 if action.role == "turn":
                     client.turns.append(now)
@@ -134,7 +136,8 @@ def simulate(
                 if action.when_idle_ms:
                     client.yield_idle_s = action.when_idle_ms / 1000
                 elif client.drop_at is None:
-                    client.drop_at = now + DRAIN_S
+                    # Its work in flight drains first; with none, it releases at once.
+                    client.drop_at = now + (DRAIN_S if client.pending else 0.0)
 
     def release(c: Client, now: float) -> None:
         core.gpu_usage(c.number, GPU, round(c.busy_s * 1e6), now)
@@ -207,7 +210,7 @@ def printed(result: dict) -> list[str]:
         return "-" if value is None else f"{value:.3f}"
 
     lines = [
-        "| client | share | done | p50 / p99 / max (s) | turns (median gap, s) |",
+        "| client | share | done | p50 / p99 / max (s) | turn grants (median gap, s) |",
         "|---|---|---|---|---|",
     ]
     for name, f in result["clients"].items():
