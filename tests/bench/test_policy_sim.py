@@ -92,4 +92,3 @@ def test_the_table_has_a_row_per_client_and_the_idle_gpu():
     lines = done.stdout.splitlines()
     assert lines[2].startswith("| 1 trainer | ") and lines[3].startswith("| 2 notebook | ")
     assert lines[-1].startswith("GPU idle while work waited: ")
-
