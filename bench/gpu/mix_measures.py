@@ -26,7 +26,7 @@ STAGING_MARGIN_BYTES = 256 * MIB
 NOTHING_FITS_LIMIT_BYTES = GIB
 TAILS = {"inference": 0.99, "loader": 0.99, "notebook": 0.95}
 # A ratio of two latency figures is shown with its 95 % interval, from resampled latencies: a
-# p99 over one 30 s window is the 6th slowest of ~600 requests, and the p99s of two runs of
+# p99 over one 30 s window is the 7th slowest of ~600 requests, and the p99s of two runs of
 # the same mix without nvshare in one call differed by up to 1.10x (H100, three calls).
 RATIO_DRAWS = 2000
 # Two runs without nvshare in one call: the second divided by the first is the noise floor.
