@@ -214,6 +214,11 @@ def verdict(target: Target, results: dict) -> tuple[str, str]:
     return f"{ratio:.3f}x{interval}", "MET" if met else "MISSED"
 
 
+def headline_latencies(client: str) -> list[str]:
+    """A light client's two headline figures: its median and its tail (TAILS)."""
+    return ["p50_ms", f"p{round(100 * TAILS[client])}_ms"]
+
+
 def latency_fraction(figure_name: str) -> float | None:
     """0.5 for "p50_ms", 0.99 for "p99_ms"; None for a figure that is no percentile."""
     if figure_name.startswith("p") and figure_name.endswith("_ms") and figure_name[1:-3].isdigit():
@@ -252,7 +257,7 @@ def noise_floor(results: dict) -> list[str]:
         if client not in TAILS or client not in clients_of(results, first):
             continue
         parts = []
-        for name in ("p50_ms", f"p{round(100 * TAILS[client])}_ms"):
+        for name in headline_latencies(client):
             value, reference = (
                 figure(results, second, client, name),
                 figure(results, first, client, name),
@@ -277,7 +282,7 @@ def measured(name: str, figures: dict) -> str:
         shown = f"{figures['steps_per_s']:.2f} steps/s"
         shares = figures.get("shares")
         return shown + (f"; {' / '.join(f'{100 * s:.1f}' for s in shares)} %" if shares else "")
-    tail = f"p{round(100 * TAILS[name])}_ms"
+    tail = headline_latencies(name)[1]
     return (
         f"p50 {_ms(figures.get('p50_ms'))} / {tail[:3]} {_ms(figures.get(tail))}"
         f" / max {_ms(figures.get('max_ms'))} ms (n={figures.get('count', 0)})"
@@ -289,7 +294,7 @@ def ratios(results: dict, name: str, run: str, reference: str | None) -> str:
     if name.startswith("trainer"):  # trainer_2 and the trainers' aggregate: against one trainer
         keys, reference_client = ["steps_per_s"], "trainer"
     else:
-        keys, reference_client = ["p50_ms", f"p{round(100 * TAILS[name])}_ms"], name
+        keys, reference_client = headline_latencies(name), name
     shown = []
     for key in keys:
         value, alone = (
@@ -333,12 +338,14 @@ def table(results: dict) -> list[str]:
         "| run | client | measured | ÷ solo | ÷ no nvshare | target | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
+    # Once each: a latency ratio's interval resamples its runs 2000 times.
+    judged = {target: verdict(target, results) for target in TARGETS}
     for run in RUNS:
         # The shim's own cost is judged against the plain run of its own phase.
         plain = reference_run(run, "own_plain") if run == OFF else "mix_plain"
         for name, figures in clients_of(results, run).items():
             aimed = [t for t in TARGETS if t.run == run and t.client == name]
-            checked = [verdict(t, results) for t in aimed]
+            checked = [judged[t] for t in aimed]
             against_solo = ratios(results, name, run, "solo") if run != "solo" else ""
             against_plain = ratios(results, name, run, plain) if run not in ("solo", plain) else ""
             targets = "; ".join(
@@ -349,7 +356,7 @@ def table(results: dict) -> list[str]:
                 f"| {run} | {name} | {measured(name, figures)} | {against_solo} | {against_plain} "
                 f"| {targets} | {verdicts} |"
             )
-    tally = [verdict(t, results)[1] for t in TARGETS]
+    tally = [outcome for _, outcome in judged.values()]
     lines.append("")
     lines.extend(noise_floor(results))
     lines.append(
