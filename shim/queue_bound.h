@@ -14,9 +14,10 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread);
  * this process queued there still runs, or a thread waits in the bound for
  * it.  The idle release asks before it counts the GPU idle (gpu_worker.c). */
 int nvshare_queue_work_pending(int gpu);
-/* The same without waiting: 1 also when the GPU's contexts are busy (a worker
- * prefetching or draining).  For the usage meter, on the client thread. */
-int nvshare_queue_work_pending_now(int gpu);
+/* The same without waiting, for the usage meter on the client thread: 1 also when
+ * the GPU's contexts are busy (a worker prefetching or draining), and while the
+ * launches after a completed mark should still run by the queue's estimate. */
+int nvshare_queue_work_pending_now(int gpu, double now_ms);
 
 /* The driver freed the context of (gpu, slot): forget its events (contexts.c). */
 void nvshare_queue_forget_context(int gpu, int slot);

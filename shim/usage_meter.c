@@ -8,12 +8,16 @@
  * since the last sample: a gated call passed (a launch, a copy), a thread is
  * inside one (a synchronous copy), or one of the queue bound's marks has not
  * completed (kernels still running; queue_bound.c records a mark at the first
- * launch after the GPU ran dry, so a single long kernel is covered).  Such a
- * sample counts its whole interval as busy.  A 1 ms request every 50 ms reads
- * ~2-4 %, a trainer ~100 %; the error is at most one interval per burst.
+ * launch after the GPU ran dry, so a single long kernel is covered), or the
+ * launches after the newest mark should still be running by the queue's own
+ * estimate of a launch's GPU time.  Such a sample counts its whole interval as
+ * busy.  A 1 ms request every 50 ms reads ~2-4 %, a trainer ~100 %; the error is
+ * at most one interval per burst, and what that estimate misses (at most a
+ * window of the queue bound, an eighth of it).
  *
- * No launch pays for this: the hooks already count their passages, and the
- * marks were there for the queue bound.
+ * A launch pays one relaxed store for this (how many launches since the newest
+ * mark); the hooks already count their passages, and the marks were there for
+ * the queue bound.
  */
 #define _GNU_SOURCE
 #include "usage_meter.h"
@@ -42,13 +46,14 @@ struct gpu_usage {
 /* The client thread's alone. */
 static struct gpu_usage usage[NVSHARE_MAX_GPUS];
 
-static int had_work(int gpu, struct gpu_usage *meter)
+static int had_work(int gpu, struct gpu_usage *meter, double now_ms)
 {
     struct nvshare_gate *gate = &nvshare_gates[gpu];
     unsigned activity = atomic_load_explicit(&gate->activity, memory_order_relaxed);
     int passed = activity != meter->seen_activity;
     meter->seen_activity = activity;
-    return passed || atomic_load(&gate->inflight) != 0 || nvshare_queue_work_pending_now(gpu);
+    return passed || atomic_load(&gate->inflight) != 0 ||
+           nvshare_queue_work_pending_now(gpu, now_ms);
 }
 
 int nvshare_usage_sample(double now_ms)
@@ -71,7 +76,7 @@ int nvshare_usage_sample(double now_ms)
             next = next < 0 || wait < next ? wait : next;
             continue;
         }
-        int busy = had_work(gpu, meter);
+        int busy = had_work(gpu, meter, now_ms);
         if (busy)
             meter->busy_ms += interval < LONGEST_SAMPLE_MS ? interval : LONGEST_SAMPLE_MS;
         meter->sampled_at_ms = open || busy ? now_ms : 0; /* closed and done: stop */

@@ -5,6 +5,10 @@ judges light and busy by that, not by how long a lease is held."""
 import re
 
 import pytest
+from fake_agent import FakeAgent
+
+from nvshare_agent import protocol
+from nvshare_agent.protocol import Features
 
 CONFIG = """\
 [scheduler]
@@ -65,3 +69,65 @@ def test_a_busy_client_beside_the_turn_is_dropped_whatever_it_holds(world):
     assert float(found.group(1)) > 0.2
     first.finish_ok(timeout=60)
     second.finish_ok(timeout=60)
+
+
+# ---- the measure itself, against the stand-in's own record of its kernels
+
+USAGE_FEATURES = int(Features.GPU_MEMORY | Features.KEEPALIVE | Features.USAGE)
+
+
+def kernel_time_s(world, pid: int) -> float:
+    """How long the stand-in ran this process's kernels: the union of their runs."""
+    starts: dict[str, float] = {}
+    runs = []
+    for call in world.calls(pid):
+        if call.function == "@kernel_start":
+            starts[call.fields["seq"]] = call.t
+        elif call.function == "@kernel_done" and call.fields["seq"] in starts:
+            runs.append((starts.pop(call.fields["seq"]), call.t))
+    total, reached = 0.0, float("-inf")
+    for start, done in sorted(runs):
+        if done > reached:
+            total += done - max(start, reached)
+            reached = done
+    return total
+
+
+def measured_s(world, *workload: str) -> tuple[float, float, int]:
+    """A client alone, granted at once by an agent that takes GPU_USAGE: the GPU time
+    its shim reported, the stand-in's kernel time, and its bursts."""
+    with FakeAgent(world.socket_path, features=USAGE_FEATURES) as fake:
+        # It lingers: its last report (every 100 ms while the total grows) comes in.
+        client = world.client(
+            "linked", "--ints", "1024", "--linger-ms", "300", *workload, kernel_us=1000
+        )
+        connection = fake.wait_for_connection()
+        result = client.finish_ok(timeout=60)
+        reports = connection.all(protocol.GpuUsage)
+    assert reports, "no GPU_USAGE"
+    return reports[-1].message.busy_us / 1e6, kernel_time_s(world, client.pid), int(result["loops"])
+
+
+@pytest.mark.parametrize("launches", [4, 9, 30])
+def test_bursts_that_end_in_a_synchronize_count_whole(world, launches):
+    # Each burst queues its launches (1 ms kernels), then waits in cuEventSynchronize,
+    # which the shim does not see.  Marks come every few launches (an eighth of the
+    # 50 ms bound); the launches after the last one must count too: they counted
+    # 30 % of a 5 ms burst, and a weight of 2 gave 60 % instead of 67 % (test_shares).
+    measured, kernels, bursts = measured_s(
+        world, "--launches", str(launches), "--duration-ms", "2000"
+    )
+    assert kernels > 1.0, kernels
+    # The measure may be one 1 ms sample late per burst, and no more.
+    assert kernels * 0.9 <= measured <= kernels * 1.05 + bursts * 0.002, (measured, kernels)
+
+
+@pytest.mark.parametrize("launches", [1, 6])
+def test_bursts_with_gaps_count_only_their_work(world, launches):
+    # Requests with 30 ms between them: the estimate of the unmarked launches' end
+    # must not carry a burst's count into the gap.
+    measured, kernels, bursts = measured_s(
+        world, "--launches", str(launches), "--sleep-ms", "30", "--duration-ms", "2000"
+    )
+    assert bursts >= 20, bursts
+    assert kernels * 0.8 <= measured <= kernels + bursts * 0.003, (measured, kernels, bursts)
