@@ -6,8 +6,9 @@
  * once and reused from a ring); completed marks give the GPU time per launch,
  * and when the launches still queued would take longer than
  * NVSHARE_MAX_QUEUED_MS the launching thread waits on an old enough mark.
- * This costs nothing on most launches and never synchronises the whole
- * context on the launch path.
+ * Most launches pay one relaxed store for it (how many launches since the last
+ * mark, for the usage meter); it never synchronises the whole context on the
+ * launch path.
  *
  * How few launches make a mark adapts: windows of about 1/8 of the bound are
  * fine enough, and each mark costs a few driver calls (an event record among
@@ -36,9 +37,10 @@
  * estimate taught by the gaps once made light work wait in the bound for its
  * own kernels: 40-65 % on its median latency beside a trainer (issue 35).
  *
- * Two more uses: the usage meter (usage_meter.c) asks whether any mark is still
- * pending, so the launch after the GPU ran dry is marked at once (a lone long
- * kernel is then covered).  A lease granted SHORT_QUEUE (a turn that light work
+ * Two more uses: the usage meter (usage_meter.c) asks whether the newest mark is
+ * still pending, or the launches after it should still run (note_newest_mark),
+ * and the launch after the GPU ran dry is marked at once (a lone long kernel is
+ * then covered).  A lease granted SHORT_QUEUE (a turn that light work
  * will cut short) is bounded by the longest estimate, and while others wait for
  * this GPU (a WHEN_IDLE drop pending) the bound is SHORT_MAX_QUEUED_MS by it, so
  * that the drop which follows drains in milliseconds (lock_machine.c's
@@ -51,6 +53,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <stdalign.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -89,6 +92,15 @@ struct mark {
 
 /* One per GPU and context (contexts.c): events belong to their context. */
 struct launch_queue {
+    /* Launches since the last launching thread's last try at a mark: stored at every
+     * launch, so on a line apart from those every launch reads (at the end). */
+    alignas(64) atomic_uint unmarked;
+    atomic_uint ns_per_launch; /* ms_per_launch, for the usage meter's look */
+    /* The usage meter's own (the client thread's): the launches after a completed
+     * mark, and when they should be done. */
+    unsigned tail_launches;
+    CUevent tail_after;
+    double tail_done_ms;
     struct mark ring[RING_SLOTS];
     unsigned head, tail;           /* pending marks: head..tail-1 (mod RING_SLOTS) */
     int have_completed;            /* ring[head - 1] holds the newest completed mark */
@@ -98,13 +110,6 @@ struct launch_queue {
     atomic_int ran_dry;            /* no mark pending at the usage meter's look: mark next launch */
     atomic_int length_seen;        /* the gate's queue length at the last mark: a change marks */
     _Atomic(CUevent) newest;       /* the mark recorded last: the usage meter's look, lock-free */
-    atomic_uint unmarked;      /* launches since the newest mark (the last launching thread's) */
-    atomic_uint ns_per_launch; /* ms_per_launch, for the usage meter's look */
-    /* The usage meter's own (the client thread's): the work launched after a completed
-     * mark, and when it should be done. */
-    CUevent tail_after;
-    unsigned tail_launches;
-    double tail_done_ms;
 };
 
 static struct launch_queue queues[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS];
@@ -241,6 +246,7 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
     atomic_store_explicit(&queue->length_seen, length, memory_order_relaxed);
     unsigned launches = launches_since_mark;
     launches_since_mark = 0;
+    atomic_store_explicit(&queue->unmarked, 0, memory_order_relaxed);
     stream = nvshare_actual_stream(stream, per_thread);
     if (!nvshare_stream_may_record(stream)) {
         pthread_mutex_unlock(mutex);
@@ -263,7 +269,6 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
                 mark->launches = launches;
                 mark->dense = dense;
                 queue->tail++;
-                atomic_store_explicit(&queue->unmarked, 0, memory_order_relaxed);
                 atomic_store_explicit(&queue->newest, mark->event, memory_order_release);
             }
         }
@@ -317,11 +322,12 @@ struct meter_look {
  * Launches after the newest mark (up to a window's: an eighth of the bound) run
  * after it completes, and no mark shows when they are done.  A burst that ends in
  * a wait the shim does not see (cuStreamSynchronize, cuEventSynchronize) counted
- * only its first window: 5 ms bursts at 4 launches a window read 30 % of their
+ * only up to its last mark: 5 ms bursts at 5 launches a window read 30 % of their
  * GPU time, and a user's weight of 2 gave 58-62 % instead of 67 %
  * (tests/shim/test_shares.py).  So they count as running for as long as that
- * many launches take by the queue's estimate, from the look that first saw the
- * mark done; the error is at most a window per burst, either way. */
+ * many launches take by the queue's average, from the look that first saw the
+ * mark done, and never longer than a window.  Over by at most a window (and the
+ * look's lateness); under where the tail's kernels are longer than the average. */
 static void note_newest_mark(int gpu, int slot, void *arg)
 {
     struct meter_look *look = arg;
@@ -337,7 +343,8 @@ static void note_newest_mark(int gpu, int slot, void *arg)
         return;
     if (queue->tail_after != newest || queue->tail_launches != unmarked) {
         double ms = atomic_load_explicit(&queue->ns_per_launch, memory_order_relaxed) / 1e6;
-        double done = look->now_ms + ms * unmarked;
+        double window = nvshare_config()->max_queued_ms / WINDOWS_PER_BOUND;
+        double done = look->now_ms + (ms * unmarked < window ? ms * unmarked : window);
         if (queue->tail_after == newest && queue->tail_done_ms > done)
             done = queue->tail_done_ms; /* more launches in the same tail: never sooner */
         queue->tail_after = newest;

@@ -11,9 +11,10 @@
  * launch after the GPU ran dry, so a single long kernel is covered), or the
  * launches after the newest mark should still be running by the queue's own
  * estimate of a launch's GPU time.  Such a sample counts its whole interval as
- * busy.  A 1 ms request every 50 ms reads ~2-4 %, a trainer ~100 %; the error is
- * at most one interval per burst, and what that estimate misses (at most a
- * window of the queue bound, an eighth of it).
+ * busy.  A 1 ms request every 50 ms reads ~2-4 %, a trainer ~100 %.  The error
+ * is one interval per burst, and what that estimate gets wrong of the launches
+ * after the newest mark: over by at most a window of the queue bound (an eighth
+ * of it), under where they run longer than the average launch.
  *
  * A launch pays one relaxed store for this (how many launches since the newest
  * mark); the hooks already count their passages, and the marks were there for

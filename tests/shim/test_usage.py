@@ -110,24 +110,26 @@ def measured_s(world, *workload: str) -> tuple[float, float, int]:
 
 @pytest.mark.parametrize("launches", [4, 9, 30])
 def test_bursts_that_end_in_a_synchronize_count_whole(world, launches):
-    # Each burst queues its launches (1 ms kernels), then waits in cuEventSynchronize,
-    # which the shim does not see.  Marks come every few launches (an eighth of the
-    # 50 ms bound); the launches after the last one must count too: they counted
-    # 30 % of a 5 ms burst, and a weight of 2 gave 60 % instead of 67 % (test_shares).
+    # Each burst queues its launches (1 ms kernels, and an empty graph), then waits in
+    # cuEventSynchronize, which the shim does not see.  Marks come every few launches
+    # (an eighth of the 50 ms bound); the launches after the last one must count too:
+    # 4 and 9 read 32 % and 65 % of their kernel time before, and a weight of 2 gave
+    # 60 % instead of 67 % (test_shares).  30 is the case that was already right.
     measured, kernels, bursts = measured_s(
         world, "--launches", str(launches), "--duration-ms", "2000"
     )
     assert kernels > 1.0, kernels
-    # The measure may be one 1 ms sample late per burst, and no more.
-    assert kernels * 0.9 <= measured <= kernels * 1.05 + bursts * 0.002, (measured, kernels)
+    # Over: a look (1 ms, up to 5 ms when the client thread is late) per burst, and the
+    # empty graph's launch at the average.  Under: looks later than 5 ms count 5 ms.
+    assert kernels * 0.8 <= measured <= kernels * 1.1 + bursts * 0.005, (measured, kernels)
 
 
-@pytest.mark.parametrize("launches", [1, 6])
+@pytest.mark.parametrize("launches", [4, 9])
 def test_bursts_with_gaps_count_only_their_work(world, launches):
-    # Requests with 30 ms between them: the estimate of the unmarked launches' end
-    # must not carry a burst's count into the gap.
+    # Requests with 30 ms between them: the launches after each burst's last mark
+    # count, and their estimate does not carry the count into the gap.
     measured, kernels, bursts = measured_s(
         world, "--launches", str(launches), "--sleep-ms", "30", "--duration-ms", "2000"
     )
     assert bursts >= 20, bursts
-    assert kernels * 0.8 <= measured <= kernels + bursts * 0.003, (measured, kernels, bursts)
+    assert kernels * 0.8 <= measured <= kernels * 1.1 + bursts * 0.005, (measured, kernels, bursts)
