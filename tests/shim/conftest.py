@@ -97,6 +97,17 @@ class ShimWorld:
             if (pid is None or c.pid == pid) and (function is None or c.function == function)
         ]
 
+    def kernel_runs(self, pid: int) -> list[tuple[float, float]]:
+        """(start, done) of each kernel the stand-in ran for pid, in the order they ended."""
+        starts: dict[str, float] = {}
+        runs = []
+        for call in self.calls(pid):
+            if call.function == "@kernel_start":
+                starts[call.fields["seq"]] = call.t
+            elif call.function == "@kernel_done" and call.fields["seq"] in starts:
+                runs.append((starts.pop(call.fields["seq"]), call.t))
+        return runs
+
     def close(self) -> None:
         for client in self.clients:
             client.kill()

@@ -113,8 +113,7 @@ def test_idle_client_releases_early_and_asks_again(world, agent):
     assert len(early) >= 2, f"expected an idle release after each burst:\n{log}"
     assert grants(agent).count(client.pid) >= 3
     # Released only with nothing in flight: no kernel spans a release (agent stamps are ms, truncated).
-    starts = {c.fields["seq"]: c.t for c in world.calls(client.pid, "@kernel_start")}
-    kernels = [(starts[c.fields["seq"]], c.t) for c in world.calls(client.pid, "@kernel_done")]
+    kernels = world.kernel_runs(client.pid)
     for released in release_times(agent, client.pid):
         spanning = [k for k in kernels if k[0] < released - 0.002 and k[1] > released + 0.002]
         assert not spanning, f"released at {released:.3f} with a kernel running {spanning}"

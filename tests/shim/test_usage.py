@@ -78,15 +78,8 @@ USAGE_FEATURES = int(Features.GPU_MEMORY | Features.KEEPALIVE | Features.USAGE)
 
 def kernel_time_s(world, pid: int) -> float:
     """How long the stand-in ran this process's kernels: the union of their runs."""
-    starts: dict[str, float] = {}
-    runs = []
-    for call in world.calls(pid):
-        if call.function == "@kernel_start":
-            starts[call.fields["seq"]] = call.t
-        elif call.function == "@kernel_done" and call.fields["seq"] in starts:
-            runs.append((starts.pop(call.fields["seq"]), call.t))
     total, reached = 0.0, float("-inf")
-    for start, done in sorted(runs):
+    for start, done in sorted(world.kernel_runs(pid)):
         if done > reached:
             total += done - max(start, reached)
             reached = done
