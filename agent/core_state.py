@@ -1,5 +1,5 @@
 """The scheduling core's state: what it remembers of each GPU, client, lease and
-waiter.  Plain records; scheduler.py and lock_rules.py change them."""
+waiter.  Plain records; scheduler.py and policy.py change them."""
 
 from __future__ import annotations
 
@@ -23,40 +23,19 @@ class Lease:
     mode: str
     granted_at: float
     drop_requested_at: float | None = None
-    # auto: this lease holds the turn that busy clients take one at a time
-    # (False: light work beside the turn).  Exclusive leases always do.
-    turn: bool = True
     release_when_idle: bool = False
     yield_asked: bool = False  # asked to release once idle (not a drop: no revoke follows)
     # Its client held another GPU while it waited for this one: a process working
     # across GPUs, never asked to release this lease once idle.
     across_gpus: bool = False
-    # auto: when the turn it holds began.  A turn cut short for a window goes on
-    # after it, quantum and all: windows neither end a turn nor lengthen it.
+    # auto: when its turn began: the grant, or the end of the last quantum while its
+    # share group was owed another (share_groups.turn_goes_on).
     turn_since: float = 0.0
-    # Its client's GPU time on this GPU when it was granted (usage.py's total), and
-    # when its work began (the first report of more, less what it adds; None before):
-    # what the lease has kept the GPU busy with since, against how long.  Not from the
-    # grant: a displaced trainer's prefetch comes first, and its shim counts none of it.
-    gpu_s_at_grant: float = 0.0
-    working_since: float | None = None
 
 
 @dataclass(slots=True)
 class Waiter:
     requested_at: float
-    # auto, judged when it asks: light enough to run beside the turn (little use, or
-    # much less than the turn holder's) ...
-    light: bool = False
-    # ... and light enough to cut the turn short when it cannot run beside it (under
-    # the floor *and* much less use than the holder's): it runs in a window.  Two new
-    # clients have little use each; the ratio keeps them from taking the GPU from each
-    # other slice by slice, the floor keeps a busy client that windows starve of use
-    # from staying in windows.  A light waiter that does neither waits for the turn.
-    cuts_in: bool = False
-    # It waited light_wait_ms, light only by the ratio (its use past the floor) and
-    # unable to cut in: busy until its grant, no longer judged (lock_rules, rule 2).
-    judged_busy: bool = False
 
 
 @dataclass(slots=True)
@@ -79,9 +58,6 @@ class GpuState:
     # What it runs by: the node-wide settings with its own over them (the scheduler sets it).
     settings: Settings = DEFAULT_SETTINGS
     deadline: float | None = None  # when tick() must look at this GPU next
-    light_check_at: float | None = None
-    # auto: (client, its turn's start) while that turn is cut short for a window.
-    turn_paused: tuple[int, float] | None = None
     # Clients whose pages another's turn may have pushed to the host since they last
     # held this GPU: their next grant says DISPLACED, so the shim prefetches.
     displaced: set[int] = field(default_factory=set)
@@ -101,8 +77,9 @@ class ClientState:
     unmanaged: dict[bytes, int] = field(default_factory=dict)
     active: set[bytes] = field(default_factory=set)  # GPUs it has a context on (asked or allocated)
     usage: dict[bytes, UsageMeter] = field(default_factory=dict)
-    # auto, per GPU: whether its last lease held long enough to tell kept the GPU busy
-    # (lock_rules.BUSY_LEASE_DUTY of its time: a trainer, not a service with gaps).
-    leases_kept_busy: dict[bytes, bool] = field(default_factory=dict)
+    # Per GPU: its last lease there ended with the client idle (released on its own, or
+    # once idle when asked to yield), not cut off busy (a drop, a revoke): it works in
+    # bursts, and may cut in (policy.py).  A newcomer is taken to.
+    gave_back_idle: dict[bytes, bool] = field(default_factory=dict)
     # share_by=unit: "pod:<uid>" or "unit:<name>" once the agent knows (share_groups.py).
     share_unit: str = ""

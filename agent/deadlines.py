@@ -49,3 +49,21 @@ class Deadlines:
                 return due
             heapq.heappop(heap)
         return None
+
+
+class Moments:
+    """`now`, and the earliest moment asked about that is still to come: the next time
+    any rule that asked could act."""
+
+    __slots__ = ("next", "now")
+
+    def __init__(self, now: float):
+        self.now = now
+        self.next: float | None = None
+
+    def reached(self, moment: float) -> bool:
+        if self.now >= moment:
+            return True
+        if self.next is None or moment < self.next:
+            self.next = moment
+        return False

@@ -16,12 +16,18 @@ can thrash.  The figures:
   back and forth across the line does not flip the GPU each time.
 
 What runs at once need not be everyone: the rules ask whether the processes
-that would run together fit (lock_rules.LockRules._fits, by fits() above).  Managed memory of a process that
+that would run together fit (policy.Policy.fits, by fits() above).  Managed memory of a process that
 does not run is evicted as others need the room; what cannot be evicted (its
 context, memory passed through unmanaged) still counts.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .core_state import ClientState, GpuState
 
 # What one process's CUDA context takes on the GPU besides its allocations
 # (the context itself, kernels, cuBLAS workspaces): ~500 MiB for PyTorch on an
@@ -74,3 +80,26 @@ def resident_demand(managed: int, unmanaged: int, nvml_process_bytes: int | None
     if nvml_process_bytes is None:
         return unmanaged + CONTEXT_ESTIMATE_BYTES
     return max(unmanaged, nvml_process_bytes)
+
+
+def demand_of(gpu: GpuState, clients: dict[int, ClientState], running: Collection[int]) -> int:
+    """The GPU's memory with `running` at work: their whole demand, what every other
+    client with a context there keeps all the same, and what processes outside nvshare
+    use (NVML)."""
+    pids = set()
+    demand = 0
+    for client in gpu.users:
+        state = clients[client]
+        pids.add(state.pid)
+        if gpu.uuid not in state.active:
+            continue
+        figures = (
+            state.managed.get(gpu.uuid, 0),
+            state.unmanaged.get(gpu.uuid, 0),
+            gpu.process_bytes.get(state.pid),
+        )
+        if client in running:
+            demand += client_demand(*figures)
+        else:
+            demand += resident_demand(*figures)
+    return demand + sum(b for pid, b in gpu.process_bytes.items() if pid not in pids)

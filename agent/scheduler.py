@@ -17,18 +17,12 @@ Per GPU, by the anti-thrash setting (docs/scheduling.md has the diagrams):
 - off: every request is granted at once, shared.  Switching it back on asks
   the shared holders to drop and grants exclusively only when the GPU is free
   again (released or revoked), so no one waits on anyone forever.
-- auto (lock_rules.LockRules.decide, in docs/scheduling.md's order): use is
-  GPU time, measured by the shim (usage.py).  Busy clients take turns, one at
-  a time of at most the quantum; a light client (use under LIGHT_FLOOR, or
-  under LIGHT_RATIO of the turn holder's) runs beside the turn when its memory
-  fits with the turn's (LockRules._fits: those that would run at once,
-  not everyone), else in a window after the turn's minimum slice.  A holder
-  others wait for is asked to release once idle (one that keeps the GPU busy,
-  only for a waiter with half its use or less); waiters go least recent use
-  first, and one that has waited a quantum before all others, so every waiter
-  is granted within quantum + n x (quantum + drop_grace), n the clients on the
-  GPU (tests/test_scheduler_auto.py).  A process working across GPUs counts as
-  light where its turn elsewhere is wanted, and is not asked to release when idle.
+- auto (policy.Policy.decide, docs/scheduling.md's one page): what fits
+  together runs together, except that two clients that each keep the GPU busy
+  take turns of at most the quantum; a waiter under its fair share of GPU time
+  goes first and cuts short a turn it does not fit beside; a holder in a
+  waiter's way that does not keep the GPU busy gives it back at its next idle
+  moment.  Use is GPU time, measured by the shim (usage.py).
 
 Each GPU runs by its own settings (GpuState.settings): the node-wide ones with
 what the GPU sets for itself over them, by NVML index and, over that, by UUID.
@@ -40,7 +34,7 @@ One concern, though past ~400 lines: the core's events, each a short method
 that updates the state it names and has the rules look at the GPUs it touched
 (and memory's fit, _refit, which the events recompute as they go).  What the
 events keep track of besides has modules of its own, which they call: the
-rules (lock_rules.py), the share groups' accounts and memory caps
+rules (policy.py), the share groups' accounts and memory caps
 (share_groups.py), each GPU's settings and their switches (gpu_settings.py),
 the GPUs learned from clients (learned_gpus.py), the deadlines (deadlines.py)
 and the snapshot (snapshot.take_snapshot).
@@ -68,7 +62,7 @@ from .core_state import EXCLUSIVE, FEATURE_YIELD, SHARED, ClientState, GpuState,
 from .deadlines import Deadlines, Key
 from .gpu_settings import GpuSettingsBook, ModeSwitch
 from .learned_gpus import MAX_LEARNED_GPUS, MAX_LEARNED_GPUS_PER_UID, LearnedGpus
-from .lock_rules import LIGHT_CHECK_S, YIELD_IDLE_MS, DropReason, LockRules
+from .policy import CHECK_S, YIELD_IDLE_MS, DropReason, Policy
 from .settings import NO_OVERRIDES, AntiThrash, Settings
 from .share_groups import ShareGroups, unit_group
 from .snapshot import AgentSnapshot, take_snapshot
@@ -81,7 +75,7 @@ MAX_BYTES = 2**64 - 1
 HELLO_TIMEOUT_S = 10.0
 
 
-class Scheduler(LockRules):
+class Scheduler:
     def __init__(
         self,
         settings: Settings,
@@ -101,9 +95,9 @@ class Scheduler(LockRules):
         self._inventory_missing = False  # NVML could not be read: none will come
         self._next_index = 0
         self._learned = LearnedGpus()
-        self._last_lease = 0
         self._deadlines = Deadlines()
         self.shares = ShareGroups()  # share groups' accounts and memory caps
+        self.policy = Policy(self.clients, self.gpus, self.shares)  # the rules
 
     # ------------------------------------------------------------ inventory
 
@@ -201,8 +195,7 @@ class Scheduler(LockRules):
         if uuid not in state.active:
             state.active.add(uuid)  # its context now takes memory there
             self._refit(gpu, now, actions, "new client")
-        light, cuts_in = self._judge(gpu, client, now)
-        gpu.waiters[client] = Waiter(now, light, cuts_in)
+        gpu.waiters[client] = Waiter(now)
         self._update(gpu, now, actions)
         if client in gpu.waiters:
             actions.insert(0, Queued(client, state.pid, uuid, len(gpu.waiters)))
@@ -218,8 +211,9 @@ class Scheduler(LockRules):
         held = gpu.holders.get(client) if gpu else None
         if gpu is not None and held is not None and held.number == lease:
             del gpu.holders[client]
-            self._lease_ended(gpu, client, held, now)
-            self._meter(state, uuid).stop(now, idle_ms / 1000.0)
+            self.policy.meter(state, uuid).stop(now, idle_ms / 1000.0)
+            # Idle as long as a yield waits for, or gone on its own: work in bursts.
+            state.gave_back_idle[uuid] = held.drop_requested_at is None or idle_ms >= YIELD_IDLE_MS
             drop_to_release = (
                 None if held.drop_requested_at is None else now - held.drop_requested_at
             )
@@ -239,7 +233,7 @@ class Scheduler(LockRules):
             return actions
         if gpu and lease == 0 and client in gpu.waiters:
             del gpu.waiters[client]
-            self._meter(state, uuid).thaw(now)  # no longer waiting: its use decays again
+            self.policy.meter(state, uuid).thaw(now)  # no longer waiting: its use decays again
             actions = [Withdrawn(client, state.pid, uuid)]
             self._update(gpu, now, actions)  # the best waiter may have changed
             return actions
@@ -276,10 +270,7 @@ class Scheduler(LockRules):
             return [Refuse(client, "GPU_USAGE before HELLO")]
         if uuid not in state.gpus:
             return [Ignored(client, state.pid, uuid, "usage of a GPU it never named")]
-        self._meter(state, uuid).report(now, busy_us / 1e6)
-        gpu = self.gpus.get(uuid)
-        if gpu is not None:
-            self._lease_reported(gpu, client, now)
+        self.policy.meter(state, uuid).report(now, busy_us / 1e6)
         return []
 
     def gpu_memory(self, client: int, uuid: bytes, total_bytes: int, now: float) -> list[Action]:
@@ -436,6 +427,26 @@ class Scheduler(LockRules):
         gpu.users.add(client)
         return None
 
+    # ------------------------------------------------------------ the rules, per GPU
+
+    def _update(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
+        """Bring one GPU up to date at `now` (the policy decides), and note when it must
+        be looked at next."""
+        due = self.policy.decide(gpu, now, actions)
+        if due != gpu.deadline:
+            gpu.deadline = due
+            if due is not None:
+                self._push_deadline(due, gpu.uuid)
+
+    def _drain_shared_holders(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
+        """Anti-thrash just came on: shared holders must all leave before anyone holds
+        exclusively.  A lone exclusive holder (granted before anti-thrash went off, and
+        never joined by others) simply keeps its lease."""
+        holders = gpu.holders
+        if len(holders) == 1 and next(iter(holders.values())).mode == EXCLUSIVE:
+            return
+        self.policy.ask_each_to_drop(gpu, now, actions, DropReason.ANTI_THRASH_ON)
+
     # ------------------------------------------------------------ each GPU's settings
 
     def _settle_gpu_settings(
@@ -455,7 +466,7 @@ class Scheduler(LockRules):
         elif settled.switch is ModeSwitch.OFF_TO_AUTO:
             # Leases of "off" are shared and never given back when idle: have
             # them asked again, so they get leases of auto's kind.
-            self._ask_to_drop_each(gpu, now, actions, DropReason.ANTI_THRASH_AUTO)
+            self.policy.ask_each_to_drop(gpu, now, actions, DropReason.ANTI_THRASH_AUTO)
         if settled.refit:
             self._refit(gpu, now, actions, "settings", always_log=True)
 
@@ -481,18 +492,7 @@ class Scheduler(LockRules):
         if not total and gpu.reported_totals:
             total = min(gpu.reported_totals.values())
         capacity = memory_fit.capacity(total, gpu.settings.memory_limit_bytes)
-        client_pids = set()
-        demand = 0
-        for client in gpu.users:
-            state = self.clients[client]
-            client_pids.add(state.pid)
-            if gpu.uuid in state.active:
-                demand += memory_fit.client_demand(
-                    state.managed.get(gpu.uuid, 0),
-                    state.unmanaged.get(gpu.uuid, 0),
-                    gpu.process_bytes.get(state.pid),
-                )
-        demand += sum(b for pid, b in gpu.process_bytes.items() if pid not in client_pids)
+        demand = memory_fit.demand_of(gpu, self.clients, gpu.users)  # everyone at once
         demand = min(demand, MAX_BYTES)
         fits = memory_fit.fits(gpu.fits, demand, capacity)
         gpu.demand_bytes, gpu.capacity_bytes = demand, capacity
@@ -500,11 +500,6 @@ class Scheduler(LockRules):
         gpu.fits = fits
         if gpu.settings.anti_thrash is not AntiThrash.AUTO:
             return
-        if changed and fits:
-            # Running side by side again: who is light is judged afresh.
-            for client, waiter in gpu.waiters.items():
-                if not waiter.judged_busy:
-                    waiter.light, waiter.cuts_in = self._judge(gpu, client, now)
         if changed or always_log:
             mode = SHARED if fits else EXCLUSIVE
             actions.append(ModeChanged(gpu.uuid, mode, demand, capacity, reason))
@@ -517,7 +512,7 @@ class Scheduler(LockRules):
             self.clients,
             now,
             format_gpu=self._format_gpu,
-            recent_use=self._usage,
+            recent_use=self.policy.usage,
             group_figures=lambda gpu, at: self.shares.figures(gpu, self.clients, at),
         )
 
@@ -529,10 +524,10 @@ def _wire_settings(settings: Settings) -> Settings:
 
 
 __all__ = [
+    "CHECK_S",
     "EXCLUSIVE",
     "FEATURE_YIELD",
     "HELLO_TIMEOUT_S",
-    "LIGHT_CHECK_S",
     "MAX_LEARNED_GPUS",
     "MAX_LEARNED_GPUS_PER_UID",
     "SHARED",

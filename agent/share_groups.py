@@ -21,7 +21,7 @@ away, and pays nothing again for what she used before.
 Groups need a bound of their own on waits.  A client of a group with three busy
 clients, beside another group with one, waits five turns of the quantum between
 its own turns when all is fair; the rule "a waiter that has waited a quantum
-goes first" (lock_rules) would undo the groups.  So here a waiter goes ahead of
+goes first" (policy.py) would undo the groups.  So here a waiter goes ahead of
 the groups once it has waited (f + 1) quanta, f = its *fair factor*: the weights
 of the groups with busy work there, over its group's weight, times the busy
 clients of its group.  f is at most n^2 x (largest weight / smallest), n the
@@ -192,6 +192,22 @@ class ShareGroups:
         for key in [k for k in self._home if k[1] == uuid]:  # (client, GPU) -> group
             del self._home[key]
 
+    def charged(
+        self, gpu: GpuState, clients: dict[int, ClientState], now: float
+    ) -> Callable[[int], float]:
+        """Each client's group's charge on gpu (GPU time over weight; 0 under
+        share_by=process, where the policy compares clients by their use alone)."""
+        if gpu.settings.share_by is ShareBy.PROCESS:
+            return lambda client: 0.0
+        accounts = self.sync(gpu, clients, now)
+        share_by = gpu.settings.share_by
+
+        def of(client: int) -> float:
+            account = accounts.get(group_of(clients[client], share_by))
+            return 0.0 if account is None else account.charged_s
+
+        return of
+
     # ------------------------------------------------------------ the order of busy waiters
 
     def turn_order(
@@ -203,19 +219,15 @@ class ShareGroups:
     ) -> Callable[[int], tuple[bool, float, bool, float, float]] | None:
         """The key that orders gpu's waiters by groups (least first): a waiter
         overdue by its fair factor first, oldest first; then the group charged
-        least; then, within the group, lock_rules' own order (one that waited a
+        least; then, within the group, the policy's own order (one that waited a
         quantum, then the least recent use, then request order).  Where only one
         group has busy work, that order alone.  None under share_by=process."""
         settings = gpu.settings
         if settings.share_by is ShareBy.PROCESS:
             return None
         accounts = self.sync(gpu, clients, now)
-        busy: dict[str, int] = {}  # group -> its clients that hold the turn or wait
-        for client, held in gpu.holders.items():
-            if held.turn:
-                group = group_of(clients[client], settings.share_by)
-                busy[group] = busy.get(group, 0) + 1
-        for client in gpu.waiters:  # light ones too: all of them want a turn or a window
+        busy: dict[str, int] = {}  # group -> its clients that hold or wait
+        for client in (*gpu.holders, *gpu.waiters):
             group = group_of(clients[client], settings.share_by)
             busy[group] = busy.get(group, 0) + 1
         weights = sum(self.weight(settings, g) for g in busy)
@@ -227,7 +239,7 @@ class ShareGroups:
             group = group_of(state, settings.share_by)
             starving = reached(waiter.requested_at + quantum)
             if busy.keys() <= {group}:
-                fair = 0.0  # its group alone: lock_rules' order, as per process
+                fair = 0.0  # its group alone: the policy's order, as per process
             else:
                 weight = self.weight(settings, group)
                 fair = (

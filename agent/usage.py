@@ -72,7 +72,7 @@ class UsageMeter:
 
     def freeze(self, moment: float) -> None:
         """Its figure stops decaying from `moment` on (or its last report, if later).
-        `stamp` stays: lock_rules reads it as the client's last activity there."""
+        `stamp` stays: the policy reads it as the client's last activity there."""
         if not self.frozen:
             self.frozen_value, self.frozen = self.at(max(moment, self.stamp)), True
 

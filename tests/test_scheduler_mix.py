@@ -14,195 +14,18 @@ import random
 import pytest
 from test_scheduler_auto import (
     AUTO,
-    BEFORE_DRAIN,
     G0,
     GIB,
-    LIGHT_WAIT,
-    TQ,
-    MeasuredMix,
-    hold_for,
-    make,
     of,
-    one,
     spin_guarded_tick,
 )
 
-from nvshare_agent.actions import AskToDrop, Grant, Queued, Revoke
+from nvshare_agent.actions import AskToDrop, Grant, Revoke
 from nvshare_agent.core_state import FEATURE_USAGE, FEATURE_YIELD
 from nvshare_agent.scheduler import Scheduler
 from nvshare_agent.settings import AntiThrash
 
 # ---------------------------------------------------------------- light and busy: GPU time
-
-
-def steady_client_beside_a_trainer(features: int) -> tuple[Scheduler, Grant, list]:
-    """A trainer (1) holds the turn from 0, its GPU busy all the time; a steady client
-    (2), an inference server, asks at 1 s and holds its lease for 60 s: a 1 ms kernel
-    every 50 ms, never idle a second, so it never gives the lease back.  Where the shims
-    measure, each reports its GPU time every 100 ms.  Returns the core, 2's grant and
-    the (time, ask to drop) it got."""
-    s = make(2, features=features)
-    one(Grant, s.request(1, G0, 0.0))
-    steady = one(Grant, s.request(2, G0, 1.0))
-    busy_us = {1: 0, 2: 0}
-    drops = []
-    for step in range(1, 60_001):  # 1 ms steps, 1 s to 61 s
-        now = 1.0 + step / 1000
-        busy_us[1] += 1000
-        busy_us[2] += 1000 if step % 50 == 0 else 0
-        while (due := s.next_deadline()) is not None and due <= now:
-            drops += [(due, d) for d in of(AskToDrop, s.tick(due)) if d.client == 2]
-        if step % 100 == 0 and features & FEATURE_USAGE:
-            for client in (1, 2):
-                s.gpu_usage(client, G0, busy_us[client], now)
-    return s, steady, drops
-
-
-def test_a_steady_client_that_holds_its_lease_a_minute_beside_a_trainer_stays_light():
-    s, steady, drops = steady_client_beside_a_trainer(FEATURE_YIELD | FEATURE_USAGE)
-    assert (steady.role, steady.waited_s) == ("beside", 0.0)
-    assert drops == [], "dropped as no longer light"
-    assert s.gpus[G0].holders[2].number == steady.lease  # the same lease, 60 s on
-    assert s._usage(2, G0, 61.0) < 0.03 < 0.9 < s._usage(1, G0, 61.0)  # 2 % against ~1
-
-
-def test_without_gpu_time_the_steady_clients_hold_stands_in_and_it_counts_busy():
-    # The contrast: an older shim reports no GPU time, so holding its lease counts as
-    # use (as all leases did before issue 35): the same client is soon no longer light.
-    _, _, drops = steady_client_beside_a_trainer(FEATURE_YIELD)
-    (at, drop), *_ = drops
-    assert drop.reason == "no longer light" and at < 1.0 + 3.0
-
-
-@pytest.mark.parametrize("lease_s", [0.1, None], ids=["leases of 100 ms", "one lease"])
-def test_a_trainer_is_busy_by_its_gpu_time_whatever_its_leases(lease_s):
-    # 1 trains and holds the turn.  2 trains too, from 0.5 s, its GPU busy all the while
-    # it holds a lease: either it gives the lease back every 100 ms and asks again at
-    # once (short leases), or it keeps it.  Memory fits: new, with no use yet, it runs
-    # beside the turn; once its use shows it busy, it is no longer let beside (its
-    # request waits) or it is asked to leave, and waits for the turn, which it takes
-    # when 1's quantum is over.
-    s = make(2, features=FEATURE_YIELD | FEATURE_USAGE)
-    held = {1: one(Grant, s.request(1, G0, 0.0))}
-    busy_us = {1: 0, 2: 0}
-    releases: dict[int, float] = {}  # asked to drop: when its queued work has drained
-    judged_busy_at, turn = None, None
-    for step in range(1, int((TQ + 1) * 1000)):  # 1 ms steps
-        now = step / 1000
-        for client in held:
-            busy_us[client] += 1000
-        actions = []
-        if step % 100 == 0:
-            for client in (1, 2):
-                s.gpu_usage(client, G0, busy_us[client], now)
-        if 2 in held and lease_s and step % round(lease_s * 1000) == 0:
-            actions += s.release(2, G0, held.pop(2).lease, now)
-        for client, at in list(releases.items()):
-            if now >= at - 1e-9:
-                del releases[client]
-                actions += s.release(client, G0, held.pop(client).lease, now)
-        for client in (1, 2):
-            if client not in held and client not in s.gpus[G0].waiters and step >= 500:
-                actions += s.request(client, G0, now)  # both busy: they ask again at once
-        while (due := s.next_deadline()) is not None and due <= now:
-            actions += s.tick(due)
-        for drop in of(AskToDrop, actions):
-            if drop.when_idle_ms == 0:
-                releases[drop.client] = now + 0.02
-            if drop.client == 2:
-                assert (drop.reason, judged_busy_at) == ("no longer light", None)
-                judged_busy_at = now
-        if 2 in s.gpus[G0].waiters and judged_busy_at is None:
-            judged_busy_at = now  # its request waits: no longer let beside
-        for grant in of(Grant, actions):
-            held[grant.client] = grant
-            if grant.client == 2 and judged_busy_at is not None:
-                turn = grant
-        if turn is not None:
-            break
-    assert judged_busy_at is not None and 0.5 < judged_busy_at < 4.0, judged_busy_at
-    assert turn is not None and turn.role == "turn" and now == pytest.approx(TQ, abs=0.05)
-
-
-# ---------------------------------------------------------------- what light work waits for
-
-
-def test_light_work_waits_no_longer_than_its_light_wait_behind_a_window_never_idle():
-    # Nothing fits beside anything.  A new trainer (2), light by its nil use, cuts the
-    # busy turn of 1 short and runs in a window; never idle, it never yields.  A notebook
-    # (3) that asks then cuts in as well, and does not fit beside it: it once waited
-    # until 2's use showed it busy (~2 s); the window is cut short for it as a turn is.
-    s = make(3, settings=AUTO.replaced(memory_limit_bytes=512 << 20))
-    now = hold_for(s, 1, 60.0, 0.0)
-    turn = one(Grant, s.request(1, G0, now))
-    s.request(2, G0, now + 0.5)
-    assert s.gpus[G0].waiters[2].cuts_in
-    drop = one(AskToDrop, s.tick(now + 0.5 + BEFORE_DRAIN))
-    assert (drop.client, drop.reason) == (1, "light work waits")
-    window = one(Grant, s.release(1, G0, turn.lease, now + 0.6))
-    assert (window.client, window.role) == (2, "beside")
-    assert of(Queued, s.request(1, G0, now + 0.6))  # busy: it waits for its turn
-    asked = now + 1.0
-    assert of(Queued, s.request(3, G0, asked)) and s.gpus[G0].waiters[3].cuts_in
-    assert s.next_deadline() == pytest.approx(asked + BEFORE_DRAIN)
-    drop = one(AskToDrop, s.tick(asked + BEFORE_DRAIN))
-    assert (drop.client, drop.when_idle_ms, drop.reason) == (2, 0, "light work waits")
-    notebook = one(Grant, s.release(2, G0, window.lease, asked + LIGHT_WAIT - 0.005))
-    assert notebook.client == 3 and notebook.waited_s < LIGHT_WAIT
-
-
-def test_a_turn_cut_short_for_light_work_does_not_come_back_before_it():
-    # 1 trains (30 GiB), a server (2, 2 GiB) runs beside its turn, and 3 (76 GiB, new: it
-    # cuts in) fits beside neither.  1's turn is cut short for 3 and 1 asks again at once:
-    # 1 fits beside the server, 3 does not.  1 once took the turn back at once, 3 still
-    # kept out, and lost it again each minimum slice while the server came and went.
-    s = make(3)
-    for client, size in ((1, 30 * GIB), (2, 2 * GIB), (3, 76 * GIB)):
-        s.memory_report(client, G0, size, 0, 0.0)
-    now = hold_for(s, 1, 60.0, 0.0)
-    turn = one(Grant, s.request(1, G0, now))
-    server = one(Grant, s.request(2, G0, now + 0.1))
-    assert server.role == "beside"
-    asked = now + 0.5
-    assert of(Queued, s.request(3, G0, asked)) and s.gpus[G0].waiters[3].cuts_in
-    drop = one(AskToDrop, s.tick(asked + BEFORE_DRAIN))
-    assert (drop.client, drop.reason) == (1, "light work waits")
-    released = asked + LIGHT_WAIT - 0.005
-    actions = s.release(1, G0, turn.lease, released)
-    assert one(AskToDrop, actions, client=2)  # in 3's way: it goes
-    actions = s.request(1, G0, released)
-    assert of(Queued, actions) and not of(Grant, actions)
-    light = one(Grant, s.release(2, G0, server.lease, released + 0.002))
-    assert light.client == 3 and light.waited_s < LIGHT_WAIT
-
-
-def test_light_work_does_not_jump_ahead_of_older_light_work_that_does_not_fit_beside_it():
-    # 1, a notebook that ran a cell, holds the turn (alone, it took it), 2 runs beside it;
-    # 3, a new trainer (76 GiB), light by its nil use, cuts in and fits beside neither.
-    # The turn and then 2 are asked to go for it.  A new notebook (4) asks meanwhile: it
-    # fits beside 2, not beside 3.  It was granted at once, and each such grant pushed 3
-    # back by another minimum slice; it waits its turn in the window order instead.
-    s = make(4)
-    for client, size in ((1, GIB), (2, GIB), (3, 76 * GIB), (4, GIB)):
-        s.memory_report(client, G0, size, 0, 0.0)
-    hold_for(s, 1, 0.5, 0.0)
-    turn = one(Grant, s.request(1, G0, 1.0))
-    beside = one(Grant, s.request(2, G0, 1.0))
-    assert (turn.role, beside.role) == ("turn", "beside")
-    asked = 1.1
-    assert of(Queued, s.request(3, G0, asked)) and s.gpus[G0].waiters[3].cuts_in
-    assert one(AskToDrop, s.tick(asked + BEFORE_DRAIN)).client == 1
-    drop = one(AskToDrop, s.release(1, G0, turn.lease, asked + 0.08))
-    assert (drop.client, drop.reason) == (2, "light work waits")
-    actions = s.request(4, G0, asked + 0.09)
-    assert of(Queued, actions) and not of(Grant, actions)
-    assert s.gpus[G0].waiters[4].cuts_in
-    trainer = one(Grant, s.release(2, G0, beside.lease, asked + 0.1))
-    assert trainer.client == 3 and trainer.waited_s == pytest.approx(LIGHT_WAIT)
-    # 4 waits for 3's window as 3 did for 2: at most its light wait less the drain.
-    assert s.next_deadline() == pytest.approx(asked + 0.09 + BEFORE_DRAIN)
-    drop = one(AskToDrop, s.tick(asked + 0.09 + BEFORE_DRAIN))
-    assert (drop.client, drop.reason) == (3, "light work waits")
 
 
 # ---------------------------------------------------------------- a node's mix, walked at random
@@ -360,7 +183,7 @@ class NodeMix:
                 )
                 self.cut_in_waits.append(grant.waited_s)
             self.waits.append(grant.waited_s)
-            self.grants.append((self.now, grant, self.s._turn_holder(self.s.gpus[G0])))
+            self.grants.append((self.now, grant, None))
             client.grant, client.asked_at = grant, None
             client.release_at = client.yield_idle_s = None
             client.idle_since = None if client.work_s > 0 else self.now
@@ -382,8 +205,6 @@ class NodeMix:
         client.asked_at, client.idle_since = self.now, None
         client.windows_ahead = set()
         actions = self.s.request(c, G0, self.now)
-        waiter = self.s.gpus[G0].waiters.get(c)
-        client.cut_in = waiter is not None and waiter.cuts_in
         self.note(actions)
 
     def release(self, c: int, client: MixClient) -> None:
@@ -435,15 +256,6 @@ class NodeMix:
         for c, waiter in gpu.waiters.items():
             waited = now - waiter.requested_at
             assert waited <= self.starvation_bound, (self.clients[c].kind, waited)
-            client = self.clients[c]
-            if client.cut_in:
-                client.windows_ahead.update(
-                    other
-                    for other, ahead in gpu.waiters.items()
-                    if ahead.cuts_in
-                    and ahead.requested_at < waiter.requested_at
-                    and not self.s._fits(gpu, [c, other], keeping=False)
-                )
 
     def run(self, seconds: float) -> None:
         while self.now < seconds:
@@ -470,8 +282,6 @@ def test_a_node_mix_that_comes_and_goes_waits_no_one_past_the_bounds(seed, mode,
     assert len(mix.waits) > (40 if mode is AntiThrash.AUTO else 15), "it tests little"
     if mode is AntiThrash.ON:
         assert max(mix.waits) > mix.tq / 2, "no one waited"
-    if staging == "windows":  # light work waits for windows: the light-wait bound is shown
-        assert len(mix.cut_in_waits) > 20 and max(mix.cut_in_waits) > LIGHT_WAIT / 2
 
 
 # ---------------------------------------------------------------- co-running by memory pairs
@@ -490,85 +300,3 @@ class Scripted(MixClient):
         if self.kind != TRAINER and now >= self.next_work - 1e-9:
             self.work_s += self.burst_s
             self.next_work += self.period_s
-
-
-def test_trainers_that_do_not_fit_together_take_turns_with_light_work_beside_each():
-    # Issue 35's b.: two trainers of 40 GiB on an 80 GiB GPU do not fit together; an
-    # inference server (a 1 ms kernel every 50 ms: it never gives its lease back) and a
-    # notebook (a 15 ms cell every 2 s: it gives its lease back a second after each)
-    # have 2 GiB each and fit beside either.  The trainers take turns (of 5 s here);
-    # light work is granted beside whichever holds the turn, at once, never in a
-    # window, and is never asked to leave as the turn changes hands.
-    mix = NodeMix(0, AntiThrash.AUTO, "pairs", n=4, scripted=True)
-    mix.settings = mix.settings.replaced(time_quantum_s=5)
-    mix.note(mix.s.change_settings(mix.settings, 0.0))
-    mix.now = 30.0
-    trainers = [mix.join(Scripted(TRAINER, mix.now)) for _ in range(2)]
-    for c in trainers:
-        # Both have trained before (their first reports say so): neither is new, and
-        # light (a new trainer's first turns: test_scheduler_auto.py's windows).
-        mix.clients[c].busy_s = mix.clients[c].reported_s = 30.0
-        mix.s.gpu_usage(c, G0, 30_000_000, mix.now)
-    server = mix.join(Scripted(SERVER, mix.now + 0.5, period_s=0.05, burst_s=0.001))
-    notebook = mix.join(Scripted(NOTEBOOK, mix.now + 0.7, period_s=2.0, burst_s=0.015))
-    mix.run(90.0)
-    turns = [grant.client for _, grant, _ in mix.grants if grant.role == "turn"]
-    assert set(turns) == set(trainers) and len(turns) >= 10
-    assert all(a != b for a, b in itertools.pairwise(turns)), "they take turns"
-    busy = [mix.clients[c].busy_s - 30.0 for c in trainers]  # (each came with 30 s)
-    assert 0.45 <= busy[0] / sum(busy) <= 0.55 and sum(busy) > 0.99 * 60, busy
-    light = [(grant, turn) for _, grant, turn in mix.grants if grant.client in (server, notebook)]
-    assert len(light) > 15
-    for grant, turn in light:
-        assert (grant.role, grant.waited_s) == ("beside", 0.0), grant
-        assert turn in trainers, "granted in a window"
-    assert [g.client for g, _ in light].count(server) == 1  # one lease, a minute on
-    assert not [drop for _, drop in mix.drops if drop.client in (server, notebook)]
-
-
-def test_light_work_gets_windows_while_a_busy_waiter_has_waited_a_quantum():
-    # Three trainers that fit with no one: one of them has always waited a quantum.  A
-    # loader that fits beside no trainer once waited like them (89 s in a simulation):
-    # no window opened while anyone had waited TQ.  Windows now come in every turn, which
-    # keeps its clock: the trainers still change turns only at the quantum's end.
-    s = make(4, features=FEATURE_YIELD | FEATURE_USAGE)
-    for client, gib in {1: 45, 2: 45, 3: 45, 4: 35}.items():
-        s.memory_report(client, G0, gib * GIB, 0, now=0.0)
-    mix = MeasuredMix(s, {1: 1.0, 2: 1.0, 3: 1.0, 4: 0.03})
-    for client in (1, 2, 3):
-        mix.ask(client)
-        mix.run_until(mix.now + 1.0)
-    mix.run_until(35.0)
-    mix.ask(4)
-    mix.run_until(160.0)
-    loader = [grant for _, grant in mix.grants if grant.client == 4]
-    assert len(loader) > 100
-    bound = LIGHT_WAIT + s.settings.min_slice_ms / 1000 + 0.03  # the drain, the yield
-    assert all(g.role == "beside" and g.waited_s <= bound for g in loader), max(
-        g.waited_s for g in loader
-    )
-    turns = [(t, g.client) for t, g in mix.grants if g.role == "turn"]
-    changes = [turns[0]] + [b for a, b in itertools.pairwise(turns) if a[1] != b[1]]
-    assert [c for _, c in changes] == [1, 2, 3, 1, 2, 3], changes
-    for (began, _), (next_began, _) in itertools.pairwise(changes):
-        assert TQ <= next_began - began <= TQ + 0.2, changes
-    assert sum(mix.busy_s[c] for c in (1, 2, 3)) > 0.85 * 160, mix.busy_s
-
-
-def test_a_turn_cut_short_past_its_quantum_is_a_new_turn_when_its_holder_gets_the_next():
-    # 1's turn was cut short for a window that ran past its quantum; 1 (the least use)
-    # is the best waiter when 2's turn ends.  It gets a new turn: the old one's clock
-    # once came back with it, a turn over as soon as granted, dropped at once.
-    s = make(2, features=FEATURE_YIELD | FEATURE_USAGE, hello_at=-60.0)
-    for client in (1, 2):
-        s.memory_report(client, G0, 45 * GIB, 0, now=0.0)  # they do not fit together
-    s.gpu_usage(1, G0, 20_000_000, 0.0)
-    s.gpu_usage(2, G0, 50_000_000, 0.0)
-    second = one(Grant, s.request(2, G0, 0.0))
-    assert of(Queued, s.request(1, G0, 1.0))
-    s.gpus[G0].turn_paused = (1, -TQ)  # its turn, cut short a quantum ago
-    turn = one(Grant, s.release(2, G0, second.lease, 2.0))
-    assert (turn.client, turn.role) == (1, "turn")
-    actions = s.request(2, G0, 2.001)  # busy: it asks again at once
-    assert not [d for d in of(AskToDrop, actions) if d.reason == "quantum over"], actions
-    assert s.gpus[G0].holders[1].turn_since == 2.0

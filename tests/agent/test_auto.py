@@ -55,21 +55,23 @@ async def test_clients_whose_memory_fits_run_together_until_one_does_not_fit_the
     c.report_memory(GPU0, 76 * GIB)
     assert await a.nothing_within(0.1) and await b.nothing_within(0.01)
     assert agent.snapshot().gpus[0].mode == "exclusive"
-    # It asks: light, but it fits beside neither.  The turn (a) is asked to yield, then
-    # cut short in time for c's light wait (light_wait_ms less the drain); b, beside,
-    # is in c's way too, and c's light wait is up by then: b goes at once as well.
+    # It asks: owed more GPU time than both (it has had none), it fits beside neither.
+    # Both are asked to yield (they do not keep the GPU busy), then, as they have not,
+    # to drop in time for c's light wait (light_wait_ms less the drain).
     c.request()
-    yield_a = await a.expect(MessageType.DROP_REQUEST)
-    assert yield_a.flags == DropFlags.WHEN_IDLE
-    drop_a = await a.expect(MessageType.DROP_REQUEST)
-    assert drop_a.flags == 0  # at once
+    for holder in (a, b):
+        yielded = await holder.expect(MessageType.DROP_REQUEST)
+        assert yielded.flags == DropFlags.WHEN_IDLE
+        dropped = await holder.expect(MessageType.DROP_REQUEST)
+        assert dropped.flags == 0  # at once
     assert await c.nothing_within(0.05)
     a.release(grant_a)
-    drop_b = await b.expect(MessageType.DROP_REQUEST)
-    assert drop_b.flags == 0
     b.release(grant_b)
     grant_c = await c.wait_grant(timeout=5)
-    assert grant_c.flags == GrantFlags.SHARED | GrantFlags.RELEASE_WHEN_IDLE
+    # Not everyone fits: its shim keeps its queue short, for drops that drain fast.
+    assert grant_c.flags == (
+        GrantFlags.SHARED | GrantFlags.RELEASE_WHEN_IDLE | GrantFlags.SHORT_QUEUE
+    )
     # Turns: a asks again and waits; the holder hears that someone waits.
     a.request()
     yield_c = await c.expect(MessageType.DROP_REQUEST)
@@ -101,7 +103,7 @@ async def test_capacity_unknown_takes_turns_until_a_shim_reports_it(start_inproc
     b.request()  # nothing fits beside a GPU of unknown size
     assert await b.nothing_within(0.05)
     a.report_gpu_memory(GPU0, 80 * GIB)
-    # Memory fits now: b, light (it never used the GPU), runs beside a at once.
+    # Memory fits now: b runs beside a at once.
     grant_b = await b.wait_grant(timeout=1)
     assert grant_b.flags & GrantFlags.SHARED
     for client in (a, b):

@@ -24,23 +24,41 @@ def test_two_trainers_that_do_not_fit_together_take_whole_turns_and_split_the_gp
     first, second = figures["1 trainer"], figures["2 trainer"]
     assert 0.45 <= first["share"] / (first["share"] + second["share"]) <= 0.55
     # Each turn is a quantum: the other's comes round every two.
-    assert first["median_turn_gap_s"] == pytest.approx(10, abs=0.2)
-    # A step that came as the turn ended waited the other's quantum.
-    assert first["max_s"] == pytest.approx(5.1, abs=0.1)
+    assert first["median_turn_gap_s"] == pytest.approx(10, abs=0.3)
+
+
+def test_four_clients_30_percent_busy_that_fit_all_run_and_none_waits():
+    """Issue 44's f.: they once took turns, two starving while the GPU sat idle."""
+    result = policy_sim.simulate(
+        ["duty:0.03:0.3"] * 4, 40.0, policy_sim.Settings(time_quantum_s=30), 80.0
+    )
+    for f in result["clients"].values():
+        assert f["of_ideal"] >= 0.95 and f["worst_window_of_ideal"] >= 0.9
+        assert f["max_s"] <= 0.2  # a 30 ms burst beside three others, never a turn's wait
+    assert result["idle_while_one_could_run_s"] <= 0.01 * 40  # issue 44: at most 1 %
+
+
+def test_a_40_percent_busy_client_runs_beside_a_trainer_in_either_order():
+    """Issue 44's g.: a data-loader-bound trainer got 0.27x beside a busy one."""
+    for specs in (["trainer", "duty:0.06:0.4+3"], ["duty:0.06:0.4", "trainer+3"]):
+        figures = run(*specs, seconds=40.0, tq=30)
+        loader = next(f for name, f in figures.items() if "duty" in name)
+        assert loader["of_ideal"] >= 0.6  # the driver's equal slices: what no nvshare gives
+        assert loader["turns"] == 0 and loader["p99_s"] <= 0.2
 
 
 def test_an_inference_server_that_fits_runs_beside_a_trainer_at_once():
     figures = run("trainer@30", "service:0.05:0.001@4")
     assert figures["2 service"]["done"] >= 1199  # a request every 50 ms, each answered
-    assert figures["2 service"]["p99_s"] <= 0.002  # its own 1 ms, no wait
-    assert figures["1 trainer"]["share"] >= 0.94
+    assert figures["2 service"]["p99_s"] <= 0.003  # its own 1 ms, sliced with the trainer's
+    assert figures["1 trainer"]["share"] >= 0.9
 
 
-def test_one_that_does_not_fit_is_served_in_windows_within_the_light_wait():
+def test_one_that_does_not_fit_cuts_in_within_the_light_wait():
     figures = run("trainer@30", "service:0.05:0.001@12")
     # light_wait_ms 100 less the drain, a 20 ms drain, the request's own 1 ms.
     assert figures["2 service"]["max_s"] <= 0.13
-    assert figures["1 trainer"]["share"] >= 0.85
+    assert figures["1 trainer"]["share"] >= 0.8
 
 
 def test_a_displaced_turn_brings_its_memory_back_first():
@@ -51,12 +69,30 @@ def test_a_displaced_turn_brings_its_memory_back_first():
     assert 0.03 <= lost <= 0.07
 
 
+def test_the_ideal_splits_a_busy_gpu_by_weight():
+    figures = run("trainer*2", "trainer", seconds=20.0, gpu_gib=80.0)
+    assert figures["1 trainer"]["ideal"] == pytest.approx(2 / 3, abs=0.01)
+    assert figures["2 trainer"]["ideal"] == pytest.approx(1 / 3, abs=0.01)
+
+
+def test_the_sweep_prints_its_ten_worst_mixes():
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--sweep", "3", "--seconds", "12"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("3 mixes: ") and len(lines) == 2 + 3
+
+
 @pytest.mark.parametrize(
     "args, error",
     [
         (
             ["painter"],
-            "policy_sim: 'painter': no kind 'painter' (kinds: trainer, service, notebook)",
+            "policy_sim: 'painter': no kind 'painter' (kinds: trainer, service, notebook, duty)",
         ),
         (
             ["service:0.05"],
@@ -91,4 +127,4 @@ def test_the_table_has_a_row_per_client_and_the_idle_gpu():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[2].startswith("| 1 trainer | ") and lines[3].startswith("| 2 notebook | ")
-    assert lines[-1].startswith("GPU idle while work waited: ")
+    assert lines[-1].startswith("GPU idle while work that fits waited: ")
