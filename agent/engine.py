@@ -35,8 +35,13 @@ from .statistics import GpuStatistics
 from .timers import KEEPALIVE_S, ChangeNotifier, CoreTimer, Keepalives
 
 # What this agent announces in WELCOME (with KEEPALIVE_S, how often a waiting
-# shim hears from it).
-AGENT_FEATURES = int(Features.GPU_MEMORY) | int(Features.KEEPALIVE) | int(Features.USAGE)
+# shim hears from it).  MEMORY_CAP: a shim's caps come before its WELCOME.
+AGENT_FEATURES = (
+    int(Features.GPU_MEMORY)
+    | int(Features.KEEPALIVE)
+    | int(Features.USAGE)
+    | int(Features.MEMORY_CAP)
+)
 
 _LOCK_REQUEST = int(MessageType.LOCK_REQUEST)
 _RELEASED = int(MessageType.RELEASED)
@@ -102,8 +107,10 @@ class Engine:
             actions = core.hello(client, message.gpus, message.command, now, message.features)
             self.execute(actions)
             if link.greeted:
+                # The caps before WELCOME: a shim's allocations wait for WELCOME, so the
+                # first one is capped (docs/protocol.md).
+                self.execute(core.memory_caps(client))
                 link.send(protocol.encode_welcome(AGENT_FEATURES, int(KEEPALIVE_S * 1000)))
-                self.execute(core.memory_caps(client))  # after WELCOME, as docs/protocol.md says
             return
         elif type(message) is protocol.MemoryReport:
             actions = core.memory_report(

@@ -69,11 +69,15 @@ void nvshare_client_start(void)
         pthread_atfork(NULL, NULL, forget_after_fork);
         fork_handler_installed = 1;
     }
+    /* Allocations wait for the agent's caps from here; the client thread ends the
+     * wait (its agent's WELCOME, or none to be had). */
+    nvshare_memory_await_caps();
     int failed =
         nvshare_doorbell_open() != 0 || nvshare_start_shim_thread(nvshare_client_main, NULL) != 0;
     if (failed) {
         nvshare_warn("cannot start the nvshare client thread: running unscheduled");
         nvshare_lock_run_unscheduled();
+        nvshare_memory_caps_untold();
     }
     atomic_store(&nvshare_client_running, 1);
 out:

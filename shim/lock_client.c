@@ -47,11 +47,16 @@
 #include "usage_meter.h"
 
 #define LIVENESS_MS 3000.0
+/* An agent sends SETTINGS, its MEMORY_CAPs and WELCOME in one go; one that answered
+ * with SETTINGS and no WELCOME this long after is from before WELCOME (and caps):
+ * allocations stop waiting for its caps. */
+#define WELCOME_WAIT_MS 1000.0
 
 /* This connection: the agent has answered (any frame but ERROR); when it was
  * last heard (or connected to); since when a request has waited (one or more). */
 static int answered;
 static double heard_at_ms;
+static double welcome_due_ms; /* 0: WELCOME came, or no connection */
 static double waiting_since_ms;
 
 /* What this connection's agent announced in WELCOME (none: an older agent). */
@@ -64,6 +69,8 @@ static void run_unscheduled(const char *why)
 {
     nvshare_link_close();
     answered = 0;
+    welcome_due_ms = 0;
+    nvshare_memory_caps_untold(); /* allocations waiting for them go on */
     nvshare_lock_run_unscheduled();
     nvshare_link_retry_later();
     nvshare_debug("running unscheduled: %s", why);
@@ -99,8 +106,9 @@ static void connect_to_agent(int first_attempt)
     agent_features = 0;
     keepalive_ms = 0;
     answered = 0;
+    welcome_due_ms = 0;
     nvshare_usage_reset();
-    nvshare_memory_clear_caps(); /* this agent says its own (MEMORY_CAP) */
+    nvshare_memory_await_caps(); /* this agent says its own (MEMORY_CAP) before WELCOME */
     heard_at_ms = nvshare_now_ms();
     if (nvshare_link_hello() != 0) {
         lose_agent("hello not sent");
@@ -114,6 +122,7 @@ static void connect_to_agent(int first_attempt)
 static void agent_answered(void)
 {
     answered = 1;
+    welcome_due_ms = nvshare_now_ms() + WELCOME_WAIT_MS;
     nvshare_link_answered();
     struct nvshare_lock_event connected = {.kind = NVSHARE_EVENT_CONNECTED};
     struct nvshare_lock_jobs jobs[NVSHARE_MAX_GPUS];
@@ -357,6 +366,10 @@ static void on_frame(const struct nvshare_header *header, const unsigned char *p
         keepalive_ms = welcome.features & NVSHARE_FEATURE_KEEPALIVE ? welcome.keepalive_ms : 0;
         nvshare_debug("welcome features=%u keepalive_ms=%u", welcome.features,
                       welcome.keepalive_ms);
+        /* An agent with MEMORY_CAP has said every cap before this frame; an older one
+         * says them after it, as it always did. */
+        nvshare_memory_caps_told();
+        welcome_due_ms = 0;
         if (agent_features & NVSHARE_FEATURE_GPU_MEMORY)
             send_gpu_memory();
         return;
@@ -462,6 +475,16 @@ void *nvshare_client_main(void *unused)
             }
         }
         double now = nvshare_now_ms(), deadline = silent_deadline_ms();
+        if (nvshare_link_up() && welcome_due_ms > 0) {
+            if (now >= welcome_due_ms) {
+                nvshare_debug("no WELCOME: an agent from before it, which says no caps");
+                nvshare_memory_caps_untold();
+                welcome_due_ms = 0;
+            } else {
+                int until_due = (int)(welcome_due_ms - now) + 1;
+                timeout = timeout < 0 || until_due < timeout ? until_due : timeout;
+            }
+        }
         if (nvshare_link_up() && deadline > 0) {
             if (now >= deadline) {
                 agent_silent(liveness_ms());
@@ -499,4 +522,5 @@ void *nvshare_client_main(void *unused)
 void nvshare_client_forget_after_fork(void)
 {
     answered = 0;
+    welcome_due_ms = 0;
 }

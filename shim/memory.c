@@ -27,7 +27,10 @@
  *    the cap fails with CUDA_ERROR_OUT_OF_MEMORY and one warning, and
  *    cuMemGetInfo_v2 reports the cap as the total and the room left under it as
  *    free, so that frameworks size their caches to it.  The application's own
- *    managed memory and what is passed through are counted, not refused.
+ *    managed memory, VMM and arrays are refused past the cap too (IPC imports are
+ *    counted only: their exporter holds them).  The agent says the cap before its
+ *    WELCOME, and allocations wait for it (memory_accounting.c), so even the first
+ *    allocation after cuInit is capped.
  *
  * What the shim knows of each allocation and the totals per GPU are kept in
  * memory_accounting.c, below these hooks.
@@ -61,26 +64,21 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
     if (managed == NULL || gpu < 0 || dptr == NULL)
         return NOT_CONVERTED;
     uint64_t total = nvshare_gpu_total_bytes(gpu);
-    int over_total_allowed = nvshare_config()->single_oversub;
+    uint64_t limit = nvshare_config()->single_oversub || total == 0 ? NVSHARE_NO_LIMIT : total;
     uint64_t cap, room;
-    int capped = nvshare_memory_capped(gpu, &cap, &room) && (total == 0 || room < total);
-    if (capped) { /* the cap binds even with NVSHARE_ENABLE_SINGLE_OVERSUB=1 */
-        total = room;
-        over_total_allowed = 0;
-    }
+    /* The cap binds even with NVSHARE_ENABLE_SINGLE_OVERSUB=1. */
+    int capped = nvshare_memory_capped(gpu, &cap, &room) && room < limit;
+    if (capped)
+        limit = room;
 
     uint64_t in_use;
-    if (!nvshare_memory_reserve(gpu, bytes, total, over_total_allowed, &in_use)) {
+    if (!nvshare_memory_reserve(gpu, bytes, limit, &in_use)) {
         /* Parked blocks are held only for reuse: they give way first. */
-        if (in_use + bytes > total && nvshare_parking_free(gpu, in_use + bytes - total) > 0)
+        if (limit >= bytes && in_use > limit - bytes &&
+            nvshare_parking_free(gpu, in_use - (limit - bytes)) > 0)
             return allocate_managed(dptr, bytes, what);
         if (capped) {
-            NVSHARE_WARN_ONCE("%s of %zu bytes on GPU %d refused: this process's share group "
-                              "may hold %llu bytes there (its memory cap: the agent's setting "
-                              "memory_cap, nvsharectl share; or NVSHARE_MEMORY_CAP), it would "
-                              "hold %llu",
-                              what, bytes, gpu, (unsigned long long)cap,
-                              (unsigned long long)(cap - room + in_use + bytes));
+            nvshare_memory_warn_over_cap(what, bytes, gpu, cap, cap - room + in_use + bytes);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         nvshare_debug("refused %s of %zu bytes on GPU %d: this process would hold %llu of "
@@ -91,12 +89,13 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t bytes, const char *wh
     }
 
     CUresult result = managed(dptr, bytes, CU_MEM_ATTACH_GLOBAL);
-
+    /* Remembered before the reservation goes: in between, another thread's could pass. */
+    if (result == CUDA_SUCCESS)
+        nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytes, gpu,
+                                nvshare_current_context_slot(), ALLOCATION_CONVERTED);
     nvshare_memory_unreserve(gpu, bytes);
     if (result != CUDA_SUCCESS)
         return result;
-    nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytes, gpu, nvshare_current_context_slot(),
-                            ALLOCATION_CONVERTED);
     nvshare_debug("converted %s of %zu bytes on GPU %d to managed memory at 0x%llx", what, bytes,
                   gpu, (unsigned long long)*dptr);
     return CUDA_SUCCESS;
@@ -175,18 +174,25 @@ DEFINE_STREAM_ORDERED_ALLOC(cuMemAllocFromPoolAsync, SIG_ALLOC_FROM_POOL_ASYNC)
 DEFINE_STREAM_ORDERED_ALLOC(cuMemAllocFromPoolAsync_ptsz, SIG_ALLOC_FROM_POOL_ASYNC)
 
 /* The application's own managed memory: not converted, but counted and
- * prefetched like ours. */
+ * prefetched like ours, and refused past its group's cap. */
 NVSHARE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     NVSHARE_REAL_OR_RETURN(cuMemAllocManaged, real);
-    CUresult result = real(dptr, bytesize, flags);
     int saved_errno = errno;
     CUcontext context;
     nvshare_devices_discover();
-    int gpu = result == CUDA_SUCCESS ? nvshare_current_gpu(&context) : -1;
-    if (gpu >= 0)
-        nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytesize, gpu,
-                                nvshare_current_context_slot(), ALLOCATION_APP_MANAGED);
+    int gpu = nvshare_current_gpu(&context);
+    if (gpu >= 0 && !nvshare_memory_reserve_under_cap(gpu, bytesize, "cuMemAllocManaged")) {
+        errno = saved_errno;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult result = real(dptr, bytesize, flags);
+    if (gpu >= 0) {
+        if (result == CUDA_SUCCESS)
+            nvshare_memory_remember(&nvshare_pointer_map, *dptr, bytesize, gpu,
+                                    nvshare_current_context_slot(), ALLOCATION_APP_MANAGED);
+        nvshare_memory_unreserve(gpu, bytesize);
+    }
     errno = saved_errno;
     return result;
 }

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "allocation_map.h"
 #include "config.h"
@@ -28,9 +29,10 @@ struct gpu_memory {
     uint64_t managed_bytes;
     uint64_t unmanaged_bytes;
     uint64_t reserved_bytes; /* allocations under way, counted against the limit */
-    int changed;             /* totals not yet reported */
     uint64_t cap_bytes;      /* the share group's cap (MEMORY_CAP); 0: none */
     uint64_t others_bytes;   /* what the group's other processes hold */
+    int changed;             /* totals not yet reported */
+    int cap_said;            /* by this connection's agent (MEMORY_CAP) */
 };
 
 pthread_mutex_t nvshare_memory_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -38,6 +40,9 @@ struct allocation_map nvshare_pointer_map;
 struct allocation_map nvshare_handle_map;
 struct allocation_map nvshare_vmm_mapping_map;
 static struct gpu_memory gpus[NVSHARE_MAX_GPUS];
+/* A connection's agent has yet to say its caps; allocations wait on caps_cond. */
+static int caps_awaited;
+static pthread_cond_t caps_cond = PTHREAD_COND_INITIALIZER;
 
 static void count(int gpu, enum allocation_kind kind, uint64_t bytes, int adding)
 {
@@ -110,13 +115,12 @@ enum allocation_kind nvshare_memory_kind_of(uint64_t pointer)
     return kind;
 }
 
-int nvshare_memory_reserve(int gpu, uint64_t bytes, uint64_t total, int over_total_allowed,
-                           uint64_t *in_use)
+int nvshare_memory_reserve(int gpu, uint64_t bytes, uint64_t limit, uint64_t *in_use)
 {
     pthread_mutex_lock(&nvshare_memory_mutex);
     struct gpu_memory *memory = &gpus[gpu];
     *in_use = memory->managed_bytes + memory->unmanaged_bytes + memory->reserved_bytes;
-    int fits = over_total_allowed || total == 0 || (*in_use <= total && bytes <= total - *in_use);
+    int fits = *in_use <= limit && bytes <= limit - *in_use;
     if (fits)
         memory->reserved_bytes += bytes;
     pthread_mutex_unlock(&nvshare_memory_mutex);
@@ -135,18 +139,83 @@ void nvshare_memory_set_cap(int gpu, uint64_t cap_bytes, uint64_t others_bytes)
     pthread_mutex_lock(&nvshare_memory_mutex);
     gpus[gpu].cap_bytes = cap_bytes;
     gpus[gpu].others_bytes = cap_bytes ? others_bytes : 0;
+    gpus[gpu].cap_said = 1;
     pthread_mutex_unlock(&nvshare_memory_mutex);
 }
 
-void nvshare_memory_clear_caps(void)
+void nvshare_memory_await_caps(void)
 {
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    caps_awaited = 1;
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
-        nvshare_memory_set_cap(gpu, 0, 0);
+        gpus[gpu].cap_said = 0;
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+}
+
+/* Called with the mutex held. */
+static void stop_awaiting_caps(void)
+{
+    caps_awaited = 0;
+    pthread_cond_broadcast(&caps_cond);
+}
+
+void nvshare_memory_caps_told(void)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    /* A cap kept from an earlier agent that this one did not say is gone. */
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
+        if (!gpus[gpu].cap_said)
+            gpus[gpu].cap_bytes = gpus[gpu].others_bytes = 0;
+    stop_awaiting_caps();
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+}
+
+void nvshare_memory_caps_untold(void)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    stop_awaiting_caps();
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+}
+
+/* Called with the mutex held: waits while the caps are being told, at most
+ * NVSHARE_CAPS_WAIT_MS.  The client thread ends the wait (WELCOME, a lost or silent
+ * agent); past the bound an agent that answered but never welcomed (one from before
+ * WELCOME) is waited for no longer on this connection. */
+static void wait_for_caps(void)
+{
+    if (!caps_awaited)
+        return;
+    int cancel_state; /* a cancelled wait would leave the mutex locked */
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+    double deadline_ms = nvshare_now_ms() + NVSHARE_CAPS_WAIT_MS;
+    while (caps_awaited) {
+        double left_ms = deadline_ms - nvshare_now_ms();
+        if (left_ms <= 0) {
+            stop_awaiting_caps();
+            NVSHARE_WARN_ONCE("the nvshare agent did not say this process's memory caps within "
+                              "%d ms: allocating without them until it does",
+                              NVSHARE_CAPS_WAIT_MS);
+            break;
+        }
+        /* The condition's clock is CLOCK_REALTIME: short slices, the bound kept by the
+         * monotonic clock, so that a clock step neither ends nor stretches the wait. */
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        long slice_ns = (long)(left_ms < 50 ? left_ms * 1e6 : 50e6);
+        until.tv_nsec += slice_ns;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&caps_cond, &nvshare_memory_mutex, &until);
+    }
+    pthread_setcancelstate(cancel_state, NULL);
 }
 
 int nvshare_memory_capped(int gpu, uint64_t *cap, uint64_t *room)
 {
     pthread_mutex_lock(&nvshare_memory_mutex);
+    wait_for_caps();
     *cap = gpus[gpu].cap_bytes;
     uint64_t others = gpus[gpu].others_bytes;
     pthread_mutex_unlock(&nvshare_memory_mutex);
@@ -159,6 +228,27 @@ int nvshare_memory_capped(int gpu, uint64_t *cap, uint64_t *room)
         *cap = *cap == 0 || own < *cap ? own : *cap;
     }
     return *cap != 0;
+}
+
+void nvshare_memory_warn_over_cap(const char *what, uint64_t bytes, int gpu, uint64_t cap,
+                                  uint64_t would_hold)
+{
+    NVSHARE_WARN_ONCE("%s of %llu bytes on GPU %d refused: this process's share group may hold "
+                      "%llu bytes there (its memory cap: the agent's setting memory_cap, "
+                      "nvsharectl share; or NVSHARE_MEMORY_CAP), it would hold %llu",
+                      what, (unsigned long long)bytes, gpu, (unsigned long long)cap,
+                      (unsigned long long)would_hold);
+}
+
+int nvshare_memory_reserve_under_cap(int gpu, uint64_t bytes, const char *what)
+{
+    uint64_t cap, room, in_use;
+    int capped = nvshare_memory_capped(gpu, &cap, &room);
+    if (nvshare_memory_reserve(gpu, bytes, capped ? room : NVSHARE_NO_LIMIT, &in_use))
+        return 1;
+    if (capped) /* else: bytes past 2^64 with what is held, which the driver refuses too */
+        nvshare_memory_warn_over_cap(what, bytes, gpu, cap, cap - room + in_use + bytes);
+    return 0;
 }
 
 uint64_t nvshare_memory_used(int gpu)
@@ -293,4 +383,6 @@ void nvshare_memory_forget_after_fork(void)
     memset(&nvshare_handle_map, 0, sizeof nvshare_handle_map);
     memset(&nvshare_vmm_mapping_map, 0, sizeof nvshare_vmm_mapping_map);
     memset(gpus, 0, sizeof gpus);
+    caps_awaited = 0; /* the child's client, when it starts, awaits its own agent's */
+    caps_cond = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
 }

@@ -31,22 +31,44 @@ enum allocation_kind nvshare_memory_kind_of(uint64_t pointer);
 /* 1 for the kinds that are managed memory (converted, or the application's own). */
 int nvshare_memory_kind_is_managed(enum allocation_kind kind);
 
-/* Counts bytes about to be allocated on gpu against its limit: 1 when they
- * fit (total 0: no limit known), 0 when not; *in_use says what the process
- * holds already.  nvshare_memory_unreserve gives them back once the
- * allocation is made (and remembered) or failed. */
-int nvshare_memory_reserve(int gpu, uint64_t bytes, uint64_t total, int over_total_allowed,
-                           uint64_t *in_use);
+/* Counts bytes about to be allocated on gpu against limit (NVSHARE_NO_LIMIT: none):
+ * 1 when they fit, 0 when not; *in_use says what the process holds already.
+ * nvshare_memory_unreserve gives them back once the allocation is made (and
+ * remembered) or failed. */
+#define NVSHARE_NO_LIMIT UINT64_MAX
+int nvshare_memory_reserve(int gpu, uint64_t bytes, uint64_t limit, uint64_t *in_use);
 void nvshare_memory_unreserve(int gpu, uint64_t bytes);
 /* The memory cap of this process's share group on gpu, as the agent last said
  * (MEMORY_CAP): cap_bytes 0 is none; others_bytes what the group's other
  * processes hold there.  Kept while the agent is away; a new connection's agent
- * says it again (nvshare_memory_clear_caps at connect). */
+ * says it again before its WELCOME. */
 void nvshare_memory_set_cap(int gpu, uint64_t cap_bytes, uint64_t others_bytes);
-void nvshare_memory_clear_caps(void);
+/* The caps are being told: a connection to an agent begins (or the client starts).
+ * Until nvshare_memory_caps_told or _untold, nvshare_memory_capped waits. */
+void nvshare_memory_await_caps(void);
+/* WELCOME came: the agent has said every cap it will say before it (a GPU it said
+ * nothing of has none). */
+void nvshare_memory_caps_told(void);
+/* No agent will say them (none, lost, silent): the last ones known stay. */
+void nvshare_memory_caps_untold(void);
 /* The most this process may hold on gpu under the cap (the cap less what the
- * others hold, at least 0) in *room, and the cap in *cap; 0 when there is none. */
+ * others hold, at least 0) in *room, and the cap in *cap; 0 when there is none.
+ * While the caps are being told, waits for them first (at most
+ * NVSHARE_CAPS_WAIT_MS, once per connection): an allocation right after cuInit
+ * must not slip in before the agent's word. */
 int nvshare_memory_capped(int gpu, uint64_t *cap, uint64_t *room);
+/* Past the client thread's own bounds (an agent silent for 3 s, or that answered
+ * without WELCOME for 1 s: lock_client.c): only should that thread be stuck. */
+#define NVSHARE_CAPS_WAIT_MS 4000
+/* Reserves bytes on gpu under its cap (nvshare_memory_reserve, with the cap's room
+ * as the limit; no limit without a cap): 1 when they fit; 0, warned once, when
+ * they would take the group past it.  For the allocations that are not converted
+ * (the application's managed memory, VMM, arrays). */
+int nvshare_memory_reserve_under_cap(int gpu, uint64_t bytes, const char *what);
+/* The one warning for an allocation refused by the cap: it would make the group
+ * hold would_hold of cap bytes. */
+void nvshare_memory_warn_over_cap(const char *what, uint64_t bytes, int gpu, uint64_t cap,
+                                  uint64_t would_hold);
 
 /* Managed and unmanaged bytes gpu's allocations hold (cuMemGetInfo). */
 uint64_t nvshare_memory_used(int gpu);

@@ -1,7 +1,8 @@
 /*
  * Allocations the shim cannot make managed, passed through and counted as
  * unmanaged (they stay on the GPU while other processes run), each warned
- * about once:
+ * about once; those the process makes itself (VMM, arrays) are refused past its
+ * group's memory cap:
  *  - VMM: cuMemCreate, counted until the driver frees it: once its handle's
  *    references are released (cuMemRelease; cuMemRetainAllocationHandle adds
  *    one) and its mappings unmapped (cuMemMap/cuMemUnmap), in any order.  PyTorch uses it for
@@ -28,21 +29,29 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
                                     const CUmemAllocationProp *prop, unsigned long long flags)
 {
     NVSHARE_REAL_OR_RETURN(cuMemCreate, real);
-    CUresult result = real(handle, size, prop, flags);
-    if (result != CUDA_SUCCESS || handle == NULL)
-        return result;
     int saved_errno = errno;
-    NVSHARE_WARN_ONCE("cuMemCreate (CUDA virtual memory: JAX's default allocator, PyTorch's "
-                      "expandable_segments) cannot be made managed: that memory stays on the GPU "
-                      "while others run (for JAX set XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async)");
     nvshare_devices_discover();
     CUcontext context;
     int gpu = prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
                   ? prop->location.id
                   : nvshare_current_gpu(&context);
-    if (gpu >= 0 && gpu < NVSHARE_MAX_GPUS && *handle != 0)
-        /* A physical handle outlives contexts: it is released, not destroyed with one. */
-        nvshare_memory_remember(&nvshare_handle_map, *handle, size, gpu, -1, ALLOCATION_VMM);
+    int counted = gpu >= 0 && gpu < NVSHARE_MAX_GPUS;
+    if (counted && !nvshare_memory_reserve_under_cap(gpu, size, "cuMemCreate")) {
+        errno = saved_errno;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult result = real(handle, size, prop, flags);
+    if (result == CUDA_SUCCESS && handle != NULL) {
+        NVSHARE_WARN_ONCE(
+            "cuMemCreate (CUDA virtual memory: JAX's default allocator, PyTorch's "
+            "expandable_segments) cannot be made managed: that memory stays on the "
+            "GPU while others run (for JAX set XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async)");
+        if (counted && *handle != 0)
+            /* A physical handle outlives contexts: it is released, not destroyed with one. */
+            nvshare_memory_remember(&nvshare_handle_map, *handle, size, gpu, -1, ALLOCATION_VMM);
+    }
+    if (counted)
+        nvshare_memory_unreserve(gpu, size);
     errno = saved_errno;
     return result;
 }
