@@ -53,6 +53,8 @@ class ShimWorld:
         self.standin_log = tmp_path / "standin.log"
         self.agents: list[AgentProcess] = []
         self.clients: list[Client] = []
+        # What clients run: the checkout's build, or a copy other uids can read.
+        self.shim, self.standin_build = SHIM, STANDIN_BUILD
 
     def start_agent(self, config: str = FAST_CONFIG, **kwargs) -> AgentProcess:
         agent = AgentProcess(
@@ -76,7 +78,10 @@ class ShimWorld:
         return agent.log()
 
     def env(self, **extra) -> dict:
-        return client_env(self.socket_path, self.standin_log, **extra)
+        extra.setdefault("preload", str(self.shim))
+        return client_env(
+            self.socket_path, self.standin_log, standin_build=self.standin_build, **extra
+        )
 
     def client(self, name: str, *args, env: dict | None = None, prefix=(), **env_extra) -> Client:
         client = Client(
@@ -86,6 +91,7 @@ class ShimWorld:
             env=env or self.env(**env_extra),
             prefix=prefix,
             label=f"{name}{len(self.clients)}",
+            standin_build=self.standin_build,
         )
         self.clients.append(client)
         return client

@@ -10,9 +10,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,10 +118,16 @@ def clean_env(**extra: str) -> dict:
 
 
 def client_env(
-    socket_path, standin_log, *, preload: str | None = str(SHIM), kernel_us: int = 1000, **extra
+    socket_path,
+    standin_log,
+    *,
+    preload: str | None = str(SHIM),
+    kernel_us: int = 1000,
+    standin_build: Path = STANDIN_BUILD,
+    **extra,
 ) -> dict:
     env = clean_env(
-        LD_LIBRARY_PATH=str(STANDIN_BUILD),
+        LD_LIBRARY_PATH=str(standin_build),
         NVSHARE_SOCKET=str(socket_path),
         STANDIN_LOG=str(standin_log),
         STANDIN_KERNEL_US=str(kernel_us),
@@ -133,13 +142,21 @@ class Client:
     """One client process; stdout/stderr go to files so nothing blocks on a pipe."""
 
     def __init__(
-        self, workdir: Path, name: str, args=(), *, env: dict, prefix=(), label: str | None = None
+        self,
+        workdir: Path,
+        name: str,
+        args=(),
+        *,
+        env: dict,
+        prefix=(),
+        label: str | None = None,
+        standin_build: Path = STANDIN_BUILD,
     ):
         self.workdir = Path(workdir)
         label = label or f"{name}-{id(self):x}"
         self.stdout_path = self.workdir / f"{label}.out"
         self.stderr_path = self.workdir / f"{label}.err"
-        self.argv = [*prefix, str(STANDIN_BUILD / f"client_{name}"), *map(str, args)]
+        self.argv = [*prefix, str(standin_build / f"client_{name}"), *map(str, args)]
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.process = subprocess.Popen(self.argv, stdout=out, stderr=err, env=env)
         self.pid = self.process.pid
@@ -189,3 +206,28 @@ class Client:
         if self.running():
             self.process.kill()
             self.process.wait()
+
+
+_readable_build: tuple[Path, Path] | None = None
+
+
+def readable_build() -> tuple[Path, Path]:
+    """(the shim, the stand-in's build folder) copied where every user can read them, once
+    per session: the tests that run clients as other uids must work from a checkout in
+    a 0700 home (Debian 12's homes, /root), which those uids cannot enter."""
+    global _readable_build
+    if _readable_build is None:
+        folder = Path(tempfile.mkdtemp(prefix="nvshare-tests-build-", dir="/tmp"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        standin = folder / "standin"
+        standin.mkdir()
+        for entry in STANDIN_BUILD.iterdir():
+            if entry.name.startswith(("client_", "libcuda.so")) and not entry.is_dir():
+                shutil.copy2(entry, standin / entry.name, follow_symlinks=True)
+        shutil.copy2(SHIM, folder / SHIM.name)
+        for root, _dirs, files in os.walk(folder):
+            os.chmod(root, 0o755)
+            for name in files:
+                os.chmod(Path(root, name), 0o755)
+        _readable_build = (folder / SHIM.name, standin)
+    return _readable_build
