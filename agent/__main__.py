@@ -131,6 +131,7 @@ def main(argv=None) -> int:
         overrides=start.overrides,
         store=store,
         config_problem=start.config_problem,
+        origin=start.origin,
     )
     asyncio.run(daemon.run(options, listening, bound_path))
     return 0

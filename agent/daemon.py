@@ -22,6 +22,7 @@ from .listener import Listener
 from .settings import Settings
 from .settings_changes import describe_settings
 from .settings_files import SettingsStore
+from .settings_sources import SettingsOrigin
 from .shim_connections import ShimConnections
 from .snapshot import AgentSnapshot
 
@@ -66,6 +67,7 @@ class Options:
     overrides: dict
     store: SettingsStore
     config_problem: str = ""  # the config file cannot be used: what, where, what instead
+    origin: SettingsOrigin | None = None  # what the config gave: each value's source
 
 
 def open_listening_socket(socket_path: Path | None) -> tuple[socket.socket, Path | None]:
@@ -83,7 +85,7 @@ def open_listening_socket(socket_path: Path | None) -> tuple[socket.socket, Path
 
 async def run(options: Options, listening: socket.socket, bound_path: Path | None) -> None:
     loop = asyncio.get_running_loop()
-    engine = Engine(options.settings, options.store, options.overrides, loop)
+    engine = Engine(options.settings, options.store, options.overrides, loop, options.origin)
     connections = ShimConnections(engine)
     listener = Listener(listening, connections)
     listener.start()

@@ -30,6 +30,7 @@ from .scheduler import Scheduler
 from .settings import Settings, SettingsError, SettingsNotSaved
 from .settings_changes import SettingsChanges, describe_settings
 from .settings_files import SettingsStore
+from .settings_sources import SettingsOrigin, ValueSource, value_sources
 from .snapshot import AgentSnapshot
 from .statistics import GpuStatistics
 from .timers import KEEPALIVE_S, ChangeNotifier, CoreTimer, Keepalives
@@ -54,6 +55,7 @@ class Engine:
         store: SettingsStore,
         overrides: dict | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        origin: SettingsOrigin | None = None,
     ):
         self.loop = loop or asyncio.get_running_loop()
         self.core = Scheduler(settings, max_gpus_per_client=protocol.MAX_GPUS, format_gpu=gpu_name)
@@ -68,6 +70,8 @@ class Engine:
             self.links, self.keepalives, lambda: self.core.settings, self._look_up_identity
         )
         self._settings_changes = SettingsChanges(store, overrides, self.loop)
+        # What the config gave at start: each value's source, and what a reset goes back to.
+        self.settings_origin = origin or SettingsOrigin()
 
     # ------------------------------------------------------------ from the socket adapter
 
@@ -223,11 +227,25 @@ class Engine:
         keep the other's."""
         async with self._settings_changes.one_at_a_time:
             new = await self._settings_changes.save(self.settings, derive(self.settings))
-            if new != self.settings:
-                self.execute(self.core.change_settings(new, self.loop.time()))
-                log.info("settings %s", describe_settings(new))
-            self.batch_done()
-            return new
+            return self._apply(new)
+
+    async def reset_setting(self, kind: str, entry: str | None, name: str) -> Settings:
+        """Take one run-time change back (settings_sources.pin_address names it): the
+        config's value applies again.  Raises SettingsNotSaved, as change_settings."""
+        async with self._settings_changes.one_at_a_time:
+            config = self.settings_origin.settings
+            return self._apply(await self._settings_changes.reset(config, kind, entry, name))
+
+    def _apply(self, new: Settings) -> Settings:
+        if new != self.settings:
+            self.execute(self.core.change_settings(new, self.loop.time()))
+            log.info("settings %s", describe_settings(new))
+        self.batch_done()
+        return new
+
+    def value_sources(self) -> list[ValueSource]:
+        """Each value that runs, and where it comes from (settings_sources.py)."""
+        return value_sources(self.settings_origin, self._settings_changes.overrides, self.settings)
 
     def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
         """callback() runs in the loop after changes, at most every CHANGE_COALESCE_S

@@ -33,8 +33,10 @@ MILLIS_RANGE = (0, 86_400_000)
 # A minimum slice or a light wait of more than ten seconds is no longer light work's.
 MIN_SLICE_RANGE_MS = (0, 10_000)
 LIGHT_WAIT_RANGE_MS = (0, 10_000)
-# Bytes fit in u64 (D-Bus 't'); a limit of a few MiB would only ever mean "never fits".
-MEMORY_LIMIT_RANGE = (0, 2**64 - 1)
+# A memory limit or cap: 0 (none), else bytes in this range.  Below a MiB it is a
+# number whose unit was left out (40 for 40G) and would mean "nothing ever fits";
+# above 16 TiB it is a typo too (no GPU comes near), and it keeps D-Bus's u64 far.
+MEMORY_SIZE_RANGE = (1 << 20, 16 << 40)
 _SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 # A node has a handful of GPUs; the bounds only keep a D-Bus write or a state file
 # from making the agent hold (and every status read list) thousands of entries.
@@ -78,6 +80,10 @@ class ShareBy(str, enum.Enum):
 
 class SettingsError(ValueError):
     """A setting out of range or a config file we cannot read; str() is one human sentence."""
+
+
+class NoSuchUser(SettingsError):
+    """A share group names a user this node does not have (yet)."""
 
 
 class SettingsNotSaved(Exception):
@@ -211,9 +217,7 @@ def check_setting(name: str, value: object) -> None:
         if not isinstance(value, AntiThrash):
             raise SettingsError(f"anti-thrash must be on, off or auto, got {value!r}")
     elif name == "memory_limit_bytes":
-        lo, hi = MEMORY_LIMIT_RANGE
-        if not _whole_in(value, MEMORY_LIMIT_RANGE):
-            raise SettingsError(f"memory_limit must be {lo}..{hi} bytes, got {value!r}")
+        _check_memory_size("memory_limit", "no limit", value)
     elif name == "share_by":
         if not isinstance(value, ShareBy):
             raise SettingsError(f"share_by must be user, unit or process, got {value!r}")
@@ -222,13 +226,21 @@ def check_setting(name: str, value: object) -> None:
         if not _whole_in(value, SHARE_WEIGHT_RANGE):
             raise SettingsError(f"a share's weight must be {lo}..{hi}, got {value!r}")
     elif name == "memory_cap_bytes":
-        lo, hi = MEMORY_LIMIT_RANGE
-        if not _whole_in(value, MEMORY_LIMIT_RANGE):
-            raise SettingsError(f"a share's memory cap must be {lo}..{hi} bytes, got {value!r}")
+        _check_memory_size("a share's memory_cap", "no cap", value)
     else:
         lo, hi = _MILLIS_FIELDS[name]
         if not _whole_in(value, _MILLIS_FIELDS[name]):
             raise SettingsError(f"{name} must be {lo}..{hi} milliseconds, got {value!r}")
+
+
+def _check_memory_size(setting: str, zero: str, value: object) -> None:
+    if (type(value) is int and value == 0) or _whole_in(value, MEMORY_SIZE_RANGE):
+        return
+    hint = ""
+    if type(value) is int and 0 < value < MEMORY_SIZE_RANGE[0]:
+        hint = ": a size without a unit is bytes (write 40G for 40 GiB)"
+    got = f"{value} bytes" if type(value) is int else repr(value)
+    raise SettingsError(f"{setting} must be 0 ({zero}) or 1M..16T (1 MiB..16 TiB), got {got}{hint}")
 
 
 def _check_gpu_overrides(entries: object) -> None:
@@ -312,7 +324,7 @@ def parse_share_group(text: object, uid_of: Callable[[str], int | None] | None =
         if _USER_NAME.fullmatch(name):
             uid = uid_of(name) if uid_of is not None else None
             if uid is None:
-                raise SettingsError(f"share group {stripped}: no user named {name!r} on this node")
+                raise NoSuchUser(f"share group {stripped}: no user named {name!r} on this node")
             return f"user:{uid}"
     elif kind == "unit" and _UNIT_NAME.fullmatch(name):
         return f"unit:{name}"

@@ -9,7 +9,8 @@ from typing import Any
 
 from .eventlog import events as log
 from .settings import AntiThrash, Settings, SettingsNotSaved, gpu_override_entries
-from .settings_files import SettingsStore, overrides_after
+from .settings_files import SettingsStore, overrides_after, settings_over
+from .settings_store import without_pin
 
 
 class SettingsChanges:
@@ -38,7 +39,24 @@ class SettingsChanges:
         # reported as done, would silently undo itself later.  Persist even an
         # unchanged node-wide value: the admin chose it explicitly.  fsync can
         # take seconds on a busy disk: not on the event loop.
-        overrides = overrides_after(self._overrides, current, new, changes)
+        await self._save(overrides_after(self._overrides, current, new, changes))
+        return new
+
+    async def reset(self, config: Settings, kind: str, entry: str | None, name: str) -> Settings:
+        """The settings once one run-time change is taken back (settings_store.without_pin):
+        the config's value there again, saved.  Raises SettingsNotSaved, as save()."""
+        new, overrides, _ = settings_over(
+            config, without_pin(self._overrides, kind, entry, name), self._store.path
+        )
+        await self._save(overrides)
+        return new
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The run-time changes, as saved (settings_store.py's pins)."""
+        return self._overrides
+
+    async def _save(self, overrides: dict[str, Any]) -> None:
         try:
             await self._loop.run_in_executor(None, self._store.save_overrides, overrides)
         except OSError as e:
@@ -49,7 +67,6 @@ class SettingsChanges:
             log.error("%s", reason)
             raise SettingsNotSaved(reason) from None
         self._overrides = overrides
-        return new
 
 
 def describe_settings(s: Settings) -> str:

@@ -272,8 +272,8 @@ def test_saved_gpu_settings_that_are_not_an_object_are_one_warning(tmp_path):
 @pytest.mark.parametrize(
     "text, size",
     [
-        ("4096", 4096),
-        ("512K", 512 << 10),
+        ("1048576", 1 << 20),
+        ("1024K", 1 << 20),
         ("1600M", 1600 << 20),
         ("40G", 40 << 30),
         ("40GiB", 40 << 30),

@@ -33,7 +33,6 @@ def test_share_sections_give_weights_and_caps_and_share_by():
         ("[share:user:0]\nmemory_cap = lots\n", "line 2: [share:user:0] memory_cap: a size is"),
         ("[share:user:0]\ncolour = red\n", "line 2: unknown key 'colour' in [share:user:0]"),
         ("[share:process:42]\nweight = 2\n", "line 1: [share:process:42]: a share group is"),
-        ("[share:user:nobody-by-that-name]\n", "no user named 'nobody-by-that-name'"),
     ],
 )
 def test_a_bad_share_line_is_one_line_naming_it(text, message):
