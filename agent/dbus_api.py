@@ -49,9 +49,17 @@ from .dbus_contract import (
     ContractMismatch,
     DBusFailure,
 )
-from .dbus_properties import SETTINGS, check_properties, gpu_to_dbus, property_values
+from .dbus_properties import (
+    SETTINGS,
+    check_properties,
+    gpu_to_dbus,
+    property_values,
+    value_sources_to_dbus,
+)
 from .engine import Engine
+from .identity import uid_of
 from .settings import SettingsNotSaved
+from .settings_sources import pin_address
 from .text import excerpt
 
 log = logging.getLogger(__name__)
@@ -287,10 +295,53 @@ class DBusApi:
             f"no GPU with UUID {excerpt(uuid)} on this node (known: {known})",
         )
 
+    def _get_settings(self, msg: Message) -> Message:
+        rows = value_sources_to_dbus(self._engine.value_sources())
+        return Message.new_method_return(msg, "aa{sv}", [rows])
+
+    def _start_reset(self, msg: Message) -> None:
+        task = asyncio.ensure_future(self._reset(msg))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _reset(self, msg: Message) -> None:
+        """ResetSetting: who calls, may they, which setting (a user's name is looked up
+        off the loop), then the engine takes the run-time change back."""
+        section, key = msg.body
+        try:
+            uid = await self._caller_uid(msg.sender)
+            if not await self.caller_may_change(uid):
+                raise DBusFailure(
+                    names.ERROR_ACCESS_DENIED,
+                    f"changing nvshare settings needs root or group {names.ADMIN_GROUP} "
+                    f"(caller uid {uid})",
+                )
+            loop = asyncio.get_running_loop()
+            try:
+                where = await loop.run_in_executor(None, pin_address, section, key, uid_of)
+                await self._engine.reset_setting(*where)
+            except SettingsNotSaved as error:
+                raise DBusFailure(names.ERROR_SAVE_FAILED, str(error)) from None
+            except ValueError as error:  # SettingsError: str() is the human sentence
+                raise DBusFailure(names.ERROR_INVALID_ARGUMENT, str(error)) from None
+            reply = Message.new_method_return(msg)
+            log.info("dbus reset [%s] %s uid=%d", excerpt(section), excerpt(key), uid)
+        except DBusFailure as failure:
+            reply = Message.new_error(msg, failure.name, failure.text)
+        except Exception as error:
+            if not self._bus.connected:
+                return  # stopping: nothing changed, the bus tells the caller NoReply
+            log.exception("dbus reset failed")
+            reply = Message.new_error(msg, names.ERROR_FAILED, f"internal error: {error}")
+        if self._bus.connected:
+            self._bus.send(reply)
+
     # The interface's own methods, one row each (and its line in the XML;
     # check_contract refuses to serve when the two disagree).
     METHODS: ClassVar[dict[str, Callable[[DBusApi, Message], Message | None]]] = {
         names.METHOD_GET_GPU: _get_gpu,
+        names.METHOD_GET_SETTINGS: _get_settings,
+        names.METHOD_RESET_SETTING: _start_reset,
     }
 
     def _introspect(self, msg: Message) -> Message:

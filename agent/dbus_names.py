@@ -27,7 +27,10 @@ PROP_GPU_DETAILS = "GpuDetails"  # a{sa{sv}}, read-only: uuid -> GPU_DETAIL_FIEL
 PROP_CLIENT_DETAILS = "ClientDetails"  # a{ua{sv}}, read-only: pid -> CLIENT_DETAIL_FIELDS
 PROP_STATISTICS = "Statistics"  # a{sa{sv}}, read-only, no signal: uuid -> STATISTICS_FIELDS
 PROP_CONFIG_PROBLEM = "ConfigProblem"  # s, read-only: why the config file is not used; "" fine
+PROP_CONFIG_WARNINGS = "ConfigWarnings"  # as, read-only: config sections not applied
 METHOD_GET_GPU = "GetGpu"  # (s uuid) -> GPU_SIGNATURE
+METHOD_GET_SETTINGS = "GetSettings"  # () -> aa{sv}: SETTING_SOURCE_FIELDS, each value's source
+METHOD_RESET_SETTING = "ResetSetting"  # (s section, s key): back to the config file's value
 
 # The interface itself, member by member, is agent/io.github.nvshare.Scheduler1.xml.
 # The structs, field by field: D-Bus type and the name that the agent's
@@ -64,6 +67,28 @@ GPU_SETTINGS_FIELDS = (
     ("memory_limit_bytes", "t"),
     ("light_wait_ms", "u"),
 )
+# GetSettings' keys per value ("value" and "file_value" are of the setting's type:
+# SETTING_TYPES, by the config file's key).
+SETTING_SOURCE_FIELDS = (
+    ("section", "s"),
+    ("key", "s"),
+    ("value", "v"),
+    ("source", "s"),
+    ("file_value", "v"),
+    ("reset", "s"),
+)
+SETTING_TYPES = {
+    "time_quantum": "u",
+    "anti_thrash": "s",
+    "idle_release_ms": "u",
+    "drop_grace_ms": "u",
+    "light_wait_ms": "u",
+    "min_slice_ms": "u",
+    "memory_limit": "t",
+    "share_by": "s",
+    "weight": "u",
+    "memory_cap": "t",
+}
 CLIENT_DETAIL_FIELDS = (("user", "s"), ("unit", "s"), ("container", "s"))
 STATISTICS_FIELDS = (
     ("grants", "t"),

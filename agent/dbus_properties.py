@@ -12,6 +12,7 @@ the same values with the same sentence.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from .settings import (
     Settings,
     parse_anti_thrash,
 )
+from .settings_sources import ValueSource
 from .snapshot import AgentSnapshot
 from .text import excerpt
 
@@ -100,6 +102,25 @@ def gpu_settings_to_dbus(settings: Settings) -> dict:
         }
         for gpu_id, own in settings.gpu_overrides
     }
+
+
+def value_sources_to_dbus(rows: list[ValueSource]) -> list[dict]:
+    """GetSettings' answer: each value, its source, the file's value, the way back."""
+    answer = []
+    for row in rows:
+        dbus_type = names.SETTING_TYPES[row.key]
+        entry = {
+            "section": Variant("s", row.section),
+            "key": Variant("s", row.key),
+            "source": Variant("s", row.source.value),
+            "reset": Variant("s", row.reset_command()),
+        }
+        for key, value in (("value", row.value), ("file_value", row.file_value)):
+            if value is not None:
+                plain = value.value if isinstance(value, enum.Enum) else value
+                entry[key] = Variant(dbus_type, _in_range(plain, dbus_type))
+        answer.append(entry)
+    return answer
 
 
 def statistics_to_dbus(engine: Engine) -> dict:
@@ -283,6 +304,7 @@ PROPERTIES = (
     Property(names.PROP_CLIENT_DETAILS, lambda now: client_details_to_dbus(now.snapshot)),
     Property(names.PROP_STATISTICS, lambda now: statistics_to_dbus(now.engine)),
     Property(names.PROP_CONFIG_PROBLEM, lambda now: now.config_problem),
+    Property(names.PROP_CONFIG_WARNINGS, lambda now: list(now.engine.settings_origin.warnings)),
 )
 SETTINGS = {row.name: row.setting for row in PROPERTIES if row.setting is not None}
 

@@ -65,7 +65,9 @@ def test_an_override_is_checked_like_the_node_wide_setting_and_names_the_gpu():
     with pytest.raises(SettingsError) as error:
         Settings().with_gpu_overrides([("1", GpuOverrides(time_quantum_s=0))])
     assert str(error.value) == "GPU 1: time quantum must be 1..86400 seconds, got 0"
-    with pytest.raises(SettingsError, match=f"^GPU {UUID}: memory_limit must be 0.."):
+    with pytest.raises(
+        SettingsError, match=f"^GPU {UUID}: memory_limit must be 0 \\(no limit\\) or 1M..16T"
+    ):
         Settings().with_gpu_overrides([(UUID, GpuOverrides(memory_limit_bytes=-1))])
 
 

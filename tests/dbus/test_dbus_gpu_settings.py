@@ -122,7 +122,7 @@ BAD_MAPS = [
     # One good entry beside a bad one: the whole write is refused.
     (
         (2, U1, 1, "time_quantum_s", "u", 5, "2", 1, "memory_limit_bytes", "i", -1),
-        "GPU 2: memory_limit must be 0..",
+        "GPU 2: memory_limit must be 0 (no limit) or 1M..16T (1 MiB..16 TiB), got -1 bytes",
     ),
 ]
 

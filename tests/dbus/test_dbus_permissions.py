@@ -160,6 +160,7 @@ def test_every_method_introspection_offers_but_set_is_open_to_everyone(agent, bu
     ]
     assert refused == [
         ("org.freedesktop.DBus.Properties", "Set"),
+        (names.INTERFACE, names.METHOD_RESET_SETTING),  # GetSettings is open to all
         ("io.github.nvshare.Shares1", "SetShare"),  # agent/dbus_shares.py
         ("io.github.nvshare.Shares1", "ResetShare"),
     ]
