@@ -22,6 +22,7 @@ from nvshare_agent.version import version
 
 from . import render
 from .client import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CliError, connect
+from .text_fit import terminal_width
 
 app = typer.Typer(
     help="Watch and change the nvshare GPU-sharing agent (over D-Bus).",
@@ -111,11 +112,14 @@ async def _status(options: Options, print_status: bool = True) -> dict:
             status.update(render.shares_as_dict(await client.shares()))
         except CliError:
             pass  # an agent from before share groups: no Shares1
+        sources = await client.settings_sources()  # None from an agent before GetSettings
+        if sources is not None:
+            status["settings"] = sources
     if print_status:
         if options.json_output:
             _print_json(status)
         else:
-            typer.echo(render.status_text(status))
+            typer.echo(render.status_text(status, terminal_width()))
     return status
 
 
@@ -165,7 +169,7 @@ async def _change_gpu(options: Options, gpu: str, values: dict, take_away=()) ->
     if options.json_output:
         typer.echo(json.dumps({"gpu": gpu_id, "settings": status["gpu_settings"].get(gpu_id, {})}))
     else:
-        typer.echo(render.gpu_change_text(gpu_id, status))
+        typer.echo(render.gpu_change_text(gpu_id, status, terminal_width()))
 
 
 async def _memory_limit(options: Options, text: str, gpu: Optional[str]) -> None:
@@ -253,7 +257,8 @@ def clients(
     if options.json_output:
         _print_json(status_now["clients"])
     else:
-        typer.echo(render.clients_text(status_now["clients"], status_now["gpus"]))
+        width = terminal_width()
+        typer.echo(render.clients_text(status_now["clients"], status_now["gpus"], width))
 
 
 # ignore_unknown_options: so `set-tq -5` reaches the range check as a number
@@ -335,6 +340,56 @@ def reset_command(
     _run(_change_gpu(_options(ctx, json_output, bus), gpu, {}, take_away=keys))
 
 
+@app.command("reset-setting")
+def reset_setting_command(
+    ctx: typer.Context,
+    name: str = typer.Argument(
+        ...,
+        metavar="NAME",
+        help="as the config file names it: time_quantum, anti_thrash, memory_limit, "
+        "light_wait_ms, share_by, ... (with --share: weight, memory_cap)",
+    ),
+    gpu: Optional[str] = typer.Option(
+        None, "--gpu", metavar="ID", show_default=False, help="That GPU's own setting ([gpu:ID])."
+    ),
+    share: Optional[str] = typer.Option(
+        None,
+        "--share",
+        metavar="GROUP",
+        show_default=False,
+        help="That share group's setting ([share:GROUP]): user:NAME, unit:NAME.service, pod:UID.",
+    ),
+    json_output: Optional[bool] = JSON_OPTION,
+    bus: Optional[str] = BUS_OPTION,
+):
+    """Take back a change made at run time: the config file's value (else the default)
+    applies again, also after a restart.  status shows where each value comes from."""
+    if gpu is not None and share is not None:
+        typer.echo("nvsharectl: reset-setting takes --gpu or --share, not both", err=True)
+        raise typer.Exit(EXIT_USAGE)
+    _run(_reset_setting(_options(ctx, json_output, bus), name, gpu, share))
+
+
+async def _reset_setting(options: Options, key: str, gpu, share) -> None:
+    section = "scheduler"
+    if gpu is not None:
+        section = f"gpu:{_gpu_id(gpu)}"
+    elif share is not None:
+        section = f"share:{share.strip()}"
+    async with connect(options.bus) as client:
+        await client.reset_setting(section, key)
+        rows = await client.settings_sources() or []
+    wanted = key.strip().lower().replace("-", "_")
+    # A group named user:NAME reads back as user:UID: the last row of that key is it.
+    now = [row for row in rows if row["key"] == wanted and row["section"] == section]
+    if options.json_output:
+        _print_json(now[0] if now else {"section": section, "key": wanted})
+    elif now:
+        typer.echo(render.source_line(now[0]))
+    else:  # a GPU's or a group's value that the file does not set: it has none of its own
+        typer.echo(f"[{section}] {wanted}: none of its own")
+
+
 share_app = typer.Typer(
     help="Share groups: fair GPU time and memory caps per user, unit or pod "
     "(docs/scheduling.md, Shares)."
@@ -361,7 +416,7 @@ async def _shares(options: Options, change=None) -> None:
     typer.echo(
         json.dumps(shares, indent=2, sort_keys=True)
         if options.json_output
-        else render.shares_text(shares)
+        else render.shares_text(shares, terminal_width())
     )
 
 

@@ -10,6 +10,7 @@ from dbus_next.aio import MessageBus
 from nvshare_agent import dbus_names as names
 from nvshare_agent.bus_address import EXAMPLE, bus_address_problem, system_bus_problem
 from nvshare_agent.dbus_connection import connect_bus, plain
+from nvshare_agent.settings import SettingsError, check_setting
 from nvshare_agent.text import excerpt
 
 from . import unit_state
@@ -76,24 +77,26 @@ def _maybe_not_started(reply: Message) -> bool:
     )
 
 
-def _u64(num_bytes: int) -> int:
-    if not 0 <= num_bytes < 2**64:
-        raise CliError(
-            f"invalid value: memory_limit must be 0..{2**64 - 1} bytes, got {num_bytes}", EXIT_USAGE
-        )
+def _u64(num_bytes: int, setting: str = "memory_limit") -> int:
+    # Past u64 the marshaller would fail with a traceback: the agent's range
+    # sentence, said here (settings.py has the bounds).
+    try:
+        check_setting(f"{setting}_bytes", num_bytes)
+    except SettingsError as error:
+        raise CliError(f"invalid value: {error}", EXIT_USAGE) from None
     return num_bytes
 
 
-def _variant(dbus_type: str, value) -> Variant:
-    # A time quantum outside u32 goes as int64, so that the agent, not the
-    # marshaller, answers with its range sentence (as set_time_quantum does).
+def _variant(dbus_type: str, value, setting: str = "") -> Variant:
+    # A number outside u32 goes as int64, so that the agent, not the
+    # marshaller, answers with its range sentence naming the setting.
     if dbus_type == "u" and not 0 <= value <= 0xFFFFFFFF:
         if not -(2**63) <= value < 2**63:
-            raise CliError(
-                f"invalid value: time quantum {value} seconds is out of range", EXIT_USAGE
-            )
+            raise CliError(f"invalid value: {setting} {value} is out of range", EXIT_USAGE)
         return Variant("x", value)
-    return Variant(dbus_type, _u64(value) if dbus_type == "t" else value)
+    if dbus_type == "t":
+        _u64(value, setting.removesuffix("_bytes"))
+    return Variant(dbus_type, value)
 
 
 SHARES_INTERFACE = names.SHARES_INTERFACE  # agent/io.github.nvshare.Shares1.xml
@@ -198,7 +201,7 @@ class AgentClient:
         """Replace GpuSettings with `gpu_settings` (GPU id -> key -> plain value)."""
         types = dict(names.GPU_SETTINGS_FIELDS)
         value = {
-            gpu_id: {key: _variant(types[key], item) for key, item in entry.items()}
+            gpu_id: {key: _variant(types[key], item, key) for key, item in entry.items()}
             for gpu_id, entry in gpu_settings.items()
         }
         await self._set(names.PROP_GPU_SETTINGS, Variant("a{sa{sv}}", value))
@@ -217,7 +220,7 @@ class AgentClient:
 
     async def set_share(self, group: str, fields: dict) -> None:
         types = {"weight": "u", "memory_cap_bytes": "t"}
-        body = [group, {key: _variant(types[key], value) for key, value in fields.items()}]
+        body = [group, {key: _variant(types[key], value, key) for key, value in fields.items()}]
         await self._call(self._message(SHARES_INTERFACE, "SetShare", "sa{sv}", body))
 
     async def reset_share(self, group: str) -> None:
@@ -228,6 +231,20 @@ class AgentClient:
             self._message(
                 _PROPERTIES, "Set", "ssv", [SHARES_INTERFACE, "ShareBy", Variant("s", share_by)]
             )
+        )
+
+    async def settings_sources(self) -> list | None:
+        """GetSettings: each value, where it comes from; None from an agent before it."""
+        try:
+            reply = await self._call(self._message(names.INTERFACE, names.METHOD_GET_SETTINGS))
+        except CliError:
+            return None
+        return plain(reply.body[0])
+
+    async def reset_setting(self, section: str, key: str) -> None:
+        """ResetSetting: the config file's value of one setting applies again."""
+        await self._call(
+            self._message(names.INTERFACE, names.METHOD_RESET_SETTING, "ss", [section, key])
         )
 
     async def gpu(self, uuid: str) -> list:

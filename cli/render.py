@@ -1,9 +1,9 @@
 """nvsharectl's output: the agent's D-Bus values as JSON-ready dicts (keys
-from nvshare_agent.dbus_names) and as human text that fits 80 columns.
-nvshare-metrics builds its Prometheus families from the same dicts."""
+from nvshare_agent.dbus_names) and as human text that fits the terminal's
+width (80 columns when not a terminal: text_fit.py).  nvshare-metrics builds
+its Prometheus families from the same dicts.  Share groups: render_shares.py."""
 
 import math
-import pwd
 import textwrap
 
 from nvshare_agent import dbus_names as names
@@ -13,7 +13,11 @@ from nvshare_agent.statistics import WAIT_BUCKETS_S
 # nvsharectl may be talking to another agent.
 from nvshare_agent.text import printable
 
-WIDTH = 80
+from .render_shares import SHARE_NOTE, groups_table, shares_as_dict, shares_text
+from .text_fit import WIDTH, fit, limit_text, size
+
+# Imported from here by nvsharectl and nvshare-metrics.
+__all__ = ["WIDTH", "limit_text", "shares_as_dict", "shares_text", "size"]
 
 
 def _record(struct, fields) -> dict:
@@ -97,6 +101,8 @@ def status_as_dict(properties: dict) -> dict:
         "memory_limit_bytes": properties.get(names.PROP_MEMORY_LIMIT, 0),
         # "" while the agent runs by its config file (and from agents before it said).
         "config_problem": properties.get(names.PROP_CONFIG_PROBLEM, ""),
+        # What the config file said that the agent does not apply (a section skipped).
+        "config_warnings": properties.get(names.PROP_CONFIG_WARNINGS, []),
         "gpu_settings": gpu_settings,
         "gpus": gpus,
         "clients": clients_as_dicts(
@@ -109,23 +115,6 @@ def on_off(value: bool) -> str:
     return "on" if value else "off"
 
 
-def size(num_bytes: int) -> str:
-    amount = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if amount < 1024 or unit == "GiB":
-            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
-        amount /= 1024
-    raise AssertionError("unreachable")
-
-
-def _fit(line: str) -> str:
-    return line if len(line) <= WIDTH else line[: WIDTH - 1] + "…"
-
-
-def limit_text(num_bytes: int) -> str:
-    return size(num_bytes) if num_bytes else "none"
-
-
 def settings_text(status: dict) -> str:
     """The node-wide settings, one line."""
     return (
@@ -133,6 +122,56 @@ def settings_text(status: dict) -> str:
         f"anti-thrash: {status.get('anti_thrash_mode') or on_off(status['anti_thrash'])}    "
         f"memory limit: {limit_text(status.get('memory_limit_bytes', 0))}"
     )
+
+
+# How each setting's value reads, by the config file's key.
+_VALUE_WORDS = {
+    "time_quantum": lambda v: f"{v} s",
+    "memory_limit": limit_text,
+    "memory_cap": limit_text,
+    **{key: lambda v: f"{v} ms" for key in ("idle_release_ms", "drop_grace_ms")},
+    **{key: lambda v: f"{v} ms" for key in ("light_wait_ms", "min_slice_ms")},
+}
+RESET_HINT = "(nvsharectl reset-setting NAME [--gpu ID | --share GROUP]: back to the file's)"
+
+
+def value_text(key: str, value) -> str:
+    """A setting's value in words; None: a GPU's own taken away, the node's applies."""
+    if value is None:
+        return "the node's"
+    return _VALUE_WORDS.get(key, str)(value)
+
+
+def sources_lines(rows: list | None) -> list:
+    """Where each value comes from (GetSettings): every value not the default, with
+    the file's beside one set at run time, then the way back; [] from an agent that
+    does not say."""
+    if rows is None:
+        return []
+    shown = [row for row in rows if row["source"] != "default"]
+    if not shown:
+        return ["settings: all defaults (no config file, nothing set at run time)"]
+    names = [
+        row["key"] if row["section"] == "scheduler" else f"[{row['section']}] {row['key']}"
+        for row in shown
+    ]
+    values = [value_text(row["key"], row.get("value")) for row in shown]
+    name_width, value_width = max(map(len, names)), max(map(len, values))
+    lines = ["settings: from the file or set at run time; the rest are defaults"]
+    for name, value, row in zip(names, values, shown):
+        source = row["source"]
+        if source == "run time" and "file_value" in row:
+            source += f" (file: {value_text(row['key'], row['file_value'])})"
+        lines.append(f"  {name.ljust(name_width)}  {value.ljust(value_width)}  {source}")
+    if any(row["source"] == "run time" for row in shown):
+        lines.append(f"  {RESET_HINT}")
+    return lines
+
+
+def source_line(row: dict) -> str:
+    """One value (a GetSettings row) and where it comes from, as reset-setting says it."""
+    name = row["key"] if row["section"] == "scheduler" else f"[{row['section']}] {row['key']}"
+    return f"{name} = {value_text(row['key'], row.get('value'))} ({row['source']})"
 
 
 def gpu_settings_text(gpu: dict) -> str:
@@ -168,7 +207,7 @@ def find_gpu(gpu_id: str, gpus: list) -> dict | None:
     return None
 
 
-def gpu_change_text(gpu_id: str, status: dict) -> str:
+def gpu_change_text(gpu_id: str, status: dict, width: int = WIDTH) -> str:
     """After a change of one GPU's settings: what it runs by now, as status shows it;
     for a GPU not on this node (now), what it has of its own."""
     gpu = find_gpu(gpu_id, status["gpus"])
@@ -187,7 +226,7 @@ def gpu_change_text(gpu_id: str, status: dict) -> str:
         }
         listed = ", ".join(words[key](value) for key, value in own.items() if key in words)
         lines = [f"GPU {gpu_id}  (not on this node now)", f"  own:     {listed}"]
-    return "\n".join(_fit(line) for line in lines)
+    return "\n".join(fit(line, width) for line in lines)
 
 
 def gpu_size_text(gpu: dict) -> str:
@@ -238,68 +277,21 @@ def mode_text(gpu: dict) -> str:
     return f"{mode} (auto: memory {verdict}, {size(demand)} of {size(capacity)})"
 
 
-def config_problem_lines(status: dict) -> list:
-    """The agent could not use its config file: said first, whole, over as many
-    lines as it takes (the line at fault must not be cut off), then a blank line."""
+def config_problem_lines(status: dict, width: int = WIDTH) -> list:
+    """The agent could not use its config file, or skipped part of it: said first,
+    whole, over as many lines as it takes (the line at fault must not be cut off),
+    then a blank line."""
     problem = printable(status.get("config_problem") or "")
-    if not problem:
-        return []
-    # Not at hyphens: a reader (and a test) joins the lines with spaces again.
-    lines = textwrap.wrap(
-        f"CONFIG ERROR: {problem}", WIDTH, subsequent_indent="  ", break_on_hyphens=False
-    )
-    return [*lines, ""]
+    said = [f"CONFIG ERROR: {problem}"] if problem else []
+    said += [f"CONFIG WARNING: {printable(w)}" for w in status.get("config_warnings", ())]
+    lines = []
+    for sentence in said:
+        # Not at hyphens: a reader (and a test) joins the lines with spaces again.
+        lines += textwrap.wrap(sentence, width, subsequent_indent="  ", break_on_hyphens=False)
+    return [*lines, ""] if lines else []
 
 
-# ---------------------------------------------------------------- share groups
-
-
-def group_label(group: str) -> str:
-    """A group as status shows it: user:1000 with the user's name where the node has one."""
-    kind, _, name = group.partition(":")
-    if kind == "user" and name.isdigit():
-        try:
-            return f"{group} ({pwd.getpwuid(int(name)).pw_name})"
-        except (KeyError, OverflowError):
-            return group
-    return group
-
-
-def shares_as_dict(properties: dict) -> dict:
-    """Shares1's properties as nvsharectl's --json shows them."""
-    return {
-        "share_by": properties.get("ShareBy", "user"),
-        "shares": properties.get("Shares", {}),
-        "groups": sorted(properties.get("Groups", []), key=lambda g: (g["gpu"], g["group"])),
-    }
-
-
-def group_text(group: dict) -> str:
-    cap = limit_text(group["memory_cap_bytes"])
-    return (
-        f"{group_label(group['group'])}  weight {group['weight']}  cap {cap}  "
-        f"use {group['use']:.2f}  share {group['share'] * 100:.0f} % (last minute)  "
-        f"{group['clients']} client{'s' if group['clients'] != 1 else ''}"
-    )
-
-
-def shares_text(shares: dict) -> str:
-    """nvsharectl share: what a group is, the groups' settings, each GPU's groups."""
-    lines = [f"share by: {shares['share_by']}"]
-    if shares["shares"]:
-        lines.append("settings:")
-        for group, fields in sorted(shares["shares"].items()):
-            weight = fields.get("weight", 1)
-            cap = limit_text(fields.get("memory_cap_bytes", 0))
-            lines.append(f"  {group_label(group)}  weight {weight}  memory cap {cap}")
-    else:
-        lines.append("settings: none (every group weight 1, no cap)")
-    for group in shares["groups"]:
-        lines.append(f"GPU {group['gpu']}  {group_text(group)}")
-    return "\n".join(_fit(line) for line in lines)
-
-
-def status_text(status: dict) -> str:
+def status_text(status: dict, width: int = WIDTH) -> str:
     commands = {client["pid"]: printable(client["command"]) for client in status["clients"]}
 
     def who(pids) -> str:
@@ -308,7 +300,8 @@ def status_text(status: dict) -> str:
             or "-"
         )
 
-    lines = [*config_problem_lines(status), settings_text(status)]
+    lines = [*config_problem_lines(status, width), settings_text(status)]
+    lines += sources_lines(status.get("settings"))
     if not status["gpus"]:
         lines.append("no GPUs")
     labels = gpu_labels(status["gpus"])
@@ -331,9 +324,11 @@ def status_text(status: dict) -> str:
         groups = [g for g in status.get("groups", ()) if g["gpu"] == gpu["uuid"]]
         if groups:
             lines.append(f"  groups:  by {status.get('share_by', 'user')}")
-            lines += [f"    {group_text(g)}" for g in groups]
-    lines += ["", *clients_text(status["clients"], status["gpus"]).split("\n")]
-    return "\n".join(_fit(line) for line in lines)
+            lines += groups_table(groups, width, indent="    ")
+    if status.get("groups"):
+        lines += ["", SHARE_NOTE]
+    lines += ["", *clients_text(status["clients"], status["gpus"], width).split("\n")]
+    return "\n".join(fit(line, width) for line in lines)
 
 
 def who(client: dict) -> str:
@@ -347,7 +342,7 @@ def origin(client: dict) -> str:
     return printable(client.get("container") or "") or unit
 
 
-def clients_text(clients: list, gpus: list) -> str:
+def clients_text(clients: list, gpus: list, width: int = WIDTH) -> str:
     if not clients:
         return "no clients"
     index_of = gpu_labels(gpus)
@@ -375,5 +370,5 @@ def clients_text(clients: list, gpus: list) -> str:
         cells = [
             row[i].rjust(widths[i]) if i in (0, 4, 5) else row[i].ljust(widths[i]) for i in range(6)
         ]
-        lines.append(_fit("  ".join(cells + [row[6]])))
+        lines.append(fit("  ".join(cells + [row[6]]), width))
     return "\n".join(lines)

@@ -110,25 +110,31 @@ def test_groups_on_a_gpu_show_weight_cap_use_and_share_over_d_bus(bus, agent):
     shares_call(bus.address, "SetShare", "sa{sv}", "user:0", "2", "weight", "u", "2",
                 "memory_cap_bytes", "t", str(1 << 30))  # fmt: skip
 
-    async def hold_and_look() -> list:
+    async def hold_and_look() -> tuple:
         client = await AsyncShimClient.connect(agent.socket_path, (GPU0,), command="trainer")
         client.request()
         await client.wait_grant()
         await asyncio.sleep(0.5)  # an older shim: the hold is its use
-        groups = await asyncio.get_running_loop().run_in_executor(
-            None, shares_property, bus.address, "Groups"
-        )
+        loop = asyncio.get_running_loop()
+        groups = await loop.run_in_executor(None, shares_property, bus.address, "Groups")
+        shown = await loop.run_in_executor(None, nvsharectl, bus.address, "share")
         await client.close()
-        return groups
+        return groups, shown.stdout
 
-    groups = asyncio.run(hold_and_look())
+    groups, shown = asyncio.run(hold_and_look())
     assert len(groups) == 1, groups
     group = {key: item["data"] for key, item in groups[0].items()}
     assert group["group"] == "user:0" and group["weight"] == 2
     assert group["memory_cap_bytes"] == 1 << 30 and group["clients"] == 1
     assert 0 < group["use"] < 0.2 and group["share"] > 0.5
-    shown = nvsharectl(bus.address, "share").stdout
-    assert "user:0 (root)  weight 2  memory cap 1.0 GiB" in shown
+    assert "  weight 2  memory cap 1.0 GiB  user:0 (root)\n" in shown
+    # The GPU's groups as a table: the figures whole, the group last; the one group
+    # had all the GPU time the groups used, whatever the agent's minute figure says.
+    table = shown[shown.index("  WEIGHT") :].splitlines()
+    assert table[0].split() == ["WEIGHT", "CAP", "USE", "SHARE", "CLIENTS", "GROUP"]
+    assert table[1].split()[:3] == ["2", "1.0", "GiB"] and " 100 %  " in table[1]
+    assert table[1].endswith("  1  user:0 (root)"), shown
+    assert "SHARE: of the GPU time the groups used here over the last minute" in shown
 
 
 def test_bad_nvsharectl_share_arguments_are_one_line_and_exit_2(bus, agent):
