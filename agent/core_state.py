@@ -31,11 +31,16 @@ class Lease:
     # auto: when its turn began: the grant, or the end of the last quantum while its
     # share group was owed another (share_groups.turn_goes_on).
     turn_since: float = 0.0
+    turn: bool = True  # auto: granted as a turn (bulk work), not as work in bursts
 
 
 @dataclass(slots=True)
 class Waiter:
     requested_at: float
+    # Why it waits now (policy.WaitCause's value; "" until the rules have looked), and
+    # since when: its wait is counted by cause (ClientState.waited_s).
+    cause: str = ""
+    cause_since: float = 0.0
 
 
 @dataclass(slots=True)
@@ -81,5 +86,7 @@ class ClientState:
     # once idle when asked to yield), not cut off busy (a drop, a revoke): it works in
     # bursts, and may cut in (policy.py).  A newcomer is taken to.
     gave_back_idle: dict[bytes, bool] = field(default_factory=dict)
+    # Seconds waited, per (GPU, cause): status and the metrics show why it waited.
+    waited_s: dict[tuple[bytes, str], float] = field(default_factory=dict)
     # share_by=unit: "pod:<uid>" or "unit:<name>" once the agent knows (share_groups.py).
     share_unit: str = ""

@@ -62,7 +62,8 @@ from .core_state import EXCLUSIVE, FEATURE_YIELD, SHARED, ClientState, GpuState,
 from .deadlines import Deadlines, Key
 from .gpu_settings import GpuSettingsBook, ModeSwitch
 from .learned_gpus import MAX_LEARNED_GPUS, MAX_LEARNED_GPUS_PER_UID, LearnedGpus
-from .policy import CHECK_S, YIELD_IDLE_MS, DropReason, Policy
+from .leases import YIELD_IDLE_MS, DropReason
+from .policy import CHECK_S, Policy
 from .settings import NO_OVERRIDES, AntiThrash, Settings
 from .share_groups import ShareGroups, unit_group
 from .snapshot import AgentSnapshot, take_snapshot
@@ -232,7 +233,7 @@ class Scheduler:
             self._update(gpu, now, actions)
             return actions
         if gpu and lease == 0 and client in gpu.waiters:
-            del gpu.waiters[client]
+            self.policy.note_wait(gpu, client, gpu.waiters.pop(client), "", now)
             self.policy.meter(state, uuid).thaw(now)  # no longer waiting: its use decays again
             actions = [Withdrawn(client, state.pid, uuid)]
             self._update(gpu, now, actions)  # the best waiter may have changed
@@ -445,7 +446,7 @@ class Scheduler:
         holders = gpu.holders
         if len(holders) == 1 and next(iter(holders.values())).mode == EXCLUSIVE:
             return
-        self.policy.ask_each_to_drop(gpu, now, actions, DropReason.ANTI_THRASH_ON)
+        self.policy.leases.ask_each_to_drop(gpu, now, actions, DropReason.ANTI_THRASH_ON)
 
     # ------------------------------------------------------------ each GPU's settings
 
@@ -466,7 +467,7 @@ class Scheduler:
         elif settled.switch is ModeSwitch.OFF_TO_AUTO:
             # Leases of "off" are shared and never given back when idle: have
             # them asked again, so they get leases of auto's kind.
-            self.policy.ask_each_to_drop(gpu, now, actions, DropReason.ANTI_THRASH_AUTO)
+            self.policy.leases.ask_each_to_drop(gpu, now, actions, DropReason.ANTI_THRASH_AUTO)
         if settled.refit:
             self._refit(gpu, now, actions, "settings", always_log=True)
 

@@ -34,6 +34,9 @@ class ClientGpuSnapshot:
     allocated_bytes: int
     holding_seconds: float
     recent_use: float = 0.0  # share of the last ~10 s it held the GPU busy (usage.py)
+    gpu_seconds: float = 0.0  # its GPU time there since it came (the shim's measure)
+    wait_cause: str = ""  # waiting: why now (policy.WaitCause's value)
+    waited_s: tuple[tuple[str, float], ...] = ()  # seconds waited there, by cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,11 @@ def take_snapshot(
                 status = "waiting" if client in gpu.waiters else "idle"
                 holding = 0.0
             allocated = state.managed.get(uuid, 0) + state.unmanaged.get(uuid, 0)
+            waiter = gpu.waiters.get(client)
+            waited = {cause: s for (g, cause), s in state.waited_s.items() if g == uuid}
+            if waiter is not None and waiter.cause:  # the wait under way, up to now
+                waited[waiter.cause] = waited.get(waiter.cause, 0.0) + now - waiter.cause_since
+            meter = state.usage.get(uuid)
             per_gpu.append(
                 ClientGpuSnapshot(
                     format_gpu(uuid),
@@ -124,6 +132,9 @@ def take_snapshot(
                     allocated,
                     holding,
                     recent_use=round(recent_use(client, uuid, now), 3),
+                    gpu_seconds=0.0 if meter is None else round(meter.total_s(now), 6),
+                    wait_cause="" if waiter is None else waiter.cause,
+                    waited_s=tuple(sorted((c, round(s, 6)) for c, s in waited.items())),
                 )
             )
         client_records.append(

@@ -34,6 +34,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .core_state import ClientState
 
 USAGE_WINDOW_S = 10.0
 # The least age a newcomer's figure is read over (see above): one busy second makes
@@ -113,3 +117,12 @@ class UsageMeter:
         at_end = self._unweighted_at(busy_until)
         self.value = at_end * math.exp(-(now - busy_until) / USAGE_WINDOW_S)
         self.stamp, self.busy = now, False
+
+
+def meter_of(state: ClientState, uuid: bytes) -> UsageMeter:
+    """A client's meter on a GPU, made at its first use: a measuring shim's totals
+    count from its HELLO."""
+    meter = state.usage.get(uuid)
+    if meter is None:
+        meter = state.usage[uuid] = UsageMeter(stamp=state.connected_at, since=state.connected_at)
+    return meter

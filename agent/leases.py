@@ -1,0 +1,220 @@
+"""Acting on leases, per GPU: grants, asks to drop or to yield, revokes, and who a grant
+displaces.  The policy (policy.py) decides; this carries its decisions into the core's
+state and the actions the engine carries out.  Pure, like the rest of the core."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from .actions import Action, AskToDrop, Grant, Revoke
+from .core_state import (
+    EXCLUSIVE,
+    FEATURE_USAGE,
+    FEATURE_YIELD,
+    ClientState,
+    GpuState,
+    Lease,
+    Waiter,
+)
+from .deadlines import Moments
+from .settings import AntiThrash
+from .usage import meter_of
+
+# A holder that does not keep the GPU busy, while a waiter that does not fit beside it
+# waits, releases once idle this long: at its next gap, not at its quantum's end.
+YIELD_IDLE_MS = 10
+# A client that held another GPU this long before asking for one works across GPUs: it
+# leaves each idle while it works on another, which is no sign it is done.
+ACROSS_GPUS_SLACK_S = 1.0
+
+
+class Role(enum.Enum):
+    """Why a lease was granted (the log says it)."""
+
+    TURN = "turn"  # bulk work: it keeps the GPU busy, or was cut off busy last time
+    BESIDE = "beside"  # work in bursts
+
+
+class DropReason(enum.Enum):
+    QUANTUM_OVER = "quantum over"  # a waiter that conflicts with it waits, its turn is over
+    WAITED_QUANTUM = "waiter starves"  # a waiter that conflicts with it has waited TQ
+    OWED_WAITS = "owed work waits"  # a waiter owed more GPU time cuts in
+    BOTH_SATURATE = "both keep it busy"  # two saturating clients: turns
+    MEMORY_DOES_NOT_FIT = "memory does not fit"  # a report grew
+    OTHERS_WAIT = "others wait"  # a yield: release once idle
+    ANTI_THRASH_ON = "anti-thrash on"
+    ANTI_THRASH_AUTO = "anti-thrash auto"
+
+
+class Leases:
+    """The lease actions over the scheduler's state; usage, fits and note_wait are the
+    policy's (what the log shows, who a turn displaces, a wait's end)."""
+
+    def __init__(
+        self,
+        clients: dict[int, ClientState],
+        gpus: dict[bytes, GpuState],
+        usage: Callable[[int, bytes, float], float],
+        fits: Callable[[GpuState, list[int], bool], bool],
+        note_wait: Callable[[GpuState, int, Waiter, str, float], None],
+    ):
+        self.clients = clients
+        self.gpus = gpus
+        self._usage = usage
+        self._fits = fits
+        self._note_wait = note_wait
+        self.last_lease = 0
+
+    def revoke_overdue(self, gpu: GpuState, at: Moments, actions: list[Action]) -> None:
+        # A revoke only makes room for a waiter: with none left it would cut a holder off
+        # for nothing.  The drop request stays pending, so a new waiter does not wait
+        # another grace for an overdue holder.
+        if not (gpu.holders and gpu.waiters):
+            return
+        grace = gpu.settings.drop_grace_ms / 1000.0
+        for client, held in list(gpu.holders.items()):
+            if held.drop_requested_at is not None and at.reached(held.drop_requested_at + grace):
+                del gpu.holders[client]
+                state = self.clients[client]
+                meter_of(state, gpu.uuid).stop(at.now)
+                state.gave_back_idle[gpu.uuid] = False
+                actions.append(
+                    Revoke(client, state.pid, gpu.uuid, held.number, at.now - held.granted_at)
+                )
+
+    def grant(
+        self,
+        gpu: GpuState,
+        client: int,
+        now: float,
+        mode: str,
+        role: Role,
+        actions: list[Action],
+    ) -> None:
+        waiter: Waiter = gpu.waiters.pop(client)
+        self._note_wait(gpu, client, waiter, "", now)
+        self.last_lease += 1
+        auto = gpu.settings.anti_thrash is AntiThrash.AUTO
+        displaced = client in gpu.displaced
+        gpu.displaced.discard(client)
+        if role is Role.TURN:
+            self._displace_by(gpu, client)
+        gpu.holders[client] = Lease(
+            self.last_lease,
+            mode,
+            now,
+            release_when_idle=auto,
+            across_gpus=self._held_elsewhere_since(
+                client, gpu, waiter.requested_at - ACROSS_GPUS_SLACK_S
+            ),
+            turn_since=now,
+            turn=role is Role.TURN,
+        )
+        state = self.clients[client]
+        meter = meter_of(state, gpu.uuid)
+        meter.thaw(now)
+        if not state.features & FEATURE_USAGE:
+            meter.start(now)  # an older shim: the hold stands for use
+        actions.append(
+            Grant(
+                client,
+                state.pid,
+                gpu.uuid,
+                self.last_lease,
+                mode == EXCLUSIVE,
+                now - waiter.requested_at,
+                auto,
+                role.value if auto else "",
+                use=self._usage(client, gpu.uuid, now) if auto else -1.0,
+                # Not everyone fits: work owed more may cut this lease short, and a queue
+                # bounded by the longest kernel drains fast (shim/queue_bound.c).
+                short_queue=auto and not gpu.fits,
+                displaced=displaced,
+            )
+        )
+
+    def _displace_by(self, gpu: GpuState, client: int) -> None:
+        """A turn: whoever does not fit beside `client` may find its pages on the host
+        when it comes back; its next grant says so, and its shim prefetches them.  Work
+        in bursts is left out: a prefetch of a trainer's resident gigabytes after each
+        would cost more than the faults (docs/benchmarks.md)."""
+        if gpu.fits:
+            return  # everyone's memory fits at once
+        for other in gpu.users:
+            if (
+                other != client
+                and gpu.uuid in self.clients[other].active
+                and not self._fits(gpu, [client, other], True)  # keeping: they ran
+            ):
+                gpu.displaced.add(other)
+
+    def _held_elsewhere_since(self, client: int, gpu: GpuState, since: float) -> bool:
+        """A process working across GPUs (a pipeline): it held another GPU at some time
+        from `since` on.  It is never asked to yield here."""
+        state = self.clients[client]
+        for uuid in state.gpus:
+            if uuid == gpu.uuid:
+                continue
+            meter = state.usage.get(uuid)
+            other = self.gpus.get(uuid)
+            if (meter is not None and (meter.busy or meter.stamp >= since)) or (
+                other is not None and client in other.holders
+            ):
+                return True
+        return False
+
+    def ask_to_drop(
+        self,
+        gpu: GpuState,
+        client: int,
+        held: Lease,
+        now: float,
+        actions: list[Action],
+        reason: DropReason,
+    ) -> None:
+        held.drop_requested_at = now
+        actions.append(self._drop_request(gpu, client, held, now, reason))
+
+    def ask_to_yield(
+        self, gpu: GpuState, client: int, held: Lease, now: float, actions: list[Action]
+    ) -> None:
+        """Release once idle YIELD_IDLE_MS.  Only to shims that know it (an older one
+        would take it for a drop), once a lease, and not to a process working across
+        GPUs: it leaves each idle while it works on another."""
+        state = self.clients[client]
+        if held.yield_asked or not state.features & FEATURE_YIELD:
+            return
+        if held.across_gpus or self._held_elsewhere_since(client, gpu, now):
+            return
+        held.yield_asked = True
+        actions.append(
+            self._drop_request(gpu, client, held, now, DropReason.OTHERS_WAIT, YIELD_IDLE_MS)
+        )
+
+    def _drop_request(
+        self,
+        gpu: GpuState,
+        client: int,
+        held: Lease,
+        now: float,
+        reason: DropReason,
+        when_idle_ms: int = 0,
+    ) -> AskToDrop:
+        return AskToDrop(
+            client,
+            self.clients[client].pid,
+            gpu.uuid,
+            held.number,
+            now - held.granted_at,
+            when_idle_ms=when_idle_ms,
+            reason=reason.value,
+            use=self._usage(client, gpu.uuid, now),
+        )
+
+    def ask_each_to_drop(
+        self, gpu: GpuState, now: float, actions: list[Action], reason: DropReason
+    ) -> None:
+        for client, held in gpu.holders.items():
+            if held.drop_requested_at is None:
+                self.ask_to_drop(gpu, client, held, now, actions, reason)
