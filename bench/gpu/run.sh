@@ -13,6 +13,7 @@
 #   bench/gpu/run.sh --multi-gpu [RESULTS_DIR]                         (multi_gpu.py)
 #   bench/gpu/run.sh --mix [RESULTS_DIR] [--window S]                  (mix.py)
 #   bench/gpu/run.sh --shares [RESULTS_DIR] [--window S]               (shares.py, as root)
+#   bench/gpu/run.sh --duty [RESULTS_DIR] [--window S] [--only PARTS]  (duty.py)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -36,5 +37,6 @@ case "${1:-}" in
     --mix) script=mix.py; shift ;;
     --drain-probe) script=drain_probe.py; shift ;;
     --shares) script=shares.py; shift ;;
+    --duty) script=duty.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"
