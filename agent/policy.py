@@ -38,6 +38,9 @@ SATURATING_USE = 0.95
 # Uses change as clients run: the holders are looked at again this often while others
 # wait or several hold.
 CHECK_S = 0.25
+# Work in bursts leaves the GPU idle more than it keeps it busy: under this use (and it
+# gave its last lease back idle), it may cut in.  A trainer with pauses reads 0.8 and more.
+BURST_USE = 0.5
 # How long a turn takes to drain once asked to drop (its shim bounds its queue meanwhile):
 # the drop is asked this much before a cutting-in waiter's light wait is up.
 DRAIN_MS = 25
@@ -90,18 +93,21 @@ class Policy:
         charged = self.shares.charged(gpu, self.clients, now)
         return lambda client: (charged(client), self.usage(client, gpu.uuid, now))
 
+    def bursty(self, gpu: GpuState, client: int, now: float) -> bool:
+        """Work in bursts (a request, a cell, a batch): it gave its last lease back idle,
+        not cut off busy (else two new trainers took the GPU from each other slice by
+        slice), and its use is under BURST_USE (a trainer that pauses gives leases back
+        idle too)."""
+        return (
+            self.clients[client].gave_back_idle.get(gpu.uuid, True)
+            and self.usage(client, gpu.uuid, now) < BURST_USE
+        )
+
     def _cuts_in(
         self, gpu: GpuState, standing: Standing, waiter: int, holder: int, now: float
     ) -> bool:
-        """Latency work, and any work in bursts that others have kept from its share: a
-        waiter that does not keep the GPU busy, gave its last lease back idle (a trainer
-        cut off busy waits for its turn: else two new trainers took the GPU from each
-        other slice by slice), and is owed more than the holder in its way."""
-        return (
-            not self.saturating(gpu, waiter, now)
-            and self.clients[waiter].gave_back_idle.get(gpu.uuid, True)
-            and standing(waiter) < standing(holder)
-        )
+        """Latency work first: a waiter in bursts owed more than the holder in its way."""
+        return self.bursty(gpu, waiter, now) and standing(waiter) < standing(holder)
 
     def fits(self, gpu: GpuState, running: list[int], keeping: bool) -> bool:
         """Whether these clients fit the GPU at once.  keeping: they already run and may
@@ -215,10 +221,8 @@ class Policy:
         return blockers
 
     def _role(self, gpu: GpuState, client: int, now: float) -> Role:
-        """A turn for work that keeps the GPU busy, or was cut off busy last time (bulk
-        work); beside for work in bursts."""
-        bursty = self.clients[client].gave_back_idle.get(gpu.uuid, True)
-        return Role.TURN if self.saturating(gpu, client, now) or not bursty else Role.BESIDE
+        """A turn for bulk work; beside for work in bursts."""
+        return Role.BESIDE if self.bursty(gpu, client, now) else Role.TURN
 
     def _grant_what_fits(self, gpu: GpuState, at: Moments, actions: list[Action]) -> list[int]:
         """Grant, first first, every waiter nothing keeps from running; returns the rest,
@@ -229,14 +233,20 @@ class Policy:
         key = self._priority(gpu, at)
         blocked: list[int] = []
         for client in sorted(gpu.waiters, key=key):
-            if blocked and not key(blocked[0])[0]:  # overdue: first in line, kept waiting
-                blocked.append(client)
+            if blocked and not key(blocked[0])[0] and self._delays(gpu, client, blocked[0], at):
+                blocked.append(client)  # behind an overdue waiter it would keep out longer
                 continue
             if self._conflicts(gpu, client, at.now):
                 blocked.append(client)
                 continue
             self.leases.grant(gpu, client, at.now, SHARED, self._role(gpu, client, at.now), actions)
         return blocked
+
+    def _delays(self, gpu: GpuState, client: int, overdue: int, at: Moments) -> bool:
+        """Whether granting `client` now could keep `overdue` out longer: it would not fit
+        beside it, or both keep the GPU busy."""
+        both_busy = self.saturating(gpu, client, at.now) and self.saturating(gpu, overdue, at.now)
+        return both_busy or not self.fits(gpu, [*gpu.holders, overdue, client], keeping=False)
 
     def _make_room(
         self,
@@ -282,7 +292,10 @@ class Policy:
                         self.leases.ask_to_drop(
                             gpu, holder, held, now, actions, DropReason.QUANTUM_OVER
                         )
-                elif not self.saturating(gpu, holder, now):
+                elif self.bursty(gpu, holder, now) or self.bursty(gpu, client, now):
+                    # At its next gap: work in bursts is idle more than busy, and work in
+                    # bursts waits no longer than it must.  Bulk work in the way of bulk
+                    # work keeps its turn: a handover at every pause pages both.
                     self.leases.ask_to_yield(gpu, holder, held, now, actions)
 
     def _wait_cause(self, gpu: GpuState, client: int, blockers: list[int], now: float) -> WaitCause:
@@ -292,9 +305,9 @@ class Policy:
             self.saturating(gpu, b, now) for b in blockers
         ):
             return WaitCause.TURN
-        if any(gpu.holders[b].turn or self.saturating(gpu, b, now) for b in blockers):
-            return WaitCause.MEMORY  # bulk work in its way
-        return WaitCause.LATENCY
+        if all(self.bursty(gpu, b, now) for b in blockers):
+            return WaitCause.LATENCY
+        return WaitCause.MEMORY  # bulk work in its way
 
     def note_wait(self, gpu: GpuState, client: int, waiter: Waiter, cause: str, now: float) -> None:
         """Count the wait so far to the cause it had, and go on under `cause` ("": the

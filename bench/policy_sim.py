@@ -328,7 +328,7 @@ def printed(result: dict) -> list[str]:
 # ---------------------------------------------------------------- the random sweep
 
 
-def random_mix(rng: random.Random) -> tuple[list[str], float]:
+def random_mix(rng: random.Random) -> tuple[list[str], float, str]:
     """2-8 clients, 5-100 % busy, bursts 1 ms-2 s, memory that fits all, some pairs or
     one at a time, weights 1-4, arrivals in the first 10 s; and the GPU's memory."""
     n = rng.randint(2, 8)
@@ -342,15 +342,16 @@ def random_mix(rng: random.Random) -> tuple[list[str], float]:
         kind = f"duty:{burst:.4f}:{busy:.3f}" if busy < 0.98 else f"trainer:{burst:.4f}:0.0005"
         start = rng.choice((0.0, rng.uniform(0, 10)))
         specs.append(f"{kind}@{gib:.1f}+{start:.2f}*{rng.randint(1, 4)}")
-    return specs, gpu_gib
+    return specs, gpu_gib, staging
 
 
-def judged(specs: list[str], result: dict) -> dict:
+def judged(specs: list[str], staging: str, result: dict) -> dict:
     """The sweep's verdict on one mix: the worst client against its ideal, over the run
     and over any window, and the idle GPU."""
     clients = list(result["clients"].values())
     return {
         "specs": specs,
+        "staging": staging,
         "worst_of_ideal": min(f["of_ideal"] for f in clients),
         "worst_window": min(
             (f["worst_window_of_ideal"] for f in clients if f["worst_window_of_ideal"] is not None),
@@ -364,24 +365,35 @@ def sweep(count: int, seconds: float, settings: Settings, seed: int) -> list[dic
     rng = random.Random(seed)
     verdicts = []
     for _ in range(count):
-        specs, gpu_gib = random_mix(rng)
-        verdicts.append(judged(specs, simulate(specs, seconds, settings, gpu_gib)))
+        specs, gpu_gib, staging = random_mix(rng)
+        verdicts.append(judged(specs, staging, simulate(specs, seconds, settings, gpu_gib)))
     return verdicts
 
 
+# What the sweep holds each mix to: every client's GPU time at least this much of its
+# ideal's where all fit, and where turns are needed (issue 44).
+BAR = {"all": 0.9, "pairs": 0.8, "one": 0.8}
+
+
 def sweep_lines(verdicts: list[dict]) -> list[str]:
-    worst = sorted(verdicts, key=lambda v: v["worst_of_ideal"])[:10]
-    below = sum(v["worst_of_ideal"] < 0.9 for v in verdicts)
+    worst = sorted(verdicts, key=lambda v: v["worst_of_ideal"] / BAR[v["staging"]])[:10]
     idle = max(v["idle"] for v in verdicts)
     lines = [
-        f"{len(verdicts)} mixes: {below} with a client under 0.9x its ideal over the run; "
-        f"the GPU idle while work that fits waited at most {100 * idle:.2f} %",
-        "ten worst (worst client's GPU time / its ideal, worst 10 s window, idle %, mix):",
+        f"{len(verdicts)} mixes; the GPU idle while work that fits waited at most {100 * idle:.2f} %"
     ]
+    for staging, bar in BAR.items():
+        mixes = [v for v in verdicts if v["staging"] == staging]
+        below = sum(v["worst_of_ideal"] < bar for v in mixes)
+        lines.append(
+            f"  memory fitting {staging}: {len(mixes)} mixes, {below} with a client under "
+            f"{bar}x its ideal over the run"
+        )
+    lines.append("ten worst (worst client's GPU time / its ideal, worst 10 s window, idle %, mix):")
     for v in worst:
         window = "-" if v["worst_window"] is None else f"{v['worst_window']:.2f}"
         lines.append(
-            f"  {v['worst_of_ideal']:.2f}  {window}  {100 * v['idle']:.2f}  {' '.join(v['specs'])}"
+            f"  {v['worst_of_ideal']:.2f}  {window}  {100 * v['idle']:.2f}  {v['staging']}: "
+            + " ".join(v["specs"])
         )
     return lines
 

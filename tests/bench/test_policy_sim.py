@@ -84,7 +84,7 @@ def test_the_sweep_prints_its_ten_worst_mixes():
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("3 mixes: ") and len(lines) == 2 + 3
+    assert lines[0].startswith("3 mixes; ") and len(lines) == 1 + 3 + 1 + 3
 
 
 @pytest.mark.parametrize(
