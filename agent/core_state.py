@@ -32,6 +32,7 @@ class Lease:
     # share group was owed another (share_groups.turn_goes_on).
     turn_since: float = 0.0
     turn: bool = True  # auto: granted as a turn (bulk work), not as work in bursts
+    gpu_s_at_grant: float = 0.0  # its client's GPU time there when granted (usage.py)
 
 
 @dataclass(slots=True)
@@ -82,10 +83,9 @@ class ClientState:
     unmanaged: dict[bytes, int] = field(default_factory=dict)
     active: set[bytes] = field(default_factory=set)  # GPUs it has a context on (asked or allocated)
     usage: dict[bytes, UsageMeter] = field(default_factory=dict)
-    # Per GPU: its last lease there ended with the client idle (released on its own, or
-    # once idle when asked to yield), not cut off busy (a drop, a revoke): it works in
-    # bursts, and may cut in (policy.py).  A newcomer is taken to.
-    gave_back_idle: dict[bytes, bool] = field(default_factory=dict)
+    # Per GPU: how busy it kept the GPU over its last lease there (GPU time over the
+    # lease's length): under policy.BURST_USE it works in bursts.  A newcomer has none.
+    lease_duty: dict[bytes, float] = field(default_factory=dict)
     # Seconds waited, per (GPU, cause): status and the metrics show why it waited.
     waited_s: dict[tuple[bytes, str], float] = field(default_factory=dict)
     # share_by=unit: "pod:<uid>" or "unit:<name>" once the agent knows (share_groups.py).

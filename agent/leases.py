@@ -25,6 +25,9 @@ from .usage import meter_of
 # work in bursts) releases once idle this long: at its next gap.  A loader busy 0.4 ms in
 # every 10 is never idle longer than that.
 YIELD_IDLE_MS = 2
+# How busy a lease kept the GPU is told at its end (the shim reports its GPU time as it
+# lets go), by a lease of at least this long.
+MIN_LEASE_S = 0.02
 # A client that held another GPU this long before asking for one works across GPUs: it
 # leaves each idle while it works on another, which is no sign it is done.
 ACROSS_GPUS_SLACK_S = 1.0
@@ -78,11 +81,24 @@ class Leases:
             if held.drop_requested_at is not None and at.reached(held.drop_requested_at + grace):
                 del gpu.holders[client]
                 state = self.clients[client]
-                meter_of(state, gpu.uuid).stop(at.now)
-                state.gave_back_idle[gpu.uuid] = False
+                self.lease_ended(state, gpu.uuid, held, at.now)
                 actions.append(
                     Revoke(client, state.pid, gpu.uuid, held.number, at.now - held.granted_at)
                 )
+
+    def lease_ended(
+        self, state: ClientState, uuid: bytes, held: Lease, now: float, idle_s: float = 0.0
+    ) -> None:
+        """A lease given back (idle for its last idle_s) or revoked: how busy it kept the
+        GPU, the sign of work in bursts (policy.bursty).  The shim reports its GPU time
+        as it lets go, so the figure is whole; a lease under MIN_LEASE_S tells too little
+        and leaves the last one."""
+        meter = meter_of(state, uuid)
+        meter.stop(now, idle_s)
+        held_s = now - held.granted_at
+        if held_s >= MIN_LEASE_S:
+            used = meter.total_s(now) - held.gpu_s_at_grant
+            state.lease_duty[uuid] = min(1.0, used / held_s)
 
     def grant(
         self,
@@ -117,6 +133,7 @@ class Leases:
         meter.thaw(now)
         if not state.features & FEATURE_USAGE:
             meter.start(now)  # an older shim: the hold stands for use
+        gpu.holders[client].gpu_s_at_grant = meter.total_s(now)
         actions.append(
             Grant(
                 client,

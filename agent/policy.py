@@ -38,8 +38,12 @@ SATURATING_USE = 0.95
 # Uses change as clients run: the holders are looked at again this often while others
 # wait or several hold.
 CHECK_S = 0.25
-# Work in bursts leaves the GPU idle more than it keeps it busy: under this use (and it
-# gave its last lease back idle), it may cut in.  A trainer with pauses reads 0.8 and more.
+# Work in bursts may cut in: its use under LIGHT_USE (an inference server answering 20
+# requests of ~1 ms a second uses ~0.03, a notebook's cells ~0.05, a loader's batches
+# ~0.04), or its last lease busy under BURST_USE of its length (a trainer, paused or not,
+# keeps its leases busy 0.8 and more; an inference server holding its lease a while, a
+# few hundredths).
+LIGHT_USE = 0.1
 BURST_USE = 0.5
 # How long a turn takes to drain once asked to drop (its shim bounds its queue meanwhile):
 # the drop is asked this much before a cutting-in waiter's light wait is up.
@@ -94,13 +98,15 @@ class Policy:
         return lambda client: (charged(client), self.usage(client, gpu.uuid, now))
 
     def bursty(self, gpu: GpuState, client: int, now: float) -> bool:
-        """Work in bursts (a request, a cell, a batch): it gave its last lease back idle,
-        not cut off busy (else two new trainers took the GPU from each other slice by
-        slice), and its use is under BURST_USE (a trainer that pauses gives leases back
-        idle too)."""
+        """Work in bursts (a request, a cell, a batch): its use is under LIGHT_USE, or its
+        last lease there kept the GPU busy under BURST_USE of its length.  A trainer keeps
+        its leases busier, paused or cut off: else two trainers took the GPU from each
+        other slice by slice.  A newcomer is taken to work in bursts until its first
+        lease tells."""
+        state = self.clients[client]
         return (
-            self.clients[client].gave_back_idle.get(gpu.uuid, True)
-            and self.usage(client, gpu.uuid, now) < BURST_USE
+            self.usage(client, gpu.uuid, now) < LIGHT_USE
+            or state.lease_duty.get(gpu.uuid, 0.0) < BURST_USE
         )
 
     def _cuts_in(

@@ -212,9 +212,7 @@ class Scheduler:
         held = gpu.holders.get(client) if gpu else None
         if gpu is not None and held is not None and held.number == lease:
             del gpu.holders[client]
-            self.policy.meter(state, uuid).stop(now, idle_ms / 1000.0)
-            # Idle as long as a yield waits for, or gone on its own: work in bursts.
-            state.gave_back_idle[uuid] = held.drop_requested_at is None or idle_ms >= YIELD_IDLE_MS
+            self.policy.leases.lease_ended(state, uuid, held, now, idle_ms / 1000.0)
             drop_to_release = (
                 None if held.drop_requested_at is None else now - held.drop_requested_at
             )
