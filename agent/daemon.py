@@ -28,6 +28,11 @@ from .snapshot import AgentSnapshot
 
 STATUS_INTERVAL_S = 2.0
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+# A stop takes milliseconds; a part that does not end when cancelled is a bug,
+# cancelled again every STOP_RECANCEL_S and left after STOP_LIMIT_S, well
+# within the unit's TimeoutStopSec=.
+STOP_RECANCEL_S = 0.2
+STOP_LIMIT_S = 0.8
 
 
 def status_line(
@@ -124,15 +129,40 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
     listener.close()
     engine.cancel_timers()
     connections.close_all()
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await _cancel_and_wait(tasks)
     if bound_path is not None:
         try:
             os.unlink(bound_path)
         except FileNotFoundError:
             pass
     log.flush()
+
+
+async def _cancel_and_wait(tasks: list[asyncio.Task]) -> None:
+    """Cancels the tasks and waits for them to end.  systemd waits TimeoutStopSec=
+    and then kills, so a task that outlives its cancellation (a library that
+    swallowed it, as 3.11's wait_for can) is cancelled again, said in the journal,
+    and after STOP_LIMIT_S left to asyncio.run's last cancellation."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STOP_LIMIT_S
+    pending = set(tasks)
+    while pending:
+        for task in pending:
+            task.cancel()
+        done, pending = await asyncio.wait(pending, timeout=STOP_RECANCEL_S)
+        for task in done:
+            if not task.cancelled():
+                task.exception()  # each part logs its own failures
+        if pending:
+            names = ", ".join(sorted(_task_name(task) for task in pending))
+            if loop.time() >= deadline:
+                log.warning("stopping without %s, which did not end when cancelled", names)
+                return
+            log.warning("%s did not end when cancelled; cancelling again", names)
+
+
+def _task_name(task: asyncio.Task) -> str:
+    return getattr(task.get_coro(), "__qualname__", task.get_name())
 
 
 async def _read_nvml(engine: Engine) -> None:

@@ -103,10 +103,15 @@ class _MessageBus(MessageBus):
 async def connect_bus(address: str, timeout_s: float) -> MessageBus:
     """`address` is "system" or a D-Bus address such as unix:path=/run/x.
     Raises what dbus-next raises (OSError, AuthError, ValueError, Exception)
-    or asyncio.TimeoutError."""
+    or TimeoutError."""
     bus = (
         _MessageBus(bus_type=BusType.SYSTEM)
         if address == "system"
         else _MessageBus(bus_address=address)
     )
-    return await asyncio.wait_for(bus.connect(), timeout_s)
+    # asyncio.timeout, not wait_for: 3.11's wait_for returns the connection when
+    # it is cancelled in the loop turn that connects, and the cancellation is
+    # lost.  A SIGTERM 20 ms after the agent's start then left it serving the bus,
+    # deaf to the stop, until systemd killed it 15 s later (issue 45).
+    async with asyncio.timeout(timeout_s):
+        return await bus.connect()

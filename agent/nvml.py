@@ -16,8 +16,10 @@ only what its clients report.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -57,28 +59,63 @@ def _child_environment() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
 
 
-async def read_node(timeout_s: float = READ_TIMEOUT_S) -> NodeInventory:
-    """The inventory, or an empty one with a one-line reason when NVML is not usable."""
-    try:
-        child = await asyncio.create_subprocess_exec(
+async def _start_reader(*options: str, **pipes) -> asyncio.subprocess.Process:
+    """The reader child (`python -m nvshare_agent.nvml OPTIONS`), started whole.
+
+    create_subprocess_exec cancelled half way (a SIGTERM while it connects the
+    pipes) kills the child through subprocess.Popen, whose poll() may reap it
+    behind asyncio's child watcher (see _stop_reader).  So the start runs to its
+    end, shielded, and a cancellation then stops the child before it goes on."""
+    starting = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             __name__,
+            *options,
             stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
             env=_child_environment(),
+            **pipes,
         )
+    )
+    try:
+        return await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        with contextlib.suppress(OSError):  # no child: nothing to stop
+            await _stop_reader(await asyncio.shield(starting))
+        raise
+
+
+async def _stop_reader(child: asyncio.subprocess.Process) -> None:
+    """Kills the reader, if it runs, and waits until asyncio's watcher has reaped it.
+
+    os.kill, not child.kill(): Popen.send_signal first polls, a waitpid of its own
+    that races the watcher's thread for a child that has just exited (systemd
+    signals the reader with the agent when it stops the unit); when it wins, the
+    watcher logs "Unknown child process pid" and the exit status is lost.  The pid
+    is ours until the watcher reaps it, which it reports (returncode) at once."""
+    if child.returncode is None:
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # reaped a moment ago; the report is on its way
+    await child.wait()
+
+
+async def read_node(timeout_s: float = READ_TIMEOUT_S) -> NodeInventory:
+    """The inventory, or an empty one with a one-line reason when NVML is not usable."""
+    try:
+        child = await _start_reader(stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     except OSError as e:
         return NodeInventory([], (), f"could not start the NVML reader: {e}")
     try:
-        out, err = await asyncio.wait_for(child.communicate(), timeout_s)
+        # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancellation
+        # that comes in the loop turn the reader answers (dbus_connection.py).
+        async with asyncio.timeout(timeout_s):
+            out, err = await child.communicate()
     except TimeoutError:
         return NodeInventory([], (), f"NVML did not answer within {timeout_s:g} s")
     finally:
-        if child.returncode is None:  # timed out, or the agent is stopping
-            child.kill()
-            await child.wait()
+        await _stop_reader(child)  # timed out, or the agent is stopping
     try:
         answer = json.loads(out.decode().strip().splitlines()[-1])
         gpus = [
@@ -108,16 +145,11 @@ async def watch_processes(
 ) -> AsyncIterator[dict[bytes, dict[int, int]]]:
     """Every interval_s, each GPU's processes: uuid -> {pid: bytes}.  Ends (with a
     one-line reason in the exception) when NVML cannot be read."""
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        __name__,
+    child = await _start_reader(
         "--watch",
         str(interval_s),
-        stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
-        env=_child_environment(),
         limit=MAX_LINE_BYTES,
     )
     assert child.stdout is not None  # stdout=PIPE
@@ -134,9 +166,7 @@ async def watch_processes(
                 for uuid, rows in answer["processes"].items()
             }
     finally:
-        if child.returncode is None:
-            child.kill()
-            await child.wait()
+        await _stop_reader(child)
 
 
 # ---------------------------------------------------------------- in the child
