@@ -12,6 +12,7 @@ import gc
 import os
 import signal
 import socket
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,9 @@ STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 # within the unit's TimeoutStopSec=.
 STOP_RECANCEL_S = 0.2
 STOP_LIMIT_S = 0.8
+# How long READY=1 waits for the D-Bus API to take its name: a connection and
+# two round trips, milliseconds; a bus that is slower only delays READY=1.
+READY_BUS_WAIT_S = 2.0
 
 
 def status_line(
@@ -109,8 +113,6 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
     # walk it again and again while the hot path churns small objects.
     gc.collect()
     gc.freeze()
-    notifier.ready()
-    notifier.status(status_line(engine.snapshot(), config_problem=options.config_problem))
     tasks = [
         asyncio.create_task(_read_nvml(engine)),
         asyncio.create_task(_report_status(engine, notifier, options.config_problem)),
@@ -118,12 +120,27 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
     watchdog = systemd.watchdog_interval_s()
     if watchdog:
         tasks.append(asyncio.create_task(_pet_watchdog(notifier, watchdog)))
+    on_bus = asyncio.Event()
     if options.bus != "none":
         tasks.append(
-            asyncio.create_task(_export_on_bus(engine, options.bus, options.config_problem))
+            asyncio.create_task(_export_on_bus(engine, options.bus, options.config_problem, on_bus))
         )
+    else:
+        on_bus.set()
+    # READY=1 once the D-Bus API answers too, or cannot (its first try failed or
+    # is slow): `systemctl restart` then returns with the name taken, and a call
+    # that waited for the name through the restart is answered by this agent
+    # even when the next restart follows at once.  Sent before, a loop of
+    # restarts stopped agent after agent before any took the name, and the
+    # call waited through them all (issue 45).
+    await _first_of(on_bus.wait(), stop.wait(), timeout_s=READY_BUS_WAIT_S)
+    notifier.ready()
+    notifier.status(status_line(engine.snapshot(), config_problem=options.config_problem))
 
     await stop.wait()
+    # A second SIGTERM asks for nothing more.  Held back, it cannot kill us half
+    # way once asyncio.run has put the default action back on its way out.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     log.info("stopping")
     notifier.stopping()
     listener.close()
@@ -136,6 +153,16 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
         except FileNotFoundError:
             pass
     log.flush()
+
+
+async def _first_of(*waits: Coroutine, timeout_s: float) -> None:
+    """Returns when the first of the waits ends, or after timeout_s."""
+    waiting = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        await asyncio.wait(waiting, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waiting:
+            wait.cancel()
 
 
 async def _cancel_and_wait(tasks: list[asyncio.Task]) -> None:
@@ -200,18 +227,26 @@ async def _pet_watchdog(notifier: systemd.Notifier, interval_s: float) -> None:
         await asyncio.sleep(interval_s)
 
 
-async def _export_on_bus(engine: Engine, address: str, config_problem: str) -> None:
+async def _export_on_bus(
+    engine: Engine, address: str, config_problem: str, on_bus: asyncio.Event
+) -> None:
+    """on_bus is set once the API is on the bus, or its first try failed."""
     try:
         from . import dbus_service
     except ImportError as e:
+        on_bus.set()
         log.warning("no D-Bus API (%s); serving the shim only", e)
         return
     try:
-        await dbus_service.export_on_bus(engine, address, config_problem=config_problem)
+        await dbus_service.export_on_bus(
+            engine, address, config_problem=config_problem, first_try=on_bus
+        )
     except asyncio.CancelledError:
         raise
     except Exception as e:
         log.warning("D-Bus API stopped (%s); serving the shim only", e)
+    finally:
+        on_bus.set()
 
 
 __all__ = ["Options", "open_listening_socket", "run", "status_line"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from dbus_next import Message
 from dbus_next.aio import MessageBus
 from dbus_next.constants import RequestNameReply
 
@@ -22,6 +23,9 @@ from .dbus_shares import SharesApi, check_shares_contract
 from .engine import Engine
 
 log = logging.getLogger(__name__)
+# Handing the name back is two round trips to dbus-daemon: milliseconds.  The
+# bound keeps a stop short (agent/daemon.py's STOP_RECANCEL_S) when the bus is slow.
+HAND_BACK_TIMEOUT_S = 0.15
 
 
 async def _publish(
@@ -40,12 +44,42 @@ async def _publish(
         bus.add_message_handler(shares.handle)
         bus.add_message_handler(api.handle)
         reply = await bus.request_name(names.BUS_NAME)
-    except BaseException:
-        bus.disconnect()
+    except BaseException as error:
+        try:
+            # Stopped while asking for the name: it may be ours already, and
+            # calls that waited for an agent on their way to us.
+            if isinstance(error, asyncio.CancelledError):
+                await _hand_back_the_name(bus)
+        finally:
+            bus.disconnect()
         raise
     if reply == RequestNameReply.IN_QUEUE:
         log.warning("dbus name=%s is owned by another process; queued for it", names.BUS_NAME)
     return bus, [api, shares]
+
+
+async def _hand_back_the_name(bus: MessageBus) -> None:
+    """Before the agent leaves the bus: release the name, so that calls from now
+    on wait in dbus-daemon for the next agent (D-Bus activation, the restart's
+    start), and answer those the bus routed to us before.  Closing with them
+    unanswered fails each ("Message recipient disconnected from message bus
+    without replying"): every call that met a restart (issue 45).  The bus
+    answers ReleaseName after every call it sent us before it, which dbus-next
+    has answered by then; the reply to one more call says that our answers are out
+    (GetId: the system bus's policy refuses Peer.Ping to the bus itself)."""
+    try:
+        async with asyncio.timeout(HAND_BACK_TIMEOUT_S):
+            await bus.release_name(names.BUS_NAME)
+            await bus.call(
+                Message(
+                    destination="org.freedesktop.DBus",
+                    path="/org/freedesktop/DBus",
+                    interface="org.freedesktop.DBus",
+                    member="GetId",
+                )
+            )
+    except Exception as error:  # a bus already gone: nothing to hand back
+        log.debug("dbus name not handed back: %s", str(error) or type(error).__name__)
 
 
 async def export_on_bus(
@@ -55,10 +89,13 @@ async def export_on_bus(
     first_retry_s: float = 0.5,
     max_retry_s: float = 30.0,
     config_problem: str = "",
+    first_try: asyncio.Event | None = None,
 ) -> None:
     """Serve the API on the bus at `address` ("system" or a D-Bus address) until
     cancelled.  When the bus is missing or goes away, retry with exponential
-    backoff; the agent keeps serving the shims meanwhile."""
+    backoff; the agent keeps serving the shims meanwhile.  first_try, if given,
+    is set once the name is requested or the first connection failed."""
+    first_try = first_try or asyncio.Event()
     contract = load_contract()
     check_contract(contract)  # a mismatch is a bug: say so before serving anything
     shares_contract = load_contract(names.SHARES_INTERFACE)
@@ -79,6 +116,7 @@ async def export_on_bus(
                     engine, address, contract, shares_contract, config_problem
                 )
                 current[:] = apis
+                first_try.set()
                 log.info("dbus connected address=%s name=%s", address, names.BUS_NAME)
                 retry_s, failures = first_retry_s, 0
                 try:
@@ -89,9 +127,13 @@ async def export_on_bus(
                 log.warning("dbus lost address=%s reason=%s", address, reason)
             except asyncio.CancelledError:
                 if bus is not None and bus.connected:
-                    bus.disconnect()
+                    try:
+                        await _hand_back_the_name(bus)
+                    finally:
+                        bus.disconnect()
                 raise
             except Exception as error:
+                first_try.set()
                 failures += 1
                 # Once per outage at warning level; the retries after it at debug.
                 level = logging.WARNING if failures == 1 else logging.DEBUG
