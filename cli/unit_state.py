@@ -37,6 +37,8 @@ NOT_ANSWERING_S = 0.8
 # The agent's own last words (agent/__main__.py: fail()) are its STATUS= line.
 _AGENT_FAILED_PREFIX = "cannot start: "
 _JOURNAL_TIMEOUT_S = 0.5
+# journalctl's --priority: warning and worse (the event log's WARNING, ERROR).
+_ERROR_PRIORITIES = "warning"
 
 
 async def _call(bus: MessageBus, message: Message) -> Message | None:
@@ -134,18 +136,26 @@ def trouble(service: dict, socket: dict | None, silent_since_active_s: float) ->
 
 
 async def last_error_line(service: dict, on_system_bus: bool) -> str:
-    """The agent's last line: its STATUS= when it said why it cannot start, else
-    the journal's last line from the unit's processes where we may read it."""
+    """The agent's last error: its STATUS= when it said why it cannot start, else
+    the journal's last line of warning or worse from the unit's processes, where
+    we may read it, of the unit's last run (its InvocationID).  Not any last line:
+    that is "INFO stopping" after a stop.  The event log gives its lines their
+    priority; the unit makes every other line of the agent (a crash's traceback)
+    an error (SyslogLevel=err)."""
     status = printable(service.get("StatusText") or "")
     if status.startswith(_AGENT_FAILED_PREFIX):
         return status.removeprefix(_AGENT_FAILED_PREFIX)
     journalctl = shutil.which("journalctl")
     if not on_system_bus or journalctl is None:
         return ""
+    invocation = service.get("InvocationID") or b""
+    this_run = [f"_SYSTEMD_INVOCATION_ID={bytes(invocation).hex()}"] if invocation else []
     try:
         process = await asyncio.create_subprocess_exec(
             journalctl,
             f"_SYSTEMD_UNIT={SERVICE}",
+            *this_run,
+            f"--priority={_ERROR_PRIORITIES}",
             "-n",
             "1",
             "-o",
