@@ -191,6 +191,19 @@ def _debootstrap_root(log, tarball: Path, suite: str, include: tuple[str, ...]) 
         shutil.rmtree(work, ignore_errors=True)
 
 
+def copy_source_tree(repo: Path, dest: Path) -> None:
+    """Copies to dest the files that make deb builds the package from
+    (packaging/source-files.sh: those git tracks and the untracked ones it does
+    not ignore; in a tree without .git, those .gitignore does not ignore)."""
+    listed = subprocess.run(
+        [str(repo / "packaging/source-files.sh")], capture_output=True, check=True
+    ).stdout
+    for name in (entry.decode() for entry in listed.split(b"\0") if entry):
+        if (repo / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo / name, dest / name)
+
+
 def chrooted(
     root: Path, argv: list[str], *, binds, env: dict[str, str], mount_proc: bool = False
 ) -> list[str]:

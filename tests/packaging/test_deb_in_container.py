@@ -26,7 +26,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from bookworm_container import Container, ensure_root_tarball, wait_for
+from bookworm_container import Container, copy_source_tree, ensure_root_tarball, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
@@ -336,25 +336,7 @@ def test_the_shim_tests_pass_under_the_installed_preload(container, stage):
     # shim, which then loads into every test process too, beside the checkout's build.
     assert SHIM in container.path("/etc/ld.so.preload").read_text().split()
     checkout = container.path("/root/nvshare")
-    files = subprocess.run(
-        [
-            "git",
-            "-c",
-            f"safe.directory={REPO}",
-            "ls-files",
-            "-z",
-            "--cached",
-            "--others",
-            "--exclude-standard",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout.split(b"\0")
-    for name in [f.decode() for f in files if f]:
-        if (REPO / name).is_file():
-            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, checkout / name)
+    copy_source_tree(REPO, checkout)
     for built in ("shim/build", "tests/standin/build"):
         shutil.copytree(REPO / built, checkout / built, symlinks=True)
     # The venv's Python packages (pytest, the pinned libraries), for the container's
