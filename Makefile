@@ -42,9 +42,10 @@ deps:
 	packaging/install-deps.sh --record $(CHECK_BROUGHT) deps-build.txt deps-test.txt
 
 # Takes away what make check left on the node: the Debian packages that make deps
-# installed (those nothing else needs; make install's and nvshare's own stay), and
-# the test containers' roots.  The venv and the build outputs are the checkout's
-# (make clean).
+# installed, with what they pulled in (those nothing else installed needs: what
+# nvshare needs stays, marked automatic, until apt purge nvshare and apt
+# autoremove), and the test containers' roots.  The venv and the build outputs are
+# the checkout's (make clean).
 check-clean:
 	@if [ -s $(CHECK_BROUGHT) ]; then packaging/remove-brought.sh $(CHECK_BROUGHT); fi
 	rm -rf $(dir $(CHECK_BROUGHT))
