@@ -15,6 +15,11 @@ mkdir -p "$top/build"
 echo "nvshare: building the .deb (log: build/deb.log)"
 if ! make -s -C "$top" deb >"$log" 2>&1; then
     tail -n 25 "$log" >&2
+    # Nothing of nvshare is installed, so nothing of the build stays either
+    # (make deps keeps the build tools, for mending the build).
+    if "$top/packaging/remove-brought.sh" "$brought"; then
+        rm -f "$brought"
+    fi
     echo "nvshare: the .deb did not build; the whole log is $log" >&2
     exit 1
 fi
