@@ -1,6 +1,8 @@
 """README.md's two commands, as a new admin runs them, on a fresh Debian 12 root booted with
 systemd: `apt-get install -y make && make install` and `... && make check`, in either order.
-Afterwards `apt purge nvshare` and `apt autoremove` leave nothing of what the install brought.
+Afterwards `apt purge nvshare` and `apt autoremove` leave nothing of what the install brought,
+also from a copy that is no git checkout (`git archive`); `make check-clean` takes away what
+`make deps` (make check's first step) brought, and nothing else.
 
 Opt-in (NVSHARE_TEST_README=1): the root is fresh, so apt and pip fetch everything over the
 network, and `make check` inside runs the whole suite; the containers it makes itself
@@ -16,7 +18,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from bookworm_container import Container, ensure_root_tarball
+from bookworm_container import Container, copy_source_tree, ensure_root_tarball
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
@@ -42,8 +44,15 @@ pytestmark = [
 ]
 
 
+GIT_CHECKOUT = "git checkout"
+GIT_ARCHIVE = "git archive"  # a release tarball: the tracked files, no .git
+
+
 @pytest.fixture
-def fresh(stage, bootable):
+def fresh(request, stage, bootable):
+    """The fresh root booted, with the checkout under test in the admin's home: a git
+    checkout, or (parametrized indirectly) what `git archive` makes of one."""
+    source = getattr(request, "param", GIT_CHECKOUT)
     with stage("fresh bookworm root (debootstrap once, then cached)"):
         tarball = ensure_root_tarball(print, include=FRESH)
     workdir = Path(tempfile.mkdtemp(prefix="nvshare-readme-", dir="/var/tmp"))
@@ -51,23 +60,18 @@ def fresh(stage, bootable):
     try:
         box.boot()
         box.run(["useradd", "--uid", str(OWNER_UID), "--create-home", "admin"])
-        files = subprocess.run(
-            ["git", "-c", f"safe.directory={REPO}", "ls-files", "-z", "--cached", "--others"]
-            + ["--exclude-standard"],
-            cwd=REPO,
-            capture_output=True,
-            check=True,
-        ).stdout.split(b"\0")
         checkout = box.path(CHECKOUT)
-        for name in (f.decode() for f in files if f):
-            if (REPO / name).is_file():
-                (checkout / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(REPO / name, checkout / name)
+        copy_source_tree(REPO, checkout)
         # README.md: "from this git checkout": make deb takes the files git knows.
         git = ["git", "-C", str(checkout), "-c", "user.name=admin", "-c", "user.email=admin@node"]
         subprocess.run([*git, "init", "-q"], check=True)
         subprocess.run([*git, "add", "-A"], check=True)
         subprocess.run([*git, "commit", "-q", "-m", "the checkout under test"], check=True)
+        if source == GIT_ARCHIVE:
+            archive = subprocess.run([*git, "archive", "HEAD"], capture_output=True, check=True)
+            shutil.rmtree(checkout)
+            checkout.mkdir()
+            subprocess.run(["tar", "-x", "-C", str(checkout)], input=archive.stdout, check=True)
         box.run(["chown", "-R", f"{OWNER_UID}:{OWNER_UID}", CHECKOUT])
         box.run(["chmod", "0700", "/home/admin"])  # Debian 12's default for a home
         yield box
@@ -131,9 +135,13 @@ def assert_the_owner_can_clean(box: Container) -> None:
     )
 
 
-def assert_purge_and_autoremove_leave_what_was_there(box: Container, before: dict) -> None:
+def purge_and_autoremove(box: Container) -> None:
     box.run(["apt-get", "purge", "-y", "nvshare"], timeout=600)
     box.run(["apt-get", "autoremove", "--purge", "-y"], timeout=600)
+
+
+def assert_purge_and_autoremove_leave_what_was_there(box: Container, before: dict) -> None:
+    purge_and_autoremove(box)
     after = packages(box)
     # make itself is the admin's (README's first half); the rest came with nvshare.
     left = sorted(set(after) - set(before) - {"make"})
@@ -151,9 +159,84 @@ def test_the_readmes_two_commands_pass_in_either_order(fresh, stage, order):
     assert packages(fresh).get("nvshare") == "manual", before
 
 
+@pytest.mark.parametrize("fresh", [GIT_CHECKOUT, GIT_ARCHIVE], indirect=True)
 def test_install_then_purge_and_autoremove_leave_nothing_it_brought(fresh, stage):
     before = packages(fresh)
     output = readme_command(fresh, "install", stage)
     assert_installed_and_said_so(fresh, output)
     assert_the_owner_can_clean(fresh)
     assert_purge_and_autoremove_leave_what_was_there(fresh, before)
+
+
+def dpkg_list(box: Container) -> list[str]:
+    """What `dpkg -l` lists: each package dpkg knows in any state but not-installed,
+    as its state and name ("ii gcc", "rc foo")."""
+    listed = box.run(["dpkg-query", "-W", "-f=${db:Status-Abbrev} ${binary:Package}\\n"]).stdout
+    return sorted(
+        f"{state[:2]} {name}"
+        for state, name in (line.split() for line in listed.splitlines())
+        if not state.startswith(("un", "pn"))
+    )
+
+
+def make_target(box: Container, target: str, stage) -> str:
+    with stage(f"make {target}"):
+        result = box.run(["make", target], cwd=CHECKOUT, check=False, timeout=3600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    return output
+
+
+# What make deps brings to a fresh root, among them what issue 45 found left behind.
+MAKE_CHECK_TOOLS = ("gcc", "lintian", "valgrind", "debootstrap", "systemd-container")
+
+
+def test_check_clean_takes_away_what_make_deps_brought_and_nothing_else(fresh, stage):
+    # The admin's own before make check: git (manual, with what it needs) and python3,
+    # marked automatic and needed by nothing; make deps wants both and brings neither.
+    fresh.run(["apt-get", "install", "-y", "-q", "make", "git", "python3"], timeout=600)
+    fresh.run(["apt-mark", "auto", "python3"])
+    before, listed_before = packages(fresh), dpkg_list(fresh)
+    make_target(fresh, "deps", stage)
+    brought = set(packages(fresh)) - set(before)
+    assert set(MAKE_CHECK_TOOLS) <= brought, sorted(brought)
+    output = make_target(fresh, "check-clean", stage)
+    assert f"nvshare: removed the {len(brought)} packages it had installed\n" in output, output
+    assert dpkg_list(fresh) == listed_before
+    assert packages(fresh) == before  # the marks too: python3 is still automatic
+    assert not fresh.path("/var/cache/nvshare-ci").exists()
+
+
+@pytest.mark.parametrize("purge", ["purge-then-check-clean", "check-clean-then-purge"])
+def test_make_deps_install_check_clean_and_purge_leave_the_node_as_it_was(fresh, stage, purge):
+    """README.md: make check keeps its tools until make check-clean, make install leaves
+    nvshare until apt purge and apt autoremove; in either order the node is as before."""
+    fresh.run(["apt-get", "install", "-y", "-q", "make"], timeout=600)
+    before, listed_before = packages(fresh), dpkg_list(fresh)
+    make_target(fresh, "deps", stage)
+    assert_installed_and_said_so(fresh, make_target(fresh, "install", stage))
+    if purge == "check-clean-then-purge":
+        output = make_target(fresh, "check-clean", stage)
+        assert "kept: what is installed needs them)" in output, output
+        # What nvshare needs of make deps' packages stayed.
+        assert fresh.run(["nvsharectl", "--version"]).stdout == f"nvsharectl {VERSION}\n"
+        assert set(MAKE_CHECK_TOOLS).isdisjoint(packages(fresh))
+    purge_and_autoremove(fresh)
+    if purge == "purge-then-check-clean":
+        make_target(fresh, "check-clean", stage)
+    assert dpkg_list(fresh) == listed_before
+    assert packages(fresh) == before
+
+
+def test_an_install_whose_build_fails_leaves_nothing_it_brought(fresh, stage):
+    pyproject = fresh.path(f"{CHECKOUT}/pyproject.toml")
+    pyproject.write_text(pyproject.read_text().replace(f'"{VERSION}"', '"0.0.0-mismatch"', 1))
+    fresh.run(["apt-get", "install", "-y", "-q", "make"], timeout=600)
+    before = packages(fresh)
+    with stage("make install, its build failing"):
+        result = fresh.run(["make", "install"], cwd=CHECKOUT, check=False, timeout=3600)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-6000:]
+    assert "pyproject.toml differs" in output, output[-6000:]
+    assert "nvshare: removed the " in output, output[-6000:]
+    assert packages(fresh) == before
