@@ -24,11 +24,12 @@ on the bus (connect, own the name, reconnect) is dbus_service.py's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import grp
 import logging
 import os
 import pwd
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import ClassVar
 
 from dbus_next import Message, MessageType, Variant
@@ -105,6 +106,17 @@ def may_change_settings(uid: int, group_name: str = names.ADMIN_GROUP) -> bool:
 
 
 # ---------------------------------------------------------------- the dispatcher
+
+
+@contextlib.contextmanager
+def settings_refusals() -> Iterator[None]:
+    """A change the engine refuses, as the named D-Bus error that says why."""
+    try:
+        yield
+    except SettingsNotSaved as error:
+        raise DBusFailure(names.ERROR_SAVE_FAILED, str(error)) from None
+    except ValueError as error:  # SettingsError: str() is the human sentence
+        raise DBusFailure(names.ERROR_INVALID_ARGUMENT, str(error)) from None
 
 
 class DBusApi:
@@ -228,21 +240,11 @@ class DBusApi:
 
     async def _set(self, msg: Message, prop_name: str, dbus_type: str, value: Variant) -> None:
         try:
-            uid = await self._caller_uid(msg.sender)
-            if not await self.caller_may_change(uid):
-                raise DBusFailure(
-                    names.ERROR_ACCESS_DENIED,
-                    f"changing nvshare settings needs root or group {names.ADMIN_GROUP} "
-                    f"(caller uid {uid})",
-                )
+            uid = await self.permitted_caller(msg, "nvshare settings")
             # The value is looked at only for those who may change it.
             change = SETTINGS[prop_name].change(dbus_type, value)
-            try:
+            with settings_refusals():
                 await self._engine.change_settings(**change)
-            except SettingsNotSaved as error:
-                raise DBusFailure(names.ERROR_SAVE_FAILED, str(error)) from None
-            except ValueError as error:  # SettingsError: str() is the human sentence
-                raise DBusFailure(names.ERROR_INVALID_ARGUMENT, str(error)) from None
             reply = Message.new_method_return(msg)
             log.info("dbus set %s=%s uid=%d", prop_name, excerpt(plain(value.value), 400), uid)
         except DBusFailure as failure:
@@ -258,6 +260,16 @@ class DBusApi:
             reply = Message.new_error(msg, names.ERROR_FAILED, f"internal error: {error}")
         if self._bus.connected:
             self._bus.send(reply)
+
+    async def permitted_caller(self, msg: Message, what: str) -> int:
+        """The caller's uid, once the one permission check lets it change `what`."""
+        uid = await self._caller_uid(msg.sender)
+        if not await self.caller_may_change(uid):
+            raise DBusFailure(
+                names.ERROR_ACCESS_DENIED,
+                f"changing {what} needs root or group {names.ADMIN_GROUP} (caller uid {uid})",
+            )
+        return uid
 
     async def caller_may_change(self, uid: int) -> bool:
         """The one permission check for every change (off the loop: NSS may block)."""
@@ -309,21 +321,11 @@ class DBusApi:
         off the loop), then the engine takes the run-time change back."""
         section, key = msg.body
         try:
-            uid = await self._caller_uid(msg.sender)
-            if not await self.caller_may_change(uid):
-                raise DBusFailure(
-                    names.ERROR_ACCESS_DENIED,
-                    f"changing nvshare settings needs root or group {names.ADMIN_GROUP} "
-                    f"(caller uid {uid})",
-                )
+            uid = await self.permitted_caller(msg, "nvshare settings")
             loop = asyncio.get_running_loop()
-            try:
+            with settings_refusals():
                 where = await loop.run_in_executor(None, pin_address, section, key, uid_of)
                 await self._engine.reset_setting(*where)
-            except SettingsNotSaved as error:
-                raise DBusFailure(names.ERROR_SAVE_FAILED, str(error)) from None
-            except ValueError as error:  # SettingsError: str() is the human sentence
-                raise DBusFailure(names.ERROR_INVALID_ARGUMENT, str(error)) from None
             reply = Message.new_method_return(msg)
             log.info("dbus reset [%s] %s uid=%d", excerpt(section), excerpt(key), uid)
         except DBusFailure as failure:

@@ -20,7 +20,7 @@ from dbus_next import Message, MessageType, Variant
 from dbus_next.constants import ErrorType
 
 from . import dbus_names as names
-from .dbus_api import DBusApi
+from .dbus_api import DBusApi, settings_refusals
 from .dbus_changes import PropertiesChangedEmitter
 from .dbus_connection import plain
 from .dbus_contract import Contract, ContractMismatch, DBusFailure
@@ -30,7 +30,6 @@ from .identity import uid_of
 from .settings import (
     Settings,
     SettingsError,
-    SettingsNotSaved,
     Share,
     parse_share_by,
     parse_share_group,
@@ -209,23 +208,13 @@ class SharesApi:
 
     async def _change(self, msg: Message, change) -> None:
         try:
-            uid = await self._api._caller_uid(msg.sender)
-            if not await self._api.caller_may_change(uid):
-                raise DBusFailure(
-                    names.ERROR_ACCESS_DENIED,
-                    f"changing nvshare's shares needs root or group {names.ADMIN_GROUP} "
-                    f"(caller uid {uid})",
-                )
+            uid = await self._api.permitted_caller(msg, "nvshare's shares")
             changes = await asyncio.get_running_loop().run_in_executor(None, change)
-            try:
+            with settings_refusals():
                 if callable(changes):  # a share: merged under the engine's lock
                     await self._engine.change_settings_from(changes)
                 else:
                     await self._engine.change_settings(**changes)
-            except SettingsNotSaved as error:
-                raise DBusFailure(names.ERROR_SAVE_FAILED, str(error)) from None
-            except ValueError as error:
-                raise DBusFailure(names.ERROR_INVALID_ARGUMENT, str(error)) from None
             reply = Message.new_method_return(msg)
             log.info("dbus %s %s uid=%d", msg.member, excerpt(plain(msg.body), 400), uid)
         except DBusFailure as failure:

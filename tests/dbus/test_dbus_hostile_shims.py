@@ -22,6 +22,7 @@ from nvshare_agent.dbus_contract import load_contract  # noqa: E402
 from nvshare_agent.dbus_properties import clients_to_dbus  # noqa: E402
 from nvshare_agent.protocol import ErrorCode  # noqa: E402
 from nvshare_agent.settings import Settings  # noqa: E402
+from nvshare_agent.settings_sources import SettingsOrigin  # noqa: E402
 from nvshare_agent.snapshot import AgentSnapshot, ClientGpuSnapshot, ClientSnapshot  # noqa: E402
 
 # uid_t and gid_t are unsigned: ids past 2**31 are valid (user namespaces,
@@ -95,6 +96,7 @@ class _StubAgent:
 
     def __init__(self):
         self.settings = Settings()
+        self.settings_origin = SettingsOrigin()
         self.clients = ()
 
     def snapshot(self):

@@ -32,6 +32,7 @@ from nvshare_agent.dbus_api import DBusApi
 from nvshare_agent.dbus_connection import connect_bus
 from nvshare_agent.dbus_contract import load_contract
 from nvshare_agent.settings import Settings
+from nvshare_agent.settings_sources import SettingsOrigin
 from nvshare_agent.snapshot import AgentSnapshot
 
 
@@ -40,6 +41,7 @@ class _StubAgent:
 
     def __init__(self):
         self.settings = Settings()
+        self.settings_origin = SettingsOrigin()
         self.changes = []
 
     def snapshot(self):
