@@ -67,6 +67,10 @@ class GpuState:
     # Clients whose pages another's turn may have pushed to the host since they last
     # held this GPU: their next grant says DISPLACED, so the shim prefetches.
     displaced: set[int] = field(default_factory=set)
+    # A memory report changed what a share group's clients hold: their MEMORY_CAP frames
+    # are due, at most every scheduler.CAPS_EVERY_S (caps_told_at: the last time).
+    caps_due: bool = False
+    caps_told_at: float = float("-inf")
 
 
 @dataclass(slots=True)

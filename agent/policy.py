@@ -77,7 +77,7 @@ class Policy:
         self.clients = clients
         self.gpus = gpus
         self.shares = shares
-        self.leases = Leases(clients, gpus, self.usage, self.fits, self.note_wait)  # acts on them
+        self.leases = Leases(clients, gpus, self.usage, self.note_wait)  # acts on them
 
     # ------------------------------------------------------------ what the rules read
 
@@ -216,14 +216,20 @@ class Policy:
     def _conflicts(self, gpu: GpuState, client: int, now: float) -> list[int]:
         """The holders that keep `client` from running now: one that keeps the GPU busy
         where it does too, and those whose memory it does not fit beside (the newest
-        first, as few as make it fit).  Empty: it may run."""
+        first until it fits, less those it fits beside after all).  Empty: it may run."""
         holders = list(gpu.holders)
         blockers = []
         if self.saturating(gpu, client, now):
             blockers = [c for c in holders if self.saturating(gpu, c, now)]
         rest = [c for c in holders if c not in blockers]
+        popped = []
         while not self.fits(gpu, [*rest, client], keeping=False):
-            blockers.append(rest.pop())
+            popped.append(rest.pop())
+        for holder in popped:  # those it fits beside after all are not in its way
+            if self.fits(gpu, [*rest, holder, client], keeping=False):
+                rest.append(holder)
+            else:
+                blockers.append(holder)
         return blockers
 
     def _role(self, gpu: GpuState, client: int, now: float) -> Role:

@@ -43,6 +43,7 @@ and the snapshot (snapshot.take_snapshot).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable
 
 from . import memory_fit
@@ -71,6 +72,9 @@ from .snapshot import AgentSnapshot, take_snapshot
 # Byte counts are u64 wherever they go (the wire, D-Bus 't'); two u64 fields
 # of one report can add up to more, which no one could show.
 MAX_BYTES = 2**64 - 1
+# MEMORY_CAP frames that memory reports make due go out at most this often per GPU: what
+# a group's other processes hold may be this much stale (docs/scheduling.md, "Shares").
+CAPS_EVERY_S = 0.01
 # A shim sends HELLO right after connect(); a peer that has not within this
 # long only holds an fd (and a place under the connection limits).
 HELLO_TIMEOUT_S = 10.0
@@ -256,8 +260,8 @@ class Scheduler:
             state.active.add(uuid)
         gpu = self.gpus[uuid]
         self._refit(gpu, now, actions, f"memory report pid={state.pid}")
+        gpu.caps_due = True  # its group's others: soon (_update)
         self._update(gpu, now, actions)
-        actions += self.shares.memory_caps([gpu], self.clients)  # its group's others
         return actions
 
     def gpu_usage(self, client: int, uuid: bytes, busy_us: int, now: float) -> list[Action]:
@@ -432,6 +436,15 @@ class Scheduler:
         """Bring one GPU up to date at `now` (the policy decides), and note when it must
         be looked at next."""
         due = self.policy.decide(gpu, now, actions)
+        if gpu.caps_due:
+            # A thousand capped processes of one group that start at once report a
+            # thousand times: telling each the others' figures every time was a million
+            # frames, and the agent fell seconds behind.  At most every CAPS_EVERY_S.
+            if now >= gpu.caps_told_at + CAPS_EVERY_S:
+                gpu.caps_due, gpu.caps_told_at = False, now
+                actions += self.shares.memory_caps([gpu], self.clients)
+            else:
+                due = min(gpu.caps_told_at + CAPS_EVERY_S, due if due is not None else math.inf)
         if due != gpu.deadline:
             gpu.deadline = due
             if due is not None:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from nvshare_agent.actions import AskToDrop, Grant, Queued
-from nvshare_agent.core_state import FEATURE_USAGE, FEATURE_YIELD
+from nvshare_agent.actions import AskToDrop, Grant, Queued, SendMemoryCap
+from nvshare_agent.core_state import FEATURE_MEMORY_CAP, FEATURE_USAGE, FEATURE_YIELD
 from nvshare_agent.leases import YIELD_IDLE_MS
 from nvshare_agent.policy import DRAIN_MS
 from nvshare_agent.scheduler import Scheduler
-from nvshare_agent.settings import AntiThrash, Settings, ShareBy
+from nvshare_agent.settings import AntiThrash, Settings, Share, ShareBy
 
 G0 = b"\x00" * 15 + b"\x01"
 GIB = 1 << 30
@@ -177,3 +177,34 @@ def test_waits_are_counted_by_cause():
     node.s.release(1, G0, 1, 12.05)
     assert node.s.clients[3].waited_s[(G0, "memory")] == pytest.approx(2.05, abs=0.11)
     assert node.s.snapshot(12.1).clients[2].gpus[0].wait_cause == ""
+
+
+def test_a_waiter_waits_only_for_the_holders_it_does_not_fit_beside():
+    node = Node(60, 4, 30)
+    node.s.clients[1].lease_duty[G0] = 1.0  # a trainer
+    node.grant(1, 0.0)
+    node.grant(2, 0.0)  # an inference server, beside it
+    node.s.clients[3].lease_duty[G0] = 1.0
+    actions = node.s.request(3, G0, 1.0)  # a second trainer: fits beside 2, not beside 1
+    assert of(Queued, actions)
+    assert node.s.policy._conflicts(node.s.gpus[G0], 3, 1.0) == [1]
+    assert [a.client for a in of(AskToDrop, actions)] in ([], [1])
+
+
+def test_a_groups_memory_caps_go_out_at_most_every_10_ms_however_many_report():
+    """A thousand capped processes of one user that start at once: telling each the
+    others' figures at every report was a million frames (issue 45)."""
+    capped = AUTO.replaced(shares=(("user:1000", Share(memory_cap_bytes=64 << 20)),))
+    s = Scheduler(capped)
+    s.add_gpu(G0, "GPU", 80 * GIB)
+    n = 50
+    for client in range(1, n + 1):
+        s.connect(client, 100 + client, 1000, 1000, 0.0)
+        s.hello(
+            client, (G0,), "c", 0.0, features=FEATURE_YIELD | FEATURE_USAGE | FEATURE_MEMORY_CAP
+        )
+    caps = [a for c in range(1, n + 1) for a in s.memory_report(c, G0, 1 << 20, 0, 0.001)]
+    told = of(SendMemoryCap, caps)
+    assert len(told) <= 2 * n  # once on the first report, not once per other's
+    later = of(SendMemoryCap, s.tick(s.next_deadline()))
+    assert {a.client: a.others_bytes for a in later} == {c: (n - 1) << 20 for c in range(1, n + 1)}

@@ -38,7 +38,7 @@ def test_a_steady_light_client_holds_its_lease_beside_a_busy_one_and_stays_light
     busy = world.client(
         "linked", "--launches", "10", "--loops", "40", "--ints", "1024", kernel_us=20000
     )
-    agent.wait_for_log(rf"grant gpu=\S+ pid={busy.pid} .*role=turn")
+    agent.wait_for_log(rf"grant gpu=\S+ pid={busy.pid} ")
     # An inference server: one 1 ms kernel every ~50 ms, never idle for a second, so it
     # never gives its lease back; holding it is no use of the GPU.
     steady = world.client(
@@ -55,18 +55,19 @@ def test_a_steady_light_client_holds_its_lease_beside_a_busy_one_and_stays_light
         assert float(grant["use"]) > 0.3, grant
 
 
-@pytest.mark.slow  # 4 s of work
+@pytest.mark.slow  # 10 s of work
 def test_a_busy_client_beside_the_turn_is_dropped_whatever_it_holds(world):
     agent = world.start_agent(config=CONFIG)
-    first = world.client("linked", "--launches", "10", "--loops", "25", kernel_us=20000)
-    agent.wait_for_log(rf"grant gpu=\S+ pid={first.pid} .*role=turn")
-    # A second trainer starts beside it (nothing known of it yet: light), keeps the GPU
-    # busy and is asked to leave once its measured use passes twice the floor.
-    second = world.client("linked", "--launches", "10", "--loops", "25", kernel_us=20000)
+    first = world.client("linked", "--launches", "10", "--loops", "50", kernel_us=20000)
+    agent.wait_for_log(rf"grant gpu=\S+ pid={first.pid} ")
+    # A second trainer starts beside it (their memory fits), keeps the GPU busy and is
+    # asked to leave once both read as saturating: two such take turns.
+    second = world.client("linked", "--launches", "10", "--loops", "50", kernel_us=20000)
     found = agent.wait_for_log(
-        rf"drop gpu=\S+ pid={second.pid} .*reason=no_longer_light use=(\S+)", timeout=10
+        rf"drop gpu=\S+ pid=({first.pid}|{second.pid}) .*reason=both_keep_it_busy use=(\S+)",
+        timeout=20,
     )
-    assert float(found.group(1)) > 0.2
+    assert float(found.group(2)) >= 0.95
     first.finish_ok(timeout=60)
     second.finish_ok(timeout=60)
 
