@@ -90,6 +90,16 @@ SETTING_TYPES = {
     "memory_cap": "t",
 }
 CLIENT_DETAIL_FIELDS = (("user", "s"), ("unit", "s"), ("container", "s"))
+# ClientDetails' "per_gpu" key (a{sa{sv}}): per GPU uuid, what the client did
+# and waited there.  Beside the Clients struct, not in it: a struct field more
+# would change Clients' signature, which clients from before would refuse.
+CLIENT_PER_GPU_KEY = "per_gpu"
+CLIENT_GPU_DETAIL_FIELDS = (
+    ("gpu_seconds", "d"),  # its GPU time there since it came (the shim's measure)
+    ("recent_use", "d"),  # share of the last ~10 s it kept the GPU busy
+    ("wait_cause", "s"),  # waiting: why now (memory, turn, latency work, share); else ""
+    ("waited_s", "a{sd}"),  # seconds waited there so far, by cause, the wait under way too
+)
 STATISTICS_FIELDS = (
     ("grants", "t"),
     ("drops", "t"),

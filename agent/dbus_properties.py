@@ -83,13 +83,39 @@ def gpu_details_to_dbus(snapshot: AgentSnapshot) -> dict:
 
 
 def client_details_to_dbus(snapshot: AgentSnapshot) -> dict:
-    return {
-        _in_range(client.pid, "u"): {
+    """ClientDetails: per pid, who it is and what it did on each GPU.  Two
+    connections of one process are one pid: their figures are added up."""
+    details: dict = {}
+    per_gpu: dict = {}
+    for client in snapshot.clients:
+        pid = _in_range(client.pid, "u")
+        details[pid] = {
             key: Variant(dbus_type, getattr(client, key))
             for key, dbus_type in names.CLIENT_DETAIL_FIELDS
         }
-        for client in snapshot.clients
-    }
+        for entry in client.gpus:
+            _add_gpu_figures(per_gpu.setdefault(pid, {}).setdefault(entry.uuid, {}), entry)
+    for pid, gpus in per_gpu.items():
+        details[pid][names.CLIENT_PER_GPU_KEY] = Variant(
+            "a{sa{sv}}",
+            {
+                uuid: {
+                    key: Variant(dbus_type, figures[key])
+                    for key, dbus_type in names.CLIENT_GPU_DETAIL_FIELDS
+                }
+                for uuid, figures in gpus.items()
+            },
+        )
+    return details
+
+
+def _add_gpu_figures(figures: dict, entry) -> None:
+    figures["gpu_seconds"] = figures.get("gpu_seconds", 0.0) + float(entry.gpu_seconds)
+    figures["recent_use"] = figures.get("recent_use", 0.0) + float(entry.recent_use)
+    figures["wait_cause"] = figures.get("wait_cause") or entry.wait_cause
+    waited = figures.setdefault("waited_s", {})
+    for cause, seconds in entry.waited_s:
+        waited[cause] = waited.get(cause, 0.0) + float(seconds)
 
 
 def gpu_settings_to_dbus(settings: Settings) -> dict:

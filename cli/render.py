@@ -64,11 +64,15 @@ def gpus_as_dicts(gpus, details=None, statistics=None) -> list:
 
 
 def clients_as_dicts(clients, details=None) -> list:
-    """Clients' structs, each with its ClientDetails (user, unit, container) merged in."""
+    """Clients' structs, each with its ClientDetails (user, unit, container) merged
+    in, and each GPU entry with its figures there (gpu_seconds, wait_cause, ...)."""
     records = [_record(client, names.CLIENT_FIELDS) for client in clients]
     for record in records:
-        for key, value in (details or {}).get(record["pid"], {}).items():
-            record[key] = value
+        own = dict((details or {}).get(record["pid"], {}))
+        per_gpu = own.pop(names.CLIENT_PER_GPU_KEY, {})
+        record.update(own)
+        for entry in record["gpus"]:  # gpu_seconds, wait_cause, ... beside its state
+            entry.update(per_gpu.get(entry["uuid"], {}))
     return records
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 from prometheus_client.core import (
     CollectorRegistry,
@@ -29,6 +30,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 CLIENT_LABELS = ("gpu", "pid", "user", "command")
+# Who a process is, for the counters of what it did: its unit and pod too, so
+# that a dashboard can add them up by either ("pod": the agent's "container").
+USAGE_LABELS = ("gpu", "pid", "user", "unit", "pod")
 CLIENT_STATES = ("idle", "waiting", "holding", "draining")
 GPU_MODES = ("exclusive", "shared")
 ANTI_THRASH_SETTINGS = ("on", "off", "auto")
@@ -56,7 +60,12 @@ FAMILY_NAMES = (
     "nvshare_client_memory_bytes",
     "nvshare_client_holding_seconds",
     "nvshare_client_state",
+    "nvshare_client_gpu_seconds",
+    "nvshare_client_wait_seconds",
 )
+
+
+_Family = TypeVar("_Family", GaugeMetricFamily, CounterMetricFamily)
 
 
 class _Series:
@@ -75,7 +84,7 @@ class _Series:
             self._combine(self.values[key], value) if key in self.values else float(value)
         )
 
-    def into(self, family: GaugeMetricFamily) -> GaugeMetricFamily:
+    def into(self, family: _Family) -> _Family:
         for labels, value in self.values.items():
             family.add_metric(labels, value)
         return family
@@ -221,6 +230,8 @@ def _client_families(clients: list[dict]) -> Iterator[Metric]:
     memory = _Series()
     holding = _Series(max)
     states = _Series()
+    gpu_time = _Series()
+    waited = _Series()
     for client in clients:
         identity = [client["pid"], client["uid"], client.get("user", ""), client["command"]]
         identity += [client.get("unit", ""), client.get("container", "")]
@@ -235,6 +246,13 @@ def _client_families(clients: list[dict]) -> Iterator[Metric]:
             holding.add(labels, entry["holding_seconds"])
             for state in CLIENT_STATES:
                 states.add([*labels, state], 1 if entry["state"] == state else 0)
+            if "gpu_seconds" not in entry:  # an agent from before it said
+                continue
+            usage = [entry["uuid"], client["pid"], user, client.get("unit", "")]
+            usage.append(client.get("container", ""))
+            gpu_time.add([*usage, client["command"]], entry["gpu_seconds"])
+            for cause, seconds in entry.get("waited_s", {}).items():
+                waited.add([*usage, cause], seconds)
     yield info
     yield memory.into(
         GaugeMetricFamily(
@@ -256,6 +274,22 @@ def _client_families(clients: list[dict]) -> Iterator[Metric]:
             "1 for the process's state on the GPU (idle, waiting, holding or draining), 0 for the "
             "others; more than 1 only for a process with several connections.",
             labels=[*CLIENT_LABELS, "state"],
+        )
+    )
+    yield gpu_time.into(
+        CounterMetricFamily(
+            "nvshare_client_gpu_seconds",
+            "GPU time the process has used on the GPU since it connected, as the shim measures "
+            "it (its series ends when the process disconnects).",
+            labels=[*USAGE_LABELS, "command"],
+        )
+    )
+    yield waited.into(
+        CounterMetricFamily(
+            "nvshare_client_wait_seconds",
+            "Seconds the process has waited for the GPU since it connected, by why it waited "
+            "(memory, turn, latency work, share), the wait under way included.",
+            labels=[*USAGE_LABELS, "cause"],
         )
     )
 

@@ -199,7 +199,21 @@ def test_every_family_written_is_documented_and_none_other():
                     "memory_demand_bytes": 1 << 30,
                 }
             },
-            "ClientDetails": {7: {"user": "root", "unit": "a.service", "container": ""}},
+            "ClientDetails": {
+                7: {
+                    "user": "root",
+                    "unit": "a.service",
+                    "container": "",
+                    "per_gpu": {
+                        "GPU-a": {
+                            "gpu_seconds": 2.5,
+                            "recent_use": 1.0,
+                            "wait_cause": "",
+                            "waited_s": {"turn": 0.5},
+                        }
+                    },
+                }
+            },
             "Statistics": {},
         }
     )

@@ -31,6 +31,8 @@ from nvshare_agent.protocol import MessageType
 
 GiB = 1 << 30
 HOLDING = "nvshare_client_holding_seconds"
+GPU_TIME = "nvshare_client_gpu_seconds_total"
+WAITED = "nvshare_client_wait_seconds_total"
 
 # A fake shim in a process of its own: HELLO as argv[2], a memory report of argv[3]
 # bytes, a lock request; prints each frame's type as it comes, and keeps its
@@ -163,6 +165,20 @@ def expected_samples(status: dict) -> dict:
         put(HOLDING, dict(zip(names, labels)), value)
     for labels, value in states.items():
         put("nvshare_client_state", dict(zip((*names, "state"), labels)), value)
+    gpu_time, waited = defaultdict(float), defaultdict(float)
+    for client in status["clients"]:
+        who = (client["user"], client["unit"], client["container"])
+        for entry in client["gpus"]:
+            gpu_time[(entry["uuid"], str(client["pid"]), *who, client["command"])] += entry[
+                "gpu_seconds"
+            ]
+            for cause, seconds in entry["waited_s"].items():
+                waited[(entry["uuid"], str(client["pid"]), *who, cause)] += seconds
+    usage = ("gpu", "pid", "user", "unit", "pod")
+    for labels, value in gpu_time.items():
+        put(GPU_TIME, dict(zip((*usage, "command"), labels)), value)
+    for labels, value in waited.items():
+        put(WAITED, dict(zip((*usage, "cause"), labels)), value)
     for group in status.get("groups", []):
         on = {"gpu": group["gpu"], "group": group["group"]}
         put("nvshare_share_weight", on, group["weight"])
@@ -170,6 +186,12 @@ def expected_samples(status: dict) -> dict:
         put("nvshare_share_use", on, group["use"])
         put("nvshare_share_of_gpu_time", on, group["share"])
     return want
+
+
+def waiter_status_cause(status: dict, pid: int) -> str:
+    (entry,) = next(client["gpus"] for client in status["clients"] if client["pid"] == pid)
+    assert entry["state"] == "waiting" and entry["wait_cause"], entry
+    return entry["wait_cause"]
 
 
 def scrape(bus, accept: str = "") -> str:
@@ -183,12 +205,15 @@ def scrape(bus, accept: str = "") -> str:
     return answer.body.decode()
 
 
-# What moves while nothing else does: a holder's time, a share group's use and share.
-MOVING = (HOLDING, "nvshare_share_use", "nvshare_share_of_gpu_time")
+# What moves while nothing else does: a holder's time and GPU time, a waiter's wait,
+# a share group's use and share.
+GROWING = (HOLDING, GPU_TIME, WAITED)
+MOVING = (*GROWING, "nvshare_share_use", "nvshare_share_of_gpu_time")
 
 
 def without(found: dict, name: str) -> dict:
-    """found less the samples that move with time (HOLDING and the groups' use and share)."""
+    """found less the samples that move with time (HOLDING, the GPU time and waits,
+    and the groups' use and share)."""
     assert name == HOLDING
     return {key: value for key, value in found.items() if key[0] not in MOVING}
 
@@ -242,7 +267,7 @@ def test_a_scrape_equals_nvsharectl_status_json_of_the_same_moment(fast_agent, b
         assert without(before, HOLDING) == without(expected, HOLDING)
         assert set(before) == set(expected)
         for key, value in expected.items():
-            if key[0] == HOLDING:
+            if key[0] in GROWING:
                 assert before[key] <= value <= after[key], key
 
         # What happened, read from the scrape itself.
@@ -277,6 +302,24 @@ def test_a_scrape_equals_nvsharectl_status_json_of_the_same_moment(fast_agent, b
         assert before[("nvshare_client_memory_bytes", twins)] == GiB // 2
         assert before[("nvshare_client_state", twins | {("state", "idle")})] == 2
         assert before[("nvshare_clients", frozenset())] == 5
+
+        # Who used the GPU and who waited, and why: the holder's GPU time is
+        # at least its turn so far; the waiter waits its turn (anti-thrash on).
+        holder_usage = {("gpu", uuid), ("pid", str(holder.process.pid)), ("user", "nobody")}
+        (gpu_time,) = [
+            value
+            for (name, labels), value in before.items()
+            if name == GPU_TIME and holder_usage | {("command", "holder")} <= labels
+        ]
+        assert gpu_time > 0
+        waiter_wait = {("gpu", uuid), ("pid", str(waiter.process.pid)), ("user", "root")}
+        causes = {
+            dict(labels)["cause"]: value
+            for (name, labels), value in before.items()
+            if name == WAITED and waiter_wait <= labels
+        }
+        assert list(causes) == [waiter_status_cause(status, waiter.process.pid)]
+        assert next(iter(causes.values())) > 0
 
         # The OpenMetrics text that Prometheus asks for holds the same samples.
         openmetrics = samples(

@@ -1,0 +1,106 @@
+"""Who used the GPU and who waited, per process: the counters follow the
+process while it is connected and leave no series behind when it is gone.
+The exporter is a process per scrape, so what a scrape holds is the agent's
+state alone: an agent that forgot nothing would grow a series per process
+that ever came."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from agent_harness import FAST_CONFIG, GPU0, AgentProcess, ShimClient
+from dbus_harness import NOBODY, busctl_on_agent, wait_for
+from metrics_harness import exchange, get, samples
+from other_users import other_user_env, python_as
+
+from nvshare_agent import protocol
+
+GONE = 10_000  # processes that come and go (the brief: their series must not stay)
+PER_CLIENT = ("nvshare_client_",)
+
+
+@pytest.fixture
+def fast_agent(world_dir, bus):
+    agent = AgentProcess(world_dir / "agent", config=FAST_CONFIG, bus=bus.address).start()
+    (world_dir / "agent").chmod(0o755)
+    wait_for(bus.name_has_owner, "the agent on the bus")
+    yield agent
+    assert agent.stop() == 0, agent.log()
+
+
+def scrape(bus) -> dict:
+    answer = exchange(
+        python_as(NOBODY, "-m", "nvshare_metrics", "--bus", bus.address),
+        get(),
+        env=other_user_env(),
+    )
+    assert answer.status == 200 and answer.returncode == 0, answer
+    return samples(answer.body.decode())
+
+
+def per_client(found: dict) -> dict:
+    return {key: value for key, value in found.items() if key[0].startswith(PER_CLIENT)}
+
+
+def test_gpu_time_and_waits_count_while_connected_and_end_with_the_process(fast_agent, bus):
+    uuid = protocol.format_uuid(GPU0)
+    busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "3600")
+    holder = ShimClient(fast_agent.socket_path, command="holder")
+    waiter = ShimClient(fast_agent.socket_path, command="waiter")
+    holder.request()
+    grant = holder.wait_grant()
+    waiter.request()
+    time.sleep(0.3)  # a wait and a turn long enough to measure
+    first = scrape(bus)
+    time.sleep(0.3)
+    second = scrape(bus)
+
+    def only(found: dict, name: str, **labels) -> float:
+        (value,) = [
+            value
+            for (family, pairs), value in found.items()
+            if family == name and set(labels.items()) <= pairs
+        ]
+        return value
+
+    held_before = only(first, "nvshare_client_gpu_seconds_total", command="holder", gpu=uuid)
+    held_after = only(second, "nvshare_client_gpu_seconds_total", command="holder", gpu=uuid)
+    assert 0.25 <= held_before < held_after  # it held the GPU busy all along
+    # Anti-thrash on, both busy: the waiter waits its turn, and the wait grows.
+    waited_before = only(first, "nvshare_client_wait_seconds_total", cause="turn", gpu=uuid)
+    waited_after = only(second, "nvshare_client_wait_seconds_total", cause="turn", gpu=uuid)
+    assert 0.25 <= waited_before < waited_after
+    holder.release(grant)
+    waiter.release(waiter.wait_grant(timeout=10))
+    holder.close()
+    waiter.close()
+    wait_for(lambda: not per_client(scrape(bus)), "the per-process series gone")
+
+
+def test_ten_thousand_gone_processes_leave_no_series(fast_agent, bus):
+    # One process stays (so that the GPU stays known); each round, one holds,
+    # another waits behind it, and both go.
+    stays = ShimClient(fast_agent.socket_path, command="stays")
+    stays.report_memory(GPU0, 1 << 20)
+    alone = per_client(scrape(bus))
+    assert {dict(labels).get("pid") for _, labels in alone} == {str(os.getpid())}
+    for _ in range(GONE // 2):
+        holder = ShimClient(fast_agent.socket_path, command="holder")
+        waiter = ShimClient(fast_agent.socket_path, command="waiter")
+        holder.request()
+        grant = holder.wait_grant()
+        waiter.request()
+        holder.release(grant)
+        waiter.wait_grant(timeout=10)
+        holder.close()
+        waiter.close()
+    on = frozenset({("gpu", protocol.format_uuid(GPU0))})
+    wait_for(lambda: scrape(bus)[("nvshare_clients", frozenset())] == 1, "only one client left")
+    found = scrape(bus)
+    assert found[("nvshare_grants_total", on)] == GONE
+    # The same series as before the 10,000 came and went: none of theirs.
+    assert set(per_client(found)) == set(alone)
+    stays.close()
+    assert fast_agent.alive()
