@@ -22,7 +22,9 @@ from nvshare_agent.version import version
 
 from . import render
 from .client import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CliError, connect
+from .explain import explain as explain_pid
 from .text_fit import terminal_width
+from .top import watch
 
 app = typer.Typer(
     help="Watch and change the nvshare GPU-sharing agent (over D-Bus).",
@@ -259,6 +261,55 @@ def clients(
     else:
         width = terminal_width()
         typer.echo(render.clients_text(status_now["clients"], status_now["gpus"], width))
+
+
+@app.command()
+def top(
+    ctx: typer.Context,
+    once: bool = typer.Option(False, "--once", help="Print one frame (after ~1 s) and exit."),
+    interval: float = typer.Option(
+        1.0, "--interval", metavar="SECONDS", help="Seconds between frames (0.1..3600)."
+    ),
+    json_output: Optional[bool] = JSON_OPTION,
+    bus: Optional[str] = BUS_OPTION,
+):
+    """Who uses each GPU now and who waits and why, refreshed (Ctrl-C quits)."""
+    options = _options(ctx, json_output, bus)
+    if not 0.1 <= interval <= 3600:
+        typer.echo(f"nvsharectl: --interval must be 0.1..3600 seconds, got {interval:g}", err=True)
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        asyncio.run(watch(options.bus, interval, once, options.json_output))
+    except CliError as error:
+        typer.echo(f"nvsharectl: {error}", err=True)
+        raise typer.Exit(error.exit_code) from None
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how top is left: not a failure
+
+
+@app.command()
+def explain(
+    ctx: typer.Context,
+    pid: int = typer.Argument(..., metavar="PID", show_default=False),
+    json_output: Optional[bool] = JSON_OPTION,
+    bus: Optional[str] = BUS_OPTION,
+):
+    """Why process PID waits for its GPU now, or that it runs, in a sentence."""
+    options = _options(ctx, json_output, bus)
+    status_now = _run(_status(options, print_status=False))
+    try:
+        said = explain_pid(status_now, pid)
+    except LookupError:
+        typer.echo(
+            f"nvsharectl: no process {pid} is connected to the nvshare agent now "
+            "(nvsharectl clients lists those that are)",
+            err=True,
+        )
+        raise typer.Exit(EXIT_FAILED) from None
+    if options.json_output:
+        _print_json({"pid": pid, "gpus": said})
+    else:
+        typer.echo("\n".join(entry["sentence"] for entry in said))
 
 
 # ignore_unknown_options: so `set-tq -5` reaches the range check as a number
