@@ -132,7 +132,13 @@ class DBusApi:
         self._config_problem = config_problem
         self._pending: set[asyncio.Task] = set()  # strong refs: the loop keeps weak ones
         self._changes = PropertiesChangedEmitter(
-            bus, contract, self._values, {names.PROP_CLIENTS: _clients_less_held_seconds}
+            bus,
+            contract,
+            self._values,
+            {
+                names.PROP_CLIENTS: _clients_less_held_seconds,
+                names.PROP_CLIENT_DETAILS: _details_less_moving_figures,
+            },
         )
         self._routes: dict[tuple[str, str], Callable[[Message], Message | None]] = {
             (PROPERTIES_INTERFACE, "Get"): self._get,
@@ -379,3 +385,19 @@ def _clients_less_held_seconds(clients: list) -> list:
     # Holding time grows on every read; comparing it would make every snapshot
     # look like a change.  PropertiesChanged reports state changes.
     return [[*c[:4], [e[:3] for e in c[4]]] for c in clients]
+
+
+def _details_less_moving_figures(details: dict) -> dict:
+    # GPU time, recent use and time waited move on every read; why a client
+    # waits is a change of state, and stays.
+    return {
+        pid: {
+            key: (
+                {uuid: gpu["wait_cause"].value for uuid, gpu in item.value.items()}
+                if key == names.CLIENT_PER_GPU_KEY
+                else item
+            )
+            for key, item in fields.items()
+        }
+        for pid, fields in details.items()
+    }

@@ -10,9 +10,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
-from agent_harness import GPU0, ShimClient
-from dbus_harness import busctl_on_agent, get_property, nvsharectl, property_data, wait_for
-from dbus_next import Message
+from agent_harness import GPU0, AsyncShimClient, ShimClient
+from dbus_harness import (
+    busctl_on_agent,
+    get_property,
+    nvsharectl,
+    property_data,
+    wait_for,
+    watch_properties_changed,
+)
+from dbus_next import Message, Variant
 from dbus_next.aio import MessageBus
 
 from nvshare_agent import dbus_names as names
@@ -108,3 +115,42 @@ def test_a_client_that_waited_and_now_holds_keeps_its_wait_and_has_no_cause(agen
         assert figures["waited_s"]["turn"] > 0
     finally:
         waiter.close()
+
+
+async def test_client_details_signal_a_new_wait_cause_not_gpu_time_moving(agent, bus):
+    connection = await MessageBus(bus_address=bus.address).connect()
+    signals = await watch_properties_changed(connection, f"path='{names.OBJECT_PATH}'")
+    holder = await AsyncShimClient.connect(agent.socket_path, (GPU0,), command="holder")
+    try:
+        holder.request()
+        await holder.wait_grant()
+        await asyncio.sleep(0.3)  # its GPU time grows on every read
+        # A change of the agent's (TimeQuantum) while only figures moved: its
+        # signal carries no ClientDetails.
+        await asyncio.to_thread(
+            busctl_on_agent, bus.address, "set-property", "TimeQuantum", "u", "20"
+        )
+        while True:
+            signal = await asyncio.wait_for(signals.get(), 30)
+            changed = signal.body[1]
+            if "TimeQuantum" in changed:
+                break
+        assert names.PROP_CLIENT_DETAILS not in changed, changed
+
+        # A waiter comes: why it waits is news, signalled with its figures.
+        waiter = await AsyncShimClient.connect(agent.socket_path, (GPU0,), command="waiter")
+        waiter.request()
+        while True:
+            changed = (await asyncio.wait_for(signals.get(), 30)).body[1]
+            details = changed.get(names.PROP_CLIENT_DETAILS)
+            causes = [
+                gpu["wait_cause"].value
+                for fields in (details.value.values() if details else ())
+                for gpu in fields.get("per_gpu", Variant("a{sa{sv}}", {})).value.values()
+            ]
+            if any(causes):
+                break
+        await waiter.close()
+    finally:
+        await holder.close()
+        connection.disconnect()
