@@ -26,8 +26,10 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import queue
 import resource
 import shlex
+import shutil
 import signal
 import socket
 import statistics
@@ -65,6 +67,19 @@ class BlockingClient:
             self.inbox.extend(self.reader.feed(data))
         return self.inbox.pop(0)
 
+    def next_grant(self) -> protocol.LockMessage:
+        """The next LOCK_GRANT, past the frames that do not concern the lock: the agent's
+        WELCOME after SETTINGS, a waiting client's KEEPALIVE, MEMORY_CAP (minimal_relay
+        sends none of them)."""
+        while True:
+            message = self.next()
+            if type(message) is protocol.LockMessage:
+                if message.type == MessageType.LOCK_GRANT:
+                    return message
+                raise RuntimeError(f"expected LOCK_GRANT, got {MessageType(message.type).name}")
+            if type(message) is protocol.Error:
+                raise RuntimeError(f"agent error {message.code}: {message.text}")
+
 
 def cycling_client(path: str, index: int, ready, go, stop_at_holder, results) -> None:
     client = BlockingClient(path, f"bench{index}")
@@ -76,7 +91,7 @@ def cycling_client(path: str, index: int, ready, go, stop_at_holder, results) ->
     sock = client.sock
     while now_ns() < stop_at:
         sock.sendall(request)
-        grant = client.next()
+        grant = client.next_grant()
         received = now_ns()
         release = protocol.encode_lock(MessageType.RELEASED, GPU, grant.lease)
         sent = now_ns()
@@ -92,6 +107,19 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def next_result(results, procs: list, deadline: float):
+    """One client's results; a client that died (its traceback is on stderr) stops the
+    bench at once instead of at the deadline."""
+    while time.monotonic() < deadline:
+        try:
+            return results.get(timeout=0.5)
+        except queue.Empty:
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                sys.exit(f"agent_bench: a client failed (exit code {failed[0]})")
+    sys.exit("agent_bench: the clients did not finish in time")
 
 
 def run_cycle(path: str, clients: int, seconds: float, agent_pid: int) -> dict:
@@ -111,8 +139,9 @@ def run_cycle(path: str, clients: int, seconds: float, agent_pid: int) -> dict:
     stop_at.value = start + int(seconds * 1e9)
     go.set()
     grant_at, release_at = {}, {}
+    deadline = time.monotonic() + seconds + 60
     for _ in procs:
-        grants, releases = results.get(timeout=seconds + 60)
+        grants, releases = next_result(results, procs, deadline)
         grant_at.update(grants)
         release_at.update(releases)
     agent_cpu = cpu_seconds(agent_pid) - cpu_before
@@ -144,7 +173,7 @@ def rss_with_idle_clients(path: str, agent_pid: int, clients: int) -> dict:
         c = BlockingClient(path, f"idle{i}")
         c.sock.sendall(request)  # one holder, the rest queued: the state a busy node keeps
         held.append(c)
-    held[0].next()  # the first one's grant: the agent has seen them all by now
+    held[0].next_grant()  # the first one's grant: the agent has seen them all by now
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and f"idle{clients - 1}" not in open(LOG_PATH).read():
         time.sleep(0.05)
@@ -168,7 +197,7 @@ def rss_after_churn(path: str, agent_pid: int, connections: int) -> dict:
         for i in range(connections // 2):
             client = BlockingClient(path, f"churn{i}")
             client.sock.sendall(request)
-            grant = client.next()
+            grant = client.next_grant()
             client.sock.sendall(protocol.encode_lock(MessageType.RELEASED, GPU, grant.lease))
             client.sock.close()
         time.sleep(0.5)  # the agent sees the last ones go
@@ -297,6 +326,8 @@ def main() -> int:
     finally:
         agent.send_signal(signal.SIGTERM)
         agent.wait(30)
+    # Kept when anything failed: its agent.log says why.  CI runs this on every push.
+    shutil.rmtree(workdir)
     return 0
 
 
