@@ -5,9 +5,9 @@ order decide() applies it).
 One idea for anti-thrash auto: who may run together is a question of memory alone (what
 fits together runs together), except that two clients that each keep the GPU busy take
 turns, which beats interleaving them; who goes first, and who gives way, is a question of
-GPU time per weight: a client under its fair share of the GPU goes first and may cut a
-turn short, one over it waits for a turn.  The GPU is never left idle for a waiter that
-fits beside those running.
+GPU time per weight: the waiter owed the most goes first, and work in bursts owed more
+than a holder in its way cuts that holder's turn short, where bulk work waits for the
+turn's end.  The GPU is never left idle for a waiter that fits beside those running.
 
 decide() returns the actions *and* the next moment any rule could act: every comparison
 with the clock goes through Moments.reached(), which notes the moments not reached yet,
