@@ -187,9 +187,14 @@ def simulate(
 
     def join(c: Client, now: float) -> None:
         c.joined = True
-        core.connect(c.number, pid=100 + c.number, uid=uid[c.number], gid=1000, now=now)
-        core.hello(c.number, (GPU,), c.kind, now=now, features=FEATURE_YIELD | FEATURE_USAGE)
-        core.memory_report(c.number, GPU, c.memory_bytes, 0, now=now)
+        # A newcomer's report moves the GPU's figures: what the rules do then is carried
+        # out (a grant made here was once lost, and its client counted idle for good).
+        carry_out(
+            core.connect(c.number, pid=100 + c.number, uid=uid[c.number], gid=1000, now=now)
+            + core.hello(c.number, (GPU,), c.kind, now=now, features=FEATURE_YIELD | FEATURE_USAGE)
+            + core.memory_report(c.number, GPU, c.memory_bytes, 0, now=now),
+            now,
+        )
 
     def carry_out(actions, now):
         for action in actions:
