@@ -7,7 +7,9 @@ fits together runs together), except that two clients that each keep the GPU bus
 turns, which beats interleaving them; who goes first, and who gives way, is a question of
 GPU time per weight: the waiter owed the most goes first, and work in bursts owed more
 than a holder in its way cuts that holder's turn short, where bulk work waits for the
-turn's end.  The GPU is never left idle for a waiter that fits beside those running.
+turn's end; between clients that run together, a group ahead of its share waits while a
+busy one owed more runs.  The GPU is never left idle for a waiter that fits beside those
+running and is not ahead of its share.
 
 decide() returns the actions *and* the next moment any rule could act: every comparison
 with the clock goes through Moments.reached(), which notes the moments not reached yet,
@@ -48,6 +50,16 @@ BURST_USE = 0.5
 # How long a turn takes to drain once asked to drop (its shim bounds its queue meanwhile):
 # the drop is asked this much before a cutting-in waiter's light wait is up.
 DRAIN_MS = 25
+# Two clients that each keep the GPU busy and fit together take turns this long (longer
+# for a group owed more), not TQ: a handover between them costs a drain, not a page-in,
+# and shorter turns keep every 10 s fair.
+BUSY_TURN_S = 1.0
+# Held to its share: a group whose charge (GPU seconds over weight) leads, by more than
+# PACE_LEAD_S, that of a client with work that runs or could run beside it gives way to
+# it.  A group is counted behind by at most PACE_CREDIT_S: bursts of about that much go
+# first (latency work), and a quiet spell banks no more.
+PACE_LEAD_S = 0.2
+PACE_CREDIT_S = 1.0
 
 
 # Who is owed GPU time, least first (Policy._standing); the order of waiters, first first
@@ -172,8 +184,10 @@ class Policy:
                     waiter.requested_at + light_wait_s
                 )
         self._keep_holders_apart(gpu, at, actions)
-        blocked = self._grant_what_fits(gpu, at, actions)
+        ahead = self._ahead_of_share(gpu, now)
+        blocked = self._grant_what_fits(gpu, ahead, at, actions)
         self._make_room(gpu, blocked, self._priority(gpu, at), at, actions)
+        self._hold_to_share(gpu, ahead, now, actions)
         if gpu.waiters or len(gpu.holders) > 1:
             at.reached(now + CHECK_S)  # uses change as they run: look again
 
@@ -236,10 +250,12 @@ class Policy:
         """A turn for bulk work; beside for work in bursts."""
         return Role.BESIDE if self.bursty(gpu, client, now) else Role.TURN
 
-    def _grant_what_fits(self, gpu: GpuState, at: Moments, actions: list[Action]) -> list[int]:
-        """Grant, first first, every waiter nothing keeps from running; returns the rest,
-        first first.  Once a waiter that must be kept waiting is overdue, nobody after it
-        is let in ahead of it."""
+    def _grant_what_fits(
+        self, gpu: GpuState, ahead: set[int], at: Moments, actions: list[Action]
+    ) -> list[int]:
+        """Grant, first first, every waiter nothing keeps from running and not ahead of
+        its share; returns the rest, first first.  Once a waiter that must be kept
+        waiting is overdue, nobody after it is let in ahead of it."""
         if not gpu.waiters:
             return []
         key = self._priority(gpu, at)
@@ -247,6 +263,9 @@ class Policy:
         for client in sorted(gpu.waiters, key=key):
             if blocked and not key(blocked[0])[0] and self._delays(gpu, client, blocked[0], at):
                 blocked.append(client)  # behind an overdue waiter it would keep out longer
+                continue
+            if client in ahead and key(client)[0]:  # an overdue one goes in all the same
+                blocked.append(client)
                 continue
             if self._conflicts(gpu, client, at.now):
                 blocked.append(client)
@@ -273,7 +292,6 @@ class Policy:
         turn (TQ; longer while its group is owed, share_groups.py), after its minimum
         slice for work in bursts owed more than it, at once for an overdue waiter."""
         settings = gpu.settings
-        quantum = settings.time_quantum_s
         min_slice_s = settings.min_slice_ms / 1000.0
         cut_in_after_s = (settings.light_wait_ms - DRAIN_MS) / 1000.0
         now = at.now
@@ -295,10 +313,10 @@ class Policy:
                     max(held.granted_at + min_slice_s, waiter.requested_at + cut_in_after_s)
                 ):
                     self.leases.ask_to_drop(gpu, holder, held, now, actions, DropReason.OWED_WAITS)
-                elif at.reached(held.turn_since + quantum):
+                elif at.reached(held.turn_since + self._turn_s(gpu, holder, client, now)):
                     if self.shares.turn_goes_on(gpu, holder, client, self.clients, now, at.reached):
-                        held.turn_since = now  # its group is owed: another quantum
-                        at.reached(now + quantum)
+                        held.turn_since = now  # its group is owed: another turn
+                        at.reached(now + self._turn_s(gpu, holder, client, now))
                         self.note_wait(gpu, client, waiter, WaitCause.SHARE.value, now)
                     else:
                         self.leases.ask_to_drop(
@@ -309,6 +327,78 @@ class Policy:
                     # bursts waits no longer than it must.  Bulk work in the way of bulk
                     # work keeps its turn: a handover at every pause pages both.
                     self.leases.ask_to_yield(gpu, holder, held, now, actions)
+
+    def _turn_s(self, gpu: GpuState, holder: int, waiter: int, now: float) -> float:
+        """A turn's length: TQ where memory keeps them apart (a page-in each way),
+        BUSY_TURN_S where only both keeping the GPU busy does."""
+        if self.fits(gpu, [holder, waiter], keeping=False):
+            return BUSY_TURN_S
+        return float(gpu.settings.time_quantum_s)
+
+    # ------------------------------------------------------------ held to shares
+
+    def _ahead_of_share(self, gpu: GpuState, now: float) -> set[int]:
+        """Clients ahead of their share: each (holder, or waiter nothing keeps out)
+        whose group's charge leads, by more than PACE_LEAD_S, that of a holder beside
+        it that keeps its lease busy (_keeps_lease_busy), counting nobody behind by more
+        than PACE_CREDIT_S.  (Under share_by=process nobody is charged: the driver's
+        equal slices are the shares.)"""
+        holding = [c for c, held in gpu.holders.items() if held.drop_requested_at is None]
+        working = holding + [c for c in gpu.waiters if not self._conflicts(gpu, c, now)]
+        if len(working) < 2:
+            return set()
+        charged = self.shares.charged(gpu, self.clients, now)
+        top = max(charged(c) for c in working)
+        credit = {c: max(charged(c), top - PACE_CREDIT_S) for c in working}
+        low = min(credit.values())
+        behind = [
+            c
+            for c in holding
+            if credit[c] < low + PACE_LEAD_S + 1e-9 or self._keeps_lease_busy(gpu, c, now)
+        ]
+        return {
+            c
+            for c in working
+            if credit[c] > low + PACE_LEAD_S
+            and any(
+                credit[c] > credit[other] + PACE_LEAD_S
+                and self._keeps_lease_busy(gpu, other, now)
+                and self._beside(gpu, c, other, now)
+                for other in behind
+            )
+        }
+
+    def _keeps_lease_busy(self, gpu: GpuState, client: int, now: float) -> bool:
+        """Whether a holder has kept the GPU busy (SATURATING_USE) for CHECK_S and more
+        since its grant, as its reports tell.  Others are held back only for such: for
+        a shorter burst, the GPU would sit idle in the gap before its holder lets go."""
+        held = gpu.holders[client]
+        meter = self.clients[client].usage.get(gpu.uuid)
+        if meter is None or meter.stamp < held.granted_at + CHECK_S:
+            return False
+        used = meter.total_s(meter.stamp) - held.gpu_s_at_grant
+        return used >= SATURATING_USE * (meter.stamp - held.granted_at)
+
+    def _beside(self, gpu: GpuState, client: int, other: int, now: float) -> bool:
+        """Whether the two may run at once: they fit, and not both keep the GPU busy."""
+        both_busy = self.saturating(gpu, client, now) and self.saturating(gpu, other, now)
+        return not both_busy and self.fits(gpu, [client, other], keeping=False)
+
+    def _hold_to_share(
+        self, gpu: GpuState, ahead: set[int], now: float, actions: list[Action]
+    ) -> None:
+        """Holders ahead of their share are asked to drop (they wait, once they ask
+        again, while those behind have work); the rest, asked to yield, give the GPU
+        back at their next idle moment, so that the ones held wait only for work."""
+        if not ahead:
+            return
+        for client, held in list(gpu.holders.items()):
+            if held.drop_requested_at is not None:
+                continue
+            if client in ahead:
+                self.leases.ask_to_drop(gpu, client, held, now, actions, DropReason.OVER_SHARE)
+            else:
+                self.leases.ask_to_yield(gpu, client, held, now, actions)
 
     def _wait_cause(self, gpu: GpuState, client: int, blockers: list[int], now: float) -> WaitCause:
         if not blockers:
