@@ -1,0 +1,69 @@
+"""Clients between light and busy, with real shims over the agent's socket on the stand-in
+driver (issue 44): four 30 %-busy processes whose memory fits all run, none waiting for
+the lock over 50 ms; a 40 %-busy process beside a busy one keeps at least 0.9x the
+rounds it does alone.  (The stand-in's kernels take their time on threads of their own,
+so a process here is slowed only by waiting for the lock: the waits are what is judged.)"""
+
+import re
+
+import pytest
+from test_auto_standin import grants
+
+# The defaults of anti-thrash auto, as installed: nothing staged.
+DEFAULT_AUTO = """\
+[scheduler]
+anti_thrash = auto
+"""
+SECONDS = 6
+
+
+def duty(world, busy_ms: int, idle_ms: int, kernel_ms: int = 10):
+    """A process busy_ms on the GPU (kernels of kernel_ms), then idle_ms on the host, over
+    and over for SECONDS."""
+    return world.client(
+        "linked",
+        "--launches",
+        str(busy_ms // kernel_ms),
+        "--sleep-ms",
+        str(idle_ms),
+        "--duration-ms",
+        str(SECONDS * 1000),
+        kernel_us=kernel_ms * 1000,
+    )
+
+
+def rounds_per_s(result: dict) -> float:
+    return int(result["loops"]) / (float(result["elapsed_ms"]) / 1000)
+
+
+@pytest.mark.slow  # 6 s of bursts
+def test_four_clients_30_percent_busy_that_fit_all_run_and_none_waits_over_50_ms(world):
+    agent = world.start_agent(config=DEFAULT_AUTO)
+    clients = [duty(world, 30, 70) for _ in range(4)]
+    rates = [rounds_per_s(client.finish_ok(timeout=60)) for client in clients]
+    log = world.settled(agent, *clients)
+    # Each does at least 0.9x the rounds of its cycle (100 ms, a little more for its copies).
+    assert min(rates) >= 0.9 * 10, rates
+    for client in clients:
+        served = grants(log, client.pid)
+        assert served, log[-3000:]
+        slowest = max(float(g["waited_ms"]) for g in served)
+        assert slowest <= 50, f"pid {client.pid} waited {slowest} ms\n{log[-3000:]}"
+    assert not re.search(r" (drop|revoke) gpu=\S+ pid=\d+ lease=\d+ held_ms", log), log[-3000:]
+
+
+@pytest.mark.slow  # 6 s alone, 6 s beside a trainer
+def test_a_40_percent_busy_client_beside_a_busy_one_does_at_least_0_9_of_its_rounds_alone(world):
+    agent = world.start_agent(config=DEFAULT_AUTO)
+    alone = rounds_per_s(duty(world, 40, 60).finish_ok(timeout=60))
+    trainer = world.client(
+        "linked", "--launches", "10", "--duration-ms", str(SECONDS * 1000 + 2000), kernel_us=10000
+    )
+    agent.wait_for_log(rf"grant gpu=\S+ pid={trainer.pid} ")
+    loader = duty(world, 40, 60)
+    beside = rounds_per_s(loader.finish_ok(timeout=60))
+    trainer.finish_ok(timeout=60)
+    log = world.settled(agent, trainer, loader)
+    assert beside >= 0.9 * alone, f"{beside:.2f}/s beside, {alone:.2f}/s alone\n{log[-3000:]}"
+    waits = [float(g["waited_ms"]) for g in grants(log, loader.pid)]
+    assert waits and max(waits) <= 50, log[-3000:]
