@@ -14,6 +14,7 @@
 #   bench/gpu/run.sh --mix [RESULTS_DIR] [--window S]                  (mix.py)
 #   bench/gpu/run.sh --shares [RESULTS_DIR] [--window S]               (shares.py, as root)
 #   bench/gpu/run.sh --duty [RESULTS_DIR] [--window S] [--only PARTS]  (duty.py)
+#   bench/gpu/run.sh --busy-turns [RESULTS_DIR] [--seconds S]          (busy_turns.py)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -38,5 +39,6 @@ case "${1:-}" in
     --drain-probe) script=drain_probe.py; shift ;;
     --shares) script=shares.py; shift ;;
     --duty) script=duty.py; shift ;;
+    --busy-turns) script=busy_turns.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"
