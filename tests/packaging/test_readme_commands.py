@@ -11,6 +11,7 @@ network, and `make check` inside runs the whole suite; the containers it makes i
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -152,11 +153,24 @@ def assert_purge_and_autoremove_leave_what_was_there(box: Container, before: dic
 def test_the_readmes_two_commands_pass_in_either_order(fresh, stage, order):
     before = packages(fresh)
     for target in ("install", "check") if order == "install-then-check" else ("check", "install"):
+        connects_before = agent_connects(fresh)
         output = readme_command(fresh, target, stage)
         if target == "install":
             assert_installed_and_said_so(fresh, output)
+        else:
+            # The node's agent ran through the whole suite (install first): no test's
+            # process may have asked it for the GPU (issue 45).
+            assert agent_connects(fresh) == connects_before
         assert_the_owner_can_clean(fresh)
     assert packages(fresh).get("nvshare") == "manual", before
+
+
+def agent_connects(box: Container) -> list[str]:
+    """The node agent's `connect pid=…` lines in the journal (none before an install)."""
+    journal = box.run(
+        ["journalctl", "-u", "nvshare.service", "-o", "cat", "--no-pager"], check=False
+    ).stdout
+    return [line for line in journal.splitlines() if re.search(r"\bconnect pid=", line)]
 
 
 @pytest.mark.parametrize("fresh", [GIT_CHECKOUT, GIT_ARCHIVE], indirect=True)
