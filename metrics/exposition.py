@@ -232,6 +232,9 @@ def _client_families(clients: list[dict]) -> Iterator[Metric]:
     states = _Series()
     gpu_time = _Series()
     waited = _Series()
+    # gpu_seconds and waited_s are per process already (ClientDetails adds up its
+    # connections): taken once per process and GPU, not once per connection.
+    counted: set[tuple[object, str]] = set()
     for client in clients:
         identity = [client["pid"], client["uid"], client.get("user", ""), client["command"]]
         identity += [client.get("unit", ""), client.get("container", "")]
@@ -246,8 +249,9 @@ def _client_families(clients: list[dict]) -> Iterator[Metric]:
             holding.add(labels, entry["holding_seconds"])
             for state in CLIENT_STATES:
                 states.add([*labels, state], 1 if entry["state"] == state else 0)
-            if "gpu_seconds" not in entry:  # an agent from before it said
-                continue
+            if "gpu_seconds" not in entry or (client["pid"], entry["uuid"]) in counted:
+                continue  # an agent from before it said, or this process counted already
+            counted.add((client["pid"], entry["uuid"]))
             usage = [entry["uuid"], client["pid"], user, client.get("unit", "")]
             usage.append(client.get("container", ""))
             gpu_time.add([*usage, client["command"]], entry["gpu_seconds"])

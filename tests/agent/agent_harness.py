@@ -230,6 +230,9 @@ class ShimClient:
     def report_memory(self, gpu: bytes, managed: int, unmanaged: int = 0) -> None:
         self.send_raw(protocol.encode_memory_report(gpu, managed, unmanaged))
 
+    def report_gpu_memory(self, gpu: bytes, total_bytes: int) -> None:
+        self.send_raw(protocol.encode_gpu_memory(gpu, total_bytes))
+
     def recv(self, timeout: float | None = None):
         """The next message, or None at end of stream. Raises TimeoutError.  WELCOME
         and KEEPALIVE are noted (welcome, keepalives) rather than returned."""

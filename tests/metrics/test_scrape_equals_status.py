@@ -165,10 +165,16 @@ def expected_samples(status: dict) -> dict:
         put(HOLDING, dict(zip(names, labels)), value)
     for labels, value in states.items():
         put("nvshare_client_state", dict(zip((*names, "state"), labels)), value)
+    # GPU time and waits are per process (status merges them into each connection of
+    # it): once per process and GPU, under its first connection's command.
     gpu_time, waited = defaultdict(float), defaultdict(float)
+    counted = set()
     for client in status["clients"]:
         who = (client["user"], client["unit"], client["container"])
         for entry in client["gpus"]:
+            if (client["pid"], entry["uuid"]) in counted:
+                continue
+            counted.add((client["pid"], entry["uuid"]))
             gpu_time[(entry["uuid"], str(client["pid"]), *who, client["command"])] += entry[
                 "gpu_seconds"
             ]
