@@ -159,6 +159,35 @@ typedef struct {
     unsigned int numAttrs;
 } CUlaunchConfig;
 
+/* CUDA arrays (textures, surfaces): the formats the fixture makes arrays of */
+typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+typedef enum {
+    CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
+    CU_AD_FORMAT_UNSIGNED_INT16 = 0x02,
+    CU_AD_FORMAT_UNSIGNED_INT32 = 0x03,
+    CU_AD_FORMAT_SIGNED_INT8 = 0x08,
+    CU_AD_FORMAT_SIGNED_INT16 = 0x09,
+    CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
+    CU_AD_FORMAT_HALF = 0x10,
+    CU_AD_FORMAT_FLOAT = 0x20
+} CUarray_format;
+typedef struct {
+    size_t Width;
+    size_t Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+typedef struct {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+enum { CUDA_ARRAY3D_LAYERED = 0x01, CUDA_ARRAY3D_CUBEMAP = 0x04 };
+
 #define STANDIN_EXPORT __attribute__((visibility("default")))
 
 /* Initialisation, version, errors */
@@ -335,5 +364,13 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t bytes, const CUmemAccessDesc *de
 CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr);
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags);
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
+
+/* CUDA arrays */
+CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc);
+CUresult cuArray3DCreate_v2(CUarray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc);
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                unsigned int numMipmapLevels);
+CUresult cuArrayDestroy(CUarray array);
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray array);
 
 #endif /* STANDIN_CUDA_FIXTURE_H */

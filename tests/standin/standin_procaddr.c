@@ -87,6 +87,8 @@ static const struct variant variants[] = {
      "cuLaunchCooperativeKernel_ptsz"},
     {"cuGraphLaunch", 10000, "cuGraphLaunch", "cuGraphLaunch_ptsz"},
     {"cuIpcOpenMemHandle", 4010, "cuIpcOpenMemHandle_v2", NULL},
+    {"cuArrayCreate", 3020, "cuArrayCreate_v2", NULL},
+    {"cuArray3DCreate", 3020, "cuArray3DCreate_v2", NULL},
 };
 
 static void *exported_address(const char *name)
