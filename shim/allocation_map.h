@@ -1,4 +1,4 @@
-/* An open-addressing hash map from an address (or VMM handle) to what the
+/* An open-addressing hash map from an address (or VMM or array handle) to what the
  * shim knows of that allocation: O(1) insert, find and remove.  Not
  * thread-safe: memory.c guards it with its mutex. */
 #ifndef NVSHARE_ALLOCATION_MAP_H
@@ -12,7 +12,8 @@ enum allocation_kind {
     ALLOCATION_APP_MANAGED,   /* the application's own cuMemAllocManaged */
     ALLOCATION_VMM,           /* cuMemCreate: passed through, stays on the GPU */
     ALLOCATION_IPC,           /* cuIpcOpenMemHandle: passed through */
-    ALLOCATION_PARKED         /* converted, freed by cuMemFreeAsync, kept for reuse (parking.c) */
+    ALLOCATION_PARKED,        /* converted, freed by cuMemFreeAsync, kept for reuse (parking.c) */
+    ALLOCATION_ARRAY          /* a CUDA array (mipmapped too): passed through, stays on the GPU */
 };
 
 struct allocation {

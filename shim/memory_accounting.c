@@ -1,6 +1,6 @@
 /*
  * What the shim knows of this process's device memory: every allocation it
- * converted, counted or parked (by address, and VMM memory by handle), and the
+ * converted, counted or parked (by address; VMM memory and arrays by handle), and the
  * totals per GPU that the client thread reports to the agent (coalesced: the
  * allocations ring the client thread's doorbell, the thread sends the latest
  * totals).  The hooks that allocate and free (memory.c, memory_passthrough.c,
@@ -39,6 +39,7 @@ pthread_mutex_t nvshare_memory_mutex = PTHREAD_MUTEX_INITIALIZER;
 struct allocation_map nvshare_pointer_map;
 struct allocation_map nvshare_handle_map;
 struct allocation_map nvshare_vmm_mapping_map;
+struct allocation_map nvshare_array_map;
 static struct gpu_memory gpus[NVSHARE_MAX_GPUS];
 /* A connection's agent has yet to say its caps; allocations wait on caps_cond. */
 static int caps_awaited;
@@ -46,8 +47,8 @@ static pthread_cond_t caps_cond = PTHREAD_COND_INITIALIZER;
 
 static void count(int gpu, enum allocation_kind kind, uint64_t bytes, int adding)
 {
-    uint64_t *total = kind == ALLOCATION_VMM || kind == ALLOCATION_IPC ? &gpus[gpu].unmanaged_bytes
-                                                                       : &gpus[gpu].managed_bytes;
+    int unmanaged = kind == ALLOCATION_VMM || kind == ALLOCATION_IPC || kind == ALLOCATION_ARRAY;
+    uint64_t *total = unmanaged ? &gpus[gpu].unmanaged_bytes : &gpus[gpu].managed_bytes;
     *total = adding ? *total + bytes : (*total >= bytes ? *total - bytes : 0);
     gpus[gpu].changed = 1;
 }
@@ -90,6 +91,20 @@ int nvshare_memory_forget(struct allocation_map *map, uint64_t key, enum allocat
     int known = found != NULL && found->kind == kind && allocation_map_take(map, key, &entry);
     if (known)
         count(entry.gpu, entry.kind, entry.bytes, 0);
+    pthread_mutex_unlock(&nvshare_memory_mutex);
+    if (known)
+        nvshare_client_wake();
+    return known;
+}
+
+int nvshare_memory_take(struct allocation_map *map, uint64_t key, enum allocation_kind kind,
+                        struct allocation *taken)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    struct allocation *found = allocation_map_find(map, key);
+    int known = found != NULL && found->kind == kind && allocation_map_take(map, key, taken);
+    if (known)
+        count(taken->gpu, taken->kind, taken->bytes, 0);
     pthread_mutex_unlock(&nvshare_memory_mutex);
     if (known)
         nvshare_client_wake();
@@ -351,24 +366,33 @@ void nvshare_memory_mark_all_changed(void)
     pthread_mutex_unlock(&nvshare_memory_mutex);
 }
 
-void nvshare_memory_forget_context(int gpu, int slot)
+/* Called with the mutex held: drops map's allocations of (gpu, slot); returns how many. */
+static size_t forget_context_in(struct allocation_map *map, int gpu, int slot)
 {
-    pthread_mutex_lock(&nvshare_memory_mutex);
     size_t gone = 0;
-    uint64_t *keys = malloc((nvshare_pointer_map.used + 1) * sizeof *keys);
-    for (size_t i = 0; keys != NULL && i < nvshare_pointer_map.capacity; i++) {
-        const struct allocation *entry = &nvshare_pointer_map.slots[i];
+    uint64_t *keys = malloc((map->used + 1) * sizeof *keys);
+    for (size_t i = 0; keys != NULL && i < map->capacity; i++) {
+        const struct allocation *entry = &map->slots[i];
         if (entry->key != 0 && entry->gpu == gpu && entry->context_slot == slot)
             keys[gone++] = entry->key;
     }
     /* Taken after the walk: taking moves entries of the map around. */
     for (size_t i = 0; i < gone; i++) {
         struct allocation entry;
-        if (allocation_map_take(&nvshare_pointer_map, keys[i], &entry))
+        if (allocation_map_take(map, keys[i], &entry))
             count(entry.gpu, entry.kind, entry.bytes, 0);
     }
-    pthread_mutex_unlock(&nvshare_memory_mutex);
     free(keys);
+    return gone;
+}
+
+void nvshare_memory_forget_context(int gpu, int slot)
+{
+    pthread_mutex_lock(&nvshare_memory_mutex);
+    /* Arrays die with their context too, like the memory it allocated. */
+    size_t gone = forget_context_in(&nvshare_pointer_map, gpu, slot) +
+                  forget_context_in(&nvshare_array_map, gpu, slot);
+    pthread_mutex_unlock(&nvshare_memory_mutex);
     if (gone > 0) {
         nvshare_debug("forgot %zu allocations of a destroyed context on GPU %d", gone, gpu);
         nvshare_client_wake();
@@ -382,6 +406,7 @@ void nvshare_memory_forget_after_fork(void)
     memset(&nvshare_pointer_map, 0, sizeof nvshare_pointer_map);
     memset(&nvshare_handle_map, 0, sizeof nvshare_handle_map);
     memset(&nvshare_vmm_mapping_map, 0, sizeof nvshare_vmm_mapping_map);
+    memset(&nvshare_array_map, 0, sizeof nvshare_array_map);
     memset(gpus, 0, sizeof gpus);
     caps_awaited = 0; /* the child's client, when it starts, awaits its own agent's */
     caps_cond = (pthread_cond_t)PTHREAD_COND_INITIALIZER;

@@ -1,5 +1,5 @@
 /* What the shim knows of this process's device memory (memory_accounting.c):
- * its allocations by address and VMM handle, and the totals per GPU that go
+ * its allocations by address, VMM handle and array handle, and the totals per GPU that go
  * to the agent.  Below the hooks that convert (memory.c), pass through
  * (memory_passthrough.c) and park (parking.c), and below the client thread
  * that reports the totals. */
@@ -18,6 +18,7 @@ extern pthread_mutex_t nvshare_memory_mutex;
 extern struct allocation_map nvshare_pointer_map;     /* device address -> allocation */
 extern struct allocation_map nvshare_handle_map;      /* VMM handle -> allocation */
 extern struct allocation_map nvshare_vmm_mapping_map; /* VMM mapped address -> its handle, bytes */
+extern struct allocation_map nvshare_array_map;       /* CUarray, CUmipmappedArray -> allocation */
 
 /* Record an allocation and add it to its GPU's totals (then the agent hears).
  * context_slot: the context it belongs to (nvshare_current_context_slot). */
@@ -25,6 +26,10 @@ void nvshare_memory_remember(struct allocation_map *map, uint64_t key, uint64_t 
                              int context_slot, enum allocation_kind kind);
 /* Drop key if it is an allocation of that kind; returns 1 when it was. */
 int nvshare_memory_forget(struct allocation_map *map, uint64_t key, enum allocation_kind kind);
+/* Drop key's allocation of that kind whole, a copy in *taken; returns 1 when it was
+ * there.  Before a free the driver may refuse: nvshare_memory_remember puts it back. */
+int nvshare_memory_take(struct allocation_map *map, uint64_t key, enum allocation_kind kind,
+                        struct allocation *taken);
 
 /* The kind of the allocation at pointer; 0 when the shim does not know it. */
 enum allocation_kind nvshare_memory_kind_of(uint64_t pointer);
