@@ -4,7 +4,8 @@
  * libnvshare.so builds with gcc alone, without the CUDA toolkit.
  *
  * Only what crosses the ABI matters here: scalar widths, the layout of the
- * structs the shim reads (CUlaunchConfig, CUmemAllocationProp) or passes by
+ * structs the shim reads (CUlaunchConfig, CUmemAllocationProp, the array
+ * descriptors) or passes by
  * value (CUmemLocation, CUipcMemHandle), and the function signatures.  Structs
  * that are only forwarded by pointer stay incomplete on purpose.
  */
@@ -38,6 +39,7 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUgraph_st *CUgraph;
@@ -98,6 +100,93 @@ typedef struct CUlaunchConfig_st {
     CUlaunchAttribute *attrs;
     unsigned int numAttrs;
 } CUlaunchConfig;
+
+/* CUarray_format (an enum: int), with what one texel takes.  A 0 in a
+ * descriptor's Height or Depth is one texel. */
+typedef int CUarray_format;
+enum {
+    /* One element per channel (NumChannels 1, 2 or 4): 1, 2 or 4 bytes each. */
+    CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
+    CU_AD_FORMAT_UNSIGNED_INT16 = 0x02,
+    CU_AD_FORMAT_UNSIGNED_INT32 = 0x03,
+    CU_AD_FORMAT_SIGNED_INT8 = 0x08,
+    CU_AD_FORMAT_SIGNED_INT16 = 0x09,
+    CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
+    CU_AD_FORMAT_HALF = 0x10,
+    CU_AD_FORMAT_FLOAT = 0x20,
+    CU_AD_FORMAT_UNORM_INT_101010_2 = 0x50, /* 4 bytes */
+    /* Block compressed: 4x4 texels in 8 bytes (BC1, BC4) or 16 (the others). */
+    CU_AD_FORMAT_BC1_UNORM = 0x91,
+    CU_AD_FORMAT_BC1_UNORM_SRGB = 0x92,
+    CU_AD_FORMAT_BC2_UNORM = 0x93,
+    CU_AD_FORMAT_BC2_UNORM_SRGB = 0x94,
+    CU_AD_FORMAT_BC3_UNORM = 0x95,
+    CU_AD_FORMAT_BC3_UNORM_SRGB = 0x96,
+    CU_AD_FORMAT_BC4_UNORM = 0x97,
+    CU_AD_FORMAT_BC4_SNORM = 0x98,
+    CU_AD_FORMAT_BC5_UNORM = 0x99,
+    CU_AD_FORMAT_BC5_SNORM = 0x9a,
+    CU_AD_FORMAT_BC6H_UF16 = 0x9b,
+    CU_AD_FORMAT_BC6H_SF16 = 0x9c,
+    CU_AD_FORMAT_BC7_UNORM = 0x9d,
+    CU_AD_FORMAT_BC7_UNORM_SRGB = 0x9e,
+    /* Video (YUV) formats: at least a byte of luma per texel, the chroma planes' beside. */
+    CU_AD_FORMAT_P010 = 0x9f,
+    CU_AD_FORMAT_P016 = 0xa1,
+    CU_AD_FORMAT_NV16 = 0xa2,
+    CU_AD_FORMAT_P210 = 0xa3,
+    CU_AD_FORMAT_P216 = 0xa4,
+    CU_AD_FORMAT_YUY2 = 0xa5,
+    CU_AD_FORMAT_Y210 = 0xa6,
+    CU_AD_FORMAT_Y216 = 0xa7,
+    CU_AD_FORMAT_AYUV = 0xa8,
+    CU_AD_FORMAT_Y410 = 0xa9,
+    CU_AD_FORMAT_NV12 = 0xb0,
+    CU_AD_FORMAT_Y416 = 0xb1,
+    CU_AD_FORMAT_Y444_PLANAR8 = 0xb2,
+    CU_AD_FORMAT_Y444_PLANAR10 = 0xb3,
+    CU_AD_FORMAT_YUV444_8bit_SemiPlanar = 0xb4,
+    CU_AD_FORMAT_YUV444_16bit_SemiPlanar = 0xb5,
+    /* Normalized, the channels in the name: 1, 2 or 4 of 1 or 2 bytes. */
+    CU_AD_FORMAT_UNORM_INT8X1 = 0xc0,
+    CU_AD_FORMAT_UNORM_INT8X2 = 0xc1,
+    CU_AD_FORMAT_UNORM_INT8X4 = 0xc2,
+    CU_AD_FORMAT_UNORM_INT16X1 = 0xc3,
+    CU_AD_FORMAT_UNORM_INT16X2 = 0xc4,
+    CU_AD_FORMAT_UNORM_INT16X4 = 0xc5,
+    CU_AD_FORMAT_SNORM_INT8X1 = 0xc6,
+    CU_AD_FORMAT_SNORM_INT8X2 = 0xc7,
+    CU_AD_FORMAT_SNORM_INT8X4 = 0xc8,
+    CU_AD_FORMAT_SNORM_INT16X1 = 0xc9,
+    CU_AD_FORMAT_SNORM_INT16X2 = 0xca,
+    CU_AD_FORMAT_SNORM_INT16X4 = 0xcb
+};
+
+/* cuArrayCreate_v2's description of a 1D or 2D array (Height 0: 1D). */
+typedef struct CUDA_ARRAY_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+
+/* cuArray3DCreate_v2's and cuMipmappedArrayCreate's: a layered or cubemap
+ * array's Depth counts its layers. */
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+
+enum {
+    CUDA_ARRAY3D_LAYERED = 0x01,
+    CUDA_ARRAY3D_CUBEMAP = 0x04,
+    CUDA_ARRAY3D_SPARSE = 0x40,          /* memory mapped later (cuMemMapArrayAsync) */
+    CUDA_ARRAY3D_DEFERRED_MAPPING = 0x80 /* likewise */
+};
 
 enum { CU_MEM_ATTACH_GLOBAL = 0x1 };
 enum { CU_STREAM_NON_BLOCKING = 0x1 };
@@ -167,6 +256,15 @@ typedef CUresult (*cuMemRetainAllocationHandle_fn)(CUmemGenericAllocationHandle 
 typedef CUresult (*cuIpcOpenMemHandle_fn)(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                           unsigned int Flags);
 typedef CUresult (*cuIpcCloseMemHandle_fn)(CUdeviceptr dptr);
+typedef CUresult (*cuArrayCreate_v2_fn)(CUarray *pHandle,
+                                        const CUDA_ARRAY_DESCRIPTOR *pAllocateArray);
+typedef CUresult (*cuArray3DCreate_v2_fn)(CUarray *pHandle,
+                                          const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray);
+typedef CUresult (*cuMipmappedArrayCreate_fn)(CUmipmappedArray *pHandle,
+                                              const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+                                              unsigned int numMipmapLevels);
+typedef CUresult (*cuArrayDestroy_fn)(CUarray hArray);
+typedef CUresult (*cuMipmappedArrayDestroy_fn)(CUmipmappedArray hMipmappedArray);
 
 /* Stream capture (capture.c).  mode is CUstreamCaptureMode (an enum: int);
  * dependencyData is const CUgraphEdgeData *, only forwarded. */

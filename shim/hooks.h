@@ -18,8 +18,8 @@
  *           each definition against its row.
  *     ALLOC   allocates device memory: converted to managed memory or passed
  *             through and counted (memory.c, memory_passthrough.c).
- *     FREE    the matching frees (memory.c), a pool trim and a stream's
- *             destruction (parking.c).
+ *     FREE    the matching frees (memory.c, memory_passthrough.c), a pool
+ *             trim and a stream's destruction (parking.c).
  *     INFO    answers differently, starts the client (cuInit, cuMemGetInfo) or
  *             tracks stream capture (capture.c).
  *     CONTEXT frees a context (or learns the primary one): the shim forgets
@@ -222,6 +222,9 @@
     OWN(cuMemRetainAllocationHandle, ALLOC, LEGACY, cuMemRetainAllocationHandle_fn)               \
     OWN(cuIpcOpenMemHandle, ALLOC, LEGACY, cuIpcOpenMemHandle_fn)                                 \
     OWN(cuIpcOpenMemHandle_v2, ALLOC, LEGACY, cuIpcOpenMemHandle_fn)                              \
+    OWN(cuArrayCreate_v2, ALLOC, LEGACY, cuArrayCreate_v2_fn)                                     \
+    OWN(cuArray3DCreate_v2, ALLOC, LEGACY, cuArray3DCreate_v2_fn)                                 \
+    OWN(cuMipmappedArrayCreate, ALLOC, LEGACY, cuMipmappedArrayCreate_fn)                         \
     OWN(cuMemFree_v2, FREE, LEGACY, cuMemFree_v2_fn)                                              \
     OWN(cuMemFreeAsync, FREE, LEGACY, cuMemFreeAsync_fn)                                          \
     OWN(cuMemFreeAsync_ptsz, FREE, PER_THREAD, cuMemFreeAsync_fn)                                 \
@@ -231,6 +234,8 @@
     OWN(cuMemRelease, FREE, LEGACY, cuMemRelease_fn)                                              \
     OWN(cuMemUnmap, FREE, LEGACY, cuMemUnmap_fn)                                                  \
     OWN(cuIpcCloseMemHandle, FREE, LEGACY, cuIpcCloseMemHandle_fn)                                \
+    OWN(cuArrayDestroy, FREE, LEGACY, cuArrayDestroy_fn)                                          \
+    OWN(cuMipmappedArrayDestroy, FREE, LEGACY, cuMipmappedArrayDestroy_fn)                        \
     OWN(cuStreamBeginCapture, INFO, LEGACY, cuStreamBeginCapture_fn)                              \
     OWN(cuStreamBeginCapture_ptsz, INFO, PER_THREAD, cuStreamBeginCapture_fn)                     \
     OWN(cuStreamBeginCapture_v2, INFO, LEGACY, cuStreamBeginCapture_v2_fn)                        \

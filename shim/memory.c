@@ -14,9 +14,9 @@
  *    the next stream-ordered allocation that fits (parking.c); where it
  *    cannot, it synchronises the stream (work queued on it may still use the
  *    memory), then frees.
- *  - What cannot be managed is passed through, counted as unmanaged and
- *    warned about once (memory_passthrough.c): VMM (cuMemCreate, e.g. PyTorch's expandable_segments)
- *    and IPC imports (cuIpcOpenMemHandle).
+ *  - What cannot be managed is passed through and counted as unmanaged
+ *    (memory_passthrough.c): VMM (cuMemCreate, e.g. PyTorch's expandable_segments)
+ *    and IPC imports (cuIpcOpenMemHandle), each warned about once, and CUDA arrays.
  *  - One process may hold at most the GPU's total memory (managed +
  *    unmanaged); beyond, CUDA_ERROR_OUT_OF_MEMORY, unless
  *    NVSHARE_ENABLE_SINGLE_OVERSUB=1.

@@ -26,6 +26,8 @@ STRUCTS = {
         "allocFlags",
     ],
     "CUlaunchConfig": ["gridDimX", "blockDimZ", "sharedMemBytes", "hStream", "attrs", "numAttrs"],
+    "CUDA_ARRAY_DESCRIPTOR": ["Width", "Height", "Format", "NumChannels"],
+    "CUDA_ARRAY3D_DESCRIPTOR": ["Width", "Height", "Depth", "Format", "NumChannels", "Flags"],
 }
 
 
@@ -44,8 +46,11 @@ def typedef_struct(text: str, name: str) -> str:
 def layout(header, name: str) -> dict:
     text = re.sub(r"/\*.*?\*/|//[^\n]*", "", header.read_text(), flags=re.S)
     ffi = cffi.FFI()
-    # Opaque handles are pointers whatever their declared type.
-    ffi.cdef("typedef void *CUstream; typedef struct CUlaunchAttribute_st CUlaunchAttribute;")
+    # Opaque handles are pointers whatever their declared type; CUarray_format is an enum.
+    ffi.cdef(
+        "typedef void *CUstream; typedef struct CUlaunchAttribute_st CUlaunchAttribute;"
+        " typedef int CUarray_format;"
+    )
     if name == "CUmemAllocationProp":
         ffi.cdef(f"typedef struct {{ {typedef_struct(text, 'CUmemLocation')} }} CUmemLocation;")
     ffi.cdef(f"typedef struct {{ {typedef_struct(text, name)} }} {name};")
@@ -63,3 +68,7 @@ def test_known_layouts():
     assert (config["hStream"], config["size"]) == (32, 56)
     assert layout(HEADERS["standin"], "CUipcMemHandle")["size"] == 64
     assert layout(HEADERS["standin"], "CUmemAllocationProp")["size"] == 32
+    # The array descriptors: size_t extents, then the 4-byte format and channels (and flags).
+    assert layout(HEADERS["standin"], "CUDA_ARRAY_DESCRIPTOR")["size"] == 24
+    array3d = layout(HEADERS["standin"], "CUDA_ARRAY3D_DESCRIPTOR")
+    assert (array3d["Format"], array3d["Flags"], array3d["size"]) == (24, 32, 40)

@@ -33,6 +33,8 @@ ALLOCATES = re.compile(
 # the H100 with driver 580), so no program built in this century reaches
 # them.  Their _v2 replacements are in the table (checked below).
 LEGACY_V1 = {
+    "cuArray3DCreate",
+    "cuArrayCreate",
     "cuMemAlloc",
     "cuMemAllocPitch",
     "cuMemcpy2D",
@@ -63,17 +65,6 @@ LEGACY_V1 = {
 
 # Deliberately passed through untouched, each for a reason.
 EXEMPT = {
-    **{
-        name: "CUDA arrays (textures, surfaces) cannot be managed memory; rare in ML "
-        "workloads; not counted"
-        for name in (
-            "cuArrayCreate",
-            "cuArrayCreate_v2",
-            "cuArray3DCreate",
-            "cuArray3DCreate_v2",
-            "cuMipmappedArrayCreate",
-        )
-    },
     "cuGraphAddMemAllocNode": "graph memory nodes allocate when the graph is launched, and "
     "graph launches are gated; their memory cannot be managed",
     "cuMemPoolImportPointer": "imports another process's pool memory (IPC), which cannot be "
