@@ -52,8 +52,8 @@ def test_destroyed_and_reset_contexts_are_never_used_again(world, agent):
     assert not stale, "\n".join(stale[:10])
     assert len(world.calls(client.pid, "cuEventRecord")) >= 3, "the queue bound recorded no events"
     assert client.stderr.count("context gone") >= 2, client.describe()
-    # The 1 MiB left in the destroyed context no longer counts against this process.
-    assert "forgot 1 allocations of a destroyed context on GPU 0" in client.stderr, (
+    # The 1 MiB and the array left in the destroyed context no longer count against this process.
+    assert "forgot 2 allocations of a destroyed context on GPU 0" in client.stderr, (
         client.describe()
     )
     assert not client.warnings(), client.describe()

@@ -7,7 +7,7 @@
  *       must wait for A's kernel too.
  *   client_contexts lifecycle LAUNCHES
  *       LAUNCHES kernels in a created context, which is then destroyed with
- *       1 MiB still allocated in it; the
+ *       1 MiB and a 1 MiB array still allocated in it; the
  *       same in the primary context, which is then reset and used again, and
  *       finally released.  The shim must not use anything of a context the
  *       driver has freed (the stand-in logs such uses as "stale").
@@ -92,6 +92,9 @@ static int lifecycle(int launches)
     if (launch_many("add_one", launches) != 0)
         return 1;
     CHECK(cuMemAlloc_v2(&left_behind, 1 << 20)); /* freed by the driver with its context */
+    CUarray array_left_behind;
+    CUDA_ARRAY_DESCRIPTOR float4_rows = {1 << 16, 1, CU_AD_FORMAT_FLOAT, 4}; /* 1 MiB */
+    CHECK(cuArrayCreate_v2(&array_left_behind, &float4_rows));
     CHECK(cuCtxDestroy_v2(created));
 
     CHECK(cuDevicePrimaryCtxRetain(&primary, device));
