@@ -13,6 +13,7 @@ checks it whole).  `reset --gpu ID` takes a GPU's own settings away.
 import asyncio
 import enum
 import json
+import signal
 from typing import Optional
 
 import typer
@@ -278,6 +279,9 @@ def top(
     if not 0.1 <= interval <= 3600:
         typer.echo(f"nvsharectl: --interval must be 0.1..3600 seconds, got {interval:g}", err=True)
         raise typer.Exit(EXIT_USAGE)
+    # Ctrl-C is how top is left, also when started with SIGINT ignored (a background
+    # job of a script hands that on, and Python then keeps it ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         asyncio.run(watch(options.bus, interval, once, options.json_output))
     except CliError as error:

@@ -5,11 +5,13 @@ import json
 import os
 import pty
 import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 from dbus_harness import TIMEOUT_S, busctl_on_agent, nvsharectl, property_data, wait_for
 
 from nvshare_agent import protocol
@@ -140,13 +142,18 @@ def test_top_once_on_a_wide_terminal_gives_unit_and_pod_a_column(agent, bus):
         waiter.stop()
 
 
-def test_top_live_on_a_terminal_redraws_in_place(agent, bus):
+@pytest.mark.parametrize("sigint", ["default", "ignored by its parent"])
+def test_top_live_on_a_terminal_redraws_in_place(agent, bus, sigint):
+    """Ctrl-C leaves it, also when it inherits SIGINT ignored: a background job of a
+    script does (the README's test stage once left top running after its Ctrl-C)."""
     main, child = pty.openpty()
     env = {**os.environ, "COLUMNS": "100", "PYTHONDONTWRITEBYTECODE": "1"}
+    ignore = sigint != "default"
     process = subprocess.Popen(
         [sys.executable, "-m", "nvshare_cli", "--bus", bus.address, "top", "--interval", "0.2"],
         stdout=child,
         env=env,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore else None,
     )
     os.close(child)
     seen = b""
@@ -154,9 +161,13 @@ def test_top_live_on_a_terminal_redraws_in_place(agent, bus):
         while seen.count(b"\x1b[H") < 3:
             seen += os.read(main, 65536)
     finally:
-        process.send_signal(2)  # Ctrl-C: how top is left
-        assert process.wait(timeout=TIMEOUT_S) == 0
-        os.close(main)
+        process.send_signal(signal.SIGINT)  # Ctrl-C: how top is left
+        try:
+            assert process.wait(timeout=TIMEOUT_S) == 0
+        finally:
+            process.kill()  # never left running past the test
+            process.wait()
+            os.close(main)
     frames = seen.split(b"\x1b[H")[1:]
     assert seen.startswith(b"\x1b[2J\x1b[H") and seen.count(b"\x1b[2J") == 1  # cleared once
     for frame in frames[:2]:  # each line cleared to its end, then the rest of the screen
