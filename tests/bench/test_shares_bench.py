@@ -12,6 +12,7 @@ import tempfile
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu"))
+import harness
 import shares
 
 from nvshare_agent.settings import ShareBy
@@ -19,6 +20,9 @@ from nvshare_agent.settings_files import parse_config
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "tests" / "shim"))
+from shim_harness import readable_build  # noqa: E402
+
 STANDIN_BUILD = REPO / "tests" / "standin" / "build"
 
 
@@ -69,21 +73,20 @@ def test_the_cap_verdict_names_each_thing_the_issue_asks():
 def test_the_users_phase_runs_two_uids_and_shares_by_user(tmp_path, monkeypatch):
     """The whole users phase, its trainers stand-ins on the stand-in driver: the agent
     (TQ 1 s, nothing fits beside anything) gives each uid about half."""
-    # The README's test runs the suite from a 0700 home, which other uids cannot enter.
-    needed = [REPO / "shim" / "build" / "libnvshare.so", STANDIN_BUILD / "libcuda.so.1"]
-    needed.append(HERE / "shares_standin.py")
-    for uid in (4001, 4002):
-        readable = [arg for path in needed for arg in ("-r", str(path), "-a")][:-1]
-        probe = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "test"]
-        if subprocess.run([*probe, *readable]).returncode:
-            pytest.skip(f"uid {uid} cannot read the checkout's shim and stand-in driver")
+    # The README's test runs the suite from a 0700 home, which other uids cannot enter:
+    # the shim, the stand-in and the trainer stand-in run from copies every user reads.
+    shim, standin = readable_build()
+    script = shim.parent / "shares_standin.py"
+    shutil.copy2(HERE / "shares_standin.py", script)
+    script.chmod(0o755)
+    monkeypatch.setattr(harness, "SHIM", shim)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="nvs-shares-bench-", dir="/tmp"))
     workdir.chmod(0o755)
-    monkeypatch.setenv("LD_LIBRARY_PATH", str(STANDIN_BUILD))
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(standin))
     monkeypatch.setenv("STANDIN_KERNEL_US", "1000")
     try:
         # The system's Python: the venv's may live where other uids cannot enter (/root).
-        trainer = ["/usr/bin/python3", "-s", "-P", str(HERE / "shares_standin.py")]
+        trainer = ["/usr/bin/python3", "-s", "-P", str(script)]
         found = shares.run_users(
             workdir, 20.0, trainer=trainer, time_quantum_s=1, memory_limit="64M"
         )
@@ -98,7 +101,6 @@ def test_the_users_phase_runs_two_uids_and_shares_by_user(tmp_path, monkeypatch)
 @pytest.mark.skipif(os.geteuid() != 0, reason="probes as another uid: needs root")
 def test_preflight_says_when_the_other_uid_cannot_run_the_clients():
     # The system's Python can run as uid 4001, but has no torch on a machine without GPUs.
-    import subprocess
 
     python = "/usr/bin/python3"
     if not os.path.exists(python) or subprocess.run([python, "-c", "import torch"]).returncode == 0:
