@@ -348,6 +348,8 @@ class Policy:
         it that keeps its lease busy (_keeps_lease_busy), counting nobody behind by more
         than PACE_CREDIT_S.  (Under share_by=process nobody is charged: the driver's
         equal slices are the shares.)"""
+        if not gpu.fits:  # where memory makes turns, the turns' order keeps the shares
+            return set()
         holding = [c for c, held in gpu.holders.items() if held.drop_requested_at is None]
         working = holding + [c for c in gpu.waiters if not self._conflicts(gpu, c, now)]
         if len(working) < 2:
@@ -374,15 +376,31 @@ class Policy:
         }
 
     def _keeps_lease_busy(self, gpu: GpuState, client: int, now: float) -> bool:
-        """Whether a holder has kept the GPU busy (SATURATING_USE) for CHECK_S and more
-        since its grant, as its reports tell.  Others are held back only for such: for
-        a shorter burst, the GPU would sit idle in the gap before its holder lets go."""
+        """Whether a holder kept the GPU busy (SATURATING_USE) over its last CHECK_S and
+        more, as its reports tell, and did too the last time it was seen alone there.
+        Others are held back only for such: beside a shorter burst, or gaps, the GPU would
+        sit idle before the holder lets go.  (Beside others its work in flight stretches
+        and reads busier than it is: only a stretch it ran alone tells its gaps.)"""
         held = gpu.holders[client]
-        meter = self.clients[client].usage.get(gpu.uuid)
-        if meter is None or meter.stamp < held.granted_at + CHECK_S:
+        state = self.clients[client]
+        meter = state.usage.get(gpu.uuid)
+        if meter is None:
             return False
-        used = meter.total_s(meter.stamp) - held.gpu_s_at_grant
-        return used >= SATURATING_USE * (meter.stamp - held.granted_at)
+        alone = all(
+            h == client or gpu.holders[h].drop_requested_at is not None for h in gpu.holders
+        )
+        since, used_then = held.stretch_from or (held.granted_at, held.gpu_s_at_grant)
+        if meter.stamp >= since + CHECK_S:
+            used = meter.total_s(meter.stamp)
+            held.recent_duty = (used - used_then) / (meter.stamp - since)
+            held.stretch_from = (meter.stamp, used)
+            if alone:  # (those held back let go at its start: their drain is all it had)
+                state.solo_duty[gpu.uuid] = held.recent_duty
+        return (
+            held.recent_duty is not None
+            and held.recent_duty >= SATURATING_USE
+            and state.solo_duty.get(gpu.uuid, 1.0) >= SATURATING_USE
+        )
 
     def _beside(self, gpu: GpuState, client: int, other: int, now: float) -> bool:
         """Whether the two may run at once: they fit, and not both keep the GPU busy."""

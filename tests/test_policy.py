@@ -33,6 +33,7 @@ class Node:
         self.s = Scheduler(settings)
         self.s.add_gpu(G0, "GPU", 80 * GIB)
         self.busy_us = {}
+        self.seen: list = []  # what a test keeps of run()'s actions
         for client, gib in enumerate(memory_gib, start=1):
             self.s.connect(client, 100 + client, 1000 + client, 1000, 0.0)
             self.s.hello(client, (G0,), f"c{client}", 0.0, features=FEATURE_YIELD | FEATURE_USAGE)
@@ -117,6 +118,31 @@ def test_a_group_ahead_of_its_share_gives_way_to_a_busy_one_beside_it():
     assert of(Queued, node.s.request(1, G0, at + 0.03))
     grant = of(Grant, node.s.release(2, G0, 2, at + 0.5, idle_ms=YIELD_IDLE_MS))
     assert [g.client for g in grant] == [1]
+
+
+def test_one_held_back_goes_again_once_the_holder_shows_gaps_alone():
+    """Beside another, a process's work in flight stretches and reads busier than it is:
+    alone, a holder 85 % busy shows its gaps, and whoever it held back goes again, for
+    good (the GPU would sit idle in those gaps).  (A weight of 100: its own charge
+    would take it back under 1's for many seconds.)"""
+    node = Node(10, 10, settings=AUTO.replaced(shares=(("user:1002", Share(weight=100)),)))
+    node.grant(1, 0.0)
+    node.grant(2, 0.0)
+    now = 0.0
+    while not any(isinstance(a, AskToDrop) and not a.when_idle_ms for _, a in seen_so_far(node)):
+        now = round(now + 0.1, 1)
+        assert now < 3.0, "1 is never held back"
+        node.seen += node.run(now - 0.1, now, {1: 0.6, 2: 1.0})
+    node.s.release(1, G0, 1, now + 0.02)
+    assert of(Queued, node.s.request(1, G0, now + 0.03))
+    seen = node.run(now, now + 1.0, {2: 0.85})
+    assert [a.client for _, a in seen if isinstance(a, Grant)] == [1]
+    seen = node.run(now + 1.0, now + 10.0, {1: 0.6, 2: 1.0})
+    assert [a for _, a in seen if isinstance(a, AskToDrop) and not a.when_idle_ms] == []
+
+
+def seen_so_far(node: Node) -> list:
+    return node.seen
 
 
 def test_a_holder_with_gaps_holds_nobody_back():
