@@ -11,7 +11,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "dbus"))
 sys.path.insert(0, str(HERE.parent / "agent"))
 
-from dbus_harness import bus, world_dir  # noqa: E402, F401 (fixtures, found by name)
+from agent_harness import FAST_CONFIG, AgentProcess  # noqa: E402
+from dbus_harness import bus, wait_for, world_dir  # noqa: E402, F401 (fixtures, found by name)
+
+
+@pytest.fixture
+def fast_agent(world_dir, bus):  # noqa: F811 (the fixtures above, by name)
+    """The real agent on the private bus, its quantum and grace short (FAST_CONFIG)."""
+    agent = AgentProcess(world_dir / "agent", config=FAST_CONFIG, bus=bus.address).start()
+    (world_dir / "agent").chmod(0o755)
+    wait_for(bus.name_has_owner, "the agent on the bus")
+    yield agent
+    assert agent.stop() == 0, agent.log()
 
 
 def pytest_collection_modifyitems(items):

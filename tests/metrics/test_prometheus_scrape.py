@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_harness import FAST_CONFIG, GPU0, AgentProcess, ShimClient
+from agent_harness import GPU0, ShimClient
 from dbus_harness import NOBODY, busctl_on_agent, wait_for
 from metrics_harness import InetdListener
 from other_users import other_user_env, python_as
@@ -53,16 +53,7 @@ def labels_named(expr: str, legend: str) -> set[str]:
 
 
 @pytest.fixture
-def agent(world_dir, bus):
-    agent = AgentProcess(world_dir / "agent", config=FAST_CONFIG, bus=bus.address).start()
-    (world_dir / "agent").chmod(0o755)
-    wait_for(bus.name_has_owner, "the agent on the bus")
-    yield agent
-    assert agent.stop() == 0, agent.log()
-
-
-@pytest.fixture
-def prometheus(world_dir, bus, agent):
+def prometheus(world_dir, bus, fast_agent):
     # systemd-socket-activate passes its children no environment: env sets what they need.
     path = other_user_env()["PYTHONPATH"]
     exporter = InetdListener(
@@ -80,11 +71,11 @@ def prometheus(world_dir, bus, agent):
 
 @pytest.mark.slow  # a few scrapes' worth of seconds
 def test_the_dashboards_queries_return_labelled_series_and_a_wait_shows_at_once(
-    agent, bus, prometheus
+    fast_agent, bus, prometheus
 ):
     uuid = protocol.format_uuid(GPU0)
     busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "3600")  # a long turn
-    trainer = ShimClient(agent.socket_path, command="trainer")
+    trainer = ShimClient(fast_agent.socket_path, command="trainer")
     trainer.report_gpu_memory(GPU0, 16 << 30)
     trainer.report_memory(GPU0, 1 << 30)
     trainer.request()
@@ -95,7 +86,7 @@ def test_the_dashboards_queries_return_labelled_series_and_a_wait_shows_at_once(
     )
 
     # A wait: the notebook asks while the trainer holds its turn (anti-thrash on).
-    notebook = ShimClient(agent.socket_path, command="notebook")
+    notebook = ShimClient(fast_agent.socket_path, command="notebook")
     waited_from = time.time()
     notebook.request()
     query = f'nvshare_client_wait_seconds_total{{cause="turn", gpu="{uuid}"}}'

@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-import pytest
-from agent_harness import FAST_CONFIG, GPU0, AgentProcess, ShimClient
+from agent_harness import GPU0, ShimClient
 from dbus_harness import NOBODY, busctl_on_agent, wait_for
 from metrics_harness import exchange, get, samples
 from other_users import other_user_env, python_as
@@ -19,15 +18,6 @@ from nvshare_agent import protocol
 
 GONE = 10_000  # processes that come and go (the brief: their series must not stay)
 PER_CLIENT = ("nvshare_client_",)
-
-
-@pytest.fixture
-def fast_agent(world_dir, bus):
-    agent = AgentProcess(world_dir / "agent", config=FAST_CONFIG, bus=bus.address).start()
-    (world_dir / "agent").chmod(0o755)
-    wait_for(bus.name_has_owner, "the agent on the bus")
-    yield agent
-    assert agent.stop() == 0, agent.log()
 
 
 def scrape(bus) -> dict:
