@@ -147,6 +147,8 @@ void standin_wait_context_streams(CUcontext ctx);
  * become invalid handles; they stay allocated, so a later use by the shim is
  * logged as "stale" instead of touching freed memory. */
 void standin_retire_context_events(CUcontext ctx);
+/* Frees the arrays made in ctx (standin_arrays.c), as its destroy or reset does. */
+void standin_retire_context_arrays(CUcontext ctx);
 void standin_streams_after_fork_child(void);
 
 /* ---- stream capture (standin_capture.c) ---- */

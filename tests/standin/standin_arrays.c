@@ -3,7 +3,8 @@
  * cuMipmappedArrayCreate and their destroys).  An array holds no memory here (no
  * copy reaches one); its size, texels x channels x element bytes summed over its
  * mip levels, counts against STANDIN_TOTAL_MEM like device memory, and past it the
- * creation fails with CUDA_ERROR_OUT_OF_MEMORY.
+ * creation fails with CUDA_ERROR_OUT_OF_MEMORY.  A context's arrays go with it (its
+ * destroy, a primary context's reset), as a driver's do.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -17,7 +18,11 @@ struct fake_array {
     uint32_t magic;
     size_t bytes;
     CUdevice device;
+    CUcontext ctx;
+    struct fake_array *next; /* the live arrays, a list under standin_lock */
 };
+
+static struct fake_array *live_arrays;
 
 static size_t element_bytes(CUarray_format format)
 {
@@ -80,21 +85,62 @@ static CUresult create(const char *function, void **handle, size_t bytes, uint32
         free(array);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *array = (struct fake_array){magic, bytes, device};
+    *array = (struct fake_array){magic, bytes, device, standin_current_ctx(), NULL};
+    pthread_mutex_lock(&standin_lock);
+    array->next = live_arrays;
+    live_arrays = array;
+    pthread_mutex_unlock(&standin_lock);
     *handle = array;
     return CUDA_SUCCESS;
+}
+
+/* Takes out of the live list the array `wanted` (with magic), or every array of
+ * context ctx (wanted NULL); returns them as a list of their own. */
+static struct fake_array *take(const struct fake_array *wanted, uint32_t magic, CUcontext ctx)
+{
+    struct fake_array *taken = NULL;
+    pthread_mutex_lock(&standin_lock);
+    for (struct fake_array **link = &live_arrays; *link != NULL;) {
+        struct fake_array *array = *link;
+        int match = wanted != NULL ? array == wanted && array->magic == magic : array->ctx == ctx;
+        if (!match) {
+            link = &array->next;
+            continue;
+        }
+        *link = array->next;
+        array->next = taken;
+        taken = array;
+    }
+    pthread_mutex_unlock(&standin_lock);
+    return taken;
+}
+
+/* Gives the device their bytes back and frees them (outside standin_lock: the
+ * device's table takes it itself). */
+static void release_all(struct fake_array *arrays)
+{
+    while (arrays != NULL) {
+        struct fake_array *next = arrays->next;
+        standin_refund_device(arrays->device, arrays->bytes);
+        free(arrays);
+        arrays = next;
+    }
 }
 
 static CUresult destroy(struct fake_array *array, uint32_t magic)
 {
     if (!standin_initialised())
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (array == NULL || array->magic != magic)
-        return CUDA_ERROR_INVALID_HANDLE;
-    array->magic = 0;
-    standin_refund_device(array->device, array->bytes);
-    free(array);
+    struct fake_array *taken = array != NULL ? take(array, magic, NULL) : NULL;
+    if (taken == NULL)
+        return CUDA_ERROR_INVALID_HANDLE; /* never made, or destroyed already */
+    release_all(taken);
     return CUDA_SUCCESS;
+}
+
+void standin_retire_context_arrays(CUcontext ctx)
+{
+    release_all(take(NULL, 0, ctx));
 }
 
 STANDIN_EXPORT CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc)

@@ -207,6 +207,7 @@ static CUresult primary_release(const char *function, CUdevice dev)
         end_captures_in(&primary_ctx[dev], function);
         standin_wait_context_streams(&primary_ctx[dev]);
         standin_retire_context_events(&primary_ctx[dev]);
+        standin_retire_context_arrays(&primary_ctx[dev]);
     }
     return result;
 }
@@ -228,6 +229,7 @@ static CUresult primary_reset(const char *function, CUdevice dev)
         end_captures_in(&primary_ctx[dev], function);
         standin_wait_context_streams(&primary_ctx[dev]);
         standin_retire_context_events(&primary_ctx[dev]);
+        standin_retire_context_arrays(&primary_ctx[dev]);
     }
     return result;
 }
@@ -321,6 +323,7 @@ STANDIN_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     end_captures_in(ctx, "cuCtxDestroy_v2");
     standin_wait_context_streams(ctx);
     standin_retire_context_events(ctx);
+    standin_retire_context_arrays(ctx);
     for (int i = 0; i < ctx_depth; i++) {
         if (ctx_stack[i] == ctx) {
             memmove(&ctx_stack[i], &ctx_stack[i + 1], (size_t)(ctx_depth - i - 1) * sizeof ctx);
