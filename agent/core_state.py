@@ -33,10 +33,6 @@ class Lease:
     turn_since: float = 0.0
     turn: bool = True  # auto: granted as a turn (bulk work), not as work in bursts
     gpu_s_at_grant: float = 0.0  # its client's GPU time there when granted (usage.py)
-    # How busy its last stretch of at least policy.CHECK_S kept the GPU (None: none yet),
-    # and where that stretch ended: its client's report's time and GPU time then.
-    recent_duty: float | None = None
-    stretch_from: tuple[float, float] | None = None
 
 
 @dataclass(slots=True)
@@ -94,8 +90,6 @@ class ClientState:
     # Per GPU: how busy it kept the GPU over its last lease there (GPU time over the
     # lease's length): under policy.BURST_USE it works in bursts.  A newcomer has none.
     lease_duty: dict[bytes, float] = field(default_factory=dict)
-    # Per GPU: how busy it kept the GPU over its last stretch there alone (policy.py).
-    solo_duty: dict[bytes, float] = field(default_factory=dict)
     # Seconds waited, per (GPU, cause): status and the metrics show why it waited.
     waited_s: dict[tuple[bytes, str], float] = field(default_factory=dict)
     # share_by=unit: "pod:<uid>" or "unit:<name>" once the agent knows (share_groups.py).

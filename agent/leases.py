@@ -47,7 +47,6 @@ class DropReason(enum.Enum):
     OWED_WAITS = "owed work waits"  # a waiter owed more GPU time cuts in
     BOTH_SATURATE = "both keep it busy"  # two saturating clients: turns
     MEMORY_DOES_NOT_FIT = "memory does not fit"  # a report grew
-    OVER_SHARE = "over its share"  # a client with work beside it is owed more
     OTHERS_WAIT = "others wait"  # a yield: release once idle
     ANTI_THRASH_ON = "anti-thrash on"
     ANTI_THRASH_AUTO = "anti-thrash auto"

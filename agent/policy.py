@@ -7,9 +7,7 @@ fits together runs together), except that two clients that each keep the GPU bus
 turns, which beats interleaving them; who goes first, and who gives way, is a question of
 GPU time per weight: the waiter owed the most goes first, and work in bursts owed more
 than a holder in its way cuts that holder's turn short, where bulk work waits for the
-turn's end; between clients that run together, a group ahead of its share waits while a
-busy one owed more runs.  The GPU is never left idle for a waiter that fits beside those
-running and is not ahead of its share.
+turn's end.  The GPU is never left idle for a waiter that fits beside those running.
 
 decide() returns the actions *and* the next moment any rule could act: every comparison
 with the clock goes through Moments.reached(), which notes the moments not reached yet,
@@ -37,8 +35,6 @@ from .usage import UsageMeter, meter_of
 # its kernels reads this high, even beside others: 70 % busy, it reads ~0.85 beside a
 # trainer, whose kernels stretch its bursts but not its host time.
 SATURATING_USE = 0.95
-# Once taking turns, a client stays saturating down to this much under the line (saturating).
-SATURATING_BAND = 0.05
 # Uses change as clients run: the holders are looked at again this often while others
 # wait or several hold.
 CHECK_S = 0.25
@@ -52,12 +48,6 @@ BURST_USE = 0.5
 # How long a turn takes to drain once asked to drop (its shim bounds its queue meanwhile):
 # the drop is asked this much before a cutting-in waiter's light wait is up.
 DRAIN_MS = 25
-# Held to its share: a group whose charge (GPU seconds over weight) leads, by more than
-# PACE_LEAD_S, that of a client with work that runs or could run beside it gives way to
-# it.  A group is counted behind by at most PACE_CREDIT_S: bursts of about that much go
-# first (latency work), and a quiet spell banks no more.
-PACE_LEAD_S = 0.2
-PACE_CREDIT_S = 1.0
 
 
 # Who is owed GPU time, least first (Policy._standing); the order of waiters, first first
@@ -99,20 +89,7 @@ class Policy:
         return 0.0 if meter is None else meter.at(now)
 
     def saturating(self, gpu: GpuState, client: int, now: float) -> bool:
-        """Its use is SATURATING_USE or more; or, taking turns already (holding a turn,
-        or waiting after a lease it kept busy), SATURATING_BAND less.  A trainer taking
-        turns reads 0.94-0.97: at one line, two of them were let in together and split
-        again at every other look (27 drops in 15 s on an H200)."""
-        use = self.usage(client, gpu.uuid, now)
-        if use >= SATURATING_USE:
-            return True
-        held = gpu.holders.get(client)
-        in_turns = (
-            held.turn
-            if held is not None
-            else self.clients[client].lease_duty.get(gpu.uuid, 0.0) >= SATURATING_USE
-        )
-        return in_turns and use >= SATURATING_USE - SATURATING_BAND
+        return self.usage(client, gpu.uuid, now) >= SATURATING_USE
 
     def _standing(self, gpu: GpuState, now: float) -> Standing:
         """Who is owed GPU time, least first: its share group's charge (GPU time over
@@ -195,10 +172,8 @@ class Policy:
                     waiter.requested_at + light_wait_s
                 )
         self._keep_holders_apart(gpu, at, actions)
-        ahead = self._ahead_of_share(gpu, now)
-        blocked = self._grant_what_fits(gpu, ahead, at, actions)
+        blocked = self._grant_what_fits(gpu, at, actions)
         self._make_room(gpu, blocked, self._priority(gpu, at), at, actions)
-        self._hold_to_share(gpu, ahead, now, actions)
         if gpu.waiters or len(gpu.holders) > 1:
             at.reached(now + CHECK_S)  # uses change as they run: look again
 
@@ -261,12 +236,10 @@ class Policy:
         """A turn for bulk work; beside for work in bursts."""
         return Role.BESIDE if self.bursty(gpu, client, now) else Role.TURN
 
-    def _grant_what_fits(
-        self, gpu: GpuState, ahead: set[int], at: Moments, actions: list[Action]
-    ) -> list[int]:
-        """Grant, first first, every waiter nothing keeps from running and not ahead of
-        its share; returns the rest, first first.  Once a waiter that must be kept
-        waiting is overdue, nobody after it is let in ahead of it."""
+    def _grant_what_fits(self, gpu: GpuState, at: Moments, actions: list[Action]) -> list[int]:
+        """Grant, first first, every waiter nothing keeps from running; returns the rest,
+        first first.  Once a waiter that must be kept waiting is overdue, nobody after it
+        is let in ahead of it."""
         if not gpu.waiters:
             return []
         key = self._priority(gpu, at)
@@ -274,9 +247,6 @@ class Policy:
         for client in sorted(gpu.waiters, key=key):
             if blocked and not key(blocked[0])[0] and self._delays(gpu, client, blocked[0], at):
                 blocked.append(client)  # behind an overdue waiter it would keep out longer
-                continue
-            if client in ahead and key(client)[0]:  # an overdue one goes in all the same
-                blocked.append(client)
                 continue
             if self._conflicts(gpu, client, at.now):
                 blocked.append(client)
@@ -339,89 +309,6 @@ class Policy:
                     # bursts waits no longer than it must.  Bulk work in the way of bulk
                     # work keeps its turn: a handover at every pause pages both.
                     self.leases.ask_to_yield(gpu, holder, held, now, actions)
-
-    # ------------------------------------------------------------ held to shares
-
-    def _ahead_of_share(self, gpu: GpuState, now: float) -> set[int]:
-        """Clients ahead of their share: each (holder, or waiter nothing keeps out)
-        whose group's charge leads, by more than PACE_LEAD_S, that of a holder beside
-        it that keeps its lease busy (_keeps_lease_busy), counting nobody behind by more
-        than PACE_CREDIT_S.  (Under share_by=process nobody is charged: the driver's
-        equal slices are the shares.)"""
-        if not gpu.fits:  # where memory makes turns, the turns' order keeps the shares
-            return set()
-        holding = [c for c, held in gpu.holders.items() if held.drop_requested_at is None]
-        working = holding + [c for c in gpu.waiters if not self._conflicts(gpu, c, now)]
-        if len(working) < 2:
-            return set()
-        charged = self.shares.charged(gpu, self.clients, now)
-        top = max(charged(c) for c in working)
-        credit = {c: max(charged(c), top - PACE_CREDIT_S) for c in working}
-        low = min(credit.values())
-        behind = [
-            c
-            for c in holding
-            if credit[c] < low + PACE_LEAD_S + 1e-9 or self._keeps_lease_busy(gpu, c, now)
-        ]
-        return {
-            c
-            for c in working
-            if credit[c] > low + PACE_LEAD_S
-            and any(
-                credit[c] > credit[other] + PACE_LEAD_S
-                and self._keeps_lease_busy(gpu, other, now)
-                and self._beside(gpu, c, other, now)
-                for other in behind
-            )
-        }
-
-    def _keeps_lease_busy(self, gpu: GpuState, client: int, now: float) -> bool:
-        """Whether a holder kept the GPU busy (SATURATING_USE) over its last CHECK_S and
-        more, as its reports tell, and did too the last time it was seen alone there.
-        Others are held back only for such: beside a shorter burst, or gaps, the GPU would
-        sit idle before the holder lets go.  (Beside others its work in flight stretches
-        and reads busier than it is: only a stretch it ran alone tells its gaps.)"""
-        held = gpu.holders[client]
-        state = self.clients[client]
-        meter = state.usage.get(gpu.uuid)
-        if meter is None:
-            return False
-        alone = all(
-            h == client or gpu.holders[h].drop_requested_at is not None for h in gpu.holders
-        )
-        since, used_then = held.stretch_from or (held.granted_at, held.gpu_s_at_grant)
-        if meter.stamp >= since + CHECK_S:
-            used = meter.total_s(meter.stamp)
-            held.recent_duty = (used - used_then) / (meter.stamp - since)
-            held.stretch_from = (meter.stamp, used)
-            if alone:  # (those held back let go at its start: their drain is all it had)
-                state.solo_duty[gpu.uuid] = held.recent_duty
-        return (
-            held.recent_duty is not None
-            and held.recent_duty >= SATURATING_USE
-            and state.solo_duty.get(gpu.uuid, 1.0) >= SATURATING_USE
-        )
-
-    def _beside(self, gpu: GpuState, client: int, other: int, now: float) -> bool:
-        """Whether the two may run at once: they fit, and not both keep the GPU busy."""
-        both_busy = self.saturating(gpu, client, now) and self.saturating(gpu, other, now)
-        return not both_busy and self.fits(gpu, [client, other], keeping=False)
-
-    def _hold_to_share(
-        self, gpu: GpuState, ahead: set[int], now: float, actions: list[Action]
-    ) -> None:
-        """Holders ahead of their share are asked to drop (they wait, once they ask
-        again, while those behind have work); the rest, asked to yield, give the GPU
-        back at their next idle moment, so that the ones held wait only for work."""
-        if not ahead:
-            return
-        for client, held in list(gpu.holders.items()):
-            if held.drop_requested_at is not None:
-                continue
-            if client in ahead:
-                self.leases.ask_to_drop(gpu, client, held, now, actions, DropReason.OVER_SHARE)
-            else:
-                self.leases.ask_to_yield(gpu, client, held, now, actions)
 
     def _wait_cause(self, gpu: GpuState, client: int, blockers: list[int], now: float) -> WaitCause:
         if not blockers:

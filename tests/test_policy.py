@@ -33,7 +33,6 @@ class Node:
         self.s = Scheduler(settings)
         self.s.add_gpu(G0, "GPU", 80 * GIB)
         self.busy_us = {}
-        self.seen: list = []  # what a test keeps of run()'s actions
         for client, gib in enumerate(memory_gib, start=1):
             self.s.connect(client, 100 + client, 1000 + client, 1000, 0.0)
             self.s.hello(client, (G0,), f"c{client}", 0.0, features=FEATURE_YIELD | FEATURE_USAGE)
@@ -98,82 +97,6 @@ def test_two_saturating_clients_that_fit_take_turns_of_a_quantum():
     assert quantum[0][0] == pytest.approx(TQ)
     grant = of(Grant, node.s.release(1, G0, 1, TQ + 0.02))
     assert [(g.client, g.role) for g in grant] == [(2, "turn")]
-
-
-def test_a_group_ahead_of_its_share_gives_way_to_a_busy_one_beside_it():
-    """Weights hold between clients that run together: the driver gives each an equal
-    slice, so the one whose group has had more than its share waits while the one
-    owed more keeps the GPU busy, and goes again once it lets go."""
-    node = Node(10, 10, settings=AUTO.replaced(shares=(("user:1002", Share(weight=3)),)))
-    node.grant(1, 0.0)  # weight 1, 60 % busy
-    node.grant(2, 0.0)  # weight 3, a trainer: busy all its lease
-    seen = node.run(0.0, 3.0, {1: 0.6, 2: 1.0})
-    drops = [(t, a) for t, a in seen if isinstance(a, AskToDrop) and not a.when_idle_ms]
-    assert [(a.client, a.reason) for _, a in drops] == [(1, "over its share")]
-    at = drops[0][0]
-    assert at < 2.0  # 0.6 s of GPU time a second against 1/3: 0.2 ahead within a second
-    yields = [a for t, a in seen if isinstance(a, AskToDrop) and a.when_idle_ms]
-    assert [a.client for a in yields] == [2]  # so that its next gap frees the GPU
-    assert of(Grant, node.s.release(1, G0, 1, at + 0.02)) == []
-    assert of(Queued, node.s.request(1, G0, at + 0.03))
-    grant = of(Grant, node.s.release(2, G0, 2, at + 0.5, idle_ms=YIELD_IDLE_MS))
-    assert [g.client for g in grant] == [1]
-
-
-def test_one_held_back_goes_again_once_the_holder_shows_gaps_alone():
-    """Beside another, a process's work in flight stretches and reads busier than it is:
-    alone, a holder 85 % busy shows its gaps, and whoever it held back goes again, for
-    good (the GPU would sit idle in those gaps).  (A weight of 100: its own charge
-    would take it back under 1's for many seconds.)"""
-    node = Node(10, 10, settings=AUTO.replaced(shares=(("user:1002", Share(weight=100)),)))
-    node.grant(1, 0.0)
-    node.grant(2, 0.0)
-    now = 0.0
-    while not any(isinstance(a, AskToDrop) and not a.when_idle_ms for _, a in seen_so_far(node)):
-        now = round(now + 0.1, 1)
-        assert now < 3.0, "1 is never held back"
-        node.seen += node.run(now - 0.1, now, {1: 0.6, 2: 1.0})
-    node.s.release(1, G0, 1, now + 0.02)
-    assert of(Queued, node.s.request(1, G0, now + 0.03))
-    seen = node.run(now, now + 1.0, {2: 0.85})
-    assert [a.client for _, a in seen if isinstance(a, Grant)] == [1]
-    seen = node.run(now + 1.0, now + 10.0, {1: 0.6, 2: 1.0})
-    assert [a for _, a in seen if isinstance(a, AskToDrop) and not a.when_idle_ms] == []
-
-
-def seen_so_far(node: Node) -> list:
-    return node.seen
-
-
-def test_a_holder_with_gaps_holds_nobody_back():
-    """Held back beside a holder that leaves gaps in its lease, a client would leave the
-    GPU idle in them (the agent sees a gap only once it is over): nobody is."""
-    node = Node(10, 10, settings=AUTO.replaced(shares=(("user:1002", Share(weight=3)),)))
-    node.grant(1, 0.0)
-    node.grant(2, 0.0)
-    seen = node.run(0.0, 10.0, {1: 0.6, 2: 0.5})
-    assert [a for _, a in seen if isinstance(a, AskToDrop)] == []
-
-
-def test_trainers_taking_turns_stay_apart_while_their_use_hovers_under_the_line():
-    """A trainer taking turns reads 0.94-0.97: with one line, two were let in together and
-    split again at every other look (27 drops in 15 s on an H200).  Once taking turns, a
-    band below the line keeps them apart."""
-    node = Node(10, 10)
-    node.grant(1, 0.0)
-    node.grant(2, 0.0)
-    seen = node.run(0.0, 10.0, {1: 1.0, 2: 1.0})
-    at = next(t for t, a in seen if isinstance(a, AskToDrop) and a.client == 2)
-    node.s.release(2, G0, 2, at + 0.02)
-    node.s.request(2, G0, at + 0.03)
-    node.run(round(at + 0.03, 1), TQ + 0.5, {1: 1.0})
-    grant = of(Grant, node.s.release(1, G0, 1, TQ + 0.6))
-    assert [(g.client, g.role) for g in grant] == [(2, "turn")]
-    assert of(Queued, node.s.request(1, G0, TQ + 0.61))
-    # 2 holds its turn busy 0.92 of the time (its use sinks under 0.95); 1 waits busy.
-    seen = node.run(round(TQ + 0.6, 1), TQ + 20.0, {2: 0.92})
-    assert node.s.policy.usage(2, G0, TQ + 20.0) < 0.95
-    assert [a for _, a in seen if isinstance(a, Grant)] == []
 
 
 def test_work_in_bursts_that_does_not_fit_cuts_in_within_its_light_wait():

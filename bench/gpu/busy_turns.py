@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Two trainers that fit together: turns of BUSY_TURN_S (policy.py) against the driver's
-time-slicing and against one trainer alone (issue 44's i.: >= 0.99x).
+"""Two trainers that fit together: nvshare's turns against the driver's time-slicing and
+against one trainer alone (issue 44's i.: >= 0.99x).
 
     bench/gpu/run.sh --busy-turns [RESULTS] [--seconds S]
 
 Runs, one after the other: the reference trainer (trainer.py) alone; two of them without
 nvshare; two of them under the shim and an agent at its defaults (anti-thrash auto:
-together until their use shows both busy, ~5 s, then turns).  Each pair is judged over
+together until their use shows both busy, ~5 s, then turns; --seconds past TQ to see more
+than one).  Each pair is judged over
 the window both were stepping, less its first WARM_S (under nvshare, less the first
 SETTLE_S: the turns begin once their use reads busy).  Prints each figure as steps/s and
 the pairs' sums over the solo rate; all of it to RESULTS/busy_turns.json.
