@@ -149,15 +149,30 @@ class Probes:
         return [json.loads(line) for line in out.splitlines()]
 
 
-def assert_every_call_answered_in_time(answers: list[list]) -> None:
-    late_or_failed = [a for a in answers if a[1] > ANSWER_WITHIN_S or a[2] != 0]
+@pytest.fixture(scope="module")
+def calm(box) -> dict[str, float]:
+    """Each probe's slowest answer over 3 s with no restart going on: what the box
+    itself costs (nvsharectl starts a Python: ~0.4 s, past 1 s on a loaded CI box)."""
+    probes = Probes(box)
+    time.sleep(3)
+    answers = probes.answers()
+    return {name: max(a[1] for a in answers if a[0] == name) for name in ("busctl", "nvsharectl")}
+
+
+def assert_every_call_answered_in_time(answers: list[list], calm: dict[str, float]) -> None:
+    """Within ANSWER_WITHIN_S, or twice the slowest answer with no restart going on
+    where the box is that slow by itself: a restart must not make a call wait (one
+    hung 25 s), whatever the box's own pace."""
+    within = {name: max(ANSWER_WITHIN_S, 2 * slowest) for name, slowest in calm.items()}
+    late_or_failed = [a for a in answers if a[1] > within[a[0]] or a[2] != 0]
     for name in ("busctl", "nvsharectl"):
         took = sorted(a[1] for a in answers if a[0] == name)
         assert took, f"no {name} call"
         print(
-            f"{name}: {len(took)} calls, slowest {took[-1]:.3f} s, median {took[len(took) // 2]:.3f} s"
+            f"{name}: {len(took)} calls, slowest {took[-1]:.3f} s, median "
+            f"{took[len(took) // 2]:.3f} s (calm: slowest {calm[name]:.3f} s)"
         )
-    assert not late_or_failed, late_or_failed[:10]
+    assert not late_or_failed, (within, late_or_failed[:10])
     assert all("u 30" in a[3] for a in answers if a[0] == "busctl"), answers[:3]
 
 
@@ -168,7 +183,7 @@ def assert_the_journal_says_nothing_went_wrong(box: Container) -> None:
     assert unit_property(box, "nvshare.service", "NRestarts") == "0"
 
 
-def test_fifty_restarts_as_fast_as_the_shell_can_leave_the_node_scheduled(box, stage):
+def test_fifty_restarts_as_fast_as_the_shell_can_leave_the_node_scheduled(box, stage, calm):
     probes = Probes(box)
     with stage("50 x systemctl restart nvshare, as fast as the shell can"):
         began = time.monotonic()
@@ -184,7 +199,7 @@ def test_fifty_restarts_as_fast_as_the_shell_can_leave_the_node_scheduled(box, s
     assert unit_property(box, "nvshare.socket", "ActiveState") == "active"
     assert unit_property(box, "nvshare.service", "ActiveState") == "active"
     assert box.run(["test", "-S", "/run/nvshare/scheduler.sock"], check=False).returncode == 0
-    assert_every_call_answered_in_time(answers)
+    assert_every_call_answered_in_time(answers, calm)
     # A CUDA process after them is scheduled: the agent grants it the GPU.
     grants_before = journal(box, "nvshare.service").count("grant gpu=")
     client = run_client(box)
@@ -194,7 +209,7 @@ def test_fifty_restarts_as_fast_as_the_shell_can_leave_the_node_scheduled(box, s
     assert_the_journal_says_nothing_went_wrong(box)
 
 
-def test_a_hundred_restarts_each_within_a_second_also_right_after_a_start(box, stage):
+def test_a_hundred_restarts_each_within_a_second_also_right_after_a_start(box, stage, calm):
     probes = Probes(box)
     with stage("100 x systemctl restart nvshare, each 0-100 ms after the last start"):
         took = json.loads(box.run(["python3", "-c", RESTARTS, "100", "45"], timeout=600).stdout)
@@ -202,7 +217,7 @@ def test_a_hundred_restarts_each_within_a_second_also_right_after_a_start(box, s
     print(f"restarts: slowest {max(took):.3f} s, mean {sum(took) / len(took):.3f} s")
     assert len(took) == 100
     assert max(took) <= RESTART_WITHIN_S, sorted(took)[-5:]
-    assert_every_call_answered_in_time(answers)
+    assert_every_call_answered_in_time(answers, calm)
     assert_the_journal_says_nothing_went_wrong(box)
     assert run_client(box).returncode == 0
     assert unit_property(box, "nvshare.socket", "ActiveState") == "active"

@@ -1,8 +1,9 @@
 """Clients between light and busy, with real shims over the agent's socket on the stand-in
 driver (issue 44): four 30 %-busy processes whose memory fits all run, none waiting for
-the lock over 50 ms; a 40 %-busy process beside a busy one keeps at least 0.9x the
-rounds it does alone.  (The stand-in's kernels take their time on threads of their own,
-so a process here is slowed only by waiting for the lock: the waits are what is judged.)"""
+the lock over 50 ms, each doing 0.9x its rounds alone or more; a 40 %-busy process beside
+a busy one keeps at least 0.9x the rounds it does alone.  (The stand-in's kernels take
+their time on threads of their own, so a process here is slowed only by waiting for the
+lock: the waits are what is judged.)"""
 
 import re
 
@@ -36,14 +37,15 @@ def rounds_per_s(result: dict) -> float:
     return int(result["loops"]) / (float(result["elapsed_ms"]) / 1000)
 
 
-@pytest.mark.slow  # 6 s of bursts
+@pytest.mark.slow  # 6 s alone, 6 s of four together
 def test_four_clients_30_percent_busy_that_fit_all_run_and_none_waits_over_50_ms(world):
     agent = world.start_agent(config=DEFAULT_AUTO)
+    # Alone first: the box's own pace (a loaded CI box stretched the 100 ms cycle to 111).
+    alone = rounds_per_s(duty(world, 30, 70).finish_ok(timeout=60))
     clients = [duty(world, 30, 70) for _ in range(4)]
     rates = [rounds_per_s(client.finish_ok(timeout=60)) for client in clients]
     log = world.settled(agent, *clients)
-    # Each does at least 0.9x the rounds of its cycle (100 ms, a little more for its copies).
-    assert min(rates) >= 0.9 * 10, rates
+    assert min(rates) >= 0.9 * alone, (rates, alone)
     for client in clients:
         served = grants(log, client.pid)
         assert served, log[-3000:]
