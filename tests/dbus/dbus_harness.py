@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -108,11 +109,23 @@ class DbusDaemon:
             stderr=log,
         )
         log.close()
+        # Listening, not only bound: the socket file comes with bind(), and a connect before
+        # the daemon's listen() is refused (seen under CI's load).
         wait_for(
-            lambda: self.socket_path.exists() or self.process.poll() is not None,
-            "dbus-daemon socket",
+            lambda: self._accepts() or self.process.poll() is not None,
+            "dbus-daemon listening",
         )
         assert self.process.poll() is None, f"dbus-daemon died: {self.log_path.read_text()}"
+
+    def _accepts(self) -> bool:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(self.socket_path))
+            return True
+        except OSError:
+            return False
+        finally:
+            probe.close()
 
     def stop(self):
         if self.process and self.process.poll() is None:
