@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from shim_harness import STANDIN_BUILD, clean_env
+from shim_harness import STANDIN_BUILD, clean_env, without_node_preload
 
 LIBCUDA = STANDIN_BUILD / "libcuda.so.1"
 
@@ -38,8 +38,10 @@ PRELUDE = textwrap.dedent(f"""
 
 
 def run_python(body: str, **env) -> str:
+    # The stand-in alone: on a node with nvshare installed, /etc/ld.so.preload would load
+    # the shim, which asked the node's agent for the stand-in GPU (the README stage saw it).
     done = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
+        [*without_node_preload(), sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
         capture_output=True,
         text=True,
         env=clean_env(**env),
