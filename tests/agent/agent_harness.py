@@ -137,14 +137,7 @@ class AgentProcess:
     def _accepting(self) -> bool:
         if self.process.poll() is not None:
             raise AssertionError(f"agent exited with {self.process.returncode}:\n{self.log()}")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(self.socket_path))
-            return True
-        except OSError:
-            return False
-        finally:
-            probe.close()
+        return unix_socket_accepts(self.socket_path)
 
     def log(self) -> str:
         try:
@@ -185,6 +178,19 @@ class AgentProcess:
                     f"agent ignored SIGTERM for {timeout} s:\n{self.log()[-4000:]}"
                 )
         return self.process.returncode
+
+
+def unix_socket_accepts(path) -> bool:
+    """Whether something listens on the Unix socket at path: its file comes with bind(),
+    and a connect before listen() is refused."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
 class ShimClient:

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from dbus_next import Message, MessageType
 from nvshare_agent import dbus_names as names
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
+from agent_harness import unix_socket_accepts
 from other_users import other_user_env, python_as
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,20 +112,10 @@ class DbusDaemon:
         # Listening, not only bound: the socket file comes with bind(), and a connect before
         # the daemon's listen() is refused (seen under CI's load).
         wait_for(
-            lambda: self._accepts() or self.process.poll() is not None,
+            lambda: unix_socket_accepts(self.socket_path) or self.process.poll() is not None,
             "dbus-daemon listening",
         )
         assert self.process.poll() is None, f"dbus-daemon died: {self.log_path.read_text()}"
-
-    def _accepts(self) -> bool:
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(self.socket_path))
-            return True
-        except OSError:
-            return False
-        finally:
-            probe.close()
 
     def stop(self):
         if self.process and self.process.poll() is None:
