@@ -59,6 +59,10 @@ def test_clients_that_fit_run_together_one_that_does_not_runs_in_a_window_then_t
     a = world.client("linked", *steady)
     b = world.client("linked", *steady)
     # Both granted within 100 ms of asking, and running together: one beside the other.
+    # (Each is waited for by its pid: under load the second may ask well after the first
+    # was granted.)
+    for client in (a, b):
+        agent.wait_for_log(rf"grant gpu=\S+ pid={client.pid}\b")
     agent.wait_for_log(r"grant gpu=\S+ pid=\d+ lease=\d+ mode=shared waited_ms=\S+ role=beside")
     for client in (a, b):
         first = grants(agent.log(), client.pid)[0]
