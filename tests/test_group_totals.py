@@ -6,6 +6,7 @@ within bounds.  Time is an argument: no sleeps."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from nvshare_agent.scheduler import Scheduler
 from nvshare_agent.settings import AntiThrash, Settings, Share, ShareBy
 from nvshare_agent.snapshot import ShareGroupSnapshot
 
+REPO = Path(__file__).resolve().parents[1]
 G0 = b"\x00" * 15 + b"\x01"
 ON = Settings(time_quantum_s=3600, anti_thrash=AntiThrash.ON)  # a queue: waits for a turn
 US = 1_000_000  # GPU_USAGE counts microseconds
@@ -192,3 +194,9 @@ def test_ten_thousand_short_lived_groups_keep_at_most_max_gone_groups():
     latest = {f"process:{100 + c}" for c in range(10_002 - MAX_GONE_GROUPS, 10_002)}
     assert set(shown) == latest | {"process:101"}
     assert all(shown[g].gpu_seconds == 0.001 for g in latest)
+
+
+def test_docs_metrics_md_states_the_bounds():
+    text = (REPO / "docs/metrics.md").read_text()
+    assert f"for {GONE_GROUP_KEEP_S:g} s after their last process" in text
+    assert f"at most {MAX_GONE_GROUPS} of them per GPU" in text
