@@ -1,5 +1,7 @@
 """The scheduling core's state: what it remembers of each GPU, client, lease and
-waiter.  Plain records; scheduler.py and policy.py change them."""
+waiter.  Plain records; scheduler.py and policy.py change them.  What a client did
+on a GPU so far (gpu_seconds_of, waited_of) is read here, once, for its own figures
+and its share group's (snapshot.py, share_groups.py)."""
 
 from __future__ import annotations
 
@@ -94,3 +96,20 @@ class ClientState:
     waited_s: dict[tuple[bytes, str], float] = field(default_factory=dict)
     # share_by=unit: "pod:<uid>" or "unit:<name>" once the agent knows (share_groups.py).
     share_unit: str = ""
+
+
+def gpu_seconds_of(state: ClientState, uuid: bytes, now: float) -> float:
+    """A client's GPU time on a GPU since it came (usage.py's running total)."""
+    meter = state.usage.get(uuid)
+    return 0.0 if meter is None else meter.total_s(now)
+
+
+def waited_of(
+    state: ClientState, waiter: Waiter | None, uuid: bytes, now: float
+) -> dict[str, float]:
+    """Seconds a client has waited for a GPU since it came, by cause, the wait under
+    way (waiter: its place in the GPU's queue, if any) counted up to now."""
+    waited = {cause: s for (gpu, cause), s in state.waited_s.items() if gpu == uuid}
+    if waiter is not None and waiter.cause:
+        waited[waiter.cause] = waited.get(waiter.cause, 0.0) + max(0.0, now - waiter.cause_since)
+    return waited

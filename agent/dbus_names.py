@@ -100,6 +100,23 @@ CLIENT_GPU_DETAIL_FIELDS = (
     ("wait_cause", "s"),  # waiting: why now (memory, turn, latency work, share); else ""
     ("waited_s", "a{sd}"),  # seconds waited there so far, by cause, the wait under way too
 )
+# Shares1's Groups (aa{sv}): each share group on each GPU, a dict of these (an open
+# dict: keys may be added without a new API).
+GROUP_FIELDS = (
+    ("gpu", "s"),
+    ("group", "s"),  # user:UID, unit:NAME, pod:UID or process:PID
+    ("weight", "u"),
+    ("memory_cap_bytes", "t"),  # 0: none
+    ("use", "d"),  # its clients' recent use together (~10 s)
+    ("share", "d"),  # its GPU time over the last minute's time
+    ("clients", "u"),
+    # Counters since it came to the GPU, its clients that have gone included
+    # (agent/group_totals.py): its GPU time there, and seconds waited by cause.
+    ("gpu_seconds", "d"),
+    ("waited_s", "a{sd}"),
+)
+# Groups' figures that move with time: they alone are no change (no PropertiesChanged).
+GROUP_MOVING_FIELDS = ("use", "share", "gpu_seconds", "waited_s")
 STATISTICS_FIELDS = (
     ("grants", "t"),
     ("drops", "t"),

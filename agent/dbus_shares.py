@@ -34,6 +34,7 @@ from .settings import (
     parse_share_by,
     parse_share_group,
 )
+from .snapshot import ShareGroupSnapshot
 from .text import excerpt
 
 INTERFACE = names.SHARES_INTERFACE
@@ -67,28 +68,27 @@ def check_shares_contract(contract: Contract) -> None:
         )
 
 
-def _groups_less_use_and_share(groups: list) -> list:
-    # A group's use and share decay with time and grow while it holds a GPU:
-    # compared, every read would be a change (as a client's seconds held,
-    # dbus_api.py).  Groups changes when a group comes or goes, or its weight,
-    # cap or number of clients does.
-    return [{k: v for k, v in g.items() if k not in ("use", "share")} for g in groups]
+def _groups_less_moving_figures(groups: list) -> list:
+    # A group's use, share, GPU time and waits move with time and while its clients
+    # hold or wait: compared, every read would be a change (as a client's seconds
+    # held, dbus_api.py).  Groups changes when a group comes or goes, or its
+    # weight, cap or number of clients does.
+    moving = names.GROUP_MOVING_FIELDS
+    return [{k: v for k, v in g.items() if k not in moving} for g in groups]
+
+
+def group_to_dbus(group: ShareGroupSnapshot) -> dict:
+    """One entry of Groups: the snapshot's figures under dbus_names.GROUP_FIELDS."""
+    entry = {}
+    for key, dbus_type in names.GROUP_FIELDS:
+        value = getattr(group, key)
+        entry[key] = Variant(dbus_type, dict(value) if dbus_type == "a{sd}" else value)
+    return entry
 
 
 def share_values(engine: Engine) -> dict:
     settings = engine.settings
-    groups = [
-        {
-            "gpu": Variant("s", g.gpu),
-            "group": Variant("s", g.group),
-            "weight": Variant("u", g.weight),
-            "memory_cap_bytes": Variant("t", g.memory_cap_bytes),
-            "use": Variant("d", g.use),
-            "share": Variant("d", g.share),
-            "clients": Variant("u", g.clients),
-        }
-        for g in engine.snapshot().groups
-    ]
+    groups = [group_to_dbus(g) for g in engine.snapshot().groups]
     shares = {
         group: {name: Variant(_FIELD_TYPES[name], value) for name, value in share.given().items()}
         for group, share in settings.shares
@@ -107,7 +107,7 @@ class SharesApi:
             bus,
             contract,
             lambda: share_values(engine),
-            {"Groups": _groups_less_use_and_share},
+            {"Groups": _groups_less_moving_figures},
         )
 
     def publish_changes(self) -> None:

@@ -306,6 +306,7 @@ class Scheduler:
                 continue
             for uuid in state.gpus:
                 gpu = self.gpus[uuid]
+                self.shares.client_left(gpu, client, state, now)  # its wait under way too
                 gpu.waiters.pop(client, None)
                 gpu.users.discard(client)
                 gpu.displaced.discard(client)
@@ -345,6 +346,8 @@ class Scheduler:
         if state is None:
             return []
         state.share_unit = unit_group(unit, container)
+        for uuid in state.gpus:  # what it did so far stays with the group it was in
+            self.shares.settle_totals(self.gpus[uuid], self.clients, now)
         return self.memory_caps(client)
 
     def memory_caps(self, client: int | None = None) -> list[Action]:
@@ -385,6 +388,7 @@ class Scheduler:
         self._note_unused_index_settings(actions)
         for gpu in self.gpus.values():
             self._settle_gpu_settings(gpu, now, actions)
+            self.shares.settle_totals(gpu, self.clients, now)  # share_by may have changed
             self._update(gpu, now, actions)
         return actions + self.memory_caps()
 
@@ -428,6 +432,7 @@ class Scheduler:
             self._settle_gpu_settings(gpu, 0.0, actions, fresh=True)
         state.gpus[uuid] = None
         gpu.users.add(client)
+        self.shares.joined(gpu, client, state)
         return None
 
     # ------------------------------------------------------------ the rules, per GPU

@@ -30,17 +30,24 @@ clients on the GPU; the starvation bound becomes (f + 1) x TQ + n x (TQ + grace)
 Memory caps: each client of a group with a cap is told the cap and what the
 group's other clients hold on each GPU (MEMORY_CAP), whenever either changes; its
 shim refuses an allocation that would take the group past the cap.
+
+Status shows each group's counters of GPU time and seconds waited, its gone
+clients' included (group_totals.py): the clients are counted in their groups as
+they come, move and leave (joined, settle_totals, client_left).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .actions import Action, SendMemoryCap
-from .core_state import FEATURE_MEMORY_CAP, ClientState, GpuState
+from .core_state import FEATURE_MEMORY_CAP, ClientState, GpuState, gpu_seconds_of, waited_of
+from .group_totals import GroupTotals, Tally
 from .settings import Settings, Share, ShareBy
+from .snapshot import GroupFigures, rounded_waits
 
 # The window of each group's share of a GPU's time, shown in status: a minute.
 SHARE_WINDOW_S = 60.0
@@ -97,13 +104,18 @@ class ShareGroups:
         self._home: dict[tuple[int, bytes], str] = {}  # (client, gpu) -> its group there
         self._caps_sent: dict[bytes, dict[int, tuple[int, int]]] = {}  # gpu -> client -> told
         self._shares_of: tuple[Settings | None, dict[str, Share]] = (None, {})
+        self._totals = GroupTotals()  # the groups' counters, their gone clients' included
 
-    def share(self, settings: Settings, group: str) -> Share:
+    def _shares(self, settings: Settings) -> dict[str, Share]:
+        """The groups with settings, by group (kept while settings stay the same)."""
         cached_for, by_group = self._shares_of
         if cached_for is not settings:
             by_group = dict(settings.shares)
             self._shares_of = (settings, by_group)
-        return by_group.get(group, NO_SHARE)
+        return by_group
+
+    def share(self, settings: Settings, group: str) -> Share:
+        return self._shares(settings).get(group, NO_SHARE)
 
     def weight(self, settings: Settings, group: str) -> int:
         return self.share(settings, group).weight or 1
@@ -125,8 +137,7 @@ class ShareGroups:
             account = accounts.get(group)
             if account is None:
                 account = accounts[group] = GroupAccount(minute_at=now, since=now)
-            meter = state.usage.get(gpu.uuid)
-            total = 0.0 if meter is None else meter.total_s(now)
+            total = gpu_seconds_of(state, gpu.uuid, now)
             home = self._home.get((client, gpu.uuid))
             if home != group:
                 if home is not None:  # moved (its unit became known, share_by changed)
@@ -187,6 +198,7 @@ class ShareGroups:
                 del accounts[group]
 
     def forget_gpu(self, uuid: bytes) -> None:
+        self._totals.forget_gpu(uuid)
         self._accounts.pop(uuid, None)
         self._caps_sent.pop(uuid, None)
         for key in [k for k in self._home if k[1] == uuid]:  # (client, GPU) -> group
@@ -281,14 +293,49 @@ class ShareGroups:
         account = self._accounts[gpu.uuid].get(mine)
         return account is not None and theirs > 0.0 and account.charged_s < theirs
 
+    # ------------------------------------------------------------ counters
+
+    def joined(self, gpu: GpuState, client: int, state: ClientState) -> None:
+        """A client came to gpu: it counts in its group there from its start."""
+        self._totals.join(gpu.uuid, client, group_of(state, gpu.settings.share_by))
+
+    def settle_totals(self, gpu: GpuState, clients: dict[int, ClientState], now: float) -> None:
+        """Each client on gpu counted in its group now: one that moved (its unit became
+        known, share_by changed) leaves what it did so far with the group it was in.
+        Gone groups past their bounds are forgotten (group_totals.py)."""
+        share_by = gpu.settings.share_by
+        for client in gpu.users:
+            state = clients[client]
+            figures = functools.partial(_own_figures, state, gpu, client, now)
+            self._totals.place(gpu.uuid, client, group_of(state, share_by), figures, now)
+        self._totals.tidy(gpu.uuid, self._shares(gpu.settings), now)
+
+    def client_left(self, gpu: GpuState, client: int, state: ClientState, now: float) -> None:
+        """A client leaves gpu (still in its queue, if it waited: its wait counts up to
+        now): what it did there stays in its group's counters."""
+        self._totals.left(
+            gpu.uuid,
+            client,
+            group_of(state, gpu.settings.share_by),
+            _own_figures(state, gpu, client, now),
+            self._shares(gpu.settings),
+            now,
+        )
+
     # ------------------------------------------------------------ status
 
     def figures(
         self, gpu: GpuState, clients: dict[int, ClientState], now: float
-    ) -> list[tuple[str, int, int, float, float, int]]:
-        """Each group on gpu, and each group with settings: (group, weight, memory cap,
-        recent use (the sum of its clients'), share of the last minute, clients)."""
+    ) -> list[GroupFigures]:
+        """Each group on gpu, each group with settings, and each gone group whose
+        counters are kept (group_totals.py): (group, weight, memory cap, recent use (the
+        sum of its clients'), share of the last minute, clients, GPU seconds, seconds
+        waited by cause (its clients', gone ones' included))."""
         accounts = self.sync(gpu, clients, now)
+        self.settle_totals(gpu, clients, now)
+        totals = self._totals.read(
+            gpu.uuid, lambda client: _own_figures(clients[client], gpu, client, now)
+        )
         settings = gpu.settings
         use: dict[str, float] = {}
         count: dict[str, int] = {}
@@ -299,9 +346,10 @@ class ShareGroups:
             use[group] = use.get(group, 0.0) + (0.0 if meter is None else meter.at(now))
             count[group] = count.get(group, 0) + 1
         rows = []
-        for group in sorted(set(accounts) | {g for g, _ in settings.shares}):
+        for group in sorted(set(totals) | set(self._shares(settings))):
             share = self.share(settings, group)
             account = accounts.get(group)
+            counted = totals.get(group, Tally())
             rows.append(
                 (
                     group,
@@ -310,6 +358,8 @@ class ShareGroups:
                     round(use.get(group, 0.0), 3),
                     round(0.0 if account is None else account.minute_share(now), 3),
                     count.get(group, 0),
+                    round(counted.gpu_s, 6),
+                    rounded_waits(counted.waited_s),
                 )
             )
         return rows
@@ -344,6 +394,12 @@ class ShareGroups:
                     told_here[client] = (cap, others)
                     actions.append(SendMemoryCap(client, state.pid, gpu.uuid, cap, others, group))
         return actions
+
+
+def _own_figures(state: ClientState, gpu: GpuState, client: int, now: float) -> Tally:
+    """A client's own figures on gpu so far, as its status shows them."""
+    waited = waited_of(state, gpu.waiters.get(client), gpu.uuid, now)
+    return Tally(gpu_seconds_of(state, gpu.uuid, now), waited)
 
 
 def _holds(state: ClientState, uuid: bytes) -> int:

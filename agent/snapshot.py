@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from .core_state import EXCLUSIVE, SHARED, ClientState, GpuState
+from .core_state import EXCLUSIVE, SHARED, ClientState, GpuState, gpu_seconds_of, waited_of
 from .settings import DEFAULT_TIME_QUANTUM_S, AntiThrash
 
 
@@ -63,10 +63,20 @@ class ShareGroupSnapshot:
     use: float  # its clients' recent use together (usage.py's, ~10 s)
     share: float  # its share of the GPU's time over the last minute
     clients: int
+    # Counters (group_totals.py): its clients' GPU time there and seconds waited by
+    # cause, those that have left included.
+    gpu_seconds: float = 0.0
+    waited_s: tuple[tuple[str, float], ...] = ()
 
 
-# A ShareGroupSnapshot less its GPU: (group, weight, memory cap, use, share, clients).
-GroupFigures = tuple[str, int, int, float, float, int]
+# A ShareGroupSnapshot less its GPU: (group, weight, memory cap, use, share, clients,
+# GPU seconds, seconds waited by cause).
+GroupFigures = tuple[str, int, int, float, float, int, float, tuple[tuple[str, float], ...]]
+
+
+def rounded_waits(waited: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
+    """Seconds waited by cause as a snapshot holds them: by cause, to the microsecond."""
+    return tuple(sorted((cause, round(seconds, 6)) for cause, seconds in waited.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +131,6 @@ def take_snapshot(
                 holding = 0.0
             allocated = state.managed.get(uuid, 0) + state.unmanaged.get(uuid, 0)
             waiter = gpu.waiters.get(client)
-            waited = {cause: s for (g, cause), s in state.waited_s.items() if g == uuid}
-            if waiter is not None and waiter.cause:  # the wait under way, up to now
-                waited[waiter.cause] = waited.get(waiter.cause, 0.0) + now - waiter.cause_since
-            meter = state.usage.get(uuid)
             per_gpu.append(
                 ClientGpuSnapshot(
                     format_gpu(uuid),
@@ -132,9 +138,9 @@ def take_snapshot(
                     allocated,
                     holding,
                     recent_use=round(recent_use(client, uuid, now), 3),
-                    gpu_seconds=0.0 if meter is None else round(meter.total_s(now), 6),
+                    gpu_seconds=round(gpu_seconds_of(state, uuid, now), 6),
                     wait_cause="" if waiter is None else waiter.cause,
-                    waited_s=tuple(sorted((c, round(s, 6)) for c, s in waited.items())),
+                    waited_s=rounded_waits(waited_of(state, waiter, uuid, now)),
                 )
             )
         client_records.append(

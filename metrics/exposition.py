@@ -33,6 +33,8 @@ CLIENT_LABELS = ("gpu", "pid", "user", "command")
 # Who a process is, for the counters of what it did: its unit and pod too, so
 # that a dashboard can add them up by either ("pod": the agent's "container").
 USAGE_LABELS = ("gpu", "pid", "user", "unit", "pod")
+# A share group on a GPU: "user:1000", "unit:NAME.service", "pod:UID" or "process:PID".
+GROUP_LABELS = ("gpu", "group")
 CLIENT_STATES = ("idle", "waiting", "holding", "draining")
 GPU_MODES = ("exclusive", "shared")
 ANTI_THRASH_SETTINGS = ("on", "off", "auto")
@@ -62,6 +64,12 @@ FAMILY_NAMES = (
     "nvshare_client_state",
     "nvshare_client_gpu_seconds",
     "nvshare_client_wait_seconds",
+    "nvshare_share_weight",
+    "nvshare_share_memory_cap_bytes",
+    "nvshare_share_use",
+    "nvshare_share_of_gpu_time",
+    "nvshare_share_gpu_seconds",
+    "nvshare_share_wait_seconds",
 )
 
 
@@ -128,7 +136,7 @@ def agent_families(status: dict | None) -> Iterator[Metric]:
 
 def _group_families(groups: list[dict]) -> Iterator[Metric]:
     """Share groups on each GPU (docs/scheduling.md "Shares")."""
-    labels = ["gpu", "group"]
+    labels = list(GROUP_LABELS)
     families = {
         "weight": GaugeMetricFamily(
             "nvshare_share_weight", "A share group's weight (default 1).", labels=labels
@@ -149,10 +157,31 @@ def _group_families(groups: list[dict]) -> Iterator[Metric]:
             labels=labels,
         ),
     }
+    gpu_time = CounterMetricFamily(
+        "nvshare_share_gpu_seconds",
+        "GPU time a share group's processes have used on the GPU, as their shims measure it, "
+        "those that have gone included (the series goes on when a process disconnects).",
+        labels=labels,
+    )
+    waited = CounterMetricFamily(
+        "nvshare_share_wait_seconds",
+        "Seconds a share group's processes have waited for the GPU, by why they waited "
+        "(memory, turn, latency work, share), those that have gone and the waits under way "
+        "included.",
+        labels=[*labels, "cause"],
+    )
     for group in groups:
+        on = [group["gpu"], group["group"]]
         for key, family in families.items():
-            family.add_metric([group["gpu"], group["group"]], group[key])
+            family.add_metric(on, group[key])
+        if "gpu_seconds" not in group:
+            continue  # an agent from before the groups' counters
+        gpu_time.add_metric(on, group["gpu_seconds"])
+        for cause, seconds in group.get("waited_s", {}).items():
+            waited.add_metric([*on, cause], seconds)
     yield from families.values()
+    yield gpu_time
+    yield waited
 
 
 def _gpu_families(gpus: list[dict]) -> Iterator[Metric]:

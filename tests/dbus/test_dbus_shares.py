@@ -166,3 +166,62 @@ def test_shares_set_at_once_each_keep_the_others(bus, agent):
         )
     assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
     assert sorted(shares_property(bus.address, "Shares")) == groups
+
+
+def _my_figures(address: str) -> dict:
+    """This process's own figures on the GPU, as nvsharectl status --json shows them
+    (each of its connections' entries carries the process's)."""
+    status = json.loads(nvsharectl(address, "status", "--json").stdout)
+    return status["clients"][0]["gpus"][0]
+
+
+def _my_group(address: str) -> dict:
+    """This process's group on the GPU (the fake shims run here, as root), each figure
+    as busctl gives it: {"type": ..., "data": ...}."""
+    (mine,) = [g for g in shares_property(address, "Groups") if g["group"]["data"] == "user:0"]
+    return mine
+
+
+def test_groups_count_gpu_time_and_waits_with_their_gone_clients_over_d_bus(bus, agent):
+    import time
+
+    from agent_harness import ShimClient
+    from dbus_harness import busctl_on_agent, property_data, wait_for
+
+    # On, a long quantum: the waiter waits its turn behind the holder (cause "turn").
+    busctl_on_agent(bus.address, "set-property", "AntiThrashMode", "s", "on")
+    busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "3600")
+    holder = ShimClient(agent.socket_path, command="holder")
+    holder.request()
+    holder.wait_grant()
+    waiter = ShimClient(agent.socket_path, command="waiter")
+    waiter.request()
+    wait_for(lambda: property_data(bus.address, "Gpus")[0][4], "the waiter queued")
+    try:
+        time.sleep(0.3)  # an older shim: the hold is its GPU time
+        # Both connections are this process: its figures are theirs together.
+        theirs = _my_figures(bus.address)
+        mine = _my_group(bus.address)
+        assert (mine["gpu_seconds"]["type"], mine["waited_s"]["type"]) == ("d", "a{sd}")
+        assert mine["clients"]["data"] == 2
+        assert mine["gpu_seconds"]["data"] >= theirs["gpu_seconds"] >= 0.3
+        assert mine["waited_s"]["data"]["turn"] >= theirs["waited_s"]["turn"] >= 0.3
+
+        holder.close()  # gone while holding: the waiter is granted
+        waiter.wait_grant(timeout=10)
+        wait_for(lambda: len(property_data(bus.address, "Clients")) == 1, "the holder gone")
+        after = _my_group(bus.address)
+        assert after["clients"]["data"] == 1
+        # What the holder did stays with its group: nothing went back.
+        assert after["gpu_seconds"]["data"] >= mine["gpu_seconds"]["data"]
+        assert after["waited_s"]["data"]["turn"] >= mine["waited_s"]["data"]["turn"]
+        left = _my_figures(bus.address)  # the waiter's alone now, less than the group's
+        assert left["gpu_seconds"] < after["gpu_seconds"]["data"]
+
+        status = json.loads(nvsharectl(bus.address, "status", "--json").stdout)
+        (shown,) = status["groups"]
+        assert shown["gpu_seconds"] >= after["gpu_seconds"]["data"]
+        assert shown["waited_s"]["turn"] >= after["waited_s"]["data"]["turn"]
+    finally:
+        waiter.close()
+        holder.close()

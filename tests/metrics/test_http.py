@@ -217,6 +217,27 @@ def test_every_family_written_is_documented_and_none_other():
             "Statistics": {},
         }
     )
+    status.update(
+        render.shares_as_dict(
+            {
+                "ShareBy": "user",
+                "Shares": {},
+                "Groups": [
+                    {
+                        "gpu": "GPU-a",
+                        "group": "user:0",
+                        "weight": 1,
+                        "memory_cap_bytes": 0,
+                        "use": 1.0,
+                        "share": 0.5,
+                        "clients": 1,
+                        "gpu_seconds": 2.5,
+                        "waited_s": {"turn": 0.5},
+                    }
+                ],
+            }
+        )
+    )
     body, _ = exposition(status)
     names = {name for name, _ in samples(body.decode())}
     families = {re.sub(r"_(total|bucket|count|sum)$", "", name) for name in names}

@@ -1,7 +1,8 @@
 """A real Prometheus (Debian's) scrapes the exporter, as nvshare-metrics.socket serves it
 (a process per connection), beside an agent with clients: every query of the Grafana
 dashboard (kubernetes/grafana-nvshare.json) returns series with the labels its legend and
-grouping name, and a wait appears, by its cause, at the first scrape after it began."""
+grouping name, a wait appears, by its cause, at the first scrape after it began, and a
+share group's counters see no reset when its processes go."""
 
 from __future__ import annotations
 
@@ -120,5 +121,23 @@ def test_the_dashboards_queries_return_labelled_series_and_a_wait_shows_at_once(
             assert labels.get("gpu", uuid) == uuid, (title, labels)
             assert labels.get("user", "root") == "root", (title, labels)
             assert labels.get("cause", "turn") == "turn", (title, labels)
+            assert labels.get("group", "user:0") == "user:0", (title, labels)
+
+    # The notebook goes: its group's counters go on from where they were (the trainer
+    # stays, and the GPU with it).  Prometheus counts a counter that went down as a
+    # reset: none.
+    on = f'group="user:0", gpu="{uuid}"'
+    turn = f'nvshare_share_wait_seconds_total{{{on}, cause="turn"}}'
+    (group_waited,) = prometheus.query(turn)
     notebook.close()
+    wait_for(
+        lambda: [float(c["value"][1]) for c in prometheus.query("nvshare_clients")] == [1.0],
+        "a scrape after the notebook left",
+    )
+    time.sleep(2 * INTERVAL_S)  # more scrapes after it left
+    for name in ("nvshare_share_gpu_seconds_total", "nvshare_share_wait_seconds_total"):
+        found = prometheus.query(f"resets({name}{{{on}}}[1m])")
+        assert found and all(float(f["value"][1]) == 0 for f in found), (name, found)
+    (after,) = prometheus.query(turn)
+    assert float(after["value"][1]) >= float(group_waited["value"][1]) > 0
     trainer.close()

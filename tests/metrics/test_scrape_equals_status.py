@@ -33,6 +33,8 @@ GiB = 1 << 30
 HOLDING = "nvshare_client_holding_seconds"
 GPU_TIME = "nvshare_client_gpu_seconds_total"
 WAITED = "nvshare_client_wait_seconds_total"
+GROUP_GPU_TIME = "nvshare_share_gpu_seconds_total"
+GROUP_WAITED = "nvshare_share_wait_seconds_total"
 
 # A fake shim in a process of its own: HELLO as argv[2], a memory report of argv[3]
 # bytes, a lock request; prints each frame's type as it comes, and keeps its
@@ -191,6 +193,9 @@ def expected_samples(status: dict) -> dict:
         put("nvshare_share_memory_cap_bytes", on, group["memory_cap_bytes"])
         put("nvshare_share_use", on, group["use"])
         put("nvshare_share_of_gpu_time", on, group["share"])
+        put(GROUP_GPU_TIME, on, group["gpu_seconds"])
+        for cause, seconds in group["waited_s"].items():
+            put(GROUP_WAITED, {**on, "cause": cause}, seconds)
     return want
 
 
@@ -212,8 +217,8 @@ def scrape(bus, accept: str = "") -> str:
 
 
 # What moves while nothing else does: a holder's time and GPU time, a waiter's wait,
-# a share group's use and share.
-GROWING = (HOLDING, GPU_TIME, WAITED)
+# a share group's GPU time, waits, use and share.
+GROWING = (HOLDING, GPU_TIME, WAITED, GROUP_GPU_TIME, GROUP_WAITED)
 MOVING = (*GROWING, "nvshare_share_use", "nvshare_share_of_gpu_time")
 
 

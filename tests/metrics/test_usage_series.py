@@ -69,6 +69,44 @@ def test_gpu_time_and_waits_count_while_connected_and_end_with_the_process(fast_
     wait_for(lambda: not per_client(scrape(bus)), "the per-process series gone")
 
 
+def test_a_share_groups_counters_go_on_when_its_processes_go(fast_agent, bus):
+    # The fake shims run here, as root: one group, user:0.  One stays, so that the
+    # GPU (learned from clients here: no NVML) stays known.
+    uuid = protocol.format_uuid(GPU0)
+    group = {("gpu", uuid), ("group", "user:0")}
+    busctl_on_agent(bus.address, "set-property", "TimeQuantum", "u", "3600")
+    stays = ShimClient(fast_agent.socket_path, command="stays")
+    stays.report_memory(GPU0, 1 << 20)
+    holder = ShimClient(fast_agent.socket_path, command="holder")
+    waiter = ShimClient(fast_agent.socket_path, command="waiter")
+    holder.request()
+    grant = holder.wait_grant()
+    waiter.request()
+    time.sleep(0.3)  # a turn and a wait long enough to measure
+    before = scrape(bus)
+    gpu_time = before[("nvshare_share_gpu_seconds_total", frozenset(group))]
+    waited = before[("nvshare_share_wait_seconds_total", frozenset(group | {("cause", "turn")}))]
+    # While they are all here, at least what its processes' own counters say, added up
+    # (a scrape reads the groups, Shares1, a moment after the clients, Scheduler1).
+    assert gpu_time >= sum(
+        v for (name, _), v in before.items() if name == "nvshare_client_gpu_seconds_total"
+    )
+    assert gpu_time >= 0.25 and waited >= 0.25
+    holder.release(grant)
+    waiter.release(waiter.wait_grant(timeout=10))
+    holder.close()
+    waiter.close()
+    wait_for(
+        lambda: scrape(bus)[("nvshare_clients", frozenset())] == 1, "the holder and waiter gone"
+    )
+    after = scrape(bus)
+    # Their series ended; their group's go on, with what they did in it.
+    assert after[("nvshare_share_gpu_seconds_total", frozenset(group))] >= gpu_time
+    turn = frozenset(group | {("cause", "turn")})
+    assert after[("nvshare_share_wait_seconds_total", turn)] >= waited
+    stays.close()
+
+
 def test_ten_thousand_gone_processes_leave_no_series(fast_agent, bus):
     # One process stays (so that the GPU stays known); each round, one holds,
     # another waits behind it, and both go.
