@@ -6,7 +6,9 @@ whose memory does not fit together cannot run at once without paging each other 
 client running without the others keeps the GPU busy at most its busy fraction alone (a
 burst, then host time: the GPU idles in the gaps).  So the best any schedule can do is a
 max-min linear programme over the sets S of clients that fit together: S runs t_S of the
-time, and in it each member i does x_i <= b_i t_S of work, together at most t_S:
+time, and in it each member i does x_i <= b_i t_S of work, together at most t_S (b_i: its
+busy fraction alone, or, where bringing its memory back is shorter than its pauses, a
+burst per burst and prefetch: the caller's figure):
 
     maximise lambda:  every client's work >= lambda x its ideal share d_i.
 

@@ -17,16 +17,19 @@ group's weight (each client is a user of its own):
 
 The clients play their shims as docs/scheduling.md describes them: ask for the lock with
 work, report GPU time every 100 ms, give it back once idle idle_release_ms, when asked to
-drop (after their work in flight, DRAIN_S), when asked to yield (once idle that long); a
-grant that says DISPLACED first brings memory back (--swap-s).
+drop (after their work in flight, DRAIN_S), when asked to yield (once idle that long).
 
 The GPU (calibrated on the H100 and H200, docs/benchmarks.md): in each step every holder
 with work gets an equal slice of it, as the driver's time-slicing gives, and the GPU does
 INTERLEAVED_EFFICIENCY of its work while two or more contexts have work (two trainers
-time-sliced: 0.91x of one alone).  The ideal (ideal_run) plays the same clients on a
-fluid GPU: no memory limit, no cost to interleaving, each client with work its weight's
-part of every step (weighted max-min at every instant).  It ignores memory: where turns
-are needed it is a bound, not a target.
+time-sliced: 0.91x of one alone).  Its memory holds what fits (memory_fit's reserve and
+each client's context aside): a holder about to run whose memory was evicted for others
+waits while it comes back, prefetched where its grant said DISPLACED, else by faults
+(--prefetch-gbps, --fault-gbps), evicting the least recently run.  The ideal (ideal_run)
+plays the same clients on a fluid GPU: no memory limit, no cost to interleaving, each
+client with work its weight's part of every step (weighted max-min at every instant).
+Where memory keeps clients apart, the sweep (policy_sweep.py) also judges each mix against
+the most any policy could give it (policy_ceiling.py).
 """
 
 from __future__ import annotations
@@ -37,8 +40,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 
-from policy_ceiling import ceiling, fitting_sets
-
+from nvshare_agent import memory_fit
 from nvshare_agent.actions import AskToDrop, Grant
 from nvshare_agent.core_state import FEATURE_USAGE, FEATURE_YIELD
 from nvshare_agent.scheduler import Scheduler
@@ -49,6 +51,10 @@ STEP_S = 0.001
 REPORT_EVERY_S = 0.1  # the shim's GPU_USAGE frames come at most this often
 DRAIN_S = 0.02  # asked to drop: its work in flight drains first
 INTERLEAVED_EFFICIENCY = 0.91
+# Managed memory evicted for another comes back at these rates (H100, docs/benchmarks.md):
+# prefetched, when a grant says DISPLACED; else by page faults as the kernels touch it.
+PREFETCH_BYTES_PER_S = 49e9
+FAULT_BYTES_PER_S = 8.5e9
 GIB = 1 << 30
 KINDS = {
     "trainer": (0.1, 0.0005),
@@ -76,7 +82,11 @@ class Client:
     lease: Grant | None = None
     waiting: bool = False
     joined: bool = False
-    ready_at: float = 0.0  # a displaced turn's memory is back
+    ready_at: float = 0.0  # its memory is back (paged in)
+    resident_bytes: int = 0  # of memory_bytes, what is on the GPU now
+    touched: bool = False  # has run: what is not resident must be paged back in
+    prefetches: bool = False  # its grant said DISPLACED: its shim prefetches
+    last_ran: float = -1.0
     idle_since: float = 0.0
     drop_at: float | None = None
     yield_idle_s: float | None = None
@@ -172,8 +182,9 @@ def simulate(
     seconds: float,
     settings: Settings,
     gpu_gib: float,
-    swap_s: float = 0.0,
     same_user: bool = False,
+    prefetch_bytes_per_s: float = PREFETCH_BYTES_PER_S,
+    fault_bytes_per_s: float = FAULT_BYTES_PER_S,
 ) -> dict:
     clients = [parse_client(n + 1, spec) for n, spec in enumerate(specs)]
     uid = {c.number: 1000 if same_user else 1000 + c.number for c in clients}
@@ -186,6 +197,28 @@ def simulate(
     by_number = {c.number: c for c in clients}
     idle_while_one_could_run = 0.0
     gpu = core.gpus[GPU]
+    # What managed memory may be resident at once: the GPU less the reserve and every
+    # client's context (memory_fit's figures).
+    room_bytes = int(gpu_gib * GIB) - memory_fit.reserve(int(gpu_gib * GIB))
+
+    def page_in(c: Client, now: float) -> None:
+        """c is to run but not all its memory is on the GPU: others' is evicted, the least
+        recently run first (holders last), and c waits while its own comes back.  Memory
+        never run on is created there: no copy."""
+        contexts = memory_fit.CONTEXT_ESTIMATE_BYTES * sum(o.joined for o in clients)
+        free = room_bytes - contexts - sum(o.resident_bytes for o in clients)
+        missing = c.memory_bytes - c.resident_bytes
+        for other in sorted(clients, key=lambda o: (o.lease is not None, o.last_ran)):
+            if free >= missing:
+                break
+            if other is not c:
+                evicted = min(other.resident_bytes, missing - free)
+                other.resident_bytes -= evicted
+                free += evicted
+        rate = prefetch_bytes_per_s if c.prefetches else fault_bytes_per_s
+        if c.touched:
+            c.ready_at = now + missing / rate
+        c.resident_bytes, c.touched, c.prefetches = c.memory_bytes, True, False
 
     def join(c: Client, now: float) -> None:
         c.joined = True
@@ -203,9 +236,8 @@ def simulate(
             client = by_number.get(getattr(action, "client", None))
             if isinstance(action, Grant) and client is not None:
                 client.lease, client.waiting = action, False
-                # Idle counts once its memory is back: a long prefetch is no idle time.
-                client.ready_at = now + (swap_s if action.displaced else 0.0)
-                client.idle_since = client.ready_at
+                client.prefetches = action.displaced
+                client.idle_since = now
                 client.drop_at = client.yield_idle_s = None
                 if action.role == "turn":
                     client.turns.append(now)
@@ -228,17 +260,23 @@ def simulate(
             if not c.joined and now >= c.start:
                 join(c, now)
             c.arrive(now)
-        running = [
+        may_run = [
             c
             for c in clients
-            if c.lease is not None
-            and c.pending
-            and now >= c.ready_at
-            and (c.drop_at is None or now < c.drop_at)
+            if c.lease is not None and c.pending and (c.drop_at is None or now < c.drop_at)
         ]
+        for c in may_run:
+            if now >= c.ready_at and c.resident_bytes < c.memory_bytes:
+                page_in(c, now)
+        running = [c for c in may_run if now >= c.ready_at]
+        for c in may_run:
+            if now < c.ready_at:  # paging in: its kernels (or its prefetch) keep it busy
+                c.busy_s += STEP_S
+                c.idle_since = now
         if running:
             efficiency = 1.0 if len(running) == 1 else INTERLEAVED_EFFICIENCY
             for c in running:
+                c.last_ran = now
                 c.busy_s += STEP_S  # its shim counts all the time it has work on the GPU
                 c.work(now, STEP_S * efficiency / len(running))
         elif any(
@@ -332,102 +370,6 @@ def printed(result: dict) -> list[str]:
     return lines
 
 
-# ---------------------------------------------------------------- the random sweep
-
-
-def random_mix(rng: random.Random) -> tuple[list[str], float, str]:
-    """2-8 clients, 5-100 % busy, bursts 1 ms-2 s, memory that fits all, some pairs or
-    one at a time, weights 1-4, arrivals in the first 10 s; and the GPU's memory."""
-    n = rng.randint(2, 8)
-    gpu_gib = 80.0
-    staging = rng.choice(("all", "pairs", "one"))
-    gib = {"all": 60.0 / n, "pairs": 30.0, "one": 60.0}[staging]
-    specs = []
-    for _ in range(n):
-        burst = 10 ** rng.uniform(-3, 0.3)  # 1 ms .. 2 s
-        busy = rng.uniform(0.05, 1.0)
-        kind = f"duty:{burst:.4f}:{busy:.3f}" if busy < 0.98 else f"trainer:{burst:.4f}:0.0005"
-        start = rng.choice((0.0, rng.uniform(0, 10)))
-        specs.append(f"{kind}@{gib:.1f}+{start:.2f}*{rng.randint(1, 4)}")
-    return specs, gpu_gib, staging
-
-
-def judged(specs: list[str], staging: str, result: dict, gpu_gib: float) -> dict:
-    """The sweep's verdict on one mix: the worst client against its ideal, over the run
-    and over any window; the most any policy could give it (policy_ceiling: where memory
-    keeps clients apart); and the idle GPU."""
-    clients = list(result["clients"].values())
-    played = [parse_client(n + 1, spec) for n, spec in enumerate(specs)]
-    sets = fitting_sets([c.memory_bytes for c in played], int(gpu_gib * GIB))
-    # Each one's busy fraction alone as the clock of 1 ms steps plays it (a 1 ms step
-    # and a 0.5 ms pause take two steps), over the time it is there.
-    seconds = result["seconds"]
-    busy = [
-        ideal_run([spec], seconds)[0].done_s / max(seconds - c.start, STEP_S)
-        for spec, c in zip(specs, played)
-    ]
-    _, most = ceiling([f["ideal"] for f in clients], busy, sets)
-    return {
-        "specs": specs,
-        "staging": staging,
-        "ceiling": most,
-        "worst_of_ideal": min(f["of_ideal"] for f in clients),
-        "worst_window": min(
-            (f["worst_window_of_ideal"] for f in clients if f["worst_window_of_ideal"] is not None),
-            default=None,
-        ),
-        "idle": result["idle_while_one_could_run_s"] / result["seconds"],
-    }
-
-
-def sweep(count: int, seconds: float, settings: Settings, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    verdicts = []
-    for _ in range(count):
-        specs, gpu_gib, staging = random_mix(rng)
-        result = simulate(specs, seconds, settings, gpu_gib)
-        verdicts.append(judged(specs, staging, result, gpu_gib))
-    return verdicts
-
-
-# What the sweep holds each mix to: every client's GPU time at least this much of its
-# ideal's where all fit, and where turns are needed (issue 44).
-BAR = {"all": 0.9, "pairs": 0.8, "one": 0.8}
-
-
-def sweep_lines(verdicts: list[dict]) -> list[str]:
-    worst = sorted(verdicts, key=lambda v: v["worst_of_ideal"] / BAR[v["staging"]])[:10]
-    idle = max(v["idle"] for v in verdicts)
-    lines = [
-        f"{len(verdicts)} mixes; the GPU idle while work that fits waited at most {100 * idle:.2f} %"
-    ]
-    for staging, bar in BAR.items():
-        mixes = [v for v in verdicts if v["staging"] == staging]
-        reachable = [v for v in mixes if v["ceiling"] >= bar]
-        below = sum(v["worst_of_ideal"] < bar for v in reachable)
-        worst_of_ceiling = [v["worst_of_ideal"] / v["ceiling"] for v in mixes]
-        lines.append(
-            f"  memory fitting {staging}: {len(mixes)} mixes; {len(mixes) - len(reachable)} "
-            f"out of reach (no policy gives every client {bar}x its ideal); of the rest, "
-            f"{below} with a client under it; median worst client / ideal "
-            f"{statistics.median(v['worst_of_ideal'] for v in mixes):.2f}, / the most any "
-            f"policy could give it {statistics.median(worst_of_ceiling):.2f}"
-            if mixes
-            else f"  memory fitting {staging}: no mixes"
-        )
-    lines.append(
-        "ten worst (worst client's GPU time / its ideal, the most any policy could give, "
-        "worst 10 s window, idle %, mix):"
-    )
-    for v in worst:
-        window = "-" if v["worst_window"] is None else f"{v['worst_window']:.2f}"
-        lines.append(
-            f"  {v['worst_of_ideal']:.2f}  {v['ceiling']:.2f}  {window}  {100 * v['idle']:.2f}  "
-            f"{v['staging']}: " + " ".join(v["specs"])
-        )
-    return lines
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="policy_sim", description=__doc__.split("\n\n")[0])
     parser.add_argument("clients", nargs="*", help="KIND[:A:B][@GIB][+START][*WEIGHT]")
@@ -435,24 +377,32 @@ def main(argv=None) -> None:
     parser.add_argument("--gpu-gib", type=float, default=80.0, help="the GPU's memory")
     parser.add_argument("--tq", type=int, default=30, help="time quantum, seconds")
     parser.add_argument("--anti-thrash", choices=[m.value for m in AntiThrash], default="auto")
-    parser.add_argument("--swap-s", type=float, default=0.0, help="a displaced turn's prefetch")
+    parser.add_argument(
+        "--prefetch-gbps", type=float, default=PREFETCH_BYTES_PER_S / 1e9, help="GB/s"
+    )
+    parser.add_argument("--fault-gbps", type=float, default=FAULT_BYTES_PER_S / 1e9, help="GB/s")
     parser.add_argument("--same-user", action="store_true", help="one share group for all")
     parser.add_argument("--sweep", type=int, default=0, help="N random mixes against the ideal")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    if not (args.seconds > 0 and args.gpu_gib > 0 and args.tq > 0 and args.swap_s >= 0):
+    rates = (args.prefetch_gbps, args.fault_gbps)
+    if not (args.seconds > 0 and args.gpu_gib > 0 and args.tq > 0 and min(rates) > 0):
         sys.exit(
-            "policy_sim: --seconds, --gpu-gib and --tq must be positive, --swap-s not negative"
+            "policy_sim: --seconds, --gpu-gib, --tq, --prefetch-gbps and --fault-gbps "
+            "must be positive"
         )
     if not args.clients and not args.sweep:
         sys.exit("policy_sim: name clients, or --sweep N")
     settings = Settings(time_quantum_s=args.tq, anti_thrash=AntiThrash(args.anti_thrash))
+    paging = {"prefetch_bytes_per_s": rates[0] * 1e9, "fault_bytes_per_s": rates[1] * 1e9}
     if args.sweep:
-        print("\n".join(sweep_lines(sweep(args.sweep, args.seconds, settings, args.seed))))
+        from policy_sweep import sweep, sweep_lines  # it plays mixes through simulate()
+
+        print("\n".join(sweep_lines(sweep(args.sweep, args.seconds, settings, args.seed, paging))))
         return
     try:
         result = simulate(
-            args.clients, args.seconds, settings, args.gpu_gib, args.swap_s, args.same_user
+            args.clients, args.seconds, settings, args.gpu_gib, args.same_user, **paging
         )
     except ValueError as error:
         sys.exit(f"policy_sim: {error}")

@@ -12,6 +12,7 @@ import policy_sim
 from nvshare_agent.settings import Settings
 
 SCRIPT = pathlib.Path(policy_sim.__file__)
+GIB = 1 << 30
 
 
 def run(*clients, seconds=60.0, tq=5, gpu_gib=40.0, **kwargs):
@@ -55,18 +56,40 @@ def test_an_inference_server_that_fits_runs_beside_a_trainer_at_once():
 
 
 def test_one_that_does_not_fit_cuts_in_within_the_light_wait():
-    figures = run("trainer@30", "service:0.05:0.001@12")
+    # The policy's part alone: memory that comes back at once, as where memory_limit makes
+    # the agent keep them apart on a GPU that holds both (wave 3's "nothing fits beside").
+    at_once = {"prefetch_bytes_per_s": float("inf"), "fault_bytes_per_s": float("inf")}
+    figures = run("trainer@30", "service:0.05:0.001@12", **at_once)
     # light_wait_ms 100 less the drain, a 20 ms drain, the request's own 1 ms.
     assert figures["2 service"]["max_s"] <= 0.13
     assert figures["1 trainer"]["share"] >= 0.8
 
 
+def test_a_server_whose_memory_was_evicted_waits_for_it_to_come_back():
+    # Where the GPU really cannot hold both, each cut-in brings back what the trainer
+    # evicted (4.25 GiB of its 12 here): a tenth of a second at best, by prefetch.
+    figures = run("trainer@30", "service:0.05:0.001@12")
+    assert figures["2 service"]["p99_s"] >= 4.25 * GIB / policy_sim.PREFETCH_BYTES_PER_S
+
+
 def test_a_displaced_turn_brings_its_memory_back_first():
-    plain = run("trainer@30", "trainer@30")
-    swapping = run("trainer@30", "trainer@30", swap_s=0.5)
-    lost = plain["1 trainer"]["share"] - swapping["1 trainer"]["share"]
-    # Half a second at each of its ~6 turns in 60 s: 5 % of the GPU.
+    free = run("trainer@30", "trainer@30", prefetch_bytes_per_s=float("inf"))
+    paging = run("trainer@30", "trainer@30")
+    lost = free["1 trainer"]["share"] - paging["1 trainer"]["share"]
+    # 40 GiB: 37.75 of it for managed memory (reserve, contexts), so each turn after the
+    # first prefetches the 22.25 GiB evicted for the other: 0.49 s at 49 GB/s, at each of
+    # its ~6 turns in 60 s: ~5 % of the GPU.
     assert 0.03 <= lost <= 0.07
+    assert paging["1 trainer"]["turns"] >= 5
+
+
+def test_memory_evicted_for_another_comes_back_by_faults_where_no_prefetch_was_asked():
+    # Two clients that do not fit together, in bursts: each grant is beside (no DISPLACED),
+    # so what the other evicted comes back at the fault rate, not the prefetch rate.
+    slow = run("duty:0.5:0.5@30", "duty:0.5:0.5@30", tq=30)
+    fast = run("duty:0.5:0.5@30", "duty:0.5:0.5@30", tq=30, fault_bytes_per_s=49e9)
+    done = sum(f["share"] for f in slow.values())
+    assert done < sum(f["share"] for f in fast.values())
 
 
 def test_the_ideal_splits_a_busy_gpu_by_weight():
@@ -105,7 +128,8 @@ def test_the_sweep_prints_its_ten_worst_mixes():
         ),
         (
             ["trainer", "--seconds", "0"],
-            "policy_sim: --seconds, --gpu-gib and --tq must be positive, --swap-s not negative",
+            "policy_sim: --seconds, --gpu-gib, --tq, --prefetch-gbps and --fault-gbps "
+            "must be positive",
         ),
     ],
 )

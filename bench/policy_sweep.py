@@ -1,0 +1,114 @@
+"""policy_sim's random sweep (`policy_sim.py --sweep N`): mixes drawn as issue 44 names
+them, each played through policy_sim.simulate and judged against its ideal and against the
+most any policy could give it (policy_ceiling)."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+from policy_ceiling import ceiling, fitting_sets
+from policy_sim import GIB, STEP_S, ideal_run, parse_client, simulate
+
+from nvshare_agent.settings import Settings
+
+
+def random_mix(rng: random.Random) -> tuple[list[str], float, str]:
+    """2-8 clients, 5-100 % busy, bursts 1 ms-2 s, memory that fits all, some pairs or
+    one at a time, weights 1-4, arrivals in the first 10 s; and the GPU's memory."""
+    n = rng.randint(2, 8)
+    gpu_gib = 80.0
+    staging = rng.choice(("all", "pairs", "one"))
+    gib = {"all": 60.0 / n, "pairs": 30.0, "one": 60.0}[staging]
+    specs = []
+    for _ in range(n):
+        burst = 10 ** rng.uniform(-3, 0.3)  # 1 ms .. 2 s
+        busy = rng.uniform(0.05, 1.0)
+        kind = f"duty:{burst:.4f}:{busy:.3f}" if busy < 0.98 else f"trainer:{burst:.4f}:0.0005"
+        start = rng.choice((0.0, rng.uniform(0, 10)))
+        specs.append(f"{kind}@{gib:.1f}+{start:.2f}*{rng.randint(1, 4)}")
+    return specs, gpu_gib, staging
+
+
+def judged(
+    specs: list[str], staging: str, result: dict, gpu_gib: float, prefetch_bytes_per_s: float
+) -> dict:
+    """The sweep's verdict on one mix: the worst client against its ideal, over the run
+    and over any window; the most any policy could give it (policy_ceiling: where memory
+    keeps clients apart); and the idle GPU."""
+    clients = list(result["clients"].values())
+    played = [parse_client(n + 1, spec) for n, spec in enumerate(specs)]
+    sets = fitting_sets([c.memory_bytes for c in played], int(gpu_gib * GIB))
+    # Each one's busy fraction alone as the clock of 1 ms steps plays it (a 1 ms step
+    # and a 0.5 ms pause take two steps), over the time it is there.
+    seconds = result["seconds"]
+    busy = [
+        ideal_run([spec], seconds)[0].done_s / max(seconds - c.start, STEP_S)
+        for spec, c in zip(specs, played)
+    ]
+    # Or, where its pauses are longer than bringing its memory back, it may give the GPU
+    # up in each and prefetch it back for its next burst: a burst per burst and prefetch.
+    for i, c in enumerate(played):
+        burst = c.b if c.kind == "service" else c.a
+        busy[i] = max(busy[i], burst / (burst + c.memory_bytes / prefetch_bytes_per_s))
+    _, most = ceiling([f["ideal"] for f in clients], busy, sets)
+    return {
+        "specs": specs,
+        "staging": staging,
+        "ceiling": most,
+        "worst_of_ideal": min(f["of_ideal"] for f in clients),
+        "worst_window": min(
+            (f["worst_window_of_ideal"] for f in clients if f["worst_window_of_ideal"] is not None),
+            default=None,
+        ),
+        "idle": result["idle_while_one_could_run_s"] / result["seconds"],
+    }
+
+
+def sweep(count: int, seconds: float, settings: Settings, seed: int, paging: dict) -> list[dict]:
+    """count random mixes, each played for `seconds` (paging: simulate's page-in rates)."""
+    rng = random.Random(seed)
+    verdicts = []
+    for _ in range(count):
+        specs, gpu_gib, staging = random_mix(rng)
+        result = simulate(specs, seconds, settings, gpu_gib, **paging)
+        verdicts.append(judged(specs, staging, result, gpu_gib, paging["prefetch_bytes_per_s"]))
+    return verdicts
+
+
+# What the sweep holds each mix to: every client's GPU time at least this much of its
+# ideal's where all fit, and where turns are needed (issue 44).
+BAR = {"all": 0.9, "pairs": 0.8, "one": 0.8}
+
+
+def sweep_lines(verdicts: list[dict]) -> list[str]:
+    worst = sorted(verdicts, key=lambda v: v["worst_of_ideal"] / BAR[v["staging"]])[:10]
+    idle = max(v["idle"] for v in verdicts)
+    lines = [
+        f"{len(verdicts)} mixes; the GPU idle while work that fits waited at most {100 * idle:.2f} %"
+    ]
+    for staging, bar in BAR.items():
+        mixes = [v for v in verdicts if v["staging"] == staging]
+        reachable = [v for v in mixes if v["ceiling"] >= bar]
+        below = sum(v["worst_of_ideal"] < bar for v in reachable)
+        worst_of_ceiling = [v["worst_of_ideal"] / v["ceiling"] for v in mixes]
+        lines.append(
+            f"  memory fitting {staging}: {len(mixes)} mixes; {len(mixes) - len(reachable)} "
+            f"out of reach (no policy gives every client {bar}x its ideal); of the rest, "
+            f"{below} with a client under it; median worst client / ideal "
+            f"{statistics.median(v['worst_of_ideal'] for v in mixes):.2f}, / the most any "
+            f"policy could give it {statistics.median(worst_of_ceiling):.2f}"
+            if mixes
+            else f"  memory fitting {staging}: no mixes"
+        )
+    lines.append(
+        "ten worst (worst client's GPU time / its ideal, the most any policy could give, "
+        "worst 10 s window, idle %, mix):"
+    )
+    for v in worst:
+        window = "-" if v["worst_window"] is None else f"{v['worst_window']:.2f}"
+        lines.append(
+            f"  {v['worst_of_ideal']:.2f}  {v['ceiling']:.2f}  {window}  {100 * v['idle']:.2f}  "
+            f"{v['staging']}: " + " ".join(v["specs"])
+        )
+    return lines
