@@ -60,7 +60,6 @@ class GpuState:
     fits: bool = False
     demand_bytes: int = 0
     capacity_bytes: int | None = None
-    physical_bytes: int | None = None  # capacity_bytes without memory_limit: what pages
     introduced_by: int | None = None  # a learned GPU: the uid that named it first
     index: int | None = None  # its place in NVML's numbering; None: not in the inventory
     own: GpuOverrides = NO_OVERRIDES  # what it sets for itself (by index, and by UUID over it)

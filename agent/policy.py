@@ -48,15 +48,6 @@ BURST_USE = 0.5
 # How long a turn takes to drain once asked to drop (its shim bounds its queue meanwhile):
 # the drop is asked this much before a cutting-in waiter's light wait is up.
 DRAIN_MS = 25
-# Between clients whose memory does not fit the GPU together, a handover pages: the one
-# coming in brings its memory back (PREFETCH_BYTES_PER_S, cuMemPrefetchAsync on an H100),
-# and later the one going out.  A holder in such a waiter's way holds at least this many
-# times what a handover pushes out before it is cut short or asked to yield, so that
-# paging (out, and back in) takes a tenth of the GPU at most, not most of it: handed over
-# at every burst, a mix's worst client got a median 0.01-0.03 of its share in policy_sim
-# with page-ins (docs/benchmarks.md).
-PAGING_TURN_FACTOR = 10
-PREFETCH_BYTES_PER_S = 49e9
 
 
 # Who is owed GPU time, least first (Policy._standing); the order of waiters, first first
@@ -226,43 +217,20 @@ class Policy:
         """The holders that keep `client` from running now: one that keeps the GPU busy
         where it does too, and those whose memory it does not fit beside (the newest
         first until it fits, less those it fits beside after all).  Empty: it may run."""
-        busy, by_memory = self._conflicts_by_cause(gpu, client, now)
-        return busy + by_memory
-
-    def _conflicts_by_cause(
-        self, gpu: GpuState, client: int, now: float
-    ) -> tuple[list[int], list[int]]:
-        """_conflicts, as (both keep the GPU busy, its memory does not fit beside them)."""
         holders = list(gpu.holders)
-        busy = []
+        blockers = []
         if self.saturating(gpu, client, now):
-            busy = [c for c in holders if self.saturating(gpu, c, now)]
-        rest = [c for c in holders if c not in busy]
-        popped, by_memory = [], []
+            blockers = [c for c in holders if self.saturating(gpu, c, now)]
+        rest = [c for c in holders if c not in blockers]
+        popped = []
         while not self.fits(gpu, [*rest, client], keeping=False):
             popped.append(rest.pop())
         for holder in popped:  # those it fits beside after all are not in its way
             if self.fits(gpu, [*rest, holder, client], keeping=False):
                 rest.append(holder)
             else:
-                by_memory.append(holder)
-        return busy, by_memory
-
-    def _paged_bytes(self, gpu: GpuState, client: int) -> int:
-        """What running `client` with the holders pushes out of the GPU's own memory, to
-        come back when they run again (memory_limit aside: under it nothing pages)."""
-        if gpu.physical_bytes is None:
-            return 0
-        demand = memory_fit.demand_of(gpu, self.clients, {*gpu.holders, client})
-        return max(0, demand - gpu.physical_bytes + memory_fit.reserve(gpu.physical_bytes))
-
-    def _paging_turn_s(self, gpu: GpuState, client: int, by_memory: list[int]) -> float:
-        """How long the holders in `client`'s way by memory hold before they are cut
-        short or asked to yield for it: PAGING_TURN_FACTOR times what each handover
-        between them pages (0 where nothing does)."""
-        if not by_memory:
-            return 0.0
-        return PAGING_TURN_FACTOR * self._paged_bytes(gpu, client) / PREFETCH_BYTES_PER_S
+                blockers.append(holder)
+        return blockers
 
     def _role(self, gpu: GpuState, client: int, now: float) -> Role:
         """A turn for bulk work; beside for work in bursts."""
@@ -312,10 +280,7 @@ class Policy:
         standing = self._standing(gpu, now)
         for client in blocked:
             waiter = gpu.waiters[client]
-            busy, by_memory = self._conflicts_by_cause(gpu, client, now)
-            blockers = busy + by_memory
-            # Holders in its way by memory hold at least this long: a handover pages.
-            paging = dict.fromkeys(by_memory, self._paging_turn_s(gpu, client, by_memory))
+            blockers = self._conflicts(gpu, client, now)
             cause = self._wait_cause(gpu, client, blockers, now)
             self.note_wait(gpu, client, waiter, cause.value, now)
             for holder in blockers:
@@ -327,10 +292,7 @@ class Policy:
                         gpu, holder, held, now, actions, DropReason.WAITED_QUANTUM
                     )
                 elif self._cuts_in(gpu, standing, client, holder, now) and at.reached(
-                    max(
-                        held.granted_at + max(min_slice_s, paging.get(holder, 0.0)),
-                        waiter.requested_at + cut_in_after_s,
-                    )
+                    max(held.granted_at + min_slice_s, waiter.requested_at + cut_in_after_s)
                 ):
                     self.leases.ask_to_drop(gpu, holder, held, now, actions, DropReason.OWED_WAITS)
                 elif at.reached(held.turn_since + quantum):
@@ -342,11 +304,10 @@ class Policy:
                         self.leases.ask_to_drop(
                             gpu, holder, held, now, actions, DropReason.QUANTUM_OVER
                         )
-                elif (
-                    self.bursty(gpu, holder, now) or self.bursty(gpu, client, now)
-                ) and at.reached(held.granted_at + paging.get(holder, 0.0)):
+                elif self.bursty(gpu, holder, now) or self.bursty(gpu, client, now):
                     # At its next gap: work in bursts is idle more than busy, and work in
-                    # bursts waits no longer than it must.
+                    # bursts waits no longer than it must.  Bulk work in the way of bulk
+                    # work keeps its turn: a handover at every pause pages both.
                     self.leases.ask_to_yield(gpu, holder, held, now, actions)
 
     def _wait_cause(self, gpu: GpuState, client: int, blockers: list[int], now: float) -> WaitCause:

@@ -513,7 +513,6 @@ class Scheduler:
         demand = min(demand, MAX_BYTES)
         fits = memory_fit.fits(gpu.fits, demand, capacity)
         gpu.demand_bytes, gpu.capacity_bytes = demand, capacity
-        gpu.physical_bytes = memory_fit.capacity(total, 0)
         changed = fits != gpu.fits
         gpu.fits = fits
         if gpu.settings.anti_thrash is not AntiThrash.AUTO:

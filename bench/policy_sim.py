@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from nvshare_agent import memory_fit
 from nvshare_agent.actions import AskToDrop, Grant
 from nvshare_agent.core_state import FEATURE_USAGE, FEATURE_YIELD
-from nvshare_agent.policy import PREFETCH_BYTES_PER_S
 from nvshare_agent.scheduler import Scheduler
 from nvshare_agent.settings import AntiThrash, Settings, Share
 
@@ -53,8 +52,8 @@ REPORT_EVERY_S = 0.1  # the shim's GPU_USAGE frames come at most this often
 DRAIN_S = 0.02  # asked to drop: its work in flight drains first
 INTERLEAVED_EFFICIENCY = 0.91
 # Managed memory evicted for another comes back at these rates (H100, docs/benchmarks.md):
-# prefetched (policy.PREFETCH_BYTES_PER_S), when a grant says DISPLACED; else by page
-# faults as the kernels touch it.
+# prefetched, when a grant says DISPLACED; else by page faults as the kernels touch it.
+PREFETCH_BYTES_PER_S = 49e9
 FAULT_BYTES_PER_S = 8.5e9
 GIB = 1 << 30
 KINDS = {

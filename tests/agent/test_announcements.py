@@ -15,14 +15,8 @@ from nvshare_agent.protocol import DropFlags, Features, MessageType
 from nvshare_agent.settings import AntiThrash, Settings
 
 GIB = 1 << 30
-# A GPU of 160 GiB counted as 80 (memory_limit): the two below take turns, but handing
-# over pages nothing, so light work cuts in at once (tests/test_policy.py).
 AUTO = Settings(
-    time_quantum_s=1,
-    anti_thrash=AntiThrash.AUTO,
-    idle_release_ms=1000,
-    drop_grace_ms=30_000,
-    memory_limit_bytes=80 * GIB,
+    time_quantum_s=1, anti_thrash=AntiThrash.AUTO, idle_release_ms=1000, drop_grace_ms=30_000
 )
 NEW_SHIM = int(Features.YIELD | Features.KEEPALIVE)
 
@@ -32,7 +26,7 @@ async def two_shims(agent, path, older_features: int):
     whose memory does not fit together: they take exclusive turns."""
     older = await AsyncShimClient.connect(path, (GPU0,), "older", features=older_features)
     newer = await AsyncShimClient.connect(path, (GPU0,), "newer", features=NEW_SHIM)
-    newer.report_gpu_memory(GPU0, 160 * GIB)
+    newer.report_gpu_memory(GPU0, 80 * GIB)
     newer.report_memory(GPU0, 8 * GIB)
     older.report_memory(GPU0, 76 * GIB)
     for _ in range(500):

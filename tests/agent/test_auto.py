@@ -14,20 +14,13 @@ from nvshare_agent.protocol import DropFlags, Features, GrantFlags, MessageType
 from nvshare_agent.settings import AntiThrash, Settings
 
 GIB = 1 << 30
-# The GPUs here hold 160 GiB, of which memory_limit lets auto count 80: clients that do
-# not fit under it take turns, but a handover pages nothing (tests/test_policy.py has
-# the longer turns between clients that the GPU itself cannot hold).
 AUTO = Settings(
-    time_quantum_s=30,
-    anti_thrash=AntiThrash.AUTO,
-    idle_release_ms=1000,
-    drop_grace_ms=2000,
-    memory_limit_bytes=80 * GIB,
+    time_quantum_s=30, anti_thrash=AntiThrash.AUTO, idle_release_ms=1000, drop_grace_ms=2000
 )
 SHIM_FEATURES = int(Features.YIELD | Features.KEEPALIVE)
 
 
-async def shim(path, name: str, total: int = 160 * GIB) -> AsyncShimClient:
+async def shim(path, name: str, total: int = 80 * GIB) -> AsyncShimClient:
     """A fake shim that announces what the real one does and reports the GPU's size."""
     client = await AsyncShimClient.connect(path, (GPU0,), name, features=SHIM_FEATURES)
     client.report_gpu_memory(GPU0, total)
@@ -109,7 +102,7 @@ async def test_capacity_unknown_takes_turns_until_a_shim_reports_it(start_inproc
     )
     b.request()  # nothing fits beside a GPU of unknown size
     assert await b.nothing_within(0.05)
-    a.report_gpu_memory(GPU0, 160 * GIB)
+    a.report_gpu_memory(GPU0, 80 * GIB)
     # Memory fits now: b runs beside a at once.
     grant_b = await b.wait_grant(timeout=1)
     assert grant_b.flags & GrantFlags.SHARED
