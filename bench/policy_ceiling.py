@@ -7,8 +7,9 @@ client running without the others keeps the GPU busy at most its busy fraction a
 burst, then host time: the GPU idles in the gaps).  So the best any schedule can do is a
 max-min linear programme over the sets S of clients that fit together: S runs t_S of the
 time, and in it each member i does x_i <= b_i t_S of work, together at most t_S (b_i: its
-busy fraction alone, or, where bringing its memory back is shorter than its pauses, a
-burst per burst and prefetch: the caller's figure):
+busy fraction alone, or, where bringing back what another pushes out is shorter than its
+pauses, a burst per burst and prefetch; 1 for a client whose work arrives on its own
+clock, a server, which may have a backlog to run back to back: the caller's figures):
 
     maximise lambda:  every client's work >= lambda x its ideal share d_i.
 
@@ -46,6 +47,23 @@ def fitting_sets(memory_bytes: Sequence[int], capacity_bytes: int) -> list[tuple
             if memory_fit.fits(True, demand, capacity_bytes):
                 fitting.append(members)
     return [s for s in fitting if not any(set(s) < set(t) for t in fitting)]
+
+
+def smallest_push_out(memory_bytes: Sequence[int], capacity_bytes: int, i: int) -> int | None:
+    """The least of client i's memory that running any client it does not fit beside
+    pushes out of the GPU (what i must bring back after), as fitting_sets counts memory;
+    None where it fits beside every other client (it never has to)."""
+    context = memory_fit.resident_demand(0, 0, None)
+    line = capacity_bytes - memory_fit.reserve(capacity_bytes)
+    pushed = []
+    for j in range(len(memory_bytes)):
+        if j == i:
+            continue
+        demand = sum(memory_fit.client_demand(memory_bytes[k], 0, None) for k in (i, j))
+        demand += context * (len(memory_bytes) - 2)
+        if not memory_fit.fits(True, demand, capacity_bytes):
+            pushed.append(min(memory_bytes[i], demand - line))
+    return min(pushed) if pushed else None
 
 
 def _best_unit(sets, prices, busy) -> tuple[float, tuple[int, ...], dict[int, float]]:

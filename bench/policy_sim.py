@@ -201,13 +201,19 @@ def simulate(
     # client's context (memory_fit's figures).
     room_bytes = int(gpu_gib * GIB) - memory_fit.reserve(int(gpu_gib * GIB))
 
+    def holdable(c: Client) -> int:
+        """What of c's memory the GPU can hold at once (a client larger than the GPU pages
+        itself, which is not modelled: it runs with what fits)."""
+        contexts = memory_fit.CONTEXT_ESTIMATE_BYTES * sum(o.joined for o in clients)
+        return max(0, min(c.memory_bytes, room_bytes - contexts))
+
     def page_in(c: Client, now: float) -> None:
         """c is to run but not all its memory is on the GPU: others' is evicted, the least
         recently run first (holders last), and c waits while its own comes back.  Memory
         never run on is created there: no copy."""
         contexts = memory_fit.CONTEXT_ESTIMATE_BYTES * sum(o.joined for o in clients)
         free = room_bytes - contexts - sum(o.resident_bytes for o in clients)
-        missing = c.memory_bytes - c.resident_bytes
+        missing = holdable(c) - c.resident_bytes
         for other in sorted(clients, key=lambda o: (o.lease is not None, o.last_ran)):
             if free >= missing:
                 break
@@ -215,10 +221,12 @@ def simulate(
                 evicted = min(other.resident_bytes, missing - free)
                 other.resident_bytes -= evicted
                 free += evicted
+        brought = max(0, min(missing, free))
         rate = prefetch_bytes_per_s if c.prefetches else fault_bytes_per_s
         if c.touched:
-            c.ready_at = now + missing / rate
-        c.resident_bytes, c.touched, c.prefetches = c.memory_bytes, True, False
+            c.ready_at = now + brought / rate
+        c.resident_bytes += brought
+        c.touched, c.prefetches = True, False
 
     def join(c: Client, now: float) -> None:
         c.joined = True
@@ -266,7 +274,7 @@ def simulate(
             if c.lease is not None and c.pending and (c.drop_at is None or now < c.drop_at)
         ]
         for c in may_run:
-            if now >= c.ready_at and c.resident_bytes < c.memory_bytes:
+            if now >= c.ready_at and c.resident_bytes < holdable(c):
                 page_in(c, now)
         running = [c for c in may_run if now >= c.ready_at]
         for c in may_run:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from policy_ceiling import ceiling, fitting_sets
+from policy_ceiling import ceiling, fitting_sets, smallest_push_out
 from policy_sim import GIB, STEP_S, ideal_run, parse_client, simulate
 
 from nvshare_agent.settings import Settings
@@ -46,11 +46,16 @@ def judged(
         ideal_run([spec], seconds)[0].done_s / max(seconds - c.start, STEP_S)
         for spec, c in zip(specs, played)
     ]
-    # Or, where its pauses are longer than bringing its memory back, it may give the GPU
-    # up in each and prefetch it back for its next burst: a burst per burst and prefetch.
+    # Or, where its pauses are longer than bringing back what another pushes out, it may
+    # give the GPU up in each and prefetch that back for its next burst.  A server's work
+    # comes on its own clock: with a backlog it may run back to back.
+    memory = [c.memory_bytes for c in played]
     for i, c in enumerate(played):
-        burst = c.b if c.kind == "service" else c.a
-        busy[i] = max(busy[i], burst / (burst + c.memory_bytes / prefetch_bytes_per_s))
+        pushed = smallest_push_out(memory, int(gpu_gib * GIB), i)
+        if c.kind == "service":
+            busy[i] = 1.0
+        elif pushed is not None:
+            busy[i] = max(busy[i], c.a / (c.a + pushed / prefetch_bytes_per_s))
     _, most = ceiling([f["ideal"] for f in clients], busy, sets)
     return {
         "specs": specs,

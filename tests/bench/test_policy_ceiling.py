@@ -6,7 +6,7 @@ import sys
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
-from policy_ceiling import ceiling, fitting_sets
+from policy_ceiling import ceiling, fitting_sets, smallest_push_out
 
 GIB = 1 << 30
 
@@ -49,3 +49,9 @@ def test_a_client_with_no_ideal_share_is_left_out():
     sets = fitting_sets([60 * GIB] * 2, 80 * GIB)
     assert ceiling([0.0, 0.5], [0.5, 1.0], sets)[1] == 1.0
     assert ceiling([0.0, 0.0], [0.5, 1.0], sets) == (1.0, 1.0)
+
+
+def test_what_a_client_must_bring_back_is_what_the_other_pushes_out():
+    # 60 + 60 GiB (and their contexts) on 80 GiB, 77.5 of it usable: 43.5 of either moves.
+    assert smallest_push_out([60 * GIB, 60 * GIB], 80 * GIB, 0) == int(43.5 * GIB)
+    assert smallest_push_out([10 * GIB, 10 * GIB], 80 * GIB, 0) is None  # they fit
