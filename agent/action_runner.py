@@ -298,6 +298,6 @@ class ActionRunner:
 
     def _log_gone(self, a: act.Gone) -> None:
         if a.greeted:
-            log.info("disconnect pid=%d", a.pid)
+            log.info("disconnect pid=%d gpu_s=%.3f", a.pid, a.gpu_seconds)
         elif log.debug_enabled:
             log.debug("disconnect pid=%d before hello", a.pid)

@@ -144,6 +144,7 @@ class Gone:
     client: int
     pid: int
     greeted: bool
+    gpu_seconds: float = 0.0  # its GPU time, all GPUs, by the shim's meter: the journal keeps it
 
 
 @dataclass(slots=True)

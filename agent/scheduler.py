@@ -59,7 +59,16 @@ from .actions import (
     SendSettings,
     Withdrawn,
 )
-from .core_state import EXCLUSIVE, FEATURE_YIELD, SHARED, ClientState, GpuState, Lease, Waiter
+from .core_state import (
+    EXCLUSIVE,
+    FEATURE_YIELD,
+    SHARED,
+    ClientState,
+    GpuState,
+    Lease,
+    Waiter,
+    gpu_seconds_of,
+)
 from .deadlines import Deadlines, Key
 from .gpu_settings import GpuSettingsBook, ModeSwitch
 from .learned_gpus import MAX_LEARNED_GPUS, MAX_LEARNED_GPUS_PER_UID, LearnedGpus
@@ -325,7 +334,8 @@ class Scheduler:
                         )
                     )
                 touched[uuid] = gpu
-            gone.append(Gone(client, state.pid, state.greeted))
+            gpu_seconds = sum(gpu_seconds_of(state, uuid, now) for uuid in state.usage)
+            gone.append(Gone(client, state.pid, state.greeted, gpu_seconds))
         for uuid, gpu in touched.items():
             if not gpu.users and not gpu.from_inventory:
                 self._learned.forget(gpu)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvshare_agent.actions import AskToDrop, Grant, Queued, SendMemoryCap
+from nvshare_agent.actions import AskToDrop, Gone, Grant, Queued, SendMemoryCap
 from nvshare_agent.core_state import FEATURE_MEMORY_CAP, FEATURE_USAGE, FEATURE_YIELD
 from nvshare_agent.leases import YIELD_IDLE_MS
 from nvshare_agent.policy import DRAIN_MS
@@ -177,6 +177,9 @@ def test_waits_are_counted_by_cause():
     node.s.release(1, G0, 1, 12.05)
     assert node.s.clients[3].waited_s[(G0, "memory")] == pytest.approx(2.05, abs=0.11)
     assert node.s.snapshot(12.1).clients[2].gpus[0].wait_cause == ""
+    # Gone, it leaves its GPU time in the log's disconnect line.
+    gone = of(Gone, node.s.disconnect(1, 12.2))
+    assert gone[0].gpu_seconds == pytest.approx(12.0, abs=0.11)
 
 
 def test_a_waiter_waits_only_for_the_holders_it_does_not_fit_beside():

@@ -238,7 +238,7 @@ def test_holder_disconnect_grants_the_next_waiter():
     actions = s.disconnect(1, 2.0)
     assert of(LockReleased, actions)[0] == LockReleased(1, 101, G0, lease, 2.0, None, "disconnect")
     grant_of(actions, 2)
-    assert actions[-1] == Gone(1, 101, True)
+    assert actions[-1] == Gone(1, 101, True, 2.0)  # no GPU_USAGE from it: its 2 s held count
     assert s.disconnect(1, 3.0) == []  # twice is harmless
 
 

@@ -201,7 +201,7 @@ def test_many_queued_clients_and_the_holder_vanishing_together(start_agent, tmp_
         proc.stdin.write("go\n")
         proc.stdin.flush()
         assert proc.wait(15) == -signal.SIGKILL
-        agent.wait_for_log(rf"disconnect pid={proc.pid}\n", count=60)
+        agent.wait_for_log(rf"disconnect pid={proc.pid}\b", count=60)
         assert agent.alive()
     assert_still_serves(agent)
 
