@@ -15,6 +15,7 @@
 #   bench/gpu/run.sh --shares [RESULTS_DIR] [--window S]               (shares.py, as root)
 #   bench/gpu/run.sh --duty [RESULTS_DIR] [--window S] [--only PARTS]  (duty.py)
 #   bench/gpu/run.sh --busy-turns [RESULTS_DIR] [--seconds S]          (busy_turns.py)
+#   bench/gpu/run.sh --meter-check [RESULTS_DIR] [--seconds S]         (meter_check.py)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -40,5 +41,6 @@ case "${1:-}" in
     --shares) script=shares.py; shift ;;
     --duty) script=duty.py; shift ;;
     --busy-turns) script=busy_turns.py; shift ;;
+    --meter-check) script=meter_check.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"
