@@ -115,15 +115,22 @@ class Policy:
         """Latency work first: a waiter in bursts owed more than the holder in its way."""
         return self.bursty(gpu, waiter, now) and standing(waiter) < standing(holder)
 
-    def fits(self, gpu: GpuState, running: list[int], keeping: bool) -> bool:
-        """Whether these clients fit the GPU at once.  keeping: they already run and may
-        stay up to the line; a newcomer comes in only below the line less the band
-        (memory_fit's hysteresis).  Alone, anyone fits: what does not fit the GPU pages
-        in and out of it, with nobody to thrash against."""
+    def fits(
+        self,
+        gpu: GpuState,
+        running: list[int],
+        keeping: bool,
+        demand: memory_fit.Demand | None = None,
+    ) -> bool:
+        """Whether these clients fit the GPU at once (demand: its figures, when read
+        already).  keeping: they already run and may stay up to the line; a newcomer comes
+        in only below the line less the band (memory_fit's hysteresis).  Alone, anyone
+        fits: what does not fit the GPU pages in and out of it, with nobody to thrash
+        against."""
         if len(running) <= 1:
             return True
-        demand = memory_fit.demand_of(gpu, self.clients, set(running))
-        return memory_fit.fits(keeping, demand, gpu.capacity_bytes)
+        demand = demand or memory_fit.Demand(gpu, self.clients)
+        return demand.fits(demand.of(running), keeping)
 
     # ------------------------------------------------------------ the decision, per GPU
 
@@ -171,18 +178,22 @@ class Policy:
                 self.meter(self.clients[client], gpu.uuid).freeze(
                     waiter.requested_at + light_wait_s
                 )
-        self._keep_holders_apart(gpu, at, actions)
-        blocked = self._grant_what_fits(gpu, at, actions)
-        self._make_room(gpu, blocked, self._priority(gpu, at), at, actions)
+        # The figures do not change while the rules look: read them once.
+        demand = memory_fit.Demand(gpu, self.clients)
+        self._keep_holders_apart(gpu, demand, at, actions)
+        blocked = self._grant_what_fits(gpu, demand, at, actions)
+        self._make_room(gpu, demand, blocked, self._priority(gpu, at), at, actions)
         if gpu.waiters or len(gpu.holders) > 1:
             at.reached(now + CHECK_S)  # uses change as they run: look again
 
-    def _keep_holders_apart(self, gpu: GpuState, at: Moments, actions: list[Action]) -> None:
+    def _keep_holders_apart(
+        self, gpu: GpuState, demand: memory_fit.Demand, at: Moments, actions: list[Action]
+    ) -> None:
         """Holders that may no longer run together: those that stopped fitting (a report
         grew), newest first, and a second that came to keep the GPU busy beside another."""
         staying = [c for c, held in gpu.holders.items() if held.drop_requested_at is None]
         for client in reversed(staying[1:]):  # the first granted stays: alone, it fits
-            if self.fits(gpu, staying, keeping=True):
+            if self.fits(gpu, staying, keeping=True, demand=demand):
                 break
             if self.clients[client].managed.get(gpu.uuid, 0):  # else its going frees nothing
                 held = gpu.holders[client]
@@ -213,21 +224,30 @@ class Policy:
 
         return key
 
-    def _conflicts(self, gpu: GpuState, client: int, now: float) -> list[int]:
+    def _conflicts(
+        self, gpu: GpuState, client: int, now: float, demand: memory_fit.Demand | None = None
+    ) -> list[int]:
         """The holders that keep `client` from running now: one that keeps the GPU busy
         where it does too, and those whose memory it does not fit beside (the newest
-        first until it fits, less those it fits beside after all).  Empty: it may run."""
+        first until it fits, less those it fits beside after all).  Empty: it may run.
+        demand: the GPU's figures, when read already."""
+        demand = demand or memory_fit.Demand(gpu, self.clients)
         holders = list(gpu.holders)
         blockers = []
         if self.saturating(gpu, client, now):
             blockers = [c for c in holders if self.saturating(gpu, c, now)]
         rest = [c for c in holders if c not in blockers]
+        # fits(rest + client), with the demand kept as a sum: one look per holder, not
+        # a walk of every client per look (memory_fit.Demand).
+        running = demand.of([*rest, client])
         popped = []
-        while not self.fits(gpu, [*rest, client], keeping=False):
+        while rest and not demand.fits(running, keeping=False):
             popped.append(rest.pop())
+            running -= demand.adds(popped[-1])
         for holder in popped:  # those it fits beside after all are not in its way
-            if self.fits(gpu, [*rest, holder, client], keeping=False):
+            if demand.fits(running + demand.adds(holder), keeping=False):
                 rest.append(holder)
+                running += demand.adds(holder)
             else:
                 blockers.append(holder)
         return blockers
@@ -236,7 +256,9 @@ class Policy:
         """A turn for bulk work; beside for work in bursts."""
         return Role.BESIDE if self.bursty(gpu, client, now) else Role.TURN
 
-    def _grant_what_fits(self, gpu: GpuState, at: Moments, actions: list[Action]) -> list[int]:
+    def _grant_what_fits(
+        self, gpu: GpuState, demand: memory_fit.Demand, at: Moments, actions: list[Action]
+    ) -> list[int]:
         """Grant, first first, every waiter nothing keeps from running; returns the rest,
         first first.  Once a waiter that must be kept waiting is overdue, nobody after it
         is let in ahead of it."""
@@ -245,24 +267,33 @@ class Policy:
         key = self._priority(gpu, at)
         blocked: list[int] = []
         for client in sorted(gpu.waiters, key=key):
-            if blocked and not key(blocked[0])[0] and self._delays(gpu, client, blocked[0], at):
+            if (
+                blocked
+                and not key(blocked[0])[0]
+                and self._delays(gpu, demand, client, blocked[0], at)
+            ):
                 blocked.append(client)  # behind an overdue waiter it would keep out longer
                 continue
-            if self._conflicts(gpu, client, at.now):
+            if self._conflicts(gpu, client, at.now, demand):
                 blocked.append(client)
                 continue
             self.leases.grant(gpu, client, at.now, SHARED, self._role(gpu, client, at.now), actions)
         return blocked
 
-    def _delays(self, gpu: GpuState, client: int, overdue: int, at: Moments) -> bool:
+    def _delays(
+        self, gpu: GpuState, demand: memory_fit.Demand, client: int, overdue: int, at: Moments
+    ) -> bool:
         """Whether granting `client` now could keep `overdue` out longer: it would not fit
         beside it, or both keep the GPU busy."""
         both_busy = self.saturating(gpu, client, at.now) and self.saturating(gpu, overdue, at.now)
-        return both_busy or not self.fits(gpu, [*gpu.holders, overdue, client], keeping=False)
+        return both_busy or not self.fits(
+            gpu, [*gpu.holders, overdue, client], keeping=False, demand=demand
+        )
 
     def _make_room(
         self,
         gpu: GpuState,
+        demand: memory_fit.Demand,
         blocked: list[int],
         priority: Priority,
         at: Moments,
@@ -280,7 +311,7 @@ class Policy:
         standing = self._standing(gpu, now)
         for client in blocked:
             waiter = gpu.waiters[client]
-            blockers = self._conflicts(gpu, client, now)
+            blockers = self._conflicts(gpu, client, now, demand)
             cause = self._wait_cause(gpu, client, blockers, now)
             self.note_wait(gpu, client, waiter, cause.value, now)
             for holder in blockers:

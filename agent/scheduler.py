@@ -343,8 +343,10 @@ class Scheduler:
                 del self.gpus[uuid]  # learned from clients only: forget it with them
                 continue
             self._refit(gpu, now, actions, "client gone")
+            # Its group's others hold less: told with the reports' (_update), at most
+            # every CAPS_EVERY_S.  A crowd that leaves at once was told n times n.
+            gpu.caps_due = True
             self._update(gpu, now, actions)
-        actions += self.shares.memory_caps(touched.values(), self.clients)
         return actions + gone
 
     # ------------------------------------------------------------ share groups

@@ -5,8 +5,11 @@ The core alone, time an argument: no sleeps."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from nvshare_agent import memory_fit
 from nvshare_agent.actions import AskToDrop, Gone, Grant, Queued, SendMemoryCap
 from nvshare_agent.core_state import FEATURE_MEMORY_CAP, FEATURE_USAGE, FEATURE_YIELD
 from nvshare_agent.leases import YIELD_IDLE_MS
@@ -192,6 +195,46 @@ def test_a_waiter_waits_only_for_the_holders_it_does_not_fit_beside():
     assert of(Queued, actions)
     assert node.s.policy._conflicts(node.s.gpus[G0], 3, 1.0) == [1]
     assert [a.client for a in of(AskToDrop, actions)] in ([], [1])
+
+
+def test_the_demand_read_once_is_demand_of_for_every_set_of_clients():
+    rng = random.Random(45)
+    node = Node(*(rng.choice((0, 0.5, 3, 20)) for _ in range(40)))
+    gpu = node.s.gpus[G0]
+    for client in rng.sample(range(1, 41), 30):  # a context there; the rest have none yet
+        node.s.request(client, G0, 0.0)
+    for pid in rng.sample(range(101, 141), 10):  # NVML's figures for some
+        gpu.process_bytes[pid] = rng.choice((1, 2, 7)) * GIB
+    gpu.process_bytes[99] = GIB  # and a process outside nvshare
+    demand = memory_fit.Demand(gpu, node.s.clients)
+    for _ in range(200):
+        running = rng.sample(range(1, 42), rng.randint(0, 12))  # 41: not a client
+        expected = memory_fit.demand_of(gpu, node.s.clients, running)
+        assert demand.of(running) == expected
+        for keeping in (False, True):
+            assert demand.fits(expected, keeping) == memory_fit.fits(
+                keeping, expected, gpu.capacity_bytes
+            )
+
+
+def test_a_decision_reads_the_clients_figures_once_however_many_wait(monkeypatch):
+    """A thousand processes that came at once, nobody fitting beside the holders: each
+    event walked every client for each holder of each waiter (0.27 s an event with 200,
+    issue 45).  Now one walk to decide, and one to refit at most."""
+    node = Node(*([0.001] * 1000))
+    for client in range(1, 1000):
+        node.s.request(client, G0, 0.0)
+    assert len(node.s.gpus[G0].waiters) > 900
+    walks = []
+    counted = memory_fit.demand_of
+
+    def demand_of(*args):
+        walks.append(args)
+        return counted(*args)
+
+    monkeypatch.setattr(memory_fit, "demand_of", demand_of)
+    node.s.request(1000, G0, 0.0)
+    assert len(walks) <= 2  # the decision's, and _refit's where a context is new
 
 
 def test_a_groups_memory_caps_go_out_at_most_every_10_ms_however_many_report():

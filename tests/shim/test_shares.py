@@ -10,10 +10,13 @@ needs root, and skips without it.
 A cap holds from a process's first allocation: the agent says it before its WELCOME,
 and the shim's allocations wait for that.  Many capped processes that allocate at once,
 right after making their context, on every path, must all be refused
-(CAP_RACE_PROCESSES of them per path, 24 by default).  With CAP_RACE_PROCESSES=1000 on
-a 2-core box 516-725 of 1,000 escape on every path (2026-11-29): the agent, starved of the
-CPU, does not answer within the shim's 3 s first-answer bound, and a shim running
-unscheduled allocates uncapped (issue 45, open)."""
+(CAP_RACE_PROCESSES of them per path, 24 by default).  With CAP_RACE_PROCESSES=1000 on a
+2-core box (2026-11-29) the outcome tips: a run where the crowd never piles up has no
+escape on any path (so did one before the policy read memory figures once per
+decision); one where it does loses 175-520 of 1,000 on seven paths, and four CPU hogs
+beside it 94-722 (373-929 before).  The agent, starved of the CPU and deciding over
+every waiter at each event, does not answer within the shim's 3 s first-answer bound,
+and a shim running unscheduled allocates uncapped (issue 45, open)."""
 
 from __future__ import annotations
 
