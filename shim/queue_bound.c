@@ -110,6 +110,13 @@ struct launch_queue {
     atomic_int ran_dry;            /* no mark pending at the usage meter's look: mark next launch */
     atomic_int length_seen;        /* the gate's queue length at the last mark: a change marks */
     _Atomic(CUevent) newest;       /* the mark recorded last: the usage meter's look, lock-free */
+    /* A burst's GPU time by timestamps (note_newest_mark): its start is recorded before
+     * the first launch after the meter saw the GPU dry. */
+    atomic_int start_wanted;   /* the meter saw the GPU dry: the next launch records a start */
+    CUevent burst_start;       /* written under the mutex */
+    atomic_uint burst;         /* bumped at each try at a start */
+    atomic_uint started_burst; /* the burst whose start was recorded */
+    atomic_uint newest_burst;  /* the burst the newest mark belongs to */
 };
 
 static struct launch_queue queues[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS];
@@ -212,9 +219,45 @@ static CUevent mark_to_wait_for(struct launch_queue *queue, unsigned max_queued_
     return NULL;
 }
 
-void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
+static void record_burst_start(int gpu, int slot, CUstream stream, int per_thread)
+{
+    struct launch_queue *queue = &queues[gpu][slot];
+    /* Bumped even where no start is recorded: marks of this burst then measure nothing,
+     * rather than from an old start across the idle time since. */
+    unsigned burst = atomic_fetch_add_explicit(&queue->burst, 1, memory_order_relaxed) + 1;
+    if (nvshare_config()->max_queued_ms == 0 || nvshare_driver.event_record == NULL ||
+        nvshare_driver.event_elapsed_time == NULL)
+        return; /* no marks to end it */
+    pthread_once(&queues_once, init_queues);
+    pthread_mutex_t *mutex = &queue_mutexes[gpu][slot];
+    if (pthread_mutex_trylock(mutex) != 0)
+        return; /* the meter counts this burst by its samples */
+    stream = nvshare_actual_stream(stream, per_thread);
+    if (nvshare_stream_may_record(stream)) {
+        int capture_mode = nvshare_capture_relax();
+        if ((queue->burst_start != NULL ||
+             nvshare_driver.event_create(&queue->burst_start, CU_EVENT_DEFAULT) == CUDA_SUCCESS) &&
+            nvshare_driver.event_record(queue->burst_start, stream) == CUDA_SUCCESS)
+            atomic_store_explicit(&queue->started_burst, burst, memory_order_release);
+        nvshare_capture_restore(capture_mode);
+    }
+    pthread_mutex_unlock(mutex);
+}
+
+int nvshare_queue_before_launch(int gpu, CUstream stream, int per_thread)
 {
     int slot = nvshare_current_context_slot();
+    if (slot < 0)
+        return slot;
+    struct launch_queue *queue = &queues[gpu][slot];
+    if (atomic_load_explicit(&queue->start_wanted, memory_order_relaxed) &&
+        atomic_exchange_explicit(&queue->start_wanted, 0, memory_order_relaxed))
+        record_burst_start(gpu, slot, stream, per_thread);
+    return slot;
+}
+
+void nvshare_queue_note_launch(int gpu, int slot, CUstream stream, int per_thread)
+{
     if (slot < 0)
         return; /* a context with no slot: not bounded */
     struct launch_queue *queue = &queues[gpu][slot];
@@ -269,6 +312,9 @@ void nvshare_queue_note_launch(int gpu, CUstream stream, int per_thread)
                 mark->launches = launches;
                 mark->dense = dense;
                 queue->tail++;
+                atomic_store_explicit(&queue->newest_burst,
+                                      atomic_load_explicit(&queue->burst, memory_order_relaxed),
+                                      memory_order_relaxed);
                 atomic_store_explicit(&queue->newest, mark->event, memory_order_release);
             }
         }
@@ -308,11 +354,6 @@ static void note_pending_mark(int gpu, int slot, void *pending)
     pthread_mutex_unlock(mutex);
 }
 
-struct meter_look {
-    double now_ms;
-    int pending;
-};
-
 /* The usage meter's look, every millisecond: the newest mark only, without the
  * queue's mutex.  Holding it there, a client thread preempted on a busy host kept
  * launching threads from taking their marks (the stand-in test of the windows got
@@ -327,24 +368,44 @@ struct meter_look {
  * (tests/shim/test_shares.py).  So they count as running for as long as that
  * many launches take by the queue's average, from the look that first saw the
  * mark done, and never longer than a window.  Over by at most a window (and the
- * look's lateness); under where the tail's kernels are longer than the average. */
+ * look's lateness); under where the tail's kernels are longer than the average.
+ *
+ * Once the newest mark is done, the burst's GPU time is known to the microsecond:
+ * from its start (recorded before its first launch) to that mark, plus the launches
+ * after it by the same estimate.  Counting whole looks instead made an inference
+ * server's 0.9 ms requests read 3.4 ms each on an H200 (docs/benchmarks.md). */
 static void note_newest_mark(int gpu, int slot, void *arg)
 {
-    struct meter_look *look = arg;
+    struct nvshare_queue_look *look = arg;
     struct launch_queue *queue = &queues[gpu][slot];
+    look->contexts++;
+    look->burst = atomic_load_explicit(&queue->burst, memory_order_acquire);
     CUevent newest = atomic_load_explicit(&queue->newest, memory_order_acquire);
     if (newest != NULL && nvshare_driver.event_query(newest) == CUDA_ERROR_NOT_READY) {
         look->pending = 1;
         return;
     }
     atomic_store_explicit(&queue->ran_dry, 1, memory_order_relaxed); /* the next launch marks */
+    atomic_store_explicit(&queue->start_wanted, 1, memory_order_relaxed); /* and starts a burst */
     unsigned unmarked = atomic_load_explicit(&queue->unmarked, memory_order_relaxed);
-    if (newest == NULL || unmarked == 0)
+    double ms = atomic_load_explicit(&queue->ns_per_launch, memory_order_relaxed) / 1e6;
+    double window = nvshare_config()->max_queued_ms / WINDOWS_PER_BOUND;
+    double tail_ms = ms * unmarked < window ? ms * unmarked : window;
+    if (newest == NULL)
+        return;
+    unsigned burst = look->burst;
+    float elapsed_ms;
+    /* A start or mark recorded meanwhile reads negative or not ready: known next look. */
+    if (atomic_load_explicit(&queue->newest_burst, memory_order_relaxed) == burst &&
+        atomic_load_explicit(&queue->started_burst, memory_order_acquire) == burst &&
+        nvshare_driver.event_elapsed_time(&elapsed_ms, queue->burst_start, newest) ==
+            CUDA_SUCCESS &&
+        elapsed_ms >= 0 && atomic_load_explicit(&queue->burst, memory_order_relaxed) == burst)
+        look->burst_ms = elapsed_ms + tail_ms;
+    if (unmarked == 0)
         return;
     if (queue->tail_after != newest || queue->tail_launches != unmarked) {
-        double ms = atomic_load_explicit(&queue->ns_per_launch, memory_order_relaxed) / 1e6;
-        double window = nvshare_config()->max_queued_ms / WINDOWS_PER_BOUND;
-        double done = look->now_ms + (ms * unmarked < window ? ms * unmarked : window);
+        double done = look->now_ms + tail_ms;
         if (queue->tail_after == newest && queue->tail_done_ms > done)
             done = queue->tail_done_ms; /* more launches in the same tail: never sooner */
         queue->tail_after = newest;
@@ -372,15 +433,18 @@ int nvshare_queue_work_pending(int gpu)
     return pending;
 }
 
-int nvshare_queue_work_pending_now(int gpu, double now_ms)
+void nvshare_queue_look(int gpu, double now_ms, struct nvshare_queue_look *look)
 {
+    *look = (struct nvshare_queue_look){.now_ms = now_ms, .burst_ms = -1};
     if (!marks_recorded())
-        return 0;
+        return;
     pthread_once(&queues_once, init_queues);
-    struct meter_look look = {.now_ms = now_ms};
-    if (!nvshare_try_in_each_context(gpu, note_newest_mark, &look))
-        return 1; /* a worker prefetches or drains: the lease is changing hands */
-    return look.pending;
+    if (!nvshare_try_in_each_context(gpu, note_newest_mark, look)) {
+        look->pending = 1; /* a worker prefetches or drains: the lease is changing hands */
+        look->contexts = 0;
+    }
+    if (look->contexts != 1)
+        look->burst_ms = -1; /* two contexts' bursts: the samples count them */
 }
 
 void nvshare_queue_forget_context(int gpu, int slot)
@@ -400,7 +464,7 @@ void nvshare_queue_forget_after_fork(void)
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
         for (int slot = 0; slot < NVSHARE_CONTEXT_SLOTS; slot++) {
             struct launch_queue *queue = &queues[gpu][slot];
-            if (queue->tail != 0 || queue->ring[0].event != NULL ||
+            if (queue->tail != 0 || queue->ring[0].event != NULL || queue->burst_start != NULL ||
                 atomic_load_explicit(&queue->launches_per_mark, memory_order_relaxed) != 0)
                 memset(queue, 0, sizeof *queue);
             queue_mutexes[gpu][slot] = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
