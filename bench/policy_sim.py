@@ -14,6 +14,9 @@ group's weight (each client is a user of its own):
   notebook[:CELL:THINK]  a cell of GPU work, then THINK seconds of reading it (0.15, 1.5)
   duty[:BURST:BUSY]      a burst of GPU work, then the host time that makes it BUSY of the
                          time alone (0.03, 0.3): a data loader, a pipeline's stage, an agent
+  paced[:BURST:BUSY]     a burst every BURST / BUSY seconds by the clock (0.03, 0.3): a burst
+                         that ends late is followed at once, never caught up on, as the GPU
+                         bench's duty processes (bench/gpu/duty_client.py) and frame-paced work
 
 The clients play their shims as docs/scheduling.md describes them: ask for the lock with
 work, report GPU time every 100 ms, give it back once idle idle_release_ms, when asked to
@@ -61,6 +64,7 @@ KINDS = {
     "service": (0.05, 0.001),
     "notebook": (0.15, 1.5),
     "duty": (0.03, 0.3),
+    "paced": (0.03, 0.3),
 }
 WINDOW_S = 10.0  # shares are judged over the run and over every window this long
 SETTLE_S = 5.0  # ... after a client's first seconds
@@ -102,7 +106,7 @@ class Client:
         """Its busy fraction alone on the GPU."""
         if self.kind == "service":
             return min(1.0, self.b / self.a)
-        if self.kind == "duty":
+        if self.kind in ("duty", "paced"):
             return self.b
         return self.a / (self.a + self.b)
 
@@ -129,6 +133,8 @@ class Client:
             self.pending.pop(0)
             if self.kind == "duty":
                 self.next_arrival = now + self.a * (1 - self.b) / self.b
+            elif self.kind == "paced":  # the next cycle's start, or at once when late
+                self.next_arrival = max(now, job[0] + self.a / self.b)
             elif self.kind != "service":
                 self.next_arrival = now + self.b
 
@@ -150,13 +156,13 @@ def parse_client(number: int, spec: str) -> Client:
     except ValueError:
         raise ValueError(f"{spec!r}: not a number") from None
     if not (a > 0 and b >= 0 and gib >= 0 and begins >= 0 and weighs >= 1) or (
-        kind in ("service", "duty") and b <= 0
+        kind in ("service", "duty", "paced") and b <= 0
     ):
         raise ValueError(f"{spec!r}: times must be positive, memory not negative")
-    if kind == "duty" and b > 1:
+    if kind in ("duty", "paced") and b > 1:
         raise ValueError(f"{spec!r}: a duty's busy fraction is at most 1")
     # Each its own phase (seeded by its number): clients begun together are not in step.
-    phase = random.Random(number).uniform(0, a * (1 - b) / b) if kind == "duty" else 0.0
+    phase = random.Random(number).uniform(0, a * (1 - b) / b) if kind in ("duty", "paced") else 0.0
     return Client(number, kind, a, b, int(gib * GIB), begins, weighs, next_arrival=begins + phase)
 
 

@@ -48,6 +48,18 @@ def test_a_40_percent_busy_client_runs_beside_a_trainer_in_either_order():
         assert loader["turns"] == 0 and loader["p99_s"] <= 0.2
 
 
+def test_paced_work_keeps_to_its_clock_and_does_not_catch_up_when_late():
+    # Alone: a 30 ms burst every 100 ms, as the clock says.
+    assert run("paced:0.03:0.3", seconds=10.0)["1 paced"]["done"] == pytest.approx(100, abs=2)
+    paced = policy_sim.parse_client(1, "paced:0.03:0.3")
+    paced.pending = [[1.0, 0.03]]  # on time: done at 1.03, the next at 1.1 by the clock
+    paced.work(1.03, 0.03)
+    assert paced.next_arrival == pytest.approx(1.1)
+    paced.pending, paced.next_arrival = [[2.0, 0.03]], None  # late: done at 2.25, next at once
+    paced.work(2.25, 0.03)
+    assert paced.next_arrival == pytest.approx(2.25)
+
+
 def test_an_inference_server_that_fits_runs_beside_a_trainer_at_once():
     figures = run("trainer@30", "service:0.05:0.001@4")
     assert figures["2 service"]["done"] >= 1199  # a request every 50 ms, each answered
@@ -115,7 +127,7 @@ def test_the_sweep_prints_its_ten_worst_mixes():
     [
         (
             ["painter"],
-            "policy_sim: 'painter': no kind 'painter' (kinds: trainer, service, notebook, duty)",
+            "policy_sim: 'painter': no kind 'painter' (kinds: trainer, service, notebook, duty, paced)",
         ),
         (
             ["service:0.05"],
