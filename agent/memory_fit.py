@@ -86,23 +86,7 @@ def demand_of(gpu: GpuState, clients: dict[int, ClientState], running: Collectio
     """The GPU's memory with `running` at work: their whole demand, what every other
     client with a context there keeps all the same, and what processes outside nvshare
     use (NVML)."""
-    pids = set()
-    demand = 0
-    for client in gpu.users:
-        state = clients[client]
-        pids.add(state.pid)
-        if gpu.uuid not in state.active:
-            continue
-        figures = (
-            state.managed.get(gpu.uuid, 0),
-            state.unmanaged.get(gpu.uuid, 0),
-            gpu.process_bytes.get(state.pid),
-        )
-        if client in running:
-            demand += client_demand(*figures)
-        else:
-            demand += resident_demand(*figures)
-    return demand + sum(b for pid, b in gpu.process_bytes.items() if pid not in pids)
+    return Demand(gpu, clients).of(running)
 
 
 class Demand:
@@ -115,7 +99,6 @@ class Demand:
     __slots__ = ("_adds", "_lines", "resident")
 
     def __init__(self, gpu: GpuState, clients: dict[int, ClientState]):
-        self.resident = demand_of(gpu, clients, ())  # nobody at work
         capacity = gpu.capacity_bytes
         # fits()'s lines, for those that stay and for newcomers (None: nothing fits).
         self._lines: tuple[int | None, int | None] = (None, None)
@@ -123,8 +106,10 @@ class Demand:
             line = capacity - reserve(capacity)
             self._lines = (line - band(capacity), line)
         self._adds: dict[int, int] = {}  # what each client adds by running
+        resident, pids = 0, set()
         for client in gpu.users:
             state = clients[client]
+            pids.add(state.pid)
             if gpu.uuid not in state.active:
                 continue
             figures = (
@@ -132,7 +117,11 @@ class Demand:
                 state.unmanaged.get(gpu.uuid, 0),
                 gpu.process_bytes.get(state.pid),
             )
-            self._adds[client] = client_demand(*figures) - resident_demand(*figures)
+            kept = resident_demand(*figures)
+            resident += kept
+            self._adds[client] = client_demand(*figures) - kept
+        # Nobody at work: what each keeps, and processes outside nvshare.
+        self.resident = resident + sum(b for pid, b in gpu.process_bytes.items() if pid not in pids)
 
     def adds(self, client: int) -> int:
         """What `client` adds to the demand by running."""

@@ -207,10 +207,28 @@ def test_the_demand_read_once_is_demand_of_for_every_set_of_clients():
         gpu.process_bytes[pid] = rng.choice((1, 2, 7)) * GIB
     gpu.process_bytes[99] = GIB  # and a process outside nvshare
     demand = memory_fit.Demand(gpu, node.s.clients)
+
+    def by_definition(running):  # each client's whole demand or what it keeps, and NVML's rest
+        total, pids = 0, set()
+        for client in gpu.users:
+            state = node.s.clients[client]
+            pids.add(state.pid)
+            if G0 in state.active:
+                figures = (
+                    state.managed.get(G0, 0),
+                    state.unmanaged.get(G0, 0),
+                    gpu.process_bytes.get(state.pid),
+                )
+                whole = client in running
+                total += (memory_fit.client_demand if whole else memory_fit.resident_demand)(
+                    *figures
+                )
+        return total + sum(b for pid, b in gpu.process_bytes.items() if pid not in pids)
+
     for _ in range(200):
         running = rng.sample(range(1, 42), rng.randint(0, 12))  # 41: not a client
-        expected = memory_fit.demand_of(gpu, node.s.clients, running)
-        assert demand.of(running) == expected
+        expected = by_definition(running)
+        assert demand.of(running) == expected == memory_fit.demand_of(gpu, node.s.clients, running)
         for keeping in (False, True):
             assert demand.fits(expected, keeping) == memory_fit.fits(
                 keeping, expected, gpu.capacity_bytes
@@ -227,13 +245,13 @@ def test_a_decision_reads_the_clients_figures_once_however_many_wait(monkeypatch
         node.s.request(client, G0, 0.0)
     assert len(node.s.gpus[G0].waiters) > 180
     walks = []
-    counted = memory_fit.demand_of
+    walk = memory_fit.Demand.__init__
 
-    def demand_of(*args):
+    def counted(self, *args):
         walks.append(args)
-        return counted(*args)
+        walk(self, *args)
 
-    monkeypatch.setattr(memory_fit, "demand_of", demand_of)
+    monkeypatch.setattr(memory_fit.Demand, "__init__", counted)
     node.s.request(200, G0, 0.0)
     assert len(walks) <= 2  # the decision's, and _refit's where a context is new
 
