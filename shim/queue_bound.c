@@ -38,9 +38,10 @@
  * own kernels: 40-65 % on its median latency beside a trainer (issue 35).
  *
  * Two more uses: the usage meter (usage_meter.c) asks whether the newest mark is
- * still pending, or the launches after it should still run (note_newest_mark),
- * and the launch after the GPU ran dry is marked at once (a lone long kernel is
- * then covered).  A lease granted SHORT_QUEUE (a turn that light work
+ * still pending, or the launches after it should still run (note_newest_mark), and
+ * once a burst is done, its GPU time by the marks' timestamps from an event recorded
+ * before the burst's first launch (nvshare_queue_before_launch); and the launch after
+ * the GPU ran dry is marked at once (a lone long kernel is then covered).  A lease granted SHORT_QUEUE (a turn that light work
  * will cut short) is bounded by the longest estimate, and while others wait for
  * this GPU (a WHEN_IDLE drop pending) the bound is SHORT_MAX_QUEUED_MS by it, so
  * that the drop which follows drains in milliseconds (lock_machine.c's
@@ -112,12 +113,17 @@ struct launch_queue {
     _Atomic(CUevent) newest;       /* the mark recorded last: the usage meter's look, lock-free */
     /* A burst's GPU time by timestamps (note_newest_mark): its start is recorded before
      * the first launch after the meter saw the GPU dry. */
-    atomic_int start_wanted;   /* the meter saw the GPU dry: the next launch records a start */
+    atomic_int start_wanted;   /* the meter saw every mark done: the next launch starts a burst */
     CUevent burst_start;       /* written under the mutex */
-    atomic_uint burst;         /* bumped at each try at a start */
+    atomic_uint burst;         /* the current burst's number (next_burst's); 0: none yet */
     atomic_uint started_burst; /* the burst whose start was recorded */
     atomic_uint newest_burst;  /* the burst the newest mark belongs to */
+    unsigned settled;          /* the meter's: 1 + the burst it saw every mark of done */
 };
+
+/* Burst numbers, for every queue: a context's queue is zeroed when it goes (and after
+ * fork), and the meter must never take a new burst for an old one. */
+static atomic_uint next_burst;
 
 static struct launch_queue queues[NVSHARE_MAX_GPUS][NVSHARE_CONTEXT_SLOTS];
 /* Apart from the queues, so a forked child resets them without copying every queue's pages. */
@@ -222,9 +228,12 @@ static CUevent mark_to_wait_for(struct launch_queue *queue, unsigned max_queued_
 static void record_burst_start(int gpu, int slot, CUstream stream, int per_thread)
 {
     struct launch_queue *queue = &queues[gpu][slot];
-    /* Bumped even where no start is recorded: marks of this burst then measure nothing,
-     * rather than from an old start across the idle time since. */
-    unsigned burst = atomic_fetch_add_explicit(&queue->burst, 1, memory_order_relaxed) + 1;
+    /* A new number even where no start is recorded: marks of this burst then measure
+     * nothing, rather than from an old start across the idle time since. */
+    unsigned burst = atomic_fetch_add_explicit(&next_burst, 1, memory_order_relaxed) + 1;
+    if (burst == 0) /* wrapped: 0 is "none" */
+        burst = atomic_fetch_add_explicit(&next_burst, 1, memory_order_relaxed) + 1;
+    atomic_store_explicit(&queue->burst, burst, memory_order_release);
     if (nvshare_config()->max_queued_ms == 0 || nvshare_driver.event_record == NULL ||
         nvshare_driver.event_elapsed_time == NULL)
         return; /* no marks to end it */
@@ -354,11 +363,57 @@ static void note_pending_mark(int gpu, int slot, void *pending)
     pthread_mutex_unlock(mutex);
 }
 
+/* Whether any mark of the queue still runs, on any stream: under the mutex, so once a
+ * burst (settle), not at every look. */
+static int any_mark_pending(struct launch_queue *queue)
+{
+    for (unsigned mark = queue->tail; mark != queue->head;) {
+        mark--;
+        if (nvshare_driver.event_query(queue->ring[mark % RING_SLOTS].event) ==
+            CUDA_ERROR_NOT_READY)
+            return 1;
+    }
+    return 0;
+}
+
+/* The burst's GPU time by timestamps, once its newest mark is done: from its start to
+ * that mark, plus tail_ms.  The first time, every mark of the queue must be done too (a
+ * mark on another stream may run on: the looks count it); then the next launch starts a
+ * new burst, timed or not (no start recorded, marks off for it). */
+static void time_the_burst(int gpu, int slot, struct launch_queue *queue, CUevent newest,
+                           double tail_ms, struct nvshare_queue_look *look)
+{
+    unsigned burst = look->burst;
+    if (queue->settled != burst + 1) { /* + 1: a zeroed queue has settled nothing */
+        pthread_mutex_t *mutex = &queue_mutexes[gpu][slot];
+        if (pthread_mutex_trylock(mutex) != 0)
+            return; /* a launching thread takes a mark: not done yet */
+        int pending = any_mark_pending(queue);
+        pthread_mutex_unlock(mutex);
+        if (pending) {
+            look->pending = 1;
+            return;
+        }
+        queue->settled = burst + 1;
+        if (!atomic_load_explicit(&queue->start_wanted, memory_order_relaxed))
+            atomic_store_explicit(&queue->start_wanted, 1, memory_order_relaxed);
+    }
+    float elapsed_ms;
+    /* A start or mark recorded meanwhile reads negative or not ready: known next look. */
+    if (burst != 0 && atomic_load_explicit(&queue->newest_burst, memory_order_relaxed) == burst &&
+        atomic_load_explicit(&queue->started_burst, memory_order_acquire) == burst &&
+        queue->burst_start != NULL &&
+        nvshare_driver.event_elapsed_time(&elapsed_ms, queue->burst_start, newest) ==
+            CUDA_SUCCESS &&
+        elapsed_ms >= 0 && atomic_load_explicit(&queue->burst, memory_order_acquire) == burst)
+        look->burst_ms = elapsed_ms + tail_ms;
+}
+
 /* The usage meter's look, every millisecond: the newest mark only, without the
  * queue's mutex.  Holding it there, a client thread preempted on a busy host kept
  * launching threads from taking their marks (the stand-in test of the windows got
  * 10 of its 50 marks beside a loaded CPU).  A mark on another stream may still
- * run: the meter then counts a little less, and the next launch takes a mark.
+ * run: the look then counts a little less, and the next launch takes a mark.
  *
  * Launches after the newest mark (up to a window's: an eighth of the bound) run
  * after it completes, and no mark shows when they are done.  A burst that ends in
@@ -372,8 +427,8 @@ static void note_pending_mark(int gpu, int slot, void *pending)
  *
  * Once the newest mark is done, the burst's GPU time is known to the microsecond:
  * from its start (recorded before its first launch) to that mark, plus the launches
- * after it by the same estimate.  Counting whole looks instead made an inference
- * server's 0.9 ms requests read 3.4 ms each on an H200 (docs/benchmarks.md). */
+ * after it by the same estimate (time_the_burst).  Counting whole looks instead made an
+ * inference server's 0.9 ms requests read 3.4 ms each on an H200 (docs/benchmarks.md). */
 static void note_newest_mark(int gpu, int slot, void *arg)
 {
     struct nvshare_queue_look *look = arg;
@@ -385,23 +440,15 @@ static void note_newest_mark(int gpu, int slot, void *arg)
         look->pending = 1;
         return;
     }
-    atomic_store_explicit(&queue->ran_dry, 1, memory_order_relaxed); /* the next launch marks */
-    atomic_store_explicit(&queue->start_wanted, 1, memory_order_relaxed); /* and starts a burst */
+    if (!atomic_load_explicit(&queue->ran_dry, memory_order_relaxed))    /* a line launches read */
+        atomic_store_explicit(&queue->ran_dry, 1, memory_order_relaxed); /* the next launch marks */
     unsigned unmarked = atomic_load_explicit(&queue->unmarked, memory_order_relaxed);
     double ms = atomic_load_explicit(&queue->ns_per_launch, memory_order_relaxed) / 1e6;
     double window = nvshare_config()->max_queued_ms / WINDOWS_PER_BOUND;
     double tail_ms = ms * unmarked < window ? ms * unmarked : window;
     if (newest == NULL)
         return;
-    unsigned burst = look->burst;
-    float elapsed_ms;
-    /* A start or mark recorded meanwhile reads negative or not ready: known next look. */
-    if (atomic_load_explicit(&queue->newest_burst, memory_order_relaxed) == burst &&
-        atomic_load_explicit(&queue->started_burst, memory_order_acquire) == burst &&
-        nvshare_driver.event_elapsed_time(&elapsed_ms, queue->burst_start, newest) ==
-            CUDA_SUCCESS &&
-        elapsed_ms >= 0 && atomic_load_explicit(&queue->burst, memory_order_relaxed) == burst)
-        look->burst_ms = elapsed_ms + tail_ms;
+    time_the_burst(gpu, slot, queue, newest, tail_ms, look);
     if (unmarked == 0)
         return;
     if (queue->tail_after != newest || queue->tail_launches != unmarked) {

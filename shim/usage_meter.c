@@ -24,8 +24,9 @@
  * GPU, the samples stand.  The total may then go down a little; reports never do.
  *
  * A launch pays one relaxed store for this (how many launches since the newest
- * mark); the hooks already count their passages, and the marks were there for
- * the queue bound.
+ * mark) and one relaxed load (is a burst's start wanted?); the first launch of a
+ * burst records the start.  The hooks already count their passages, and the marks
+ * were there for the queue bound.
  */
 #define _GNU_SOURCE
 #include "usage_meter.h"
@@ -46,6 +47,7 @@
 struct gpu_usage {
     unsigned seen_activity;
     unsigned burst;       /* the queue's burst that burst_counted_ms is of */
+    int burst_done;       /* known and over: later looks are not its */
     double sampled_at_ms; /* 0: not sampling */
     double busy_ms;
     double burst_counted_ms; /* what busy_ms holds of that burst */
@@ -57,24 +59,27 @@ struct gpu_usage {
 static struct gpu_usage usage[NVSHARE_MAX_GPUS];
 
 /* Counts a sample's interval (busy_ms, 0 if idle), then puts the burst's GPU time by
- * timestamps in place of what the samples counted of it, where it is known.  A
- * synchronous copy under way once the burst is done (no launch since) is no part of
- * it: it counts on its own. */
-static void count(struct gpu_usage *meter, const struct nvshare_queue_look *look, double busy_ms,
-                  int copying)
+ * timestamps in place of what the looks counted of it, where it is known.  Looks the
+ * burst cannot speak for count as they are: with two contexts or none looked at (a
+ * worker handing the lease over), and once the burst is done (a copy, a memset after
+ * it: no launch, so no new burst). */
+static void count(struct gpu_usage *meter, const struct nvshare_queue_look *look, double busy_ms)
 {
-    if (look->contexts == 1 && look->burst != meter->burst) {
+    meter->busy_ms += busy_ms;
+    if (look->contexts != 1 || look->burst == 0)
+        return;
+    if (look->burst != meter->burst) {
         meter->burst = look->burst;
         meter->burst_counted_ms = 0;
+        meter->burst_done = 0;
     }
-    meter->busy_ms += busy_ms;
-    int known = look->burst_ms >= 0 && look->burst == meter->burst;
-    if (known && copying && !look->pending)
+    if (meter->burst_done)
         return;
     meter->burst_counted_ms += busy_ms;
-    if (known) {
+    if (look->burst_ms >= 0) {
         meter->busy_ms += look->burst_ms - meter->burst_counted_ms;
         meter->burst_counted_ms = look->burst_ms;
+        meter->burst_done = !look->pending; /* its tail by the estimate too */
     }
 }
 
@@ -102,15 +107,14 @@ int nvshare_usage_sample(double now_ms)
         unsigned activity = atomic_load_explicit(&gate->activity, memory_order_relaxed);
         int passed = activity != meter->seen_activity; /* a launch, a copy */
         meter->seen_activity = activity;
-        int copying = atomic_load(&gate->inflight) != 0; /* a synchronous copy, now */
+        int in_call = atomic_load(&gate->inflight) != 0; /* a synchronous copy waits there */
         struct nvshare_queue_look look;
         nvshare_queue_look(gpu, now_ms, &look);
-        int busy = passed || copying || look.pending;
+        int busy = passed || in_call || look.pending;
         count(meter, &look,
               !busy                          ? 0
               : interval < LONGEST_SAMPLE_MS ? interval
-                                             : LONGEST_SAMPLE_MS,
-              copying);
+                                             : LONGEST_SAMPLE_MS);
         meter->sampled_at_ms = open || busy ? now_ms : 0; /* closed and done: stop */
         if (meter->sampled_at_ms != 0)
             next = next < 0 || (int)SAMPLE_MS < next ? (int)SAMPLE_MS : next;
