@@ -68,12 +68,15 @@ from .core_state import (
     Lease,
     Waiter,
     gpu_seconds_of,
+    waited_of,
 )
 from .deadlines import Deadlines, Key
 from .gpu_settings import GpuSettingsBook, ModeSwitch
+from .group_totals import Tally
 from .learned_gpus import MAX_LEARNED_GPUS, MAX_LEARNED_GPUS_PER_UID, LearnedGpus
 from .leases import YIELD_IDLE_MS, DropReason
 from .policy import CHECK_S, Policy
+from .process_past import ProcessPast
 from .settings import NO_OVERRIDES, AntiThrash, Settings
 from .share_groups import ShareGroups, unit_group
 from .snapshot import AgentSnapshot, take_snapshot
@@ -105,6 +108,7 @@ class Scheduler:
         self._format_gpu = format_gpu  # only for snapshots and refusals: the core keeps raw ids
         self.gpus: dict[bytes, GpuState] = {}
         self.clients: dict[int, ClientState] = {}
+        self.process_past = ProcessPast()  # gone connections of processes still here
         self.inventory_known = False
         self._inventory_missing = False  # NVML could not be read: none will come
         self._next_index = 0
@@ -172,6 +176,7 @@ class Scheduler:
 
     def connect(self, client: int, pid: int, uid: int, gid: int, now: float = 0.0) -> list[Action]:
         self.clients[client] = ClientState(pid, uid, gid, connected_at=now)
+        self.process_past.connected(pid)
         self._push_deadline(now + self.hello_timeout_s, client)
         return []
 
@@ -313,6 +318,14 @@ class Scheduler:
             state = self.clients.pop(client, None)
             if state is None:
                 continue
+            figures = {
+                uuid: Tally(
+                    gpu_seconds_of(state, uuid, now),
+                    waited_of(state, self.gpus[uuid].waiters.get(client), uuid, now),
+                )
+                for uuid in state.gpus
+            }
+            self.process_past.left(state.pid, figures)
             for uuid in state.gpus:
                 gpu = self.gpus[uuid]
                 self.shares.client_left(gpu, client, state, now)  # its wait under way too
@@ -334,7 +347,7 @@ class Scheduler:
                         )
                     )
                 touched[uuid] = gpu
-            gpu_seconds = sum(gpu_seconds_of(state, uuid, now) for uuid in state.usage)
+            gpu_seconds = sum(tally.gpu_s for tally in figures.values())
             gone.append(Gone(client, state.pid, state.greeted, gpu_seconds))
         for uuid, gpu in touched.items():
             if not gpu.users and not gpu.from_inventory:
@@ -543,6 +556,7 @@ class Scheduler:
             format_gpu=self._format_gpu,
             recent_use=self.policy.usage,
             group_figures=lambda gpu, at: self.shares.figures(gpu, self.clients, at),
+            process_past=self.process_past.of,
         )
 
 

@@ -3,10 +3,12 @@ status line, and how they are taken from the core's state (take_snapshot)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from .core_state import EXCLUSIVE, SHARED, ClientState, GpuState, gpu_seconds_of, waited_of
+from .group_totals import Tally
 from .settings import DEFAULT_TIME_QUANTUM_S, AntiThrash
 
 
@@ -94,10 +96,12 @@ def take_snapshot(
     format_gpu: Callable[[bytes], str],
     recent_use: Callable[[int, bytes, float], float],
     group_figures: Callable[[GpuState, float], Iterable[GroupFigures]],
+    process_past: Callable[[int], Mapping[bytes, Tally]] = lambda pid: {},
 ) -> AgentSnapshot:
     """The core's state as status shows it (Scheduler.snapshot): GPUs by their
     settings and mode, clients that said HELLO with what they do on each GPU, the
-    share groups on each GPU (group_figures: share_groups.ShareGroups.figures)."""
+    share groups on each GPU (group_figures: share_groups.ShareGroups.figures).  A
+    process's first connection also carries what its gone ones did (process_past)."""
     gpu_records = tuple(
         GpuSnapshot(
             format_gpu(g.uuid),
@@ -116,6 +120,7 @@ def take_snapshot(
         for g in gpus.values()
     )
     client_records = []
+    carried: set[int] = set()  # pids whose past a connection already shows
     for client, state in clients.items():
         if not state.greeted:
             continue
@@ -143,6 +148,9 @@ def take_snapshot(
                     waited_s=rounded_waits(waited_of(state, waiter, uuid, now)),
                 )
             )
+        if state.pid not in carried:
+            carried.add(state.pid)
+            per_gpu = _with_past(per_gpu, process_past(state.pid), format_gpu)
         client_records.append(
             ClientSnapshot(state.pid, state.uid, state.gid, state.command, tuple(per_gpu))
         )
@@ -152,6 +160,28 @@ def take_snapshot(
         for row in group_figures(g, now)
     )
     return AgentSnapshot(gpu_records, tuple(client_records), groups)
+
+
+def _with_past(
+    per_gpu: list[ClientGpuSnapshot],
+    past: Mapping[bytes, Tally],
+    format_gpu: Callable[[bytes], str],
+) -> list[ClientGpuSnapshot]:
+    """A connection's GPU entries plus its process's gone connections' figures; a GPU
+    only they used shows as idle, with nothing allocated."""
+    entries = {entry.uuid: entry for entry in per_gpu}
+    for uuid, tally in past.items():
+        name = format_gpu(uuid)
+        entry = entries.get(name) or ClientGpuSnapshot(name, "idle", 0, 0.0)
+        waited = dict(entry.waited_s)
+        for cause, seconds in tally.waited_s.items():
+            waited[cause] = waited.get(cause, 0.0) + seconds
+        entries[name] = dataclasses.replace(
+            entry,
+            gpu_seconds=round(entry.gpu_seconds + tally.gpu_s, 6),
+            waited_s=rounded_waits(waited),
+        )
+    return list(entries.values())
 
 
 def _mode(gpu: GpuState) -> str:
