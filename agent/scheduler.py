@@ -59,26 +59,15 @@ from .actions import (
     SendSettings,
     Withdrawn,
 )
-from .core_state import (
-    EXCLUSIVE,
-    FEATURE_YIELD,
-    SHARED,
-    ClientState,
-    GpuState,
-    Lease,
-    Waiter,
-    gpu_seconds_of,
-    waited_of,
-)
+from .core_state import EXCLUSIVE, FEATURE_YIELD, SHARED, ClientState, GpuState, Lease, Waiter
 from .deadlines import Deadlines, Key
 from .gpu_settings import GpuSettingsBook, ModeSwitch
-from .group_totals import Tally
 from .learned_gpus import MAX_LEARNED_GPUS, MAX_LEARNED_GPUS_PER_UID, LearnedGpus
 from .leases import YIELD_IDLE_MS, DropReason
 from .policy import CHECK_S, Policy
 from .process_past import ProcessPast
 from .settings import NO_OVERRIDES, AntiThrash, Settings
-from .share_groups import ShareGroups, unit_group
+from .share_groups import ShareGroups, own_figures, unit_group
 from .snapshot import AgentSnapshot, take_snapshot
 
 # Byte counts are u64 wherever they go (the wire, D-Bus 't'); two u64 fields
@@ -319,11 +308,7 @@ class Scheduler:
             if state is None:
                 continue
             figures = {
-                uuid: Tally(
-                    gpu_seconds_of(state, uuid, now),
-                    waited_of(state, self.gpus[uuid].waiters.get(client), uuid, now),
-                )
-                for uuid in state.gpus
+                uuid: own_figures(state, self.gpus[uuid], client, now) for uuid in state.gpus
             }
             self.process_past.left(state.pid, figures)
             for uuid in state.gpus:

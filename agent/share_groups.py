@@ -306,7 +306,7 @@ class ShareGroups:
         share_by = gpu.settings.share_by
         for client in gpu.users:
             state = clients[client]
-            figures = functools.partial(_own_figures, state, gpu, client, now)
+            figures = functools.partial(own_figures, state, gpu, client, now)
             self._totals.place(gpu.uuid, client, group_of(state, share_by), figures, now)
         self._totals.tidy(gpu.uuid, self._shares(gpu.settings), now)
 
@@ -317,7 +317,7 @@ class ShareGroups:
             gpu.uuid,
             client,
             group_of(state, gpu.settings.share_by),
-            _own_figures(state, gpu, client, now),
+            own_figures(state, gpu, client, now),
             self._shares(gpu.settings),
             now,
         )
@@ -334,7 +334,7 @@ class ShareGroups:
         accounts = self.sync(gpu, clients, now)
         self.settle_totals(gpu, clients, now)
         totals = self._totals.read(
-            gpu.uuid, lambda client: _own_figures(clients[client], gpu, client, now)
+            gpu.uuid, lambda client: own_figures(clients[client], gpu, client, now)
         )
         settings = gpu.settings
         use: dict[str, float] = {}
@@ -396,7 +396,7 @@ class ShareGroups:
         return actions
 
 
-def _own_figures(state: ClientState, gpu: GpuState, client: int, now: float) -> Tally:
+def own_figures(state: ClientState, gpu: GpuState, client: int, now: float) -> Tally:
     """A client's own figures on gpu so far, as its status shows them."""
     waited = waited_of(state, gpu.waiters.get(client), gpu.uuid, now)
     return Tally(gpu_seconds_of(state, gpu.uuid, now), waited)
