@@ -2,10 +2,15 @@
 they keep the GPU busy (shim/usage_meter.c) and report it (GPU_USAGE); the agent
 judges light and busy by that, not by how long a lease is held."""
 
+import pathlib
 import re
+import sys
 
 import pytest
 from fake_agent import FakeAgent
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu"))
+import meter_measures
 
 from nvshare_agent import protocol
 from nvshare_agent.protocol import Features
@@ -77,35 +82,11 @@ def test_a_busy_client_beside_the_turn_is_dropped_whatever_it_holds(world):
 USAGE_FEATURES = int(Features.GPU_MEMORY | Features.KEEPALIVE | Features.USAGE)
 
 
-def kernel_time_s(world, pid: int) -> float:
-    """How long the stand-in ran this process's kernels: the union of their runs."""
-    total, reached = 0.0, float("-inf")
-    for start, done in sorted(world.kernel_runs(pid)):
-        if done > reached:
-            total += done - max(start, reached)
-            reached = done
-    return total
-
-
-def burst_spans_s(world, pid: int, gap_s: float) -> float:
-    """The bursts' spans: each from its first kernel's start to its last one's end, a
-    burst ending where the stand-in sat idle gap_s or longer.  What timestamps around a
-    burst can see: they count the stand-in's own time between kernels (its worker's log
-    writes, its thread waiting for a CPU on a loaded box), the kernels' times do not."""
-    spans, first, reached = 0.0, None, float("-inf")
-    for start, done in sorted(world.kernel_runs(pid)):
-        if first is not None and start - reached >= gap_s:
-            spans += reached - first
-            first = None
-        first = start if first is None else first
-        reached = max(reached, done)
-    return spans + (reached - first if first is not None else 0.0)
-
-
 def measured_s(world, *workload: str, kernel_us: int = 1000, spans_gap_s: float = 0.0):
     """A client alone, granted at once by an agent that takes GPU_USAGE: the GPU time
     its shim reported, the stand-in's kernel time (or, given spans_gap_s, its bursts'
-    spans), and its bursts."""
+    spans: what timestamps around a burst can see, the stand-in's own time between
+    kernels included), and its bursts."""
     with FakeAgent(world.socket_path, features=USAGE_FEATURES) as fake:
         # It lingers: its last report (every 100 ms while the total grows) comes in.
         client = world.client(
@@ -115,10 +96,12 @@ def measured_s(world, *workload: str, kernel_us: int = 1000, spans_gap_s: float 
         result = client.finish_ok(timeout=60)
         reports = connection.all(protocol.GpuUsage)
     assert reports, "no GPU_USAGE"
+    # The stand-in's kernels, as the GPU bench reads the profiler's (meter_measures.py).
+    runs = world.kernel_runs(client.pid)
     truth = (
-        burst_spans_s(world, client.pid, spans_gap_s)
+        meter_measures.burst_spans_seconds(runs, spans_gap_s)
         if spans_gap_s
-        else kernel_time_s(world, client.pid)
+        else meter_measures.union_seconds(runs)
     )
     return reports[-1].message.busy_us / 1e6, truth, int(result["loops"])
 
