@@ -161,18 +161,13 @@ class Leases:
         # `client` at work and each other beside it: the demand with `client` alone at
         # work, once, plus what each other adds by running (one walk of the clients, not
         # one per other: a hundred clients once made each handoff cost 2 ms).
-        alone = memory_fit.demand_of(gpu, self.clients, (client,))
+        demand = memory_fit.Demand(gpu, self.clients)
+        alone = demand.of((client,))
         for other in gpu.users:
             state = self.clients[other]
             if other == client or other in gpu.displaced or gpu.uuid not in state.active:
                 continue
-            figures = (
-                state.managed.get(gpu.uuid, 0),
-                state.unmanaged.get(gpu.uuid, 0),
-                gpu.process_bytes.get(state.pid),
-            )
-            running = memory_fit.client_demand(*figures) - memory_fit.resident_demand(*figures)
-            if not memory_fit.fits(True, alone + running, gpu.capacity_bytes):  # they ran
+            if not demand.fits(alone + demand.adds(other), keeping=True):  # they ran
                 gpu.displaced.add(other)
 
     def _held_elsewhere_since(self, client: int, gpu: GpuState, since: float) -> bool:
