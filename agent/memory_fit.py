@@ -96,7 +96,7 @@ class Demand:
     waiters cost 0.27 s an event, and a crowd that came at once (1,000 capped processes on
     a loaded box, issue 45) grew faster than the agent could answer it."""
 
-    __slots__ = ("_adds", "_lines", "resident")
+    __slots__ = ("_adds", "_lines", "_own_line", "resident")
 
     def __init__(self, gpu: GpuState, clients: dict[int, ClientState]):
         capacity = gpu.capacity_bytes
@@ -105,6 +105,11 @@ class Demand:
         if capacity is not None:
             line = capacity - reserve(capacity)
             self._lines = (line - band(capacity), line)
+        # The line of the GPU's own memory, memory_limit aside: past it, pages move.
+        total = gpu.memory_total_bytes if gpu.from_inventory else 0
+        if not total and gpu.reported_totals:
+            total = min(gpu.reported_totals.values())
+        self._own_line = total - reserve(total) if total else self._lines[1]
         self._adds: dict[int, int] = {}  # what each client adds by running
         resident, pids = 0, set()
         for client in gpu.users:
@@ -135,3 +140,10 @@ class Demand:
         """fits(keeping, demand_bytes, the GPU's capacity), its lines worked out once."""
         line = self._lines[keeping]
         return line is not None and demand_bytes <= line
+
+    def paged(self, running: Iterable[int]) -> int:
+        """What running these at once puts past the GPU's own memory (memory_limit
+        aside): what one of them brings back after the others ran.  Unknown: all."""
+        if self._own_line is None:
+            return self.of(running)
+        return max(0, self.of(running) - self._own_line)

@@ -35,6 +35,15 @@ from .usage import UsageMeter, meter_of
 # its kernels reads this high, even beside others: 70 % busy, it reads ~0.85 beside a
 # trainer, whose kernels stretch its bursts but not its host time.
 SATURATING_USE = 0.95
+# Two that keep the GPU busy but fit together take turns of at most this: a handover pages
+# nothing, and short turns keep each one's share over seconds, not minutes (TQ is for
+# turns that memory forces, where each handover pages).
+BUSY_TURN_S = 0.5
+# Where memory keeps two apart, each handover brings back what the other pushed out (by
+# prefetch: 49 GB/s on an H100): a turn lasts this many times that, so paging costs at most
+# a tenth of the GPU's time, and TQ at most.
+PAGE_IN_BYTES_PER_S = 49e9
+TURN_PER_PAGE_IN = 10
 # Uses change as clients run: the holders are looked at again this often while others
 # wait or several hold.
 CHECK_S = 0.25
@@ -168,21 +177,23 @@ class Policy:
 
     def _auto(self, gpu: GpuState, at: Moments, actions: list[Action]) -> None:
         now = at.now
-        settings = gpu.settings
-        light_wait_s = settings.light_wait_ms / 1000.0
+        light_wait_s = gpu.settings.light_wait_ms / 1000.0
         # A client kept waiting is no lighter for it: past the light wait, its use stops
         # decaying until its grant (usage.py), so a trainer waiting for its turn does not
-        # come to look under its share.
+        # come to look under its share.  One cut off by a drop, at once: else a trainer
+        # between short turns dips under SATURATING_USE in the first 100 ms and is let in
+        # beside the other, their weights lost to the driver's equal slices.
         for client, waiter in gpu.waiters.items():
-            if at.reached(waiter.requested_at + light_wait_s):
-                self.meter(self.clients[client], gpu.uuid).freeze(
-                    waiter.requested_at + light_wait_s
-                )
+            cut_off = gpu.uuid in self.clients[client].cut_off
+            since = waiter.requested_at + (0.0 if cut_off else light_wait_s)
+            if at.reached(since):
+                self.meter(self.clients[client], gpu.uuid).freeze(since)
         # The figures do not change while the rules look: read them once.
         demand = memory_fit.Demand(gpu, self.clients)
         self._keep_holders_apart(gpu, demand, at, actions)
-        blocked = self._grant_what_fits(gpu, demand, at, actions)
-        self._make_room(gpu, demand, blocked, self._priority(gpu, at), at, actions)
+        standing = self._standing(gpu, now)
+        blocked = self._grant_what_fits(gpu, demand, standing, at, actions)
+        self._make_room(gpu, demand, standing, blocked, self._priority(gpu, at), at, actions)
         if gpu.waiters or len(gpu.holders) > 1:
             at.reached(now + CHECK_S)  # uses change as they run: look again
 
@@ -224,19 +235,26 @@ class Policy:
 
         return key
 
+    def in_the_way(self, gpu: GpuState, client: int, now: float) -> list[int]:
+        """The holders that keep `client` from running now (empty: it may run)."""
+        demand = memory_fit.Demand(gpu, self.clients)
+        by_memory, by_busy = self._conflicts(gpu, client, now, demand, self._standing(gpu, now))
+        return by_memory + by_busy
+
     def _conflicts(
-        self, gpu: GpuState, client: int, now: float, demand: memory_fit.Demand | None = None
-    ) -> list[int]:
-        """The holders that keep `client` from running now: one that keeps the GPU busy
-        where it does too, and those whose memory it does not fit beside (the newest
-        first until it fits, less those it fits beside after all).  Empty: it may run.
-        demand: the GPU's figures, when read already."""
-        demand = demand or memory_fit.Demand(gpu, self.clients)
-        holders = list(gpu.holders)
-        blockers = []
-        if self.saturating(gpu, client, now):
-            blockers = [c for c in holders if self.saturating(gpu, c, now)]
-        rest = [c for c in holders if c not in blockers]
+        self,
+        gpu: GpuState,
+        client: int,
+        now: float,
+        demand: memory_fit.Demand,
+        standing: Standing,
+    ) -> tuple[list[int], list[int]]:
+        """The holders that keep `client` from running now, as (by memory, by busy):
+        those whose memory it does not fit beside (the one owed least first, the newest
+        of equals, until it fits, less those it fits beside after all: else the first
+        granted kept the GPU for good), and of the rest each that keeps the GPU busy where
+        it does too.  Both empty: it may run."""
+        rest = sorted(gpu.holders, key=standing)
         # fits(rest + client), with the demand kept as a sum: one look per holder, not
         # a walk of every client per look (memory_fit.Demand).
         running = demand.of([*rest, client])
@@ -244,20 +262,29 @@ class Policy:
         while rest and not demand.fits(running, keeping=False):
             popped.append(rest.pop())
             running -= demand.adds(popped[-1])
+        by_memory = []
         for holder in popped:  # those it fits beside after all are not in its way
             if demand.fits(running + demand.adds(holder), keeping=False):
                 rest.append(holder)
                 running += demand.adds(holder)
             else:
-                blockers.append(holder)
-        return blockers
+                by_memory.append(holder)
+        by_busy = []
+        if self.saturating(gpu, client, now):
+            by_busy = [c for c in rest if self.saturating(gpu, c, now)]
+        return by_memory, by_busy
 
     def _role(self, gpu: GpuState, client: int, now: float) -> Role:
         """A turn for bulk work; beside for work in bursts."""
         return Role.BESIDE if self.bursty(gpu, client, now) else Role.TURN
 
     def _grant_what_fits(
-        self, gpu: GpuState, demand: memory_fit.Demand, at: Moments, actions: list[Action]
+        self,
+        gpu: GpuState,
+        demand: memory_fit.Demand,
+        standing: Standing,
+        at: Moments,
+        actions: list[Action],
     ) -> list[int]:
         """Grant, first first, every waiter nothing keeps from running; returns the rest,
         first first.  Once a waiter that must be kept waiting is overdue, nobody after it
@@ -274,7 +301,7 @@ class Policy:
             ):
                 blocked.append(client)  # behind an overdue waiter it would keep out longer
                 continue
-            if self._conflicts(gpu, client, at.now, demand):
+            if any(self._conflicts(gpu, client, at.now, demand, standing)):
                 blocked.append(client)
                 continue
             self.leases.grant(gpu, client, at.now, SHARED, self._role(gpu, client, at.now), actions)
@@ -294,52 +321,87 @@ class Policy:
         self,
         gpu: GpuState,
         demand: memory_fit.Demand,
+        standing: Standing,
         blocked: list[int],
         priority: Priority,
         at: Moments,
         actions: list[Action],
     ) -> None:
-        """Ask the holders in each blocked waiter's way to give the GPU back: one that
-        does not keep it busy at its next idle moment (a yield); any at the end of its
-        turn (TQ; longer while its group is owed, share_groups.py), after its minimum
-        slice for work in bursts owed more than it, at once for an overdue waiter."""
+        """Ask the holders in each blocked waiter's way to give the GPU back: at once for
+        an overdue waiter; else, where memory keeps them apart, not before the turn has
+        paid for its paging; after its minimum slice for work in bursts owed more than
+        it; at the end of its turn (longer while its group is owed, share_groups.py); or
+        at its next idle moment (a yield)."""
         settings = gpu.settings
-        quantum = settings.time_quantum_s
         min_slice_s = settings.min_slice_ms / 1000.0
         cut_in_after_s = (settings.light_wait_ms - DRAIN_MS) / 1000.0
         now = at.now
-        standing = self._standing(gpu, now)
         for client in blocked:
             waiter = gpu.waiters[client]
-            blockers = self._conflicts(gpu, client, now, demand)
+            by_memory, by_busy = self._conflicts(gpu, client, now, demand, standing)
+            blockers = by_memory + by_busy
             cause = self._wait_cause(gpu, client, blockers, now)
             self.note_wait(gpu, client, waiter, cause.value, now)
             for holder in blockers:
                 held = gpu.holders[holder]
                 if held.drop_requested_at is not None:
                     continue
+                # A turn that memory forces must pay for its paging; one between two
+                # busy clients that fit pages nothing, and is short.
+                paid_s = (
+                    self._paid_turn_s(gpu, client, holder, demand) if holder in by_memory else 0.0
+                )
+                turn_s = max(BUSY_TURN_S, paid_s)
                 if not priority(client)[0]:  # overdue: waited TQ, or its group's fair turns
                     self.leases.ask_to_drop(
                         gpu, holder, held, now, actions, DropReason.WAITED_QUANTUM
                     )
+                elif not at.reached(held.granted_at + paid_s):
+                    # Its paging not paid for yet: no drop, and no yield but from light
+                    # work (a server, a notebook) to bulk work, which fills its long gaps;
+                    # else the holder's turn is cut to a burst, and its share with it.
+                    if self.usage(holder, gpu.uuid, now) < LIGHT_USE and not self.bursty(
+                        gpu, client, now
+                    ):
+                        self.leases.ask_to_yield(gpu, holder, held, now, actions)
                 elif self._cuts_in(gpu, standing, client, holder, now) and at.reached(
                     max(held.granted_at + min_slice_s, waiter.requested_at + cut_in_after_s)
                 ):
                     self.leases.ask_to_drop(gpu, holder, held, now, actions, DropReason.OWED_WAITS)
-                elif at.reached(held.turn_since + quantum):
-                    if self.shares.turn_goes_on(gpu, holder, client, self.clients, now, at.reached):
-                        held.turn_since = now  # its group is owed: another quantum
-                        at.reached(now + quantum)
+                elif at.reached(held.turn_since + turn_s):
+                    if self.shares.turn_goes_on(
+                        gpu, holder, client, self.clients, now, at.reached, turn_s
+                    ):
+                        held.turn_since = now  # its group is owed: another turn
+                        at.reached(now + turn_s)
                         self.note_wait(gpu, client, waiter, WaitCause.SHARE.value, now)
                     else:
                         self.leases.ask_to_drop(
                             gpu, holder, held, now, actions, DropReason.QUANTUM_OVER
                         )
-                elif self.bursty(gpu, holder, now) or self.bursty(gpu, client, now):
+                elif (
+                    holder in by_busy
+                    or self.bursty(gpu, holder, now)
+                    or self.bursty(gpu, client, now)
+                ):
                     # At its next gap: work in bursts is idle more than busy, and work in
-                    # bursts waits no longer than it must.  Bulk work in the way of bulk
-                    # work keeps its turn: a handover at every pause pages both.
+                    # bursts waits no longer than it must; between two that fit, a handover
+                    # pages nothing.  Bulk work that memory keeps apart keeps its turn: a
+                    # handover at every pause pages both.
                     self.leases.ask_to_yield(gpu, holder, held, now, actions)
+
+    def _paid_turn_s(
+        self, gpu: GpuState, waiter: int, holder: int, demand: memory_fit.Demand
+    ) -> float:
+        """How long a turn must last to pay for its paging where memory keeps holder and
+        waiter apart: TURN_PER_PAGE_IN times bringing back the smaller one's memory, at
+        most TQ.  (Not just what the GPU lacks: pages brought back by faults come 6x
+        slower than by prefetch; policy_sim's pairs of 30 GiB got 0.07 of their ideal so,
+        0.40 so.)  Kept apart only by memory_limit, nothing pages: 0."""
+        if not demand.paged([*gpu.holders, waiter]):
+            return 0.0
+        paged = min(self.clients[c].managed.get(gpu.uuid, 0) for c in (holder, waiter))
+        return min(gpu.settings.time_quantum_s, TURN_PER_PAGE_IN * paged / PAGE_IN_BYTES_PER_S)
 
     def _wait_cause(self, gpu: GpuState, client: int, blockers: list[int], now: float) -> WaitCause:
         if not blockers:

@@ -276,12 +276,14 @@ class ShareGroups:
         clients: dict[int, ClientState],
         now: float,
         reached: Callable[[float], bool],
+        turn_s: float,
     ) -> bool:
-        """Whether the turn holder, its quantum over, keeps the turn for another: its
-        group is charged less than the best waiter's, which is of another group and
-        not overdue.  (A group of weight 2 beside a group of weight 1, one client
-        each, must take two turns in a row: there is nobody else of its group to
-        take the second.)"""
+        """Whether the turn holder, its turn over, keeps the turn for another of turn_s:
+        its group, charged that turn, would still be charged no more than the best
+        waiter's, which is of another group and not overdue.  (A group of weight 2
+        beside a group of weight 1, one client each, must take two turns in a row:
+        there is nobody else of its group to take the second.  Without the turn's own
+        charge, a holder a hair behind took a second turn, and the other the same.)"""
         key = self.turn_order(gpu, clients, now, reached)
         if key is None:
             return False
@@ -291,7 +293,9 @@ class ShareGroups:
         if not in_time or mine == group_of(clients[best], settings.share_by):
             return False
         account = self._accounts[gpu.uuid].get(mine)
-        return account is not None and theirs > 0.0 and account.charged_s < theirs
+        if account is None or theirs <= 0.0:
+            return False
+        return account.charged_s + turn_s / self.weight(settings, mine) <= theirs
 
     # ------------------------------------------------------------ counters
 

@@ -487,7 +487,7 @@ def _check_invariants(s: Scheduler, now: float) -> None:
             quantum = gpu.settings.time_quantum_s
             overdue = any(now >= w.requested_at + quantum for w in gpu.waiters.values())
             if len([c for c in staying if s.policy.saturating(gpu, c, now)]) > 1 or any(
-                not overdue and not s.policy._conflicts(gpu, c, now) for c in gpu.waiters
+                not overdue and not s.policy.in_the_way(gpu, c, now) for c in gpu.waiters
             ):
                 assert gpu.deadline is not None and gpu.deadline <= now + CHECK_S
             if not s.policy.fits(gpu, staying, keeping=True):

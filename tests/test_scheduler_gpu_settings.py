@@ -15,6 +15,7 @@ from nvshare_agent.actions import (
     Queued,
     Revoke,
 )
+from nvshare_agent.policy import BUSY_TURN_S
 from nvshare_agent.protocol import format_uuid
 from nvshare_agent.scheduler import FEATURE_YIELD, Scheduler
 from nvshare_agent.settings import AntiThrash, GpuOverrides, Settings
@@ -145,9 +146,9 @@ def test_one_process_on_two_gpus_is_asked_to_drop_each_by_that_gpus_quantum():
 )
 def test_light_work_waits_each_gpus_own_light_wait(node_ms, own_ms):
     # Nothing fits beside the turn (a tiny limit).  A trainer holds the turn on each GPU;
-    # a new notebook, owed GPU time by its nil use, asks on both a second into it.  Each
-    # turn is asked to drop the drain (25 ms) before that GPU's light wait is up: +275 ms
-    # where it is 300 ms, +75 ms where it is 100 ms.
+    # a new notebook, owed GPU time by its nil use, asks on both 100 ms into it (before
+    # the turn's BUSY_TURN_S is over).  Each turn is asked to drop the drain (25 ms)
+    # before that GPU's light wait is up: +275 ms where it is 300 ms, +75 ms where 100.
     auto = NODE.replaced(
         anti_thrash=AntiThrash.AUTO, memory_limit_bytes=512 << 20, light_wait_ms=node_ms
     )
@@ -155,15 +156,15 @@ def test_light_work_waits_each_gpus_own_light_wait(node_ms, own_ms):
     assert (s.gpus[G0].settings.light_wait_ms, s.gpus[G1].settings.light_wait_ms) == (300, 100)
     hold_both(s, 1)
     for gpu in (G0, G1):
-        assert of(Queued, s.request(2, gpu, 1.0))
+        assert of(Queued, s.request(2, gpu, 0.1))
     drops = []
-    while (now := s.next_deadline()) < 1.5:
+    while (now := s.next_deadline()) < BUSY_TURN_S:
         drops += [(now, d) for d in of(AskToDrop, s.tick(now)) if not d.when_idle_ms]
     assert [(d.gpu, d.client, d.reason) for _, d in drops] == [
         (G1, 1, "owed work waits"),
         (G0, 1, "owed work waits"),
     ]
-    assert [at for at, _ in drops] == [pytest.approx(1.075), pytest.approx(1.275)]
+    assert [at for at, _ in drops] == [pytest.approx(0.175), pytest.approx(0.375)]
 
 
 # ---------------------------------------------------------------- index and UUID
