@@ -92,8 +92,6 @@ class ClientState:
     # Per GPU: how busy it kept the GPU over its last lease there (GPU time over the
     # lease's length): under policy.BURST_USE it works in bursts.  A newcomer has none.
     lease_duty: dict[bytes, float] = field(default_factory=dict)
-    # GPUs where its last lease ended by a drop asked of it: cut off, not done.
-    cut_off: set[bytes] = field(default_factory=set)
     # Seconds waited, per (GPU, cause): status and the metrics show why it waited.
     waited_s: dict[tuple[bytes, str], float] = field(default_factory=dict)
     # share_by=unit: "pod:<uid>" or "unit:<name>" once the agent knows (share_groups.py).

@@ -94,10 +94,6 @@ class Leases:
         and leaves the last one."""
         meter = meter_of(state, uuid)
         meter.stop(now, idle_s)
-        if held.drop_requested_at is not None:
-            state.cut_off.add(uuid)
-        else:
-            state.cut_off.discard(uuid)
         held_s = now - held.granted_at
         if held_s >= MIN_LEASE_S:
             used = meter.total_s(now) - held.gpu_s_at_grant

@@ -180,25 +180,30 @@ class Policy:
         light_wait_s = gpu.settings.light_wait_ms / 1000.0
         # A client kept waiting is no lighter for it: past the light wait, its use stops
         # decaying until its grant (usage.py), so a trainer waiting for its turn does not
-        # come to look under its share.  One cut off by a drop, at once: else a trainer
-        # between short turns dips under SATURATING_USE in the first 100 ms and is let in
-        # beside the other, their weights lost to the driver's equal slices.
+        # come to look under its share.  (Frozen at once when cut off by a drop, eight
+        # 30 %-busy processes, which read ~0.95 side by side, waited up to 12 s for turns
+        # beside a trainer on an H200; so two trainers between short turns may dip under
+        # SATURATING_USE and run side by side a while, their weights then the driver's.)
         for client, waiter in gpu.waiters.items():
-            cut_off = gpu.uuid in self.clients[client].cut_off
-            since = waiter.requested_at + (0.0 if cut_off else light_wait_s)
+            since = waiter.requested_at + light_wait_s
             if at.reached(since):
                 self.meter(self.clients[client], gpu.uuid).freeze(since)
         # The figures do not change while the rules look: read them once.
         demand = memory_fit.Demand(gpu, self.clients)
-        self._keep_holders_apart(gpu, demand, at, actions)
         standing = self._standing(gpu, now)
+        self._keep_holders_apart(gpu, demand, standing, at, actions)
         blocked = self._grant_what_fits(gpu, demand, standing, at, actions)
         self._make_room(gpu, demand, standing, blocked, self._priority(gpu, at), at, actions)
         if gpu.waiters or len(gpu.holders) > 1:
             at.reached(now + CHECK_S)  # uses change as they run: look again
 
     def _keep_holders_apart(
-        self, gpu: GpuState, demand: memory_fit.Demand, at: Moments, actions: list[Action]
+        self,
+        gpu: GpuState,
+        demand: memory_fit.Demand,
+        standing: Standing,
+        at: Moments,
+        actions: list[Action],
     ) -> None:
         """Holders that may no longer run together: those that stopped fitting (a report
         grew), newest first, and a second that came to keep the GPU busy beside another."""
@@ -212,8 +217,10 @@ class Policy:
                     gpu, client, held, at.now, actions, DropReason.MEMORY_DOES_NOT_FIT
                 )
                 staying.remove(client)
-        saturating = [c for c in staying if self.saturating(gpu, c, at.now)]
-        for client in saturating[1:]:  # the first granted keeps its turn
+        # Of those that keep it busy, the one owed most keeps its turn (the first granted
+        # of equals): else weights were lost each time two came to run side by side.
+        saturating = sorted((c for c in staying if self.saturating(gpu, c, at.now)), key=standing)
+        for client in saturating[1:]:
             held = gpu.holders[client]
             self.leases.ask_to_drop(gpu, client, held, at.now, actions, DropReason.BOTH_SATURATE)
 
