@@ -109,7 +109,7 @@ class Demand:
         total = gpu.memory_total_bytes if gpu.from_inventory else 0
         if not total and gpu.reported_totals:
             total = min(gpu.reported_totals.values())
-        self._own_line = total - reserve(total) if total else self._lines[1]
+        self._own_line = total - reserve(total) if total else None
         self._adds: dict[int, int] = {}  # what each client adds by running
         resident, pids = 0, set()
         for client in gpu.users:

@@ -35,13 +35,12 @@ from .usage import UsageMeter, meter_of
 # its kernels reads this high, even beside others: 70 % busy, it reads ~0.85 beside a
 # trainer, whose kernels stretch its bursts but not its host time.
 SATURATING_USE = 0.95
-# Two that keep the GPU busy but fit together take turns of at most this: a handover pages
-# nothing, and short turns keep each one's share over seconds, not minutes (TQ is for
-# turns that memory forces, where each handover pages).
+# A turn's length where nothing pages (they fit, or only memory_limit keeps them apart):
+# short turns keep each one's share over seconds, not minutes of TQ.
 BUSY_TURN_S = 0.5
 # Where memory keeps two apart, each handover brings back what the other pushed out (by
-# prefetch: 49 GB/s on an H100): a turn lasts this many times that, so paging costs at most
-# a tenth of the GPU's time, and TQ at most.
+# prefetch: 49 GB/s on an H100): a turn lasts this many times that (at most TQ), so
+# prefetched paging costs about a tenth of the GPU's time.
 PAGE_IN_BYTES_PER_S = 49e9
 TURN_PER_PAGE_IN = 10
 # Uses change as clients run: the holders are looked at again this often while others
@@ -206,7 +205,10 @@ class Policy:
         actions: list[Action],
     ) -> None:
         """Holders that may no longer run together: those that stopped fitting (a report
-        grew), newest first, and a second that came to keep the GPU busy beside another."""
+        grew), newest first; and of those that keep the GPU busy, all but the one owed
+        most.  Its turn still counts from its grant: once the others ask again it may be
+        over (a fresh turn for it each time let one of eight 30 %-busy processes that
+        read saturating hold the GPU beside a trainer, policy_sim)."""
         staying = [c for c, held in gpu.holders.items() if held.drop_requested_at is None]
         for client in reversed(staying[1:]):  # the first granted stays: alone, it fits
             if self.fits(gpu, staying, keeping=True, demand=demand):
@@ -371,12 +373,12 @@ class Policy:
                         gpu, client, now
                     ):
                         self.leases.ask_to_yield(gpu, holder, held, now, actions)
-                elif self._cuts_in(gpu, standing, client, holder, now) and at.reached(
+                elif (cuts_in := self._cuts_in(gpu, standing, client, holder, now)) and at.reached(
                     max(held.granted_at + min_slice_s, waiter.requested_at + cut_in_after_s)
                 ):
                     self.leases.ask_to_drop(gpu, holder, held, now, actions, DropReason.OWED_WAITS)
                 elif at.reached(held.turn_since + turn_s):
-                    if self.shares.turn_goes_on(
+                    if not cuts_in and self.shares.turn_goes_on(
                         gpu, holder, client, self.clients, now, at.reached, turn_s
                     ):
                         held.turn_since = now  # its group is owed: another turn
@@ -394,7 +396,7 @@ class Policy:
                     # At its next gap: work in bursts is idle more than busy, and work in
                     # bursts waits no longer than it must; between two that fit, a handover
                     # pages nothing.  Bulk work that memory keeps apart keeps its turn: a
-                    # handover at every pause pages both.
+                    # handover at every pause would page (where the GPU cannot hold both).
                     self.leases.ask_to_yield(gpu, holder, held, now, actions)
 
     def _paid_turn_s(
@@ -407,8 +409,8 @@ class Policy:
         0.40 so.)  Kept apart only by memory_limit, nothing pages: 0."""
         if not demand.paged([*gpu.holders, waiter]):
             return 0.0
-        paged = min(self.clients[c].managed.get(gpu.uuid, 0) for c in (holder, waiter))
-        return min(gpu.settings.time_quantum_s, TURN_PER_PAGE_IN * paged / PAGE_IN_BYTES_PER_S)
+        smaller = min(self.clients[c].managed.get(gpu.uuid, 0) for c in (holder, waiter))
+        return min(gpu.settings.time_quantum_s, TURN_PER_PAGE_IN * smaller / PAGE_IN_BYTES_PER_S)
 
     def _wait_cause(self, gpu: GpuState, client: int, blockers: list[int], now: float) -> WaitCause:
         if not blockers:

@@ -61,7 +61,7 @@ async def test_clients_whose_memory_fits_run_together_until_one_does_not_fit_the
     c.request()
     for holder in (a, b):
         dropped = await holder.expect(MessageType.DROP_REQUEST)
-        assert dropped.flags == 0  # at once
+        assert dropped.flags == 0  # a drop, not a yield
     assert await c.nothing_within(0.05)
     a.release(grant_a)
     b.release(grant_b)
