@@ -47,6 +47,15 @@ def capacity(total_bytes: int | None, limit_bytes: int) -> int | None:
     return min(total_bytes, limit_bytes) if limit_bytes else total_bytes
 
 
+def own_total(gpu: GpuState) -> int:
+    """The GPU's own memory, memory_limit aside: NVML's inventory, else the smallest
+    total a shim reported; 0 when unknown."""
+    total = gpu.memory_total_bytes if gpu.from_inventory else 0
+    if not total and gpu.reported_totals:
+        total = min(gpu.reported_totals.values())
+    return total
+
+
 def reserve(capacity_bytes: int) -> int:
     return max(RESERVE_MIN_BYTES, int(capacity_bytes * RESERVE_FRACTION))
 
@@ -106,9 +115,7 @@ class Demand:
             line = capacity - reserve(capacity)
             self._lines = (line - band(capacity), line)
         # The line of the GPU's own memory, memory_limit aside: past it, pages move.
-        total = gpu.memory_total_bytes if gpu.from_inventory else 0
-        if not total and gpu.reported_totals:
-            total = min(gpu.reported_totals.values())
+        total = own_total(gpu)
         self._own_line = total - reserve(total) if total else None
         self._adds: dict[int, int] = {}  # what each client adds by running
         resident, pids = 0, set()

@@ -349,6 +349,9 @@ class Policy:
             waiter = gpu.waiters[client]
             by_memory, by_busy = self._conflicts(gpu, client, now, demand, standing)
             blockers = by_memory + by_busy
+            # Whether its running beside all the holders would page (not: only
+            # memory_limit keeps them apart): one question per waiter, not per holder.
+            pages = bool(by_memory) and demand.paged([*gpu.holders, client]) > 0
             cause = self._wait_cause(gpu, client, blockers, now)
             self.note_wait(gpu, client, waiter, cause.value, now)
             for holder in blockers:
@@ -358,7 +361,7 @@ class Policy:
                 # A turn that memory forces must pay for its paging; one between two
                 # busy clients that fit pages nothing, and is short.
                 paid_s = (
-                    self._paid_turn_s(gpu, client, holder, demand) if holder in by_memory else 0.0
+                    self._paid_turn_s(gpu, client, holder) if holder in by_memory and pages else 0.0
                 )
                 turn_s = max(BUSY_TURN_S, paid_s)
                 if not priority(client)[0]:  # overdue: waited TQ, or its group's fair turns
@@ -399,16 +402,12 @@ class Policy:
                     # handover at every pause would page (where the GPU cannot hold both).
                     self.leases.ask_to_yield(gpu, holder, held, now, actions)
 
-    def _paid_turn_s(
-        self, gpu: GpuState, waiter: int, holder: int, demand: memory_fit.Demand
-    ) -> float:
+    def _paid_turn_s(self, gpu: GpuState, waiter: int, holder: int) -> float:
         """How long a turn must last to pay for its paging where memory keeps holder and
-        waiter apart: TURN_PER_PAGE_IN times bringing back the smaller one's memory, at
-        most TQ.  (Not just what the GPU lacks: pages brought back by faults come 6x
-        slower than by prefetch; policy_sim's pairs of 30 GiB got 0.07 of their ideal so,
-        0.40 so.)  Kept apart only by memory_limit, nothing pages: 0."""
-        if not demand.paged([*gpu.holders, waiter]):
-            return 0.0
+        waiter apart and their running together would page: TURN_PER_PAGE_IN times
+        bringing back the smaller one's memory, at most TQ.  (Not just what the GPU
+        lacks: pages brought back by faults come 6x slower than by prefetch; policy_sim's
+        pairs of 30 GiB got 0.07 of their ideal so, 0.40 so.)"""
         smaller = min(self.clients[c].managed.get(gpu.uuid, 0) for c in (holder, waiter))
         return min(gpu.settings.time_quantum_s, TURN_PER_PAGE_IN * smaller / PAGE_IN_BYTES_PER_S)
 

@@ -515,10 +515,7 @@ class Scheduler:
         always_log: bool = False,
     ) -> None:
         """Recompute the GPU's demand and capacity, and whether its memory fits."""
-        total = gpu.memory_total_bytes if gpu.from_inventory else 0
-        if not total and gpu.reported_totals:
-            total = min(gpu.reported_totals.values())
-        capacity = memory_fit.capacity(total, gpu.settings.memory_limit_bytes)
+        capacity = memory_fit.capacity(memory_fit.own_total(gpu), gpu.settings.memory_limit_bytes)
         demand = memory_fit.demand_of(gpu, self.clients, gpu.users)  # everyone at once
         demand = min(demand, MAX_BYTES)
         fits = memory_fit.fits(gpu.fits, demand, capacity)
