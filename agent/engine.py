@@ -59,6 +59,11 @@ class Engine:
     ):
         self.loop = loop or asyncio.get_running_loop()
         self.core = Scheduler(settings, max_gpus_per_client=protocol.MAX_GPUS, format_gpu=gpu_name)
+        # The rules look once per turn of the loop, over every connection's frames of
+        # it (batch_done): at each frame, a crowd arriving at once made the agent fall
+        # seconds behind, HELLOs unanswered and memory caps untold (issue 45).
+        self.core.decide_later = True
+        self._look_due = False
         self.links: dict[int, ClientLink] = {}
         self._last_client_id = 0
         self._gone: list[int] = []
@@ -154,9 +159,18 @@ class Engine:
         self.batch_done()
 
     def batch_done(self) -> None:
-        """After a batch of frames: re-arm the timer, tell subscribers."""
+        """After a batch of frames: re-arm the timer, tell subscribers, and have the
+        rules look at the GPUs touched once this turn of the event loop is done."""
+        if self.core.undecided and not self._look_due:
+            self._look_due = True
+            self.loop.call_soon(self._look)
         self.timer.arm(self.core.next_deadline())
         self._notifier.changed()
+
+    def _look(self) -> None:
+        self._look_due = False
+        self.execute(self.core.decide_pending(self.loop.time()))
+        self.batch_done()
 
     def close_all(self, reason: str = "agent stopping") -> None:
         self.cancel_timers()

@@ -166,8 +166,7 @@ class Policy:
             self.note_wait(gpu, client, waiter, WaitCause.TURN.value, at.now)
         if not gpu.holders:
             self.leases.grant(gpu, next(iter(gpu.waiters)), at.now, EXCLUSIVE, Role.TURN, actions)
-            return
-        if len(gpu.holders) == 1:
+        if len(gpu.holders) == 1 and gpu.waiters:  # the turn's end, due while others wait
             client, held = next(iter(gpu.holders.items()))
             if held.drop_requested_at is None and at.reached(
                 held.granted_at + gpu.settings.time_quantum_s

@@ -102,6 +102,28 @@ def test_waiters_are_granted_first_come_first_served():
         holder, lease = expected, g.lease
 
 
+def test_a_turn_granted_while_others_still_wait_ends_after_its_quantum():
+    # Granted at a release with two waiting: the new turn's end is due at once (it was
+    # left to the next event, and with none coming the third waited for good).
+    s = make()
+    lease = grant_of(s.request(1, G0, 0.0)).lease
+    s.request(2, G0, 1.0)
+    s.request(3, G0, 1.0)
+    grant_of(s.release(1, G0, lease, 2.0), 2)
+    assert s.next_deadline() == 2.0 + TQ
+    assert of(AskToDrop, s.tick(2.0 + TQ))
+
+
+def test_the_engines_batches_are_looked_at_once():
+    s = make()
+    s.decide_later = True
+    assert s.request(1, G0, 0.0) == [] and s.request(2, G0, 0.0) == [] and s.undecided
+    assert s.next_deadline() is None  # not looked at yet
+    actions = s.decide_pending(0.0)
+    assert grant_of(actions, 1) and of(Queued, actions) == [Queued(2, 102, G0, 2)]
+    assert s.next_deadline() == TQ and not s.undecided and s.decide_pending(0.0) == []
+
+
 def test_no_drop_request_while_nobody_waits():
     s = make()
     s.request(1, G0, 0.0)

@@ -171,15 +171,18 @@ async def test_a_grant_to_a_client_that_hung_up_frees_the_gpu_after_the_batch(en
     waiter.frame(lock(MessageType.LOCK_REQUEST))
     third.frame(lock(MessageType.LOCK_REQUEST))
     waiter.peer_closed = True
+    await asyncio.sleep(0)  # the rules look once the loop's turn is done (batch_done)
     (grant,) = holder.grants()
     holder.frame(lock(MessageType.RELEASED, grant.lease))
+    await asyncio.sleep(0)
     # Not granted, and not called back into the core while it was being carried out:
     # the core still lists the waiter until its hang-up, an event, reaches it.
     assert not waiter.grants() and waiter.closed
     assert waiter.client in engine.core.clients and not third.grants()
     waiter.frame(protocol.MemoryReport(GPU0, 1 << 20, 0))  # read after: dropped
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the hang-up reaches the core ...
     assert waiter.client not in engine.core.clients
+    await asyncio.sleep(0)  # ... and the rules look
     assert len(third.grants()) == 1
 
 

@@ -11,12 +11,11 @@ A cap holds from a process's first allocation: the agent says it before its WELC
 and the shim's allocations wait for that.  Many capped processes that allocate at once,
 right after making their context, on every path, must all be refused
 (CAP_RACE_PROCESSES of them per path, 24 by default).  With CAP_RACE_PROCESSES=1000 on a
-2-core box (2026-11-29) the outcome tips: a run where the crowd never piles up has no
-escape on any path (so did one before the policy read memory figures once per
-decision); one where it does loses 175-520 of 1,000 on seven paths, and four CPU hogs
-beside it 94-722 (373-929 before).  The agent, starved of the CPU and deciding over
-every waiter at each event, does not answer within the shim's 3 s first-answer bound,
-and a shim running unscheduled allocates uncapped (issue 45, open)."""
+2-core box (2026-11-29): no escape on any path (9,000 processes, 16 s).  Before the agent
+looked once per turn of its loop (engine.batch_done) it decided at every frame, fell
+seconds behind such a crowd and did not answer within the shim's 3 s first-answer bound:
+175-839 of 1,000 escaped per path.  Four CPU hogs beside, in the same cgroup, still tip it
+at times: 139 of 1,000 on one path of nine (issue 45)."""
 
 from __future__ import annotations
 
