@@ -35,6 +35,7 @@ class Lease:
     turn_since: float = 0.0
     turn: bool = True  # auto: granted as a turn (bulk work), not as work in bursts
     gpu_s_at_grant: float = 0.0  # its client's GPU time there when granted (usage.py)
+    alone: bool = True  # nobody held the GPU beside it, so far
 
 
 @dataclass(slots=True)
@@ -92,6 +93,11 @@ class ClientState:
     # Per GPU: how busy it kept the GPU over its last lease there (GPU time over the
     # lease's length): under policy.BURST_USE it works in bursts.  A newcomer has none.
     lease_duty: dict[bytes, float] = field(default_factory=dict)
+    # Per GPU, its last lease that nobody held beside (its shim measuring): GPU time,
+    # length, end.  With the gap until it asked again, whether it keeps the GPU busy by
+    # itself, whatever its use (policy.saturating).
+    alone_lease: dict[bytes, tuple[float, float, float]] = field(default_factory=dict)
+    asked_at: dict[bytes, float] = field(default_factory=dict)  # its last request, per GPU
     # Seconds waited, per (GPU, cause): status and the metrics show why it waited.
     waited_s: dict[tuple[bytes, str], float] = field(default_factory=dict)
     # share_by=unit: "pod:<uid>" or "unit:<name>" once the agent knows (share_groups.py).

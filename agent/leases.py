@@ -98,6 +98,8 @@ class Leases:
         if held_s >= MIN_LEASE_S:
             used = meter.total_s(now) - held.gpu_s_at_grant
             state.lease_duty[uuid] = min(1.0, used / held_s)
+            if held.alone and state.features & FEATURE_USAGE:  # GPU time, not the hold
+                state.alone_lease[uuid] = (used, held_s, now)
 
     def grant(
         self,
@@ -116,6 +118,8 @@ class Leases:
         gpu.displaced.discard(client)
         if role is Role.TURN:
             self._displace_by(gpu, client)
+        for beside in gpu.holders.values():
+            beside.alone = False
         gpu.holders[client] = Lease(
             self.last_lease,
             mode,
@@ -126,11 +130,13 @@ class Leases:
             ),
             turn_since=now,
             turn=role is Role.TURN,
+            alone=not gpu.holders,
         )
         state = self.clients[client]
         meter = meter_of(state, gpu.uuid)
-        meter.thaw(now)
-        if not state.features & FEATURE_USAGE:
+        measuring = bool(state.features & FEATURE_USAGE)
+        meter.thaw(now, at_next_report=measuring)
+        if not measuring:
             meter.start(now)  # an older shim: the hold stands for use
         gpu.holders[client].gpu_s_at_grant = meter.total_s(now)
         actions.append(

@@ -18,11 +18,12 @@ clock, no I/O.  The scheduler (scheduler.py) owns the state and hands it in.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 
 from . import memory_fit
 from .actions import Action
-from .core_state import EXCLUSIVE, SHARED, ClientState, GpuState, Waiter
+from .core_state import EXCLUSIVE, FEATURE_USAGE, SHARED, ClientState, GpuState, Waiter
 from .deadlines import Moments
 from .leases import DropReason, Leases, Role
 from .settings import AntiThrash
@@ -97,7 +98,27 @@ class Policy:
         return 0.0 if meter is None else meter.at(now)
 
     def saturating(self, gpu: GpuState, client: int, now: float) -> bool:
-        return self.usage(client, gpu.uuid, now) >= SATURATING_USE
+        """Keeps the GPU busy by itself: its use is SATURATING_USE or more, or its latest
+        stretch alone on the GPU was that busy.  (A trainer between turns: its use dips
+        while it waits and before its shim's first report.)"""
+        if self.usage(client, gpu.uuid, now) >= SATURATING_USE:
+            return True
+        return self._alone_duty(gpu, client) >= SATURATING_USE
+
+    def _alone_duty(self, gpu: GpuState, client: int) -> float:
+        """How busy its latest stretch alone kept the GPU, as its shim measured it: the
+        lease it holds alone now, once CHECK_S of it is reported; else its last lease held
+        alone, from its grant until the client asked again (work that yields at each gap
+        is busy all its short leases, not in between); 0 if none."""
+        state = self.clients[client]
+        held, meter = gpu.holders.get(client), state.usage.get(gpu.uuid)
+        if held is not None and held.alone and meter is not None:
+            measured_s = meter.stamp - held.granted_at  # up to its shim's latest report
+            if measured_s >= CHECK_S and state.features & FEATURE_USAGE:
+                return (meter.total_s(meter.stamp) - held.gpu_s_at_grant) / measured_s
+        busy_s, held_s, ended_at = state.alone_lease.get(gpu.uuid, (0.0, 0.0, 0.0))
+        asked_after_s = state.asked_at.get(gpu.uuid, -math.inf) - ended_at
+        return busy_s / (held_s + asked_after_s) if held_s and asked_after_s >= 0 else 0.0
 
     def _standing(self, gpu: GpuState, now: float) -> Standing:
         """Who is owed GPU time, least first: its share group's charge (GPU time over

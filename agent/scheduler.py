@@ -210,6 +210,7 @@ class Scheduler:
             state.active.add(uuid)  # its context now takes memory there
             self._refit(gpu, now, actions, "new client")
         gpu.waiters[client] = Waiter(now)
+        state.asked_at[uuid] = now
         self._update(gpu, now, actions)
         if uuid in self._undecided:
             self._asked.append((client, uuid, len(gpu.waiters)))

@@ -43,6 +43,8 @@ USAGE_WINDOW_S = 10.0
 # The least age a newcomer's figure is read over (see above): one busy second makes
 # it 0.24, one 150 ms cell 0.04.
 YOUNG_FLOOR_S = 5.0
+# A granted client's figure thaws at its first report that covers this much of its lease.
+THAW_REPORT_S = 0.02
 
 
 @dataclass(slots=True)
@@ -55,6 +57,7 @@ class UsageMeter:
     held_s: float = 0.0  # an older shim's holds, summed up to its last release
     frozen: bool = False  # `frozen_value` holds until thawed; `stamp` stays
     frozen_value: float = 0.0
+    thaw_at: float | None = None  # granted then: thawed at its next report
 
     def _weight(self, now: float) -> float:
         """How much of the window its stay has filled (1 for a client here for long)."""
@@ -77,16 +80,27 @@ class UsageMeter:
     def freeze(self, moment: float) -> None:
         """Its figure stops decaying from `moment` on (or its last report, if later).
         `stamp` stays: the policy reads it as the client's last activity there."""
+        self.thaw_at = None  # waiting again before a report came: it stays frozen
         if not self.frozen:
             self.frozen_value, self.frozen = self.at(max(moment, self.stamp)), True
 
-    def thaw(self, now: float) -> None:
-        if self.frozen:
-            self.value = self.frozen_value * self._weight(now)
-            self.stamp, self.frozen = now, False
+    def thaw(self, now: float, at_next_report: bool = False) -> None:
+        """It waits no longer.  at_next_report (granted, and its shim measures): its
+        figure holds until its first report that covers THAW_REPORT_S from now on; else
+        it dipped in the ~100 ms until then, and a trainer taking turns read as not
+        keeping the GPU busy at the start of each."""
+        if not self.frozen:
+            return
+        if at_next_report:
+            self.thaw_at = now
+            return
+        self.value = self.frozen_value * self._weight(now)
+        self.stamp, self.frozen, self.thaw_at = now, False, None
 
     def report(self, now: float, busy_total_s: float) -> None:
         """A measuring shim's running total of GPU time on this GPU."""
+        if self.thaw_at is not None and now - self.thaw_at >= THAW_REPORT_S:
+            self.thaw(self.thaw_at)
         busy_s = max(0.0, busy_total_s - self.reported_s)
         if self.frozen:  # a last report after the release: counted, nothing decays
             added = 1.0 - math.exp(-busy_s / USAGE_WINDOW_S)

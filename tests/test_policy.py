@@ -127,6 +127,27 @@ def test_two_saturating_clients_that_fit_take_short_turns():
     assert grants >= 10  # turns, not side by side all along (which also splits it)
 
 
+@pytest.mark.parametrize("asks_after_s, busy", [(0.0, True), (0.5, False)])
+def test_a_lease_held_alone_and_busy_tells_a_trainer_whatever_its_use(asks_after_s, busy):
+    """A trainer between turns: its use dips while it waits (and is low for one idle a
+    while), but it kept its last lease alone busy all along and asked again at once, so
+    it keeps the GPU busy, and one that does too waits for its turn.  One that asked
+    again only after a gap as long as that lease (work that yields at each gap) was busy
+    half the time: the other runs beside it."""
+    node = Node(10, 10)
+    node.run(0.0, 30.0, {2: 1.0})  # 2 busy (its use ~1); 1 idle (its use ~0)
+    lease = node.grant(1, 30.0).lease
+    node.run(30.0, 30.5, {1: 1.0, 2: 1.0})
+    node.s.release(1, G0, lease, 30.5)
+    asked = 30.5 + asks_after_s
+    node.run(30.5, asked, {2: 1.0})
+    node.grant(1, asked)
+    gpu = node.s.gpus[G0]
+    assert node.s.policy.usage(1, G0, asked) < 0.2 <= 0.95 <= node.s.policy.usage(2, G0, asked)
+    assert node.s.policy.saturating(gpu, 1, asked) is busy
+    assert bool(of(Grant, node.s.request(2, G0, asked))) is not busy
+
+
 def test_work_that_does_not_fit_ends_a_turn_that_has_paid_its_paging():
     node = Node(70, 12)  # a trainer and a notebook that do not fit together
     node.grant(1, 0.0)

@@ -134,6 +134,21 @@ def test_a_frozen_newcomer_thaws_at_the_figure_it_was_frozen_at():
     assert meter.at(20.0) == pytest.approx(frozen)
 
 
+def test_a_granted_measuring_client_thaws_at_its_first_report_that_covers_its_lease():
+    # Thawed at the grant, a trainer's figure decayed until its shim's first report
+    # (~100 ms) and it read as not keeping the GPU busy at the start of each turn.
+    meter = UsageMeter(since=0.0)
+    meter.report(10.0, 9.8)
+    meter.freeze(10.0)
+    frozen = meter.at(10.0)
+    meter.thaw(11.0, at_next_report=True)
+    assert meter.at(11.09) == frozen
+    meter.report(11.005, 9.8)  # the report at the release of the wait: too short to tell
+    assert meter.at(11.09) == frozen
+    meter.report(11.1, 9.9)  # busy all of the lease so far
+    assert not meter.frozen and meter.at(11.1) > frozen * math.exp(-0.1 / USAGE_WINDOW_S)
+
+
 def test_the_idle_tail_of_a_hold_is_not_counted_as_use():
     bursty, busy = UsageMeter(), UsageMeter()
     bursty.start(0.0)
