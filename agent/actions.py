@@ -1,6 +1,7 @@
 """What the scheduling core asks the engine to do, one small record per action.
 
-The core (scheduler.py) returns these from every event, in order; the engine
+The core (scheduler.py) returns these from every event (with decide_later, the
+rules' own from decide_pending), in order; the engine
 (engine.py) carries each one out through the adapters and logs it (its
 ActionRunner, action_runner.py).  Plain
 (not frozen) slotted dataclasses: frozen ones cost a few microseconds more to

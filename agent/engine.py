@@ -63,7 +63,7 @@ class Engine:
         # it (batch_done): at each frame, a crowd arriving at once made the agent fall
         # seconds behind, HELLOs unanswered and memory caps untold (issue 45).
         self.core.decide_later = True
-        self._look_due = False
+        self._look_due = self._stopped = False
         self.links: dict[int, ClientLink] = {}
         self._last_client_id = 0
         self._gone: list[int] = []
@@ -159,8 +159,11 @@ class Engine:
         self.batch_done()
 
     def batch_done(self) -> None:
-        """After a batch of frames: re-arm the timer, tell subscribers, and have the
-        rules look at the GPUs touched once this turn of the event loop is done."""
+        """After a batch of frames, or any event: the rules look at the GPUs touched once
+        this turn of the event loop is done (the core decides nothing before); the timer
+        is re-armed and subscribers told."""
+        if self._stopped:
+            return
         if self.core.undecided and not self._look_due:
             self._look_due = True
             self.loop.call_soon(self._look)
@@ -169,14 +172,10 @@ class Engine:
 
     def _look(self) -> None:
         self._look_due = False
+        if self._stopped:
+            return
         self.execute(self.core.decide_pending(self.loop.time()))
         self.batch_done()
-
-    def close_all(self, reason: str = "agent stopping") -> None:
-        self.cancel_timers()
-        for link in list(self.links.values()):
-            link.close(ErrorCode.PROTOCOL, reason)
-        self.links.clear()
 
     # ------------------------------------------------------------ from NVML
 
@@ -274,9 +273,11 @@ class Engine:
 
     def _tick(self, now: float) -> None:
         self.execute(self.core.tick(now))
+        self.execute(self.core.decide_pending(now))  # at the deadline's time, not later
         self.batch_done()
 
     def cancel_timers(self) -> None:
+        self._stopped = True  # a look already due finds nothing to arm
         self.timer.cancel()
         self.keepalives.cancel()
         self._notifier.cancel()

@@ -20,15 +20,12 @@ from .core_state import (
 )
 from .deadlines import Moments
 from .settings import AntiThrash
-from .usage import meter_of
+from .usage import MIN_MEASURED_S, meter_of
 
 # A holder asked to yield (work in bursts in a waiter's way, or any holder in the way of
 # work in bursts) releases once idle this long: at its next gap.  A loader busy 0.4 ms in
 # every 10 is never idle longer than that.
 YIELD_IDLE_MS = 2
-# How busy a lease kept the GPU is told at its end (the shim reports its GPU time as it
-# lets go), by a lease of at least this long.
-MIN_LEASE_S = 0.02
 # A client that held another GPU this long before asking for one works across GPUs: it
 # leaves each idle while it works on another, which is no sign it is done.
 ACROSS_GPUS_SLACK_S = 1.0
@@ -90,12 +87,14 @@ class Leases:
     ) -> None:
         """A lease given back (idle for its last idle_s) or revoked: how busy it kept the
         GPU, the sign of work in bursts (policy.bursty).  The shim reports its GPU time
-        as it lets go, so the figure is whole; a lease under MIN_LEASE_S tells too little
+        as it lets go, so the figure is whole; a lease under MIN_MEASURED_S tells too little
         and leaves the last one."""
         meter = meter_of(state, uuid)
+        if meter.thaw_at is not None:  # its shim's last report came with the release
+            meter.thaw(meter.thaw_at)
         meter.stop(now, idle_s)
         held_s = now - held.granted_at
-        if held_s >= MIN_LEASE_S:
+        if held_s >= MIN_MEASURED_S:
             used = meter.total_s(now) - held.gpu_s_at_grant
             state.lease_duty[uuid] = min(1.0, used / held_s)
             if held.alone and state.features & FEATURE_USAGE:  # GPU time, not the hold

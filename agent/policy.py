@@ -99,17 +99,16 @@ class Policy:
 
     def saturating(self, gpu: GpuState, client: int, now: float) -> bool:
         """Keeps the GPU busy by itself: its use is SATURATING_USE or more, or its latest
-        stretch alone on the GPU was that busy.  (A trainer between turns: its use dips
-        while it waits and before its shim's first report.)"""
+        stretch alone on the GPU was that busy (a trainer between turns, use dipping)."""
         if self.usage(client, gpu.uuid, now) >= SATURATING_USE:
             return True
         return self._alone_duty(gpu, client) >= SATURATING_USE
 
     def _alone_duty(self, gpu: GpuState, client: int) -> float:
-        """How busy its latest stretch alone kept the GPU, as its shim measured it: the
-        lease it holds alone now, once CHECK_S of it is reported; else its last lease held
-        alone, from its grant until the client asked again (work that yields at each gap
-        is busy all its short leases, not in between); 0 if none."""
+        """How busy its latest stretch alone, of CHECK_S at least, kept the GPU as its shim
+        measured it: the lease it holds alone now, so far reported; else its last lease
+        held alone, from grant until the client asked again (work that yields at each gap
+        is busy all its leases, not in between); 0 if none."""
         state = self.clients[client]
         held, meter = gpu.holders.get(client), state.usage.get(gpu.uuid)
         if held is not None and held.alone and meter is not None:
@@ -118,7 +117,9 @@ class Policy:
                 return (meter.total_s(meter.stamp) - held.gpu_s_at_grant) / measured_s
         busy_s, held_s, ended_at = state.alone_lease.get(gpu.uuid, (0.0, 0.0, 0.0))
         asked_after_s = state.asked_at.get(gpu.uuid, -math.inf) - ended_at
-        return busy_s / (held_s + asked_after_s) if held_s and asked_after_s >= 0 else 0.0
+        if held_s < CHECK_S or asked_after_s < 0:
+            return 0.0
+        return busy_s / (held_s + asked_after_s)
 
     def _standing(self, gpu: GpuState, now: float) -> Standing:
         """Who is owed GPU time, least first: its share group's charge (GPU time over
@@ -198,11 +199,8 @@ class Policy:
         now = at.now
         light_wait_s = gpu.settings.light_wait_ms / 1000.0
         # A client kept waiting is no lighter for it: past the light wait, its use stops
-        # decaying until its grant (usage.py), so a trainer waiting for its turn does not
-        # come to look under its share.  (Frozen at once when cut off by a drop, eight
-        # 30 %-busy processes, which read ~0.95 side by side, waited up to 12 s for turns
-        # beside a trainer on an H200; so two trainers between short turns may dip under
-        # SATURATING_USE and run side by side a while, their weights then the driver's.)
+        # decaying until its grant (usage.py).  (Not from its request when cut off: eight
+        # 30 %-busy processes, reading ~0.95 side by side, then waited up to 12 s, H200.)
         for client, waiter in gpu.waiters.items():
             since = waiter.requested_at + light_wait_s
             if at.reached(since):

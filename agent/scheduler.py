@@ -4,7 +4,8 @@ It never reads a clock, touches a socket, logs, or talks to D-Bus or NVML.
 The engine (engine.py) feeds it events (connect, hello, request, release,
 memory figures, disconnect, tick, settings change) with the current monotonic
 time `now` in seconds, and carries out the actions (actions.py) it returns, in
-order.  next_deadline() says when tick() must run next.
+order.  next_deadline() says when tick() must run next.  With decide_later (the
+engine's), the rules look at the GPUs events touched only at decide_pending().
 
 Per GPU, by the anti-thrash setting (docs/scheduling.md has the diagrams):
 
@@ -110,7 +111,7 @@ class Scheduler:
         # client, and a crowd arriving at once cost seconds.
         self.decide_later = False
         self._undecided: dict[bytes, GpuState] = {}
-        self._asked: list[tuple[int, bytes, int]] = []  # requests since: client, GPU, position
+        self._asked: list[tuple[int, bytes]] = []  # requests since: client, GPU
 
     # ------------------------------------------------------------ inventory
 
@@ -213,7 +214,7 @@ class Scheduler:
         state.asked_at[uuid] = now
         self._update(gpu, now, actions)
         if uuid in self._undecided:
-            self._asked.append((client, uuid, len(gpu.waiters)))
+            self._asked.append((client, uuid))
         elif client in gpu.waiters:
             actions.insert(0, Queued(client, state.pid, uuid, len(gpu.waiters)))
         return actions
@@ -465,10 +466,10 @@ class Scheduler:
             if self.gpus.get(uuid) is gpu:  # a learned GPU goes with its last client
                 self._decide(gpu, now, actions)
         asked, self._asked = self._asked, []
-        for client, uuid, position in asked:
+        for client, uuid in asked:
             waiting_on, state = self.gpus.get(uuid), self.clients.get(client)
             if waiting_on is not None and state is not None and client in waiting_on.waiters:
-                actions.append(Queued(client, state.pid, uuid, position))
+                actions.append(Queued(client, state.pid, uuid, len(waiting_on.waiters)))
         return actions
 
     @property

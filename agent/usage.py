@@ -25,9 +25,10 @@ work at full tilt, 2 s at half) and cuts the running turn short for its windows;
 the floor keeps a notebook's first 150 ms cell light.
 
 A client kept waiting is no lighter for it: the rules freeze its figure while it
-waits longer than light work does (freeze, thaw at its grant).  Else a trainer
+waits longer than light work does (freeze), until its grant, or for a measuring
+shim until its first report that tells (thaw) or the lease's end.  Else a trainer
 waiting for its turn would soon look light, and take a window where its turn was
-due (issue 35).
+due (issue 35); and it dipped before its first report of each turn.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ USAGE_WINDOW_S = 10.0
 # The least age a newcomer's figure is read over (see above): one busy second makes
 # it 0.24, one 150 ms cell 0.04.
 YOUNG_FLOOR_S = 5.0
-# A granted client's figure thaws at its first report that covers this much of its lease.
-THAW_REPORT_S = 0.02
+# The least stretch whose GPU time tells how busy it kept the GPU: a lease's (leases.py),
+# and the first report after a grant, at which a waiter's frozen figure thaws.
+MIN_MEASURED_S = 0.02
 
 
 @dataclass(slots=True)
@@ -86,7 +88,7 @@ class UsageMeter:
 
     def thaw(self, now: float, at_next_report: bool = False) -> None:
         """It waits no longer.  at_next_report (granted, and its shim measures): its
-        figure holds until its first report that covers THAW_REPORT_S from now on; else
+        figure holds until its first report that covers MIN_MEASURED_S from now on; else
         it dipped in the ~100 ms until then, and a trainer taking turns read as not
         keeping the GPU busy at the start of each."""
         if not self.frozen:
@@ -99,7 +101,7 @@ class UsageMeter:
 
     def report(self, now: float, busy_total_s: float) -> None:
         """A measuring shim's running total of GPU time on this GPU."""
-        if self.thaw_at is not None and now - self.thaw_at >= THAW_REPORT_S:
+        if self.thaw_at is not None and now - self.thaw_at >= MIN_MEASURED_S:
             self.thaw(self.thaw_at)
         busy_s = max(0.0, busy_total_s - self.reported_s)
         if self.frozen:  # a last report after the release: counted, nothing decays

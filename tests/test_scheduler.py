@@ -120,7 +120,7 @@ def test_the_engines_batches_are_looked_at_once():
     assert s.request(1, G0, 0.0) == [] and s.request(2, G0, 0.0) == [] and s.undecided
     assert s.next_deadline() is None  # not looked at yet
     actions = s.decide_pending(0.0)
-    assert grant_of(actions, 1) and of(Queued, actions) == [Queued(2, 102, G0, 2)]
+    assert grant_of(actions, 1) and of(Queued, actions) == [Queued(2, 102, G0, 1)]
     assert s.next_deadline() == TQ and not s.undecided and s.decide_pending(0.0) == []
 
 

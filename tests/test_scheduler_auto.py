@@ -149,6 +149,25 @@ def test_a_granted_measuring_client_thaws_at_its_first_report_that_covers_its_le
     assert not meter.frozen and meter.at(11.1) > frozen * math.exp(-0.1 / USAGE_WINDOW_S)
 
 
+def test_a_lease_too_short_for_a_report_that_tells_still_thaws_at_its_end():
+    # Else the figure of a server answering in 10 ms leases stayed frozen for good, and
+    # only grew with each request's GPU time.
+    on = AUTO.replaced(anti_thrash=AntiThrash.ON)  # one holder at a time: 2 waits
+    s = make(2, settings=on, features=FEATURE_YIELD | FEATURE_USAGE, hello_at=-60.0)
+    hold = one(Grant, s.request(1, G0, 0.0), 1)
+    s.request(2, G0, 0.0)
+    s.gpu_usage(2, G0, 1_000_000, 0.5)
+    s.clients[2].usage[G0].freeze(0.5)  # as auto's rules do past the light wait
+    s.release(1, G0, hold.lease, 1.0)
+    meter = s.clients[2].usage[G0]
+    assert meter.frozen and meter.thaw_at == 1.0  # granted at the release
+    s.gpu_usage(2, G0, 1_005_000, 1.01)
+    lease = s.gpus[G0].holders[2].number
+    s.release(2, G0, lease, 1.01, idle_ms=0)
+    assert not meter.frozen and meter.thaw_at is None
+    assert meter.at(20.0) < meter.at(1.01)  # it decays again
+
+
 def test_the_idle_tail_of_a_hold_is_not_counted_as_use():
     bursty, busy = UsageMeter(), UsageMeter()
     bursty.start(0.0)
