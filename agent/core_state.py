@@ -103,6 +103,11 @@ class ClientState:
     # share_by=unit: "pod:<uid>" or "unit:<name>" once the agent knows (share_groups.py).
     share_unit: str = ""
 
+    @property
+    def measures(self) -> bool:
+        """Its shim reports GPU time (USAGE); an older one's hold stands for it."""
+        return bool(self.features & FEATURE_USAGE)
+
 
 def gpu_seconds_of(state: ClientState, uuid: bytes, now: float) -> float:
     """A client's GPU time on a GPU since it came (usage.py's running total)."""

@@ -11,7 +11,6 @@ from . import memory_fit
 from .actions import Action, AskToDrop, Grant, Revoke
 from .core_state import (
     EXCLUSIVE,
-    FEATURE_USAGE,
     FEATURE_YIELD,
     ClientState,
     GpuState,
@@ -90,14 +89,12 @@ class Leases:
         as it lets go, so the figure is whole; a lease under MIN_MEASURED_S tells too little
         and leaves the last one."""
         meter = meter_of(state, uuid)
-        if meter.thaw_at is not None:  # its shim's last report came with the release
-            meter.thaw(meter.thaw_at)
         meter.stop(now, idle_s)
         held_s = now - held.granted_at
         if held_s >= MIN_MEASURED_S:
             used = meter.total_s(now) - held.gpu_s_at_grant
             state.lease_duty[uuid] = min(1.0, used / held_s)
-            if held.alone and state.features & FEATURE_USAGE:  # GPU time, not the hold
+            if held.alone and state.measures:  # GPU time, not the hold
                 state.alone_lease[uuid] = (used, held_s, now)
 
     def grant(
@@ -133,9 +130,8 @@ class Leases:
         )
         state = self.clients[client]
         meter = meter_of(state, gpu.uuid)
-        measuring = bool(state.features & FEATURE_USAGE)
-        meter.thaw(now, at_next_report=measuring)
-        if not measuring:
+        meter.thaw(now, at_next_report=state.measures)
+        if not state.measures:
             meter.start(now)  # an older shim: the hold stands for use
         gpu.holders[client].gpu_s_at_grant = meter.total_s(now)
         actions.append(

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from . import memory_fit
 from .actions import Action
-from .core_state import EXCLUSIVE, FEATURE_USAGE, SHARED, ClientState, GpuState, Waiter
+from .core_state import EXCLUSIVE, SHARED, ClientState, GpuState, Waiter
 from .deadlines import Moments
 from .leases import DropReason, Leases, Role
 from .settings import AntiThrash
@@ -113,7 +113,7 @@ class Policy:
         held, meter = gpu.holders.get(client), state.usage.get(gpu.uuid)
         if held is not None and held.alone and meter is not None:
             measured_s = meter.stamp - held.granted_at  # up to its shim's latest report
-            if measured_s >= CHECK_S and state.features & FEATURE_USAGE:
+            if measured_s >= CHECK_S and state.measures:
                 return (meter.total_s(meter.stamp) - held.gpu_s_at_grant) / measured_s
         busy_s, held_s, ended_at = state.alone_lease.get(gpu.uuid, (0.0, 0.0, 0.0))
         asked_after_s = state.asked_at.get(gpu.uuid, -math.inf) - ended_at

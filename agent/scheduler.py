@@ -213,7 +213,7 @@ class Scheduler:
         gpu.waiters[client] = Waiter(now)
         state.asked_at[uuid] = now
         self._update(gpu, now, actions)
-        if uuid in self._undecided:
+        if self.decide_later:  # queued or granted: decide_pending says
             self._asked.append((client, uuid))
         elif client in gpu.waiters:
             actions.insert(0, Queued(client, state.pid, uuid, len(gpu.waiters)))

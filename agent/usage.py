@@ -124,8 +124,11 @@ class UsageMeter:
             self.value, self.stamp, self.busy = self._unweighted_at(now), now, True
 
     def stop(self, now: float, idle_s: float = 0.0) -> None:
-        """An older shim's client let go of the GPU; it had been idle for the last
-        idle_s of its hold."""
+        """Its client let go of the GPU.  A thaw left for a report that did not come
+        happens now (a measuring shim reports as it lets go); an older shim's hold had
+        been idle for its last idle_s."""
+        if self.thaw_at is not None:
+            self.thaw(self.thaw_at)
         if not self.busy:
             return
         busy_until = max(self.stamp, now - max(0.0, idle_s))
