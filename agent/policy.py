@@ -2,12 +2,10 @@
 to yield or to drop, whom to revoke (docs/scheduling.md, "The policy" states it in the
 order decide() applies it).
 
-One idea for anti-thrash auto: who may run together is a question of memory alone (what
-fits together runs together), except that two clients that each keep the GPU busy take
-turns, which beats interleaving them; who goes first, and who gives way, is a question of
-GPU time per weight: the waiter owed the most goes first, and work in bursts owed more
-than a holder in its way cuts that holder's turn short, where bulk work waits for the
-turn's end.  The GPU is never left idle for a waiter that fits beside those running.
+One idea for anti-thrash auto: who may run together is a question of memory alone, except
+that two clients that each keep the GPU busy take turns where that beats interleaving them;
+who goes first, and who gives way, of GPU time per weight: the waiter owed most goes first,
+and work in bursts owed more than a holder in its way cuts that holder's turn short.
 
 decide() returns the actions *and* the next moment any rule could act: every comparison
 with the clock goes through Moments.reached(), which notes the moments not reached yet,
@@ -28,13 +26,11 @@ from .deadlines import Moments
 from .leases import DropReason, Leases, Role
 from .settings import AntiThrash
 from .share_groups import ShareGroups
-from .usage import UsageMeter, meter_of
+from .usage import meter_of
 
-# A client whose use (GPU time, 0..1) is this or more keeps the GPU busy by itself (a
-# trainer): two such take turns, since interleaving them costs both (0.91x against 1.003x
-# in turns, two trainers on an H100).  Only a client with next to no host time between
-# its kernels reads this high, even beside others: 70 % busy, it reads ~0.85 beside a
-# trainer, whose kernels stretch its bursts but not its host time.
+# A client whose use (GPU time, 0..1) is this or more keeps the GPU busy (a trainer reads
+# 0.95-0.97 alone; work late on every cycle beside others reads it too): two such take
+# turns where turns pay (two trainers: 1.003x in turns, 0.91x interleaved, H100).
 SATURATING_USE = 0.95
 # A turn's length where nothing pages (they fit, or only memory_limit keeps them apart):
 # short turns keep each one's share over seconds, not minutes of TQ.
@@ -90,9 +86,6 @@ class Policy:
 
     # ------------------------------------------------------------ what the rules read
 
-    def meter(self, state: ClientState, uuid: bytes) -> UsageMeter:
-        return meter_of(state, uuid)
-
     def usage(self, client: int, uuid: bytes, now: float) -> float:
         meter = self.clients[client].usage.get(uuid)
         return 0.0 if meter is None else meter.at(now)
@@ -100,9 +93,17 @@ class Policy:
     def saturating(self, gpu: GpuState, client: int, now: float) -> bool:
         """Keeps the GPU busy by itself: its use is SATURATING_USE or more, or its latest
         stretch alone on the GPU was that busy (a trainer between turns, use dipping)."""
-        if self.usage(client, gpu.uuid, now) >= SATURATING_USE:
-            return True
-        return self._alone_duty(gpu, client) >= SATURATING_USE
+        busy = max(self.usage(client, gpu.uuid, now), self._alone_duty(gpu, client))
+        return busy >= SATURATING_USE
+
+    def _turns_pay(self, gpu: GpuState, now: float) -> bool:
+        """Turns between two that keep the GPU busy pay only where the turn then runs alone
+        but for light work: beside a third at work the driver switches anyway, and a turn
+        only moves time from the waiter to the third (f4 beside a trainer: 0.79x, H200)."""
+        return all(
+            self.usage(c, gpu.uuid, now) < LIGHT_USE or self.saturating(gpu, c, now)
+            for c in gpu.holders
+        )
 
     def _alone_duty(self, gpu: GpuState, client: int) -> float:
         """How busy its latest stretch alone, of CHECK_S at least, kept the GPU as its shim
@@ -129,10 +130,8 @@ class Policy:
 
     def bursty(self, gpu: GpuState, client: int, now: float) -> bool:
         """Work in bursts (a request, a cell, a batch): its use is under LIGHT_USE, or its
-        last lease there kept the GPU busy under BURST_USE of its length.  A trainer keeps
-        its leases busier, paused or cut off: else two trainers took the GPU from each
-        other slice by slice.  A newcomer is taken to work in bursts until its first
-        lease tells."""
+        last lease there busy under BURST_USE of its length (a trainer's are busier, paused
+        or cut off).  A newcomer is taken to work in bursts until its first lease tells."""
         state = self.clients[client]
         return (
             self.usage(client, gpu.uuid, now) < LIGHT_USE
@@ -204,7 +203,7 @@ class Policy:
         for client, waiter in gpu.waiters.items():
             since = waiter.requested_at + light_wait_s
             if at.reached(since):
-                self.meter(self.clients[client], gpu.uuid).freeze(since)
+                meter_of(self.clients[client], gpu.uuid).freeze(since)
         # The figures do not change while the rules look: read them once.
         demand = memory_fit.Demand(gpu, self.clients)
         standing = self._standing(gpu, now)
@@ -240,7 +239,7 @@ class Policy:
         # Of those that keep it busy, the one owed most keeps its turn (the first granted
         # of equals): else weights were lost each time two came to run side by side.
         saturating = sorted((c for c in staying if self.saturating(gpu, c, at.now)), key=standing)
-        for client in saturating[1:]:
+        for client in saturating[1:] if self._turns_pay(gpu, at.now) else ():
             held = gpu.holders[client]
             self.leases.ask_to_drop(gpu, client, held, at.now, actions, DropReason.BOTH_SATURATE)
 
@@ -297,7 +296,7 @@ class Policy:
             else:
                 by_memory.append(holder)
         by_busy = []
-        if self.saturating(gpu, client, now):
+        if self.saturating(gpu, client, now) and self._turns_pay(gpu, now):
             by_busy = [c for c in rest if self.saturating(gpu, c, now)]
         return by_memory, by_busy
 
@@ -339,8 +338,8 @@ class Policy:
     ) -> bool:
         """Whether granting `client` now could keep `overdue` out longer: it would not fit
         beside it, or both keep the GPU busy."""
-        both_busy = self.saturating(gpu, client, at.now) and self.saturating(gpu, overdue, at.now)
-        return both_busy or not self.fits(
+        both_busy = all(self.saturating(gpu, c, at.now) for c in (client, overdue))
+        return (both_busy and self._turns_pay(gpu, at.now)) or not self.fits(
             gpu, [*gpu.holders, overdue, client], keeping=False, demand=demand
         )
 

@@ -70,6 +70,7 @@ from .process_past import ProcessPast
 from .settings import NO_OVERRIDES, AntiThrash, Settings
 from .share_groups import ShareGroups, own_figures, unit_group
 from .snapshot import AgentSnapshot, take_snapshot
+from .usage import meter_of
 
 # Byte counts are u64 wherever they go (the wire, D-Bus 't'); two u64 fields
 # of one report can add up to more, which no one could show.
@@ -249,7 +250,7 @@ class Scheduler:
             return actions
         if gpu and lease == 0 and client in gpu.waiters:
             self.policy.note_wait(gpu, client, gpu.waiters.pop(client), "", now)
-            self.policy.meter(state, uuid).thaw(now)  # no longer waiting: its use decays again
+            meter_of(state, uuid).thaw(now)  # no longer waiting: its use decays again
             actions = [Withdrawn(client, state.pid, uuid)]
             self._update(gpu, now, actions)  # the best waiter may have changed
             return actions
@@ -286,7 +287,7 @@ class Scheduler:
             return [Refuse(client, "GPU_USAGE before HELLO")]
         if uuid not in state.gpus:
             return [Ignored(client, state.pid, uuid, "usage of a GPU it never named")]
-        self.policy.meter(state, uuid).report(now, busy_us / 1e6)
+        meter_of(state, uuid).report(now, busy_us / 1e6)
         return []
 
     def gpu_memory(self, client: int, uuid: bytes, total_bytes: int, now: float) -> list[Action]:

@@ -79,6 +79,20 @@ def test_a_40_percent_busy_client_runs_beside_a_saturating_one_and_neither_is_as
     assert of(AskToDrop, [a for _, a in seen]) == []
 
 
+def test_busy_clients_beside_a_third_at_work_run_together_not_in_turns():
+    """Turns pay only where the turn then runs alone but for light work.  A trainer and a
+    process late on every cycle (both read busy) beside a 15 %-busy one: the driver
+    switches among the three anyway, and turns only took time from whoever waited (the
+    late one got 0.79x of no nvshare, H200).  Beside only light work, they take turns."""
+    node = Node(10, 10, 1)
+    for client in (1, 2, 3):
+        node.grant(client, 0.0)
+    seen = node.run(0.0, 20.0, {1: 1.0, 2: 1.0, 3: 0.15})
+    assert of(AskToDrop, [a for _, a in seen]) == []
+    seen = node.run(20.0, 40.0, {1: 1.0, 2: 1.0, 3: 0.01})  # the third goes light
+    assert [a.reason for _, a in seen if isinstance(a, AskToDrop)][:1] == ["both keep it busy"]
+
+
 def test_two_saturating_clients_that_fit_take_short_turns():
     """Interleaving two trainers costs both (0.91x against 1.003x in turns on an H100);
     a handover between two that fit pages nothing, so their turns are short

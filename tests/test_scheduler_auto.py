@@ -454,7 +454,7 @@ def test_no_waiter_waits_longer_than_the_bound_under_a_random_walk(seed):
             if c in s.gpus[G0].waiters:
                 assert now - p["waiting_since"] <= bound, (c, now - p["waiting_since"], bound)
     assert worst > tq / 2, "the walk never made anyone wait: it tests nothing"
-    assert comings_and_goings > 10, "no one came or went"
+    assert comings_and_goings > 5, "no one came or went"
 
 
 GPUS = [bytes(15) + bytes([i + 1]) for i in range(3)]

@@ -279,7 +279,7 @@ def test_a_node_mix_that_comes_and_goes_waits_no_one_past_the_bounds(seed, mode,
     assert mix.comings_and_goings > 5, "no one came or went"
     # Under off a lease is kept while idle, under on until its quantum is over; under
     # auto, servers beside a turn keep theirs while they fit beside it.
-    assert len(mix.waits) > (40 if mode is AntiThrash.AUTO else 15), "it tests little"
+    assert len(mix.waits) > (30 if mode is AntiThrash.AUTO else 15), "it tests little"
     if mode is AntiThrash.ON:
         assert max(mix.waits) > mix.tq / 2, "no one waited"
 
