@@ -93,9 +93,9 @@ class ClientState:
     # Per GPU: how busy it kept the GPU over its last lease there (GPU time over the
     # lease's length): under policy.BURST_USE it works in bursts.  A newcomer has none.
     lease_duty: dict[bytes, float] = field(default_factory=dict)
-    # Per GPU, its last lease that nobody held beside (its shim measuring): GPU time,
-    # length, end.  With the gap until it asked again, whether it keeps the GPU busy by
-    # itself, whatever its use (policy.saturating).
+    # Per GPU, its last lease that nobody held beside and that tells (leases.py; its shim
+    # measuring): GPU time, length, end.  With the gap until it asked again, whether it
+    # keeps the GPU busy by itself, whatever its use (policy.saturating).
     alone_lease: dict[bytes, tuple[float, float, float]] = field(default_factory=dict)
     asked_at: dict[bytes, float] = field(default_factory=dict)  # its last request, per GPU
     # Seconds waited, per (GPU, cause): status and the metrics show why it waited.

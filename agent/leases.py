@@ -19,7 +19,7 @@ from .core_state import (
 )
 from .deadlines import Moments
 from .settings import AntiThrash
-from .usage import MIN_MEASURED_S, meter_of
+from .usage import CHECK_S, MIN_MEASURED_S, meter_of
 
 # A holder asked to yield (work in bursts in a waiter's way, or any holder in the way of
 # work in bursts) releases once idle this long: at its next gap.  A loader busy 0.4 ms in
@@ -94,7 +94,10 @@ class Leases:
         if held_s >= MIN_MEASURED_S:
             used = meter.total_s(now) - held.gpu_s_at_grant
             state.lease_duty[uuid] = min(1.0, used / held_s)
-            if held.alone and state.measures:  # GPU time, not the hold
+            # A stretch alone tells if long enough, or ended at its own gap (a trainer's
+            # turn, asked to yield, at its 2 ms pause); not one cut short mid-burst.
+            tells = held_s >= CHECK_S or idle_s > 0
+            if held.alone and state.measures and tells:  # GPU time, not the hold
                 state.alone_lease[uuid] = (used, held_s, now)
 
     def grant(

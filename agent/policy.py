@@ -26,7 +26,7 @@ from .deadlines import Moments
 from .leases import DropReason, Leases, Role
 from .settings import AntiThrash
 from .share_groups import ShareGroups
-from .usage import meter_of
+from .usage import CHECK_S, meter_of
 
 # A client whose use (GPU time, 0..1) is this or more keeps the GPU busy (a trainer reads
 # 0.95-0.97 alone; work late on every cycle beside others reads it too): two such take
@@ -40,9 +40,6 @@ BUSY_TURN_S = 0.5
 # prefetched paging costs about a tenth of the GPU's time.
 PAGE_IN_BYTES_PER_S = 49e9
 TURN_PER_PAGE_IN = 10
-# Uses change as clients run: the holders are looked at again this often while others
-# wait or several hold.
-CHECK_S = 0.25
 # Work in bursts may cut in: its use under LIGHT_USE (an inference server answering 20
 # requests of ~1 ms a second uses ~0.03, a notebook's cells ~0.05, a loader's batches
 # ~0.04), or its last lease busy under BURST_USE of its length (a trainer, paused or not,
@@ -106,10 +103,10 @@ class Policy:
         )
 
     def _alone_duty(self, gpu: GpuState, client: int) -> float:
-        """How busy its latest stretch alone, of CHECK_S at least, kept the GPU as its shim
-        measured it: the lease it holds alone now, so far reported; else its last lease
-        held alone, from grant until the client asked again (work that yields at each gap
-        is busy all its leases, not in between); 0 if none."""
+        """How busy its latest stretch alone kept the GPU as its shim measured it: the
+        lease it holds alone now, once CHECK_S is reported; else its last lease held alone
+        (leases.py keeps those that tell), from grant until the client asked again (work
+        that yields at each gap is busy all its leases, not in between); 0 if none."""
         state = self.clients[client]
         held, meter = gpu.holders.get(client), state.usage.get(gpu.uuid)
         if held is not None and held.alone and meter is not None:
@@ -118,7 +115,7 @@ class Policy:
                 return (meter.total_s(meter.stamp) - held.gpu_s_at_grant) / measured_s
         busy_s, held_s, ended_at = state.alone_lease.get(gpu.uuid, (0.0, 0.0, 0.0))
         asked_after_s = state.asked_at.get(gpu.uuid, -math.inf) - ended_at
-        if held_s < CHECK_S or asked_after_s < 0:
+        if held_s <= 0 or asked_after_s < 0:
             return 0.0
         return busy_s / (held_s + asked_after_s)
 

@@ -47,6 +47,10 @@ YOUNG_FLOOR_S = 5.0
 # The least stretch whose GPU time tells how busy it kept the GPU: a lease's (leases.py),
 # and the first report after a grant, at which a waiter's frozen figure thaws.
 MIN_MEASURED_S = 0.02
+# Uses change as clients run: the holders are looked at again this often while others
+# wait or several hold; a stretch alone this long tells how busy its client keeps the
+# GPU (a shorter one only where it ended at a gap of the client's own).
+CHECK_S = 0.25
 
 
 @dataclass(slots=True)

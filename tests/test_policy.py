@@ -141,6 +141,22 @@ def test_two_saturating_clients_that_fit_take_short_turns():
     assert grants >= 10  # turns, not side by side all along (which also splits it)
 
 
+@pytest.mark.parametrize("idle_ms, busy", [(2, True), (0, False)])
+def test_a_short_turn_tells_only_if_it_ended_at_its_own_gap(idle_ms, busy):
+    """A trainer asked to yield gives its turn back at its next 2 ms pause, often within
+    0.1 s: that lease, busy all along and asked again at once, tells it keeps the GPU busy
+    (else its use, ~0.95, hovered at the line and two trainers ran side by side, 0.905x
+    solo on an H200).  One cut off mid-burst as short tells nothing."""
+    node = Node(10)
+    lease = node.grant(1, 0.0).lease
+    node.run(0.0, 0.1, {1: 1.0})
+    node.s.release(1, G0, lease, 0.1, idle_ms=idle_ms)
+    node.s.request(1, G0, 0.1)
+    gpu = node.s.gpus[G0]
+    assert node.s.policy.usage(1, G0, 0.1) < 0.95
+    assert node.s.policy.saturating(gpu, 1, 0.1) is busy
+
+
 @pytest.mark.parametrize("asks_after_s, busy", [(0.0, True), (0.5, False)])
 def test_a_lease_held_alone_and_busy_tells_a_trainer_whatever_its_use(asks_after_s, busy):
     """A trainer between turns: its use dips while it waits (and is low for one idle a
