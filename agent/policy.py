@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 from . import memory_fit
 from .actions import Action
@@ -42,9 +43,8 @@ PAGE_IN_BYTES_PER_S = 49e9
 TURN_PER_PAGE_IN = 10
 # Work in bursts may cut in: its use under LIGHT_USE (an inference server answering 20
 # requests of ~1 ms a second uses ~0.03, a notebook's cells ~0.05, a loader's batches
-# ~0.04), or its last lease busy under BURST_USE of its length (a trainer, paused or not,
-# keeps its leases busy 0.8 and more; an inference server holding its lease a while, a
-# few hundredths).
+# ~0.04; light, it neither saturates nor stops turns from paying), or its last lease busy
+# under BURST_USE of its length (a trainer's leases 0.8 and more, a server's hundredths).
 LIGHT_USE = 0.1
 BURST_USE = 0.5
 # How long a turn takes to drain once asked to drop (its shim bounds its queue meanwhile):
@@ -56,6 +56,15 @@ DRAIN_MS = 25
 # (Policy._priority): a key whose first item is false is overdue.
 Standing = Callable[[int], tuple[float, float]]
 Priority = Callable[[int], tuple[object, ...]]
+
+
+class Look(NamedTuple):
+    """Read once a look (a grant in it changes them at the next): memory, who is owed, and
+    whether turns between busy clients pay (Policy._turns_pay)."""
+
+    demand: memory_fit.Demand
+    standing: Standing
+    pays: bool
 
 
 class WaitCause(enum.Enum):
@@ -88,25 +97,27 @@ class Policy:
         return 0.0 if meter is None else meter.at(now)
 
     def saturating(self, gpu: GpuState, client: int, now: float) -> bool:
-        """Keeps the GPU busy by itself: its use is SATURATING_USE or more, or its latest
-        stretch alone on the GPU was that busy (a trainer between turns, use dipping)."""
-        busy = max(self.usage(client, gpu.uuid, now), self._alone_duty(gpu, client))
-        return busy >= SATURATING_USE
+        """Keeps the GPU busy by itself: its use is SATURATING_USE or more, or, not light,
+        its latest stretch alone was that busy (a trainer between turns, use dipping; not
+        a cell that gave back a lease at a pause inside it and asked again at once)."""
+        use = self.usage(client, gpu.uuid, now)
+        busy_alone = use >= LIGHT_USE and self._alone_duty(gpu, client) >= SATURATING_USE
+        return use >= SATURATING_USE or busy_alone
 
     def _turns_pay(self, gpu: GpuState, now: float) -> bool:
-        """Turns between two that keep the GPU busy pay only where the turn then runs alone
-        but for light work: beside a third at work the driver switches anyway, and a turn
-        only moves time from the waiter to the third (f4 beside a trainer: 0.79x, H200)."""
+        """Turns between two that keep the GPU busy pay only where the turn runs alone but for
+        light work (of the holders that stay): beside a third at work the driver switches
+        anyway, and a turn only moves time from the waiter to the third (f4: 0.79x, H200)."""
         return all(
             self.usage(c, gpu.uuid, now) < LIGHT_USE or self.saturating(gpu, c, now)
-            for c in gpu.holders
+            for c, held in gpu.holders.items()
+            if held.drop_requested_at is None
         )
 
     def _alone_duty(self, gpu: GpuState, client: int) -> float:
-        """How busy its latest stretch alone kept the GPU as its shim measured it: the
-        lease it holds alone now, once CHECK_S is reported; else its last lease held alone
-        (leases.py keeps those that tell), from grant until the client asked again (work
-        that yields at each gap is busy all its leases, not in between); 0 if none."""
+        """How busy its latest stretch alone kept the GPU as its shim measured it: the lease
+        it holds alone now, once CHECK_S is reported; else its last that told (leases.py),
+        from grant until it asked again (work yielding at each gap is idle in between)."""
         state = self.clients[client]
         held, meter = gpu.holders.get(client), state.usage.get(gpu.uuid)
         if held is not None and held.alone and meter is not None:
@@ -135,11 +146,9 @@ class Policy:
             or state.lease_duty.get(gpu.uuid, 0.0) < BURST_USE
         )
 
-    def _cuts_in(
-        self, gpu: GpuState, standing: Standing, waiter: int, holder: int, now: float
-    ) -> bool:
+    def _cuts_in(self, gpu: GpuState, look: Look, waiter: int, holder: int, now: float) -> bool:
         """Latency work first: a waiter in bursts owed more than the holder in its way."""
-        return self.bursty(gpu, waiter, now) and standing(waiter) < standing(holder)
+        return self.bursty(gpu, waiter, now) and look.standing(waiter) < look.standing(holder)
 
     def fits(
         self,
@@ -148,11 +157,9 @@ class Policy:
         keeping: bool,
         demand: memory_fit.Demand | None = None,
     ) -> bool:
-        """Whether these clients fit the GPU at once (demand: its figures, when read
-        already).  keeping: they already run and may stay up to the line; a newcomer comes
-        in only below the line less the band (memory_fit's hysteresis).  Alone, anyone
-        fits: what does not fit the GPU pages in and out of it, with nobody to thrash
-        against."""
+        """Whether these clients fit the GPU at once (demand: its figures, if read).  keeping:
+        they run and may stay up to the line; a newcomer comes in only below it less the band
+        (memory_fit).  Alone, anyone fits: it pages with nobody to thrash against."""
         if len(running) <= 1:
             return True
         demand = demand or memory_fit.Demand(gpu, self.clients)
@@ -205,8 +212,9 @@ class Policy:
         demand = memory_fit.Demand(gpu, self.clients)
         standing = self._standing(gpu, now)
         self._keep_holders_apart(gpu, demand, standing, at, actions)
-        blocked = self._grant_what_fits(gpu, demand, standing, at, actions)
-        self._make_room(gpu, demand, standing, blocked, self._priority(gpu, at), at, actions)
+        look = Look(demand, standing, self._turns_pay(gpu, now))
+        blocked = self._grant_what_fits(gpu, look, at, actions)
+        self._make_room(gpu, look, blocked, self._priority(gpu, at), at, actions)
         if gpu.waiters or len(gpu.holders) > 1:
             at.reached(now + CHECK_S)  # uses change as they run: look again
 
@@ -219,10 +227,8 @@ class Policy:
         actions: list[Action],
     ) -> None:
         """Holders that may no longer run together: those that stopped fitting (a report
-        grew), newest first; and of those that keep the GPU busy, all but the one owed
-        most.  Its turn still counts from its grant: once the others ask again it may be
-        over (a fresh turn for it each time let one of eight 30 %-busy processes that
-        read saturating hold the GPU beside a trainer, policy_sim)."""
+        grew), newest first; and, where turns pay, of those that keep the GPU busy all but
+        the one owed most, whose turn still counts from its grant."""
         staying = [c for c, held in gpu.holders.items() if held.drop_requested_at is None]
         for client in reversed(staying[1:]):  # the first granted stays: alone, it fits
             if self.fits(gpu, staying, keeping=True, demand=demand):
@@ -236,9 +242,12 @@ class Policy:
         # Of those that keep it busy, the one owed most keeps its turn (the first granted
         # of equals): else weights were lost each time two came to run side by side.
         saturating = sorted((c for c in staying if self.saturating(gpu, c, at.now)), key=standing)
-        for client in saturating[1:] if self._turns_pay(gpu, at.now) else ():
-            held = gpu.holders[client]
-            self.leases.ask_to_drop(gpu, client, held, at.now, actions, DropReason.BOTH_SATURATE)
+        if len(saturating) > 1 and self._turns_pay(gpu, at.now):
+            for client in saturating[1:]:
+                held = gpu.holders[client]
+                self.leases.ask_to_drop(
+                    gpu, client, held, at.now, actions, DropReason.BOTH_SATURATE
+                )
 
     def _priority(self, gpu: GpuState, at: Moments) -> Priority:
         """The order of waiters, first first: one overdue (waited its group's fair
@@ -260,8 +269,9 @@ class Policy:
 
     def in_the_way(self, gpu: GpuState, client: int, now: float) -> list[int]:
         """The holders that keep `client` from running now (empty: it may run)."""
-        demand = memory_fit.Demand(gpu, self.clients)
-        by_memory, by_busy = self._conflicts(gpu, client, now, demand, self._standing(gpu, now))
+        demand, standing = memory_fit.Demand(gpu, self.clients), self._standing(gpu, now)
+        look = Look(demand, standing, self._turns_pay(gpu, now))
+        by_memory, by_busy = self._conflicts(gpu, client, now, look)
         return by_memory + by_busy
 
     def _conflicts(
@@ -269,15 +279,15 @@ class Policy:
         gpu: GpuState,
         client: int,
         now: float,
-        demand: memory_fit.Demand,
-        standing: Standing,
+        look: Look,
     ) -> tuple[list[int], list[int]]:
         """The holders that keep `client` from running now, as (by memory, by busy):
         those whose memory it does not fit beside (the one owed least first, the newest
         of equals, until it fits, less those it fits beside after all: else the first
-        granted kept the GPU for good), and of the rest each that keeps the GPU busy where
-        it does too.  Both empty: it may run."""
-        rest = sorted(gpu.holders, key=standing)
+        granted kept the GPU for good), and, where turns pay, of the rest each that keeps
+        the GPU busy where it does too.  Both empty: it may run."""
+        demand = look.demand
+        rest = sorted(gpu.holders, key=look.standing)
         # fits(rest + client), with the demand kept as a sum: one look per holder, not
         # a walk of every client per look (memory_fit.Demand).
         running = demand.of([*rest, client])
@@ -293,7 +303,7 @@ class Policy:
             else:
                 by_memory.append(holder)
         by_busy = []
-        if self.saturating(gpu, client, now) and self._turns_pay(gpu, now):
+        if look.pays and self.saturating(gpu, client, now):
             by_busy = [c for c in rest if self.saturating(gpu, c, now)]
         return by_memory, by_busy
 
@@ -304,8 +314,7 @@ class Policy:
     def _grant_what_fits(
         self,
         gpu: GpuState,
-        demand: memory_fit.Demand,
-        standing: Standing,
+        look: Look,
         at: Moments,
         actions: list[Action],
     ) -> list[int]:
@@ -320,31 +329,28 @@ class Policy:
             if (
                 blocked
                 and not key(blocked[0])[0]
-                and self._delays(gpu, demand, client, blocked[0], at)
+                and self._delays(gpu, look, client, blocked[0], at)
             ):
                 blocked.append(client)  # behind an overdue waiter it would keep out longer
                 continue
-            if any(self._conflicts(gpu, client, at.now, demand, standing)):
+            if any(self._conflicts(gpu, client, at.now, look)):
                 blocked.append(client)
                 continue
             self.leases.grant(gpu, client, at.now, SHARED, self._role(gpu, client, at.now), actions)
         return blocked
 
-    def _delays(
-        self, gpu: GpuState, demand: memory_fit.Demand, client: int, overdue: int, at: Moments
-    ) -> bool:
+    def _delays(self, gpu: GpuState, look: Look, client: int, overdue: int, at: Moments) -> bool:
         """Whether granting `client` now could keep `overdue` out longer: it would not fit
-        beside it, or both keep the GPU busy."""
-        both_busy = all(self.saturating(gpu, c, at.now) for c in (client, overdue))
-        return (both_busy and self._turns_pay(gpu, at.now)) or not self.fits(
-            gpu, [*gpu.holders, overdue, client], keeping=False, demand=demand
+        beside it, or both keep the GPU busy where turns pay."""
+        both_busy = look.pays and all(self.saturating(gpu, c, at.now) for c in (client, overdue))
+        return both_busy or not self.fits(
+            gpu, [*gpu.holders, overdue, client], keeping=False, demand=look.demand
         )
 
     def _make_room(
         self,
         gpu: GpuState,
-        demand: memory_fit.Demand,
-        standing: Standing,
+        look: Look,
         blocked: list[int],
         priority: Priority,
         at: Moments,
@@ -361,12 +367,12 @@ class Policy:
         now = at.now
         for client in blocked:
             waiter = gpu.waiters[client]
-            by_memory, by_busy = self._conflicts(gpu, client, now, demand, standing)
+            by_memory, by_busy = self._conflicts(gpu, client, now, look)
             blockers = by_memory + by_busy
             # Whether its running beside all the holders would page (not: only
             # memory_limit keeps them apart): one question per waiter, not per holder.
-            pages = bool(by_memory) and demand.paged([*gpu.holders, client]) > 0
-            cause = self._wait_cause(gpu, client, blockers, now)
+            pages = bool(by_memory) and look.demand.paged([*gpu.holders, client]) > 0
+            cause = self._wait_cause(gpu, bool(by_busy), blockers, now)
             self.note_wait(gpu, client, waiter, cause.value, now)
             for holder in blockers:
                 held = gpu.holders[holder]
@@ -390,7 +396,7 @@ class Policy:
                         gpu, client, now
                     ):
                         self.leases.ask_to_yield(gpu, holder, held, now, actions)
-                elif (cuts_in := self._cuts_in(gpu, standing, client, holder, now)) and at.reached(
+                elif (cuts_in := self._cuts_in(gpu, look, client, holder, now)) and at.reached(
                     max(held.granted_at + min_slice_s, waiter.requested_at + cut_in_after_s)
                 ):
                     self.leases.ask_to_drop(gpu, holder, held, now, actions, DropReason.OWED_WAITS)
@@ -419,18 +425,14 @@ class Policy:
     def _paid_turn_s(self, gpu: GpuState, waiter: int, holder: int) -> float:
         """How long a turn must last to pay for its paging where memory keeps holder and
         waiter apart and their running together would page: TURN_PER_PAGE_IN times
-        bringing back the smaller one's memory, at most TQ.  (Not just what the GPU
-        lacks: pages brought back by faults come 6x slower than by prefetch; policy_sim's
-        pairs of 30 GiB got 0.07 of their ideal so, 0.40 so.)"""
+        bringing back the smaller one's memory (not just what the GPU lacks), at most TQ."""
         smaller = min(self.clients[c].managed.get(gpu.uuid, 0) for c in (holder, waiter))
         return min(gpu.settings.time_quantum_s, TURN_PER_PAGE_IN * smaller / PAGE_IN_BYTES_PER_S)
 
-    def _wait_cause(self, gpu: GpuState, client: int, blockers: list[int], now: float) -> WaitCause:
+    def _wait_cause(self, gpu: GpuState, turn: bool, blockers: list[int], now: float) -> WaitCause:
         if not blockers:
             return WaitCause.SHARE  # kept behind an overdue waiter
-        if self.saturating(gpu, client, now) and any(
-            self.saturating(gpu, b, now) for b in blockers
-        ):
+        if turn:  # both keep it busy, and turns pay
             return WaitCause.TURN
         if all(self.bursty(gpu, b, now) for b in blockers):
             return WaitCause.LATENCY

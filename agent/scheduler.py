@@ -65,12 +65,12 @@ from .deadlines import Deadlines, Key
 from .gpu_settings import GpuSettingsBook, ModeSwitch
 from .learned_gpus import MAX_LEARNED_GPUS, MAX_LEARNED_GPUS_PER_UID, LearnedGpus
 from .leases import YIELD_IDLE_MS, DropReason
-from .policy import CHECK_S, Policy
+from .policy import Policy
 from .process_past import ProcessPast
 from .settings import NO_OVERRIDES, AntiThrash, Settings
 from .share_groups import ShareGroups, own_figures, unit_group
 from .snapshot import AgentSnapshot, take_snapshot
-from .usage import meter_of
+from .usage import CHECK_S, meter_of
 
 # Byte counts are u64 wherever they go (the wire, D-Bus 't'); two u64 fields
 # of one report can add up to more, which no one could show.

@@ -502,10 +502,10 @@ def _check_invariants(s: Scheduler, now: float) -> None:
         auto = gpu.settings.anti_thrash is AntiThrash.AUTO
         if auto:
             staying = [c for c, h in gpu.holders.items() if h.drop_requested_at is None]
-            # Two that keep the GPU busy take turns, and a waiter waits only for a holder
-            # in its way, or behind one that has waited a quantum (work-conserving).  Uses
-            # move between events (a report decides nothing): where either does not hold
-            # now, the GPU is looked at again within CHECK_S.
+            # Two that keep the GPU busy take turns where turns pay, and a waiter waits only
+            # for a holder in its way, or behind one that has waited a quantum (work-
+            # conserving).  Uses move between events (a report decides nothing): where
+            # either does not hold now, the GPU is looked at again within CHECK_S.
             quantum = gpu.settings.time_quantum_s
             overdue = any(now >= w.requested_at + quantum for w in gpu.waiters.values())
             if len([c for c in staying if s.policy.saturating(gpu, c, now)]) > 1 or any(
