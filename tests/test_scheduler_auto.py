@@ -440,8 +440,10 @@ def test_no_waiter_waits_longer_than_the_bound_under_a_random_walk(seed):
                 continue
             p = plan[grant.client]
             p["waiting_since"] = None
-            # Holds briefly or for long; one that ignores drops holds "forever".
-            p["at"] = now + (1e9 if p["ignores_drops"] else rng.choice((0.02, 0.3, 2.0, 20.0)))
+            # Holds briefly or for long; one that ignores drops holds a minute (revoked
+            # long before, if asked to drop; held for good, holders that fit side by side
+            # and are never asked stood the walk still).
+            p["at"] = now + (60.0 if p["ignores_drops"] else rng.choice((0.02, 0.3, 2.0, 20.0)))
         for drop in of(AskToDrop, actions):
             p = plan.get(drop.client)
             if p is not None and drop.when_idle_ms == 0 and not p["ignores_drops"]:
@@ -454,7 +456,7 @@ def test_no_waiter_waits_longer_than_the_bound_under_a_random_walk(seed):
             if c in s.gpus[G0].waiters:
                 assert now - p["waiting_since"] <= bound, (c, now - p["waiting_since"], bound)
     assert worst > tq / 2, "the walk never made anyone wait: it tests nothing"
-    assert comings_and_goings > 5, "no one came or went"
+    assert comings_and_goings > 10, "no one came or went"
 
 
 GPUS = [bytes(15) + bytes([i + 1]) for i in range(3)]
