@@ -101,8 +101,9 @@ class Policy:
         its latest stretch alone was that busy (a trainer between turns, use dipping; not
         a cell that gave back a lease at a pause inside it and asked again at once)."""
         use = self.usage(client, gpu.uuid, now)
-        busy_alone = use >= LIGHT_USE and self._alone_duty(gpu, client) >= SATURATING_USE
-        return use >= SATURATING_USE or busy_alone
+        if use >= SATURATING_USE or use < LIGHT_USE:
+            return use >= SATURATING_USE
+        return self._alone_duty(gpu, client) >= SATURATING_USE
 
     def _turns_pay(self, gpu: GpuState, now: float) -> bool:
         """Turns between two that keep the GPU busy pay only where the turn runs alone but for
