@@ -10,6 +10,8 @@ tiny ones.  Latency runs from a request's scheduled arrival to its answer, so a 
 queued behind a late one counts that wait.  Prints one JSON line (light.report)."""
 
 import argparse
+import mmap
+import os
 
 import light
 import torch
@@ -24,6 +26,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--request-ms", type=float, default=0.8, help="GPU time per request")
     parser.add_argument("--passes", type=int, default=0, help="passes per request (0: sized)")
+    parser.add_argument(
+        "--hold-flag",
+        help="a file whose first byte is 1 while a request is under way (hold_ceiling.py)",
+    )
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -59,7 +65,18 @@ def main() -> None:
 
     window_start = light.wait_for_go(args.ready_file, args.go_file)
     arrivals = light.poisson_arrivals(args.rate, args.seconds, args.seed)
-    latencies = light.serve(arrivals, window_start, lambda: answer(passes))
+    serve_one = lambda: answer(passes)  # noqa: E731
+    if args.hold_flag:
+        flag = mmap.mmap(os.open(args.hold_flag, os.O_RDWR), 1)
+
+        def serve_one():
+            flag[0] = 1
+            try:
+                return answer(passes)
+            finally:
+                flag[0] = 0
+
+    latencies = light.serve(arrivals, window_start, serve_one)
     light.report(
         latencies,
         0.99,

@@ -16,6 +16,7 @@
 #   bench/gpu/run.sh --duty [RESULTS_DIR] [--window S] [--only PARTS]  (duty.py)
 #   bench/gpu/run.sh --busy-turns [RESULTS_DIR] [--seconds S]          (busy_turns.py)
 #   bench/gpu/run.sh --meter-check [RESULTS_DIR] [--seconds S]         (meter_check.py)
+#   bench/gpu/run.sh --hold-ceiling [RESULTS_DIR] [--window S]         (hold_ceiling.py)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -42,5 +43,6 @@ case "${1:-}" in
     --duty) script=duty.py; shift ;;
     --busy-turns) script=busy_turns.py; shift ;;
     --meter-check) script=meter_check.py; shift ;;
+    --hold-ceiling) script=hold_ceiling.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"
