@@ -5,6 +5,7 @@ state and the actions the engine carries out.  Pure, like the rest of the core."
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 
 from . import memory_fit
@@ -243,3 +244,20 @@ class Leases:
         for client, held in gpu.holders.items():
             if held.drop_requested_at is None:
                 self.ask_to_drop(gpu, client, held, now, actions, reason)
+
+
+def alone_duty(state: ClientState, held: Lease | None, uuid: bytes) -> float:
+    """How busy its latest stretch alone kept the GPU as its shim measured it (policy's
+    saturating): the lease it holds alone now (`held`), once CHECK_S is reported; else its
+    last that told (lease_ended), from grant until it asked again (work yielding at each
+    gap is idle in between)."""
+    meter = state.usage.get(uuid)
+    if held is not None and held.alone and meter is not None:
+        measured_s = meter.stamp - held.granted_at  # up to its shim's latest report
+        if measured_s >= CHECK_S and state.measures:
+            return (meter.total_s(meter.stamp) - held.gpu_s_at_grant) / measured_s
+    busy_s, held_s, ended_at = state.alone_lease.get(uuid, (0.0, 0.0, 0.0))
+    asked_after_s = state.asked_at.get(uuid, -math.inf) - ended_at
+    if held_s <= 0 or asked_after_s < 0:
+        return 0.0
+    return busy_s / (held_s + asked_after_s)

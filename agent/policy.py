@@ -16,7 +16,6 @@ clock, no I/O.  The scheduler (scheduler.py) owns the state and hands it in.
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -24,9 +23,9 @@ from . import memory_fit
 from .actions import Action
 from .core_state import EXCLUSIVE, SHARED, ClientState, GpuState, Waiter
 from .deadlines import Moments
-from .leases import DropReason, Leases, Role
+from .leases import DropReason, Leases, Role, alone_duty
 from .settings import AntiThrash
-from .share_groups import ShareGroups
+from .share_groups import GroupAccount, ShareGroups
 from .usage import CHECK_S, meter_of
 
 # A client whose use (GPU time, 0..1) is this or more keeps the GPU busy (a trainer reads
@@ -59,12 +58,13 @@ Priority = Callable[[int], tuple[object, ...]]
 
 
 class Look(NamedTuple):
-    """Read once a look (a grant in it changes them at the next): memory, who is owed, and
-    whether turns between busy clients pay (Policy._turns_pay)."""
+    """Read once a look (a grant in it changes them at the next): memory, who is owed,
+    whether turns between busy clients pay (Policy._turns_pay), and the waiters' order."""
 
     demand: memory_fit.Demand
     standing: Standing
     pays: bool
+    priority: Priority
 
 
 class WaitCause(enum.Enum):
@@ -89,12 +89,16 @@ class Policy:
         self.gpus = gpus
         self.shares = shares
         self.leases = Leases(clients, gpus, self.usage, self.note_wait)  # acts on them
+        self._uses: dict[int, float] | None = None  # read once a look (_auto), else None
 
     # ------------------------------------------------------------ what the rules read
 
     def usage(self, client: int, uuid: bytes, now: float) -> float:
-        meter = self.clients[client].usage.get(uuid)
-        return 0.0 if meter is None else meter.at(now)
+        uses = {} if self._uses is None else self._uses
+        if client not in uses:
+            meter = self.clients[client].usage.get(uuid)
+            uses[client] = 0.0 if meter is None else meter.at(now)
+        return uses[client]
 
     def saturating(self, gpu: GpuState, client: int, now: float) -> bool:
         """Keeps the GPU busy by itself: its use is SATURATING_USE or more, or, not light,
@@ -103,7 +107,8 @@ class Policy:
         use = self.usage(client, gpu.uuid, now)
         if use >= SATURATING_USE or use < LIGHT_USE:
             return use >= SATURATING_USE
-        return self._alone_duty(gpu, client) >= SATURATING_USE
+        state = self.clients[client]
+        return alone_duty(state, gpu.holders.get(client), gpu.uuid) >= SATURATING_USE
 
     def _turns_pay(self, gpu: GpuState, now: float) -> bool:
         """Turns between two that keep the GPU busy pay only where the turn runs alone but for
@@ -115,26 +120,20 @@ class Policy:
             if held.drop_requested_at is None
         )
 
-    def _alone_duty(self, gpu: GpuState, client: int) -> float:
-        """How busy its latest stretch alone kept the GPU as its shim measured it: the lease
-        it holds alone now, once CHECK_S is reported; else its last that told (leases.py),
-        from grant until it asked again (work yielding at each gap is idle in between)."""
-        state = self.clients[client]
-        held, meter = gpu.holders.get(client), state.usage.get(gpu.uuid)
-        if held is not None and held.alone and meter is not None:
-            measured_s = meter.stamp - held.granted_at  # up to its shim's latest report
-            if measured_s >= CHECK_S and state.measures:
-                return (meter.total_s(meter.stamp) - held.gpu_s_at_grant) / measured_s
-        busy_s, held_s, ended_at = state.alone_lease.get(gpu.uuid, (0.0, 0.0, 0.0))
-        asked_after_s = state.asked_at.get(gpu.uuid, -math.inf) - ended_at
-        if held_s <= 0 or asked_after_s < 0:
-            return 0.0
-        return busy_s / (held_s + asked_after_s)
+    def _look(self, gpu: GpuState, at: Moments) -> Look:
+        """What the rules read once a look; the share groups' accounts are brought up to
+        now once for it."""
+        accounts = self.shares.look(gpu, self.clients, at.now)
+        standing = self._standing(gpu, at.now, accounts)
+        demand = memory_fit.Demand(gpu, self.clients)
+        return Look(
+            demand, standing, self._turns_pay(gpu, at.now), self._priority(gpu, at, accounts)
+        )
 
-    def _standing(self, gpu: GpuState, now: float) -> Standing:
+    def _standing(self, gpu: GpuState, now: float, accounts: dict[str, GroupAccount]) -> Standing:
         """Who is owed GPU time, least first: its share group's charge (GPU time over
         weight, share_groups.py), then its own recent use."""
-        charged = self.shares.charged(gpu, self.clients, now)
+        charged = self.shares.charged(gpu, self.clients, accounts)
         return lambda client: (charged(client), self.usage(client, gpu.uuid, now))
 
     def bursty(self, gpu: GpuState, client: int, now: float) -> bool:
@@ -209,30 +208,30 @@ class Policy:
             since = waiter.requested_at + light_wait_s
             if at.reached(since):
                 meter_of(self.clients[client], gpu.uuid).freeze(since)
-        # The figures do not change while the rules look: read them once.
-        demand = memory_fit.Demand(gpu, self.clients)
-        standing = self._standing(gpu, now)
-        self._keep_holders_apart(gpu, demand, standing, at, actions)
-        look = Look(demand, standing, self._turns_pay(gpu, now))
-        blocked = self._grant_what_fits(gpu, look, at, actions)
-        self._make_room(gpu, look, blocked, self._priority(gpu, at), at, actions)
+        # The figures do not change while the rules look (grants thaw no figure until a
+        # report): read them once ("pays" again once holders are asked to go).
+        self._uses = {}
+        try:
+            look = self._look(gpu, at)
+            if self._keep_holders_apart(gpu, look, at, actions):
+                look = look._replace(pays=self._turns_pay(gpu, now))
+            blocked = self._grant_what_fits(gpu, look, at, actions)
+            self._make_room(gpu, look, blocked, at, actions)
+        finally:
+            self._uses = None
         if gpu.waiters or len(gpu.holders) > 1:
             at.reached(now + CHECK_S)  # uses change as they run: look again
 
     def _keep_holders_apart(
-        self,
-        gpu: GpuState,
-        demand: memory_fit.Demand,
-        standing: Standing,
-        at: Moments,
-        actions: list[Action],
-    ) -> None:
+        self, gpu: GpuState, look: Look, at: Moments, actions: list[Action]
+    ) -> bool:
         """Holders that may no longer run together: those that stopped fitting (a report
         grew), newest first; and, where turns pay, of those that keep the GPU busy all but
-        the one owed most, whose turn still counts from its grant."""
-        staying = [c for c, held in gpu.holders.items() if held.drop_requested_at is None]
+        the one owed most, whose turn still counts from its grant.  Whether any was asked."""
+        holding = [c for c, held in gpu.holders.items() if held.drop_requested_at is None]
+        staying = list(holding)
         for client in reversed(staying[1:]):  # the first granted stays: alone, it fits
-            if self.fits(gpu, staying, keeping=True, demand=demand):
+            if self.fits(gpu, staying, keeping=True, demand=look.demand):
                 break
             if self.clients[client].managed.get(gpu.uuid, 0):  # else its going frees nothing
                 held = gpu.holders[client]
@@ -242,20 +241,24 @@ class Policy:
                 staying.remove(client)
         # Of those that keep it busy, the one owed most keeps its turn (the first granted
         # of equals): else weights were lost each time two came to run side by side.
-        saturating = sorted((c for c in staying if self.saturating(gpu, c, at.now)), key=standing)
+        saturating = sorted(
+            (c for c in staying if self.saturating(gpu, c, at.now)), key=look.standing
+        )
         if len(saturating) > 1 and self._turns_pay(gpu, at.now):
             for client in saturating[1:]:
                 held = gpu.holders[client]
                 self.leases.ask_to_drop(
                     gpu, client, held, at.now, actions, DropReason.BOTH_SATURATE
                 )
+                staying.remove(client)
+        return staying != holding
 
-    def _priority(self, gpu: GpuState, at: Moments) -> Priority:
+    def _priority(self, gpu: GpuState, at: Moments, accounts: dict[str, GroupAccount]) -> Priority:
         """The order of waiters, first first: one overdue (waited its group's fair
         turns, or TQ), oldest first; then by share groups (the group charged least GPU
         time over its weight, share_groups.py), then the least recent use, then request
         order.  A key whose first item is false is overdue."""
-        by_groups = self.shares.turn_order(gpu, self.clients, at.now, at.reached)
+        by_groups = self.shares.turn_order(gpu, self.clients, accounts, at.now, at.reached)
         quantum = gpu.settings.time_quantum_s
 
         def key(client: int) -> tuple[object, ...]:
@@ -270,9 +273,7 @@ class Policy:
 
     def in_the_way(self, gpu: GpuState, client: int, now: float) -> list[int]:
         """The holders that keep `client` from running now (empty: it may run)."""
-        demand, standing = memory_fit.Demand(gpu, self.clients), self._standing(gpu, now)
-        look = Look(demand, standing, self._turns_pay(gpu, now))
-        by_memory, by_busy = self._conflicts(gpu, client, now, look)
+        by_memory, by_busy = self._conflicts(gpu, client, now, self._look(gpu, Moments(now)))
         return by_memory + by_busy
 
     def _conflicts(
@@ -324,7 +325,7 @@ class Policy:
         is let in ahead of it."""
         if not gpu.waiters:
             return []
-        key = self._priority(gpu, at)
+        key = look.priority
         blocked: list[int] = []
         for client in sorted(gpu.waiters, key=key):
             if (
@@ -353,7 +354,6 @@ class Policy:
         gpu: GpuState,
         look: Look,
         blocked: list[int],
-        priority: Priority,
         at: Moments,
         actions: list[Action],
     ) -> None:
@@ -385,7 +385,7 @@ class Policy:
                     self._paid_turn_s(gpu, client, holder) if holder in by_memory and pages else 0.0
                 )
                 turn_s = max(BUSY_TURN_S, paid_s)
-                if not priority(client)[0]:  # overdue: waited TQ, or its group's fair turns
+                if not look.priority(client)[0]:  # overdue: waited TQ, or its group's fair turns
                     self.leases.ask_to_drop(
                         gpu, holder, held, now, actions, DropReason.WAITED_QUANTUM
                     )
@@ -403,7 +403,7 @@ class Policy:
                     self.leases.ask_to_drop(gpu, holder, held, now, actions, DropReason.OWED_WAITS)
                 elif at.reached(held.turn_since + turn_s):
                     if not cuts_in and self.shares.turn_goes_on(
-                        gpu, holder, client, self.clients, now, at.reached, turn_s
+                        gpu, holder, client, look.priority, self.clients, turn_s
                     ):
                         held.turn_since = now  # its group is owed: another turn
                         at.reached(now + turn_s)

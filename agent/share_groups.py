@@ -42,6 +42,7 @@ import functools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .actions import Action, SendMemoryCap
 from .core_state import FEATURE_MEMORY_CAP, ClientState, GpuState, gpu_seconds_of, waited_of
@@ -130,9 +131,10 @@ class ShareGroups:
         settings = gpu.settings
         accounts = self._accounts.setdefault(gpu.uuid, {})
         members: dict[str, list[int]] = {}
+        group_of_client: dict[int, str] = {}
         for client in gpu.users:
             state = clients[client]
-            group = group_of(state, settings.share_by)
+            group = group_of_client[client] = group_of(state, settings.share_by)
             members.setdefault(group, []).append(client)
             account = accounts.get(group)
             if account is None:
@@ -151,15 +153,15 @@ class ShareGroups:
                 decay = math.exp(-max(0.0, now - account.minute_at) / SHARE_WINDOW_S)
                 account.minute_s = account.minute_s * decay + used
                 account.minute_at = now
-        holding = {group_of(clients[c], settings.share_by) for c in gpu.holders}
-        present = holding | {group_of(clients[c], settings.share_by) for c in gpu.waiters}
+        holding = {group_of_client[c] for c in gpu.holders}
+        present = holding | {group_of_client[c] for c in gpu.waiters}
 
         # A waiting group has been here since its earliest request, whenever the rules
         # last looked: a 30 s turn with no event in it once made a group that waited
         # through it look away and come back, and lose its weight.
         since: dict[str, float] = {}
         for client, waiter in gpu.waiters.items():
-            group = group_of(clients[client], settings.share_by)
+            group = group_of_client[client]
             since[group] = min(since.get(group, waiter.requested_at), waiter.requested_at)
 
         def back(group: str) -> bool:
@@ -204,14 +206,23 @@ class ShareGroups:
         for key in [k for k in self._home if k[1] == uuid]:  # (client, GPU) -> group
             del self._home[key]
 
-    def charged(
+    def look(
         self, gpu: GpuState, clients: dict[int, ClientState], now: float
+    ) -> dict[str, GroupAccount]:
+        """The group accounts for one look of the rules, brought up to now (sync): read by
+        charged() and turn_order() for the rest of that look.  None to keep under
+        share_by=process, where the policy compares clients by their use alone."""
+        if gpu.settings.share_by is ShareBy.PROCESS:
+            return {}
+        return self.sync(gpu, clients, now)
+
+    def charged(
+        self, gpu: GpuState, clients: dict[int, ClientState], accounts: dict[str, GroupAccount]
     ) -> Callable[[int], float]:
         """Each client's group's charge on gpu (GPU time over weight; 0 under
-        share_by=process, where the policy compares clients by their use alone)."""
+        share_by=process), from this look's accounts."""
         if gpu.settings.share_by is ShareBy.PROCESS:
             return lambda client: 0.0
-        accounts = self.sync(gpu, clients, now)
         share_by = gpu.settings.share_by
 
         def of(client: int) -> float:
@@ -226,6 +237,7 @@ class ShareGroups:
         self,
         gpu: GpuState,
         clients: dict[int, ClientState],
+        accounts: dict[str, GroupAccount],
         now: float,
         reached: Callable[[float], bool],
     ) -> Callable[[int], tuple[bool, float, bool, float, float]] | None:
@@ -237,7 +249,6 @@ class ShareGroups:
         settings = gpu.settings
         if settings.share_by is ShareBy.PROCESS:
             return None
-        accounts = self.sync(gpu, clients, now)
         busy: dict[str, int] = {}  # group -> its clients that hold or wait
         for client in (*gpu.holders, *gpu.waiters):
             group = group_of(clients[client], settings.share_by)
@@ -273,9 +284,8 @@ class ShareGroups:
         gpu: GpuState,
         holder: int,
         best: int,
+        order: Callable[[int], tuple[Any, ...]],
         clients: dict[int, ClientState],
-        now: float,
-        reached: Callable[[float], bool],
         turn_s: float,
     ) -> bool:
         """Whether the turn holder, its turn over, keeps the turn for another of turn_s:
@@ -283,12 +293,12 @@ class ShareGroups:
         waiter's, which is of another group and not overdue.  (A group of weight 2
         beside a group of weight 1, one client each, must take two turns in a row:
         there is nobody else of its group to take the second.  Without the turn's own
-        charge, a holder a hair behind took a second turn, and the other the same.)"""
-        key = self.turn_order(gpu, clients, now, reached)
-        if key is None:
-            return False
-        in_time, theirs, *_ = key(best)
+        charge, a holder a hair behind took a second turn, and the other the same.)
+        `order` is this look's turn_order()."""
         settings = gpu.settings
+        if settings.share_by is ShareBy.PROCESS:
+            return False
+        in_time, theirs = bool(order(best)[0]), float(order(best)[1])
         mine = group_of(clients[holder], settings.share_by)
         if not in_time or mine == group_of(clients[best], settings.share_by):
             return False
