@@ -9,6 +9,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .core_state import ClientState, GpuState
 
 Key = bytes | int  # a GPU's uuid, or a client's id
 
@@ -49,6 +53,49 @@ class Deadlines:
                 return due
             heapq.heappop(heap)
         return None
+
+
+class CoreDeadlines:
+    """The scheduler's deadlines by what they are for: a GPU's is its GpuState.deadline
+    (the rules' next moment), a client's its HELLO timeout while it has not said HELLO.
+    An entry that is no longer its key's is stale: skipped, never acted on."""
+
+    def __init__(
+        self, gpus: dict[bytes, GpuState], clients: dict[int, ClientState], hello_timeout_s: float
+    ) -> None:
+        self._heap = Deadlines()
+        self._gpus, self._clients, self._hello_timeout_s = gpus, clients, hello_timeout_s
+
+    def push(self, due: float, key: Key) -> None:
+        self._heap.push(due, key, len(self._gpus) + len(self._clients), self._all)
+
+    def earliest(self) -> float | None:
+        return self._heap.earliest(self._current)
+
+    def due(self, now: float) -> Iterator[Key]:
+        """Each key whose deadline is due by now, earliest first."""
+        for due, key in self._heap.pop_due(now):
+            if self._current(due, key):
+                yield key
+
+    def _current(self, due: float, key: Key) -> bool:
+        if isinstance(key, int):
+            state = self._clients.get(key)
+            return (
+                state is not None
+                and not state.greeted
+                and state.connected_at + self._hello_timeout_s == due
+            )
+        gpu = self._gpus.get(key)
+        return gpu is not None and gpu.deadline == due
+
+    def _all(self) -> Iterable[tuple[float, Key]]:
+        for uuid, gpu in self._gpus.items():
+            if gpu.deadline is not None:
+                yield gpu.deadline, uuid
+        for client, state in self._clients.items():
+            if not state.greeted:
+                yield state.connected_at + self._hello_timeout_s, client
 
 
 class Moments:

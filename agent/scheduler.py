@@ -29,52 +29,41 @@ Each GPU runs by its own settings (GpuState.settings): the node-wide ones with
 what the GPU sets for itself over them, by NVML index and, over that, by UUID.
 They are worked out when a GPU appears, when settings change and when the
 inventory gives a GPU its index; a GPU whose mode changes goes through the same
-transitions as a node-wide switch (_settle_gpu_settings).
+transitions as a node-wide switch (node_gpus.NodeGpus.settle).
 
-One concern, though past ~400 lines: the core's events, each a short method
-that updates the state it names and has the rules look at the GPUs it touched
-(and memory's fit, _refit, which the events recompute as they go).  What the
-events keep track of besides has modules of its own, which they call: the
-rules (policy.py), the share groups' accounts and memory caps
-(share_groups.py), each GPU's settings and their switches (gpu_settings.py),
-the GPUs learned from clients (learned_gpus.py), the deadlines (deadlines.py)
-and the snapshot (snapshot.take_snapshot).
+The core's events are short methods that update the state they name and have the
+rules look at the GPUs they touched.  What they keep track of besides has modules of
+its own: the rules (policy.py), the node's GPUs, their settings and memory fit
+(node_gpus.py), the share groups' accounts and memory caps (share_groups.py), the
+deadlines (deadlines.py) and the snapshot (snapshot.take_snapshot).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Iterable
 
-from . import memory_fit
 from .actions import (
     Action,
     Gone,
     Greeted,
     Ignored,
     LockReleased,
-    ModeChanged,
     Queued,
     Refuse,
     SendSettings,
     Withdrawn,
 )
-from .core_state import EXCLUSIVE, FEATURE_YIELD, SHARED, ClientState, GpuState, Lease, Waiter
-from .deadlines import Deadlines, Key
-from .gpu_settings import GpuSettingsBook, ModeSwitch
-from .learned_gpus import MAX_LEARNED_GPUS, MAX_LEARNED_GPUS_PER_UID, LearnedGpus
-from .leases import YIELD_IDLE_MS, DropReason
+from .core_state import ClientState, GpuState, Waiter
+from .deadlines import CoreDeadlines
+from .node_gpus import MAX_BYTES, NodeGpus
 from .policy import Policy
 from .process_past import ProcessPast
-from .settings import NO_OVERRIDES, AntiThrash, Settings
+from .settings import Settings
 from .share_groups import ShareGroups, own_figures, unit_group
 from .snapshot import AgentSnapshot, take_snapshot
-from .usage import CHECK_S, meter_of
+from .usage import meter_of
 
-# Byte counts are u64 wherever they go (the wire, D-Bus 't'); two u64 fields
-# of one report can add up to more, which no one could show.
-MAX_BYTES = 2**64 - 1
 # MEMORY_CAP frames that memory reports make due go out at most this often per GPU: what
 # a group's other processes hold may be this much stale (docs/scheduling.md, "Shares").
 CAPS_EVERY_S = 0.01
@@ -92,21 +81,17 @@ class Scheduler:
         hello_timeout_s: float = HELLO_TIMEOUT_S,
         format_gpu: Callable[[bytes], str] = bytes.hex,
     ):
-        self.settings = settings
-        self._gpu_settings = GpuSettingsBook(settings)
-        self.max_gpus_per_client = max_gpus_per_client
         self.hello_timeout_s = hello_timeout_s
         self._format_gpu = format_gpu  # only for snapshots and refusals: the core keeps raw ids
         self.gpus: dict[bytes, GpuState] = {}
         self.clients: dict[int, ClientState] = {}
         self.process_past = ProcessPast()  # gone connections of processes still here
-        self.inventory_known = False
-        self._inventory_missing = False  # NVML could not be read: none will come
-        self._next_index = 0
-        self._learned = LearnedGpus()
-        self._deadlines = Deadlines()
+        self._deadlines = CoreDeadlines(self.gpus, self.clients, hello_timeout_s)
         self.shares = ShareGroups()  # share groups' accounts and memory caps
         self.policy = Policy(self.clients, self.gpus, self.shares)  # the rules
+        self.node = NodeGpus(  # the GPUs, their settings and memory fit
+            settings, self.gpus, self.clients, self.policy.leases, max_gpus_per_client, format_gpu
+        )
         # The engine's choice: the rules look at the GPUs events touched once per batch
         # of events (decide_pending), not at each: a look costs a few microseconds per
         # client, and a crowd arriving at once cost seconds.
@@ -116,6 +101,10 @@ class Scheduler:
 
     # ------------------------------------------------------------ inventory
 
+    @property
+    def settings(self) -> Settings:
+        return self.node.settings
+
     def add_gpu(
         self,
         uuid: bytes,
@@ -124,38 +113,21 @@ class Scheduler:
         now: float = 0.0,
         index: int | None = None,
     ) -> list[Action]:
-        """A GPU the node has (from NVML); kept even when no client uses it.  index:
-        NVML's number for it; by default the next one (the engine adds GPUs in
-        NVML's order)."""
-        gpu = self.gpus.get(uuid)
+        """A GPU the node has (from NVML): node_gpus.NodeGpus.add."""
         actions: list[Action] = []
-        if index is None:
-            index = self._next_index if gpu is None or gpu.index is None else gpu.index
-        self._next_index = max(self._next_index, index + 1)
-        if gpu is None:
-            gpu = self.gpus[uuid] = GpuState(uuid, index=index)
-            self._settle_gpu_settings(gpu, now, actions, fresh=True)
-        else:
-            self._learned.forget(gpu)
-            gpu.index = index
-            self._settle_gpu_settings(gpu, now, actions)  # it may have settings by index
-        gpu.name, gpu.memory_total_bytes, gpu.from_inventory = name, memory_total_bytes, True
-        self.inventory_known = True
-        self._refit(gpu, now, actions, "inventory")
+        gpu = self.node.add(uuid, name, memory_total_bytes, now, index, actions)
         self._update(gpu, now, actions)
         return actions
 
     def inventory_missing(self) -> list[Action]:
         """NVML could not be read: GPUs come from clients only, and none has an index."""
-        self._inventory_missing = True
         actions: list[Action] = []
-        self._note_unused_index_settings(actions)
+        self.node.inventory_missing(actions)
         return actions
 
     def allow_gpu(self, uuid: bytes) -> None:
-        """An id the inventory knows but does not schedule on its own (a MIG instance):
-        clients may name it."""
-        self._learned.also_known.add(uuid)
+        """An id the inventory knows but does not schedule on its own (a MIG instance)."""
+        self.node.allow(uuid)
 
     def nvml_processes(self, readings: dict[bytes, dict[int, int]], now: float) -> list[Action]:
         """NVML's per-process memory on each GPU (pid -> bytes), all processes."""
@@ -165,7 +137,7 @@ class Scheduler:
             if gpu is None:
                 continue
             gpu.process_bytes = dict(by_pid)
-            self._refit(gpu, now, actions, "nvml reading")
+            self.node.refit(gpu, now, actions, "nvml reading")
             self._update(gpu, now, actions)
         return actions
 
@@ -174,7 +146,7 @@ class Scheduler:
     def connect(self, client: int, pid: int, uid: int, gid: int, now: float = 0.0) -> list[Action]:
         self.clients[client] = ClientState(pid, uid, gid, connected_at=now)
         self.process_past.connected(pid)
-        self._push_deadline(now + self.hello_timeout_s, client)
+        self._deadlines.push(now + self.hello_timeout_s, client)
         return []
 
     def hello(
@@ -210,7 +182,7 @@ class Scheduler:
             return [Ignored(client, state.pid, uuid, "duplicate request while waiting")]
         if uuid not in state.active:
             state.active.add(uuid)  # its context now takes memory there
-            self._refit(gpu, now, actions, "new client")
+            self.node.refit(gpu, now, actions, "new client")
         gpu.waiters[client] = Waiter(now)
         state.asked_at[uuid] = now
         self._update(gpu, now, actions)
@@ -273,7 +245,7 @@ class Scheduler:
         if total:
             state.active.add(uuid)
         gpu = self.gpus[uuid]
-        self._refit(gpu, now, actions, f"memory report pid={state.pid}")
+        self.node.refit(gpu, now, actions, f"memory report pid={state.pid}")
         gpu.caps_due = True  # its group's others: soon (_update)
         self._update(gpu, now, actions)
         return actions
@@ -301,7 +273,7 @@ class Scheduler:
             return [refusal]
         gpu = self.gpus[uuid]
         gpu.reported_totals[client] = total_bytes
-        self._refit(gpu, now, actions, "gpu memory reported")
+        self.node.refit(gpu, now, actions, "gpu memory reported")
         self._update(gpu, now, actions)
         return actions
 
@@ -347,11 +319,11 @@ class Scheduler:
             gone.append(Gone(client, state.pid, state.greeted, gpu_seconds))
         for uuid, gpu in touched.items():
             if not gpu.users and not gpu.from_inventory:
-                self._learned.forget(gpu)
+                self.node.forget_learned(gpu)
                 self.shares.forget_gpu(uuid)
                 del self.gpus[uuid]  # learned from clients only: forget it with them
                 continue
-            self._refit(gpu, now, actions, "client gone")
+            self.node.refit(gpu, now, actions, "client gone")
             # Its group's others hold less: told with the reports' (_update), at most
             # every CAPS_EVERY_S.  A crowd that leaves at once was told n times n.
             gpu.caps_due = True
@@ -380,81 +352,42 @@ class Scheduler:
 
     def tick(self, now: float) -> list[Action]:
         actions: list[Action] = []
-        for due, key in self._deadlines.pop_due(now):
+        for key in self._deadlines.due(now):
             if isinstance(key, int):
-                state = self.clients.get(key)
-                if (
-                    state is not None
-                    and not state.greeted
-                    and state.connected_at + self.hello_timeout_s == due
-                ):
-                    actions.append(
-                        Refuse(key, f"no HELLO within {self.hello_timeout_s:g} s of connecting")
-                    )
-                continue
-            gpu = self.gpus.get(key)
-            if gpu is not None and gpu.deadline == due:
+                message = f"no HELLO within {self.hello_timeout_s:g} s of connecting"
+                actions.append(Refuse(key, message))
+            else:
+                gpu = self.gpus[key]
                 gpu.deadline = None
                 self._update(gpu, now, actions)
         return actions
 
     def change_settings(self, settings: Settings, now: float) -> list[Action]:
         """New settings, node-wide and per GPU: each GPU switches to what it now
-        runs by (_settle_gpu_settings)."""
-        previous, self.settings = self.settings, settings
-        self._gpu_settings.replace(settings)
+        runs by (node_gpus.NodeGpus.settle)."""
         actions: list[Action] = []
-        if _wire_settings(previous) != _wire_settings(settings):
-            actions.append(SendSettings(None, settings))  # the node-wide ones: for every shim
-        self._note_unused_index_settings(actions)
+        self.node.change_settings(settings, now, actions)
         for gpu in self.gpus.values():
-            self._settle_gpu_settings(gpu, now, actions)
             self.shares.settle_totals(gpu, self.clients, now)  # share_by may have changed
             self._update(gpu, now, actions)
         return actions + self.memory_caps()
 
     def next_deadline(self) -> float | None:
         """When tick() must run next, or None when no timer is needed."""
-        return self._deadlines.earliest(self._deadline_current)
-
-    def _deadline_current(self, due: float, key: Key) -> bool:
-        if isinstance(key, int):
-            state = self.clients.get(key)
-            return state is not None and not state.greeted
-        gpu = self.gpus.get(key)
-        return gpu is not None and gpu.deadline == due
-
-    def _push_deadline(self, due: float, key: Key) -> None:
-        self._deadlines.push(due, key, len(self.gpus) + len(self.clients), self._all_deadlines)
-
-    def _all_deadlines(self) -> Iterable[tuple[float, Key]]:
-        for uuid, gpu in self.gpus.items():
-            if gpu.deadline is not None:
-                yield gpu.deadline, uuid
-        for client, state in self.clients.items():
-            if not state.greeted:
-                yield state.connected_at + self.hello_timeout_s, client
+        return self._deadlines.earliest()
 
     # ------------------------------------------------------------ who may name which GPU
 
     def _use_gpu(
         self, client: int, state: ClientState, uuid: bytes, actions: list[Action]
     ) -> Refuse | None:
+        """It names a GPU: refused, or its user, counted in its share group there from now."""
         if uuid in state.gpus:
             return None
-        if len(state.gpus) >= self.max_gpus_per_client:
-            return Refuse(client, f"more than {self.max_gpus_per_client} GPUs on one connection")
-        gpu = self.gpus.get(uuid)
-        if gpu is None:
-            refusal = self._learned.refusal(state.uid, uuid, self.inventory_known, self._format_gpu)
-            if refusal:
-                return Refuse(client, refusal)
-            gpu = self.gpus[uuid] = self._learned.learn(uuid, state.uid)
-            self._settle_gpu_settings(gpu, 0.0, actions, fresh=True)
-        state.gpus[uuid] = None
-        gpu.users.add(client)
-        self.shares.joined(gpu, client, state)
-        return None
+        refusal = self.node.use(client, state, uuid, actions)
+        if refusal is None:
+            self.shares.joined(self.gpus[uuid], client, state)
+        return refusal
 
     # ------------------------------------------------------------ the rules, per GPU
 
@@ -500,70 +433,7 @@ class Scheduler:
         if due != gpu.deadline:
             gpu.deadline = due
             if due is not None:
-                self._push_deadline(due, gpu.uuid)
-
-    def _drain_shared_holders(self, gpu: GpuState, now: float, actions: list[Action]) -> None:
-        """Anti-thrash just came on: shared holders must all leave before anyone holds
-        exclusively.  A lone exclusive holder (granted before anti-thrash went off, and
-        never joined by others) simply keeps its lease."""
-        holders = gpu.holders
-        if len(holders) == 1 and next(iter(holders.values())).mode == EXCLUSIVE:
-            return
-        self.policy.leases.ask_each_to_drop(gpu, now, actions, DropReason.ANTI_THRASH_ON)
-
-    # ------------------------------------------------------------ each GPU's settings
-
-    def _settle_gpu_settings(
-        self, gpu: GpuState, now: float, actions: list[Action], fresh: bool = False
-    ) -> None:
-        """Bring the GPU's own settings up to date (gpu_settings.py), switching its mode
-        as a node-wide change switches every GPU's (docs/scheduling.md, "On and off").
-        fresh: a GPU just added, with no lease or waiter yet."""
-        settled = self._gpu_settings.settle(gpu, self.settings, fresh)
-        if settled.applied is not None:
-            actions.append(settled.applied)
-        if settled.switch is ModeSwitch.TO_OFF:
-            for held in gpu.holders.values():
-                held.drop_requested_at = None  # nothing to make room for any more
-        elif settled.switch is ModeSwitch.TO_ON:
-            self._drain_shared_holders(gpu, now, actions)
-        elif settled.switch is ModeSwitch.OFF_TO_AUTO:
-            # Leases of "off" are shared and never given back when idle: have
-            # them asked again, so they get leases of auto's kind.
-            self.policy.leases.ask_each_to_drop(gpu, now, actions, DropReason.ANTI_THRASH_AUTO)
-        if settled.refit:
-            self._refit(gpu, now, actions, "settings", always_log=True)
-
-    def _note_unused_index_settings(self, actions: list[Action]) -> None:
-        unused = self._gpu_settings.unused_index_settings(
-            self.settings, self._inventory_missing, self.inventory_known
-        )
-        if unused is not None:
-            actions.append(unused)
-
-    # ------------------------------------------------------------ memory (auto)
-
-    def _refit(
-        self,
-        gpu: GpuState,
-        now: float,
-        actions: list[Action],
-        reason: str,
-        always_log: bool = False,
-    ) -> None:
-        """Recompute the GPU's demand and capacity, and whether its memory fits."""
-        capacity = memory_fit.capacity(memory_fit.own_total(gpu), gpu.settings.memory_limit_bytes)
-        demand = memory_fit.demand_of(gpu, self.clients, gpu.users)  # everyone at once
-        demand = min(demand, MAX_BYTES)
-        fits = memory_fit.fits(gpu.fits, demand, capacity)
-        gpu.demand_bytes, gpu.capacity_bytes = demand, capacity
-        changed = fits != gpu.fits
-        gpu.fits = fits
-        if gpu.settings.anti_thrash is not AntiThrash.AUTO:
-            return
-        if changed or always_log:
-            mode = SHARED if fits else EXCLUSIVE
-            actions.append(ModeChanged(gpu.uuid, mode, demand, capacity, reason))
+                self._deadlines.push(due, gpu.uuid)
 
     # ------------------------------------------------------------ status
 
@@ -577,26 +447,3 @@ class Scheduler:
             group_figures=lambda gpu, at: self.shares.figures(gpu, self.clients, at),
             process_past=self.process_past.of,
         )
-
-
-def _wire_settings(settings: Settings) -> Settings:
-    """What SETTINGS tells every shim: the node-wide settings, less what only the
-    agent reads (the GPUs' own, the share groups)."""
-    return dataclasses.replace(settings.for_gpu(NO_OVERRIDES), shares=())
-
-
-__all__ = [
-    "CHECK_S",
-    "EXCLUSIVE",
-    "FEATURE_YIELD",
-    "HELLO_TIMEOUT_S",
-    "MAX_LEARNED_GPUS",
-    "MAX_LEARNED_GPUS_PER_UID",
-    "SHARED",
-    "YIELD_IDLE_MS",
-    "ClientState",
-    "GpuState",
-    "Lease",
-    "Scheduler",
-    "Waiter",
-]

@@ -19,8 +19,9 @@ from nvshare_agent.actions import (
     SendSettings,
     Withdrawn,
 )
-from nvshare_agent.scheduler import CHECK_S, Scheduler
+from nvshare_agent.scheduler import Scheduler
 from nvshare_agent.settings import AntiThrash, GpuOverrides, Settings
+from nvshare_agent.usage import CHECK_S
 
 G0, G1 = b"\x00" * 15 + b"\x01", b"\x00" * 15 + b"\x02"
 TQ, GRACE = 10, 2.0

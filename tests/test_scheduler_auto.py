@@ -20,14 +20,11 @@ from nvshare_agent.actions import (
     Refuse,
     Revoke,
 )
-from nvshare_agent.core_state import FEATURE_USAGE
+from nvshare_agent.core_state import FEATURE_USAGE, FEATURE_YIELD
+from nvshare_agent.learned_gpus import MAX_LEARNED_GPUS_PER_UID
+from nvshare_agent.leases import YIELD_IDLE_MS
 from nvshare_agent.policy import DRAIN_MS
-from nvshare_agent.scheduler import (
-    FEATURE_YIELD,
-    MAX_LEARNED_GPUS_PER_UID,
-    YIELD_IDLE_MS,
-    Scheduler,
-)
+from nvshare_agent.scheduler import Scheduler
 from nvshare_agent.settings import AntiThrash, GpuOverrides, Settings
 from nvshare_agent.usage import USAGE_WINDOW_S, UsageMeter
 

@@ -15,9 +15,10 @@ from nvshare_agent.actions import (
     Queued,
     Revoke,
 )
+from nvshare_agent.core_state import FEATURE_YIELD
 from nvshare_agent.policy import BUSY_TURN_S
 from nvshare_agent.protocol import format_uuid
-from nvshare_agent.scheduler import FEATURE_YIELD, Scheduler
+from nvshare_agent.scheduler import Scheduler
 from nvshare_agent.settings import AntiThrash, GpuOverrides, Settings
 
 G0, G1 = b"\x00" * 15 + b"\x01", b"\x00" * 15 + b"\x02"

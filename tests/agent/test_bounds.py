@@ -16,8 +16,8 @@ import pytest
 from agent_harness import TIMEOUT_S, ShimClient, wait_until
 
 from nvshare_agent import protocol
+from nvshare_agent.learned_gpus import MAX_LEARNED_GPUS_PER_UID
 from nvshare_agent.protocol import ErrorCode
-from nvshare_agent.scheduler import MAX_LEARNED_GPUS_PER_UID
 
 FAKE_NVML = Path(__file__).resolve().parent / "fake_nvml"
 FAKE_GPU = protocol.parse_uuid("GPU-0d84ee44-b797-1c71-8ccd-cefec22161de")  # fake_nvml's first
