@@ -110,15 +110,13 @@ class NodeGpus:
 
     # ------------------------------------------------------------ each GPU's settings
 
-    def change_settings(self, settings: Settings, now: float, actions: list[Action]) -> None:
-        """New settings, node-wide and per GPU: each GPU switches to what it now runs by."""
+    def change_settings(self, settings: Settings, actions: list[Action]) -> None:
+        """New settings, node-wide and per GPU; the scheduler then settles each GPU."""
         previous, self.settings = self.settings, settings
         self._book.replace(settings)
         if _wire_settings(previous) != _wire_settings(settings):
             actions.append(SendSettings(None, settings))  # the node-wide ones: for every shim
         self._note_unused_index_settings(actions)
-        for gpu in self.gpus.values():
-            self.settle(gpu, now, actions)
 
     def settle(self, gpu: GpuState, now: float, actions: list[Action], fresh: bool = False) -> None:
         """Bring the GPU's own settings up to date (gpu_settings.py), switching its mode

@@ -208,8 +208,8 @@ class Policy:
             since = waiter.requested_at + light_wait_s
             if at.reached(since):
                 meter_of(self.clients[client], gpu.uuid).freeze(since)
-        # The figures do not change while the rules look (grants thaw no figure until a
-        # report): read them once ("pays" again once holders are asked to go).
+        # The figures do not change while the rules look (a grant's thaw keeps the frozen
+        # figure): read them once ("pays" again once holders are asked to go).
         self._uses = {}
         try:
             look = self._look(gpu, at)

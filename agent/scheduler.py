@@ -366,8 +366,9 @@ class Scheduler:
         """New settings, node-wide and per GPU: each GPU switches to what it now
         runs by (node_gpus.NodeGpus.settle)."""
         actions: list[Action] = []
-        self.node.change_settings(settings, now, actions)
+        self.node.change_settings(settings, actions)
         for gpu in self.gpus.values():
+            self.node.settle(gpu, now, actions)
             self.shares.settle_totals(gpu, self.clients, now)  # share_by may have changed
             self._update(gpu, now, actions)
         return actions + self.memory_caps()

@@ -181,7 +181,10 @@ class ShareGroups:
             for client in [c for c in account.seen_s if c not in gpu.users]:
                 del account.seen_s[client]  # gone: what it used is charged
                 self._home.pop((client, gpu.uuid), None)
-        self._forget_absent(accounts, members, floor)
+        # The least charged present, those back brought up included: a look reads its
+        # accounts once, and an absent group charged no more than that is forgotten now.
+        least = min((accounts[g].charged_s for g in present), default=None)
+        self._forget_absent(accounts, members, least)
         return accounts
 
     def _forget_absent(
@@ -210,7 +213,7 @@ class ShareGroups:
         self, gpu: GpuState, clients: dict[int, ClientState], now: float
     ) -> dict[str, GroupAccount]:
         """The group accounts for one look of the rules, brought up to now (sync): read by
-        charged() and turn_order() for the rest of that look.  None to keep under
+        charged() and turn_order() for the rest of that look.  None (empty) under
         share_by=process, where the policy compares clients by their use alone."""
         if gpu.settings.share_by is ShareBy.PROCESS:
             return {}

@@ -373,7 +373,7 @@ def test_a_decision_reads_the_clients_figures_once_however_many_wait(monkeypatch
 
     monkeypatch.setattr(memory_fit.Demand, "__init__", counted)
     node.s.request(200, G0, 0.0)
-    assert len(walks) <= 2  # the decision's, and _refit's where a context is new
+    assert len(walks) <= 2  # the decision's, and NodeGpus.refit's where a context is new
 
 
 def test_a_groups_memory_caps_go_out_at_most_every_10_ms_however_many_report():

@@ -168,6 +168,32 @@ def test_a_group_that_leaves_and_comes_back_banks_no_time():
     assert node.share_of(2000) == pytest.approx(0.5, abs=0.05)
 
 
+def test_a_group_gone_while_only_returning_groups_are_present_comes_back_at_their_level():
+    """A gone group charged no more than every group present is forgotten at the look
+    that finds it so, even when all present just came back: back later, it starts at
+    the least charged present, not at what it had banked (a review found one sync per
+    look kept it, and user 1 waited 4 s more behind user 3's turns)."""
+    s = Scheduler(AUTO)
+    s.connect(99, 999, 99, 99, 0.0)
+    s.hello(99, (G0,), "idle", 0.0)  # keeps the learned GPU, and its accounts, alive
+
+    def hold(client, uid, start, end=None):
+        s.connect(client, 100 + client, uid, uid, start)
+        s.hello(client, (G0,), "x", start)
+        s.request(client, G0, start)
+        if end is not None:
+            s.release(client, G0, s.gpus[G0].holders[client].number, end)
+            s.disconnect(client, end)
+
+    hold(1, 2, 0.0, 10.0)  # user 2 charged 10 s, then gone
+    hold(2, 1, 10.0, 15.0)  # user 1 charged 5 s, then gone
+    hold(3, 2, 30.0, 31.0)  # user 2 back alone, long after: user 1 is charged less
+    hold(4, 3, 32.0)  # a new user holds
+    hold(5, 1, 33.0)  # user 1 back
+    accounts = s.shares._accounts[G0]
+    assert accounts["user:1"].charged_s == pytest.approx(accounts["user:3"].charged_s)
+
+
 def test_a_newcomer_group_does_not_take_the_gpu_for_what_others_used_before():
     node = BusyNode(AUTO, [1000, 2000])
     node.run(300)
