@@ -14,6 +14,7 @@ trainer, ~18 ms each on an H200; 4096: run.py's reference trainer).  Ways of run
 Each against the inference server alone and the busy client alone.
 
     bench/gpu/run.sh --hold-ceiling [RESULTS_DIR] [--window S] [--widths 8192,4096]   # ~4 min at 15 s
+    ... --inference-args "--batch 1 --width 1024 --passes 40"   # a launch-bound server instead
 Prints a table; every latency and rate to RESULTS_DIR/hold_ceiling.json.
 """
 
@@ -24,6 +25,7 @@ import json
 import mmap
 import os
 import pathlib
+import shlex
 import sys
 import tempfile
 import time
@@ -82,7 +84,11 @@ def steps_per_s(step_times: list[float], start: float, end: float) -> float:
 
 
 def run_once(
-    workdir: pathlib.Path, window_s: float, width: int | None, way: str | None, inference: bool
+    workdir: pathlib.Path,
+    window_s: float,
+    width: int | None,
+    way: str | None,
+    inference: list[str] | None,
 ) -> dict:
     """One run: the inference server and/or the busy client, over one window."""
     rundir = pathlib.Path(tempfile.mkdtemp(dir=workdir, prefix="run-"))
@@ -91,7 +97,7 @@ def run_once(
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     processes, ready = {}, {}
     try:
-        if inference:
+        if inference is not None:
             ready["inference"] = rundir / "inference-ready"
             processes["inference"] = start_json(
                 [
@@ -105,6 +111,7 @@ def run_once(
                     str(go),
                     "--hold-flag",
                     str(flag),
+                    *inference,
                 ],
                 env=env,
             )
@@ -141,7 +148,7 @@ def run_once(
             if process.poll() is None:
                 stop_process(process)
     result: dict = {"width": width, "way": way}
-    if inference:
+    if inference is not None:
         latencies = outputs["inference"]["latencies_ms"]
         result["inference"] = {
             "p50_ms": percentile(latencies, 0.5),
@@ -188,6 +195,9 @@ def main(argv=None) -> None:
     parser.add_argument("results", nargs="?", default=str(HERE.parents[1] / "results" / "gpu"))
     parser.add_argument("--window", type=float, default=15.0)
     parser.add_argument("--widths", default="8192,4096")
+    parser.add_argument(
+        "--inference-args", default="", help="more arguments for inference.py (its shape)"
+    )
     parser.add_argument("--busy", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--way", choices=WAYS, help=argparse.SUPPRESS)
@@ -203,12 +213,13 @@ def main(argv=None) -> None:
     results_dir = pathlib.Path(args.results)
     results_dir.mkdir(parents=True, exist_ok=True)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="hold-ceiling-"))
-    results: dict = {"window_s": args.window, "widths": widths}
-    results["inference_solo"] = run_once(workdir, args.window, None, None, inference=True)
+    server = shlex.split(args.inference_args)
+    results: dict = {"window_s": args.window, "widths": widths, "inference_args": server}
+    results["inference_solo"] = run_once(workdir, args.window, None, None, server)
     for width in widths:
-        results[f"busy_solo_{width}"] = run_once(workdir, args.window, width, "plain", False)
+        results[f"busy_solo_{width}"] = run_once(workdir, args.window, width, "plain", None)
         for way in WAYS:
-            results[f"pair_{width}_{way}"] = run_once(workdir, args.window, width, way, True)
+            results[f"pair_{width}_{way}"] = run_once(workdir, args.window, width, way, server)
             print(f"hold_ceiling: {width} {way} done", flush=True)
     (results_dir / "hold_ceiling.json").write_text(json.dumps(results, indent=1))
     print("\n".join(table(results)))
