@@ -91,10 +91,9 @@ class NodeGpus:
     def use(
         self, client: int, state: ClientState, uuid: bytes, actions: list[Action]
     ) -> Refuse | None:
-        """The client names a GPU (HELLO, a request, a report): a refusal, or it is the
-        GPU's user from now on (learned from it where the inventory does not list it)."""
-        if uuid in state.gpus:
-            return None
+        """The client names a GPU it had not named (HELLO, a request, a report): a refusal,
+        or it is the GPU's user from now on (learned from it where the inventory does not
+        list it)."""
         if len(state.gpus) >= self.max_gpus_per_client:
             return Refuse(client, f"more than {self.max_gpus_per_client} GPUs on one connection")
         gpu = self.gpus.get(uuid)

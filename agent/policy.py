@@ -244,7 +244,8 @@ class Policy:
         saturating = sorted(
             (c for c in staying if self.saturating(gpu, c, at.now)), key=look.standing
         )
-        if len(saturating) > 1 and self._turns_pay(gpu, at.now):
+        pays = look.pays if staying == holding else self._turns_pay(gpu, at.now)  # of those left
+        if len(saturating) > 1 and pays:
             for client in saturating[1:]:
                 held = gpu.holders[client]
                 self.leases.ask_to_drop(

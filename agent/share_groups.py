@@ -301,7 +301,8 @@ class ShareGroups:
         settings = gpu.settings
         if settings.share_by is ShareBy.PROCESS:
             return False
-        in_time, theirs = bool(order(best)[0]), float(order(best)[1])
+        key = order(best)
+        in_time, theirs = bool(key[0]), float(key[1])
         mine = group_of(clients[holder], settings.share_by)
         if not in_time or mine == group_of(clients[best], settings.share_by):
             return False
