@@ -1,7 +1,7 @@
 """The NVML adapter: which GPUs this node has (UUID, name, total memory), and
 how much memory each process holds on them.
 
-NVML is read in a child process (`python -m nvshare_agent.nvml`), never in the
+NVML is read in a child process (`python -m nvshare_agent.nvml_reader`), never in the
 agent: nvmlInit maps about 20 MB that nvmlShutdown never gives back (measured
 on the H100 node), and a wedged driver can hang nvmlInit, which would
 otherwise hang the agent with it.  The child prints JSON lines: one with the
@@ -21,9 +21,8 @@ import json
 import os
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from .protocol import parse_uuid
 
@@ -60,7 +59,7 @@ def _child_environment() -> dict:
 
 
 async def _start_reader(*options: str, **pipes) -> asyncio.subprocess.Process:
-    """The reader child (`python -m nvshare_agent.nvml OPTIONS`), started whole.
+    """The reader child (`python -m nvshare_agent.nvml_reader OPTIONS`), started whole.
 
     create_subprocess_exec cancelled half way (a SIGTERM while it connects the
     pipes) kills the child through subprocess.Popen, whose poll() may reap it
@@ -70,7 +69,7 @@ async def _start_reader(*options: str, **pipes) -> asyncio.subprocess.Process:
         asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            __name__,
+            f"{__package__}.nvml_reader",
             *options,
             stdin=asyncio.subprocess.DEVNULL,
             env=_child_environment(),
@@ -120,14 +119,15 @@ async def read_node(timeout_s: float = READ_TIMEOUT_S) -> NodeInventory:
         answer = json.loads(out.decode().strip().splitlines()[-1])
         gpus = [
             GpuInfo(
-                bytes.fromhex(g["uuid"]),
+                raw,
                 g["name"],
                 int(g["memory_total_bytes"]),
                 None if g.get("index") is None else int(g["index"]),
             )
             for g in answer["gpus"]
+            if (raw := _raw_uuid(g["uuid"])) is not None
         ]
-        mig = tuple(bytes.fromhex(u) for u in answer.get("mig", ()))
+        mig = tuple(raw for u in answer.get("mig", ()) if (raw := _raw_uuid(u)) is not None)
         return NodeInventory(gpus, mig, answer["problem"])
     except (ValueError, LookupError, TypeError):
         last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
@@ -162,19 +162,12 @@ async def watch_processes(
             if answer.get("problem"):
                 raise RuntimeError(answer["problem"])
             yield {
-                bytes.fromhex(uuid): {int(pid): int(used) for pid, used in rows}
+                raw: {int(pid): int(used) for pid, used in rows}
                 for uuid, rows in answer["processes"].items()
+                if (raw := _raw_uuid(uuid)) is not None
             }
     finally:
         await _stop_reader(child)
-
-
-# ---------------------------------------------------------------- in the child
-
-
-def _text(value) -> str:
-    # nvidia-ml-py returns str in new releases and bytes in old ones.
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _raw_uuid(text: str) -> bytes | None:
@@ -183,102 +176,3 @@ def _raw_uuid(text: str) -> bytes | None:
         return parse_uuid(text.removeprefix("MIG-"))
     except ValueError:
         return None  # an old driver's "MIG-GPU-.../n/m" form names no single id
-
-
-def read_inventory_here() -> tuple[list[GpuInfo], str | None, list[bytes]]:
-    """The reading itself, in the calling process (the child's main)."""
-    try:
-        import pynvml
-    except ImportError:
-        return [], "pynvml is not installed", []
-    try:
-        pynvml.nvmlInit()
-    except Exception as e:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
-        return [], f"NVML unavailable: {e}", []
-    try:
-        gpus, mig = [], []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid_text = _text(pynvml.nvmlDeviceGetUUID(handle))
-            if uuid_text.startswith("MIG-"):
-                raw = _raw_uuid(uuid_text)
-                if raw is not None:
-                    mig.append(raw)
-                continue  # the shim names whole GPUs; MIG instances are only let through
-            raw = _raw_uuid(uuid_text)
-            if raw is None:
-                continue
-            gpus.append(
-                GpuInfo(
-                    raw,
-                    _text(pynvml.nvmlDeviceGetName(handle)),
-                    int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
-                    index,
-                )
-            )
-        return gpus, None, mig
-    except Exception as e:
-        return [], f"NVML query failed: {e}", []
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
-
-
-def _processes_here(pynvml) -> dict[str, list[list[int]]]:
-    readings = {}
-    for index in range(pynvml.nvmlDeviceGetCount()):
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        uuid_text = _text(pynvml.nvmlDeviceGetUUID(handle))
-        if uuid_text.startswith("MIG-"):
-            continue
-        used: dict[int, int] = {}
-        for query in (
-            pynvml.nvmlDeviceGetComputeRunningProcesses,
-            pynvml.nvmlDeviceGetGraphicsRunningProcesses,
-        ):
-            for process in query(handle):
-                # None where the driver cannot tell (some containers, Windows).
-                if process.usedGpuMemory is not None:
-                    used[process.pid] = max(used.get(process.pid, 0), int(process.usedGpuMemory))
-        raw = _raw_uuid(uuid_text)
-        if raw is not None:
-            readings[raw.hex()] = [[pid, b] for pid, b in used.items()]
-    return readings
-
-
-def watch_here(interval_s: float) -> None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as e:
-        print(json.dumps({"problem": f"NVML unavailable: {e}"}), flush=True)
-        return
-    try:
-        while True:
-            line: dict[str, object]
-            try:
-                line = {"processes": _processes_here(pynvml)}
-            except Exception as e:
-                line = {"problem": f"NVML query failed: {e}"}
-            print(json.dumps(line), flush=True)
-            if "problem" in line:
-                return
-            time.sleep(interval_s)
-    except BrokenPipeError:
-        pass  # the agent is gone
-
-
-def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--watch":
-        watch_here(float(sys.argv[2]))
-        return
-    gpus, problem, mig = read_inventory_here()
-    rows = [dict(asdict(g), uuid=g.uuid.hex()) for g in gpus]
-    print(json.dumps({"gpus": rows, "mig": [u.hex() for u in mig], "problem": problem}), flush=True)
-
-
-if __name__ == "__main__":
-    main()

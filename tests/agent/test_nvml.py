@@ -100,7 +100,7 @@ async def test_an_agent_stopping_while_nvml_hangs_leaves_no_reader_behind(fake_n
 
 
 def nvml_readers() -> list[int]:
-    """This process's live children running `-m nvshare_agent.nvml` (zombies are not
+    """This process's live children running `-m nvshare_agent.nvml_reader` (zombies are not
     running).  Only its own: tests run side by side (pytest -n) start readers too."""
     found = []
     for entry in Path("/proc").iterdir():
@@ -109,6 +109,6 @@ def nvml_readers() -> list[int]:
             state, parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
         except (OSError, IndexError, ValueError):
             continue
-        if b"nvshare_agent.nvml" in command and state != "Z" and int(parent) == os.getpid():
+        if b"nvshare_agent.nvml_reader" in command and state != "Z" and int(parent) == os.getpid():
             found.append(int(entry.name))
     return found

@@ -24,7 +24,7 @@ PYNVML = REPO / "packaging" / "vendor" / "nvidia-ml-py-12.535.161"
 # The agent's reader, with nvmlShutdown wrapped to list the open device nodes first.
 READER = r"""
 import json, os, stat, pynvml
-from nvshare_agent import nvml
+from nvshare_agent import nvml_reader
 
 nodes = []
 real_shutdown = pynvml.nvmlShutdown
@@ -43,11 +43,12 @@ def shutdown_after_listing():
     real_shutdown()
 
 pynvml.nvmlShutdown = shutdown_after_listing
-gpus, problem, _mig = nvml.read_inventory_here()
+inventory = nvml_reader.read_inventory_here()
+gpus, problem = inventory["gpus"], inventory["problem"]
 # The agent's watcher (anti-thrash auto) also reads each GPU's processes: what it
 # opens for that must be allowed too.
 pynvml.nvmlInit()
-processes = nvml._processes_here(pynvml)
+processes = nvml_reader.processes_here(pynvml)
 shutdown_after_listing()
 print(json.dumps({"gpus": len(gpus), "problem": problem, "nodes": nodes,
                   "process_readings": len(processes)}))
