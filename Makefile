@@ -12,7 +12,7 @@ SHIM_TIDY_FLAGS := -std=gnu11 -O2 -pthread -D_GNU_SOURCE -include shim/glibc_bas
 # nvshare_device_plugin and nvshare_metrics (pyproject.toml), so link them so.
 TYPECHECK_ROOT := build/typecheck
 
-.PHONY: all shim shim-asan standin deps build-deps lint-deps venv lint-venv lint format check check-fast check-clean deb install clean
+.PHONY: all shim shim-asan standin wire-cache deps build-deps lint-deps venv lint-venv lint format check check-fast check-clean deb install clean
 
 all: shim
 
@@ -93,12 +93,19 @@ format: lint-venv
 	$(PY) -m ruff check --quiet --fix .
 	clang-format -i $(C_FILES)
 
+# cffi's parse of the wire format, made once for the checkout's agents (tools/wire_cache.py:
+# each start would parse the header again, ~20 ms; tests start hundreds).
+wire-cache: agent/_wire_ffi.py
+agent/_wire_ffi.py: shim/nvshare_protocol.h tools/wire_cache.py
+	@test -x $(PY) || { echo "wire-cache: no $(VENV); run 'make venv' once (it needs the network)" >&2; exit 1; }
+	$(PY) tools/wire_cache.py $@
+
 # The whole suite.  pytest exits 5 when it collects nothing, which fails here too.
 # Run as root in someone's checkout, what it built there goes back to them,
 # whatever the outcome.
 check: deps
 	@status=0; \
-	$(MAKE) shim shim-asan standin venv && $(PY) -m pytest $(PYTEST_ARGS) || status=$$?; \
+	$(MAKE) shim shim-asan standin venv wire-cache && $(PY) -m pytest $(PYTEST_ARGS) || status=$$?; \
 	packaging/give-back-checkout.sh; exit $$status
 
 # The inner loop: no root, no network, no containers, about a minute on 2 cores.
@@ -106,10 +113,13 @@ check: deps
 # make check, once: that needs the network).  Five workers on 2 cores, each taking the
 # next test as it finishes (worksteal): many tests wait on processes or timeouts, and
 # a long one no longer ends a run alone (70 s with -n 4 and the default split; 64 s).
+# Bytecode is kept under build/, even where PYTHONDONTWRITEBYTECODE is set: the run
+# starts ~450 Python processes (175 agents), and each compiled the agent anew.
 CHECK_FAST_MARKERS := not slow and not root and not container
-check-fast: shim shim-asan standin
+PYCACHE := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache
+check-fast: shim shim-asan standin wire-cache
 	@test -x $(PY) || { echo "check-fast: no $(VENV); run 'make venv' once (it needs the network)" >&2; exit 1; }
-	$(PY) -m pytest -q -rfE -n 5 --dist worksteal -m "$(CHECK_FAST_MARKERS)" $(PYTEST_ARGS)
+	$(PYCACHE) $(PY) -m pytest -q -rfE -n 5 --dist worksteal -m "$(CHECK_FAST_MARKERS)" $(PYTEST_ARGS)
 
 deb:
 	$(MAKE) -C packaging deb
@@ -123,4 +133,4 @@ install:
 clean:
 	$(MAKE) -C shim clean
 	$(MAKE) -C tests/standin clean
-	rm -rf build $(VENV)
+	rm -rf build $(VENV) agent/_wire_ffi.py

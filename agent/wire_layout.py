@@ -12,11 +12,14 @@ them from there.
 from __future__ import annotations
 
 import enum
+import importlib
 import importlib.resources
 import re
 import struct
+from typing import TYPE_CHECKING, cast
 
-import cffi
+if TYPE_CHECKING:
+    import cffi
 
 BEGIN_MARKER = "/* BEGIN NVSHARE WIRE FORMAT */"
 END_MARKER = "/* END NVSHARE WIRE FORMAT */"
@@ -38,8 +41,24 @@ def _string_define(name: str) -> str:
     return match.group(1)
 
 
-ffi = cffi.FFI()
-ffi.cdef(_read_wire_format())
+def _parsed(text: str) -> cffi.FFI:
+    """cffi's parse of the wire format: from the cache `make` writes (tools/wire_cache.py)
+    where it was made from this very text, else parsed here (~20 ms of pycparser a
+    process: the package, and a checkout before `make`)."""
+    try:
+        cache = importlib.import_module(f"{__package__}._wire_ffi")
+        if text == cache.WIRE_FORMAT:
+            return cast("cffi.FFI", cache.ffi)
+    except (ImportError, AttributeError):  # none made, or made by another cffi
+        pass
+    import cffi
+
+    parsed = cffi.FFI()
+    parsed.cdef(text)
+    return parsed
+
+
+ffi = _parsed(_read_wire_format())
 _lib = ffi.dlopen(None)  # only to read the #define constants; no symbols are used
 
 MAGIC: int = _lib.NVSHARE_MAGIC

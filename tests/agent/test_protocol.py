@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from agent_harness import GPU0, GPU1
@@ -101,3 +102,66 @@ def test_enums_come_from_the_header():
     assert protocol.GrantFlags.SHARED == 2
     assert ErrorCode.VERSION_MISMATCH == 2
     assert protocol.MAGIC.to_bytes(4, "little") == b"NVSH"
+
+
+def _layout(parsed, text: str) -> dict:
+    """Everything the agent reads of a parse: each struct's fields (offset, type, size),
+    each enum's values, each #define."""
+    constants = parsed.dlopen(None)
+    return {
+        "structs": {
+            name: [
+                (field, f.offset, f.type.cname, parsed.sizeof(f.type))
+                for field, f in parsed.typeof(f"struct {name}").fields
+            ]
+            for name in parsed.list_types()[1]
+        },
+        "enums": {
+            name: dict(parsed.typeof(f"enum {name}").relements)
+            for name in re.findall(r"^enum (\w+) \{", text, re.MULTILINE)
+        },
+        "defines": {name: getattr(constants, name) for name in dir(constants)},
+    }
+
+
+def test_the_made_cache_is_the_headers_own_parse(tmp_path):
+    """make's cache of cffi's parse (tools/wire_cache.py) reads as the header parsed
+    at start does, struct by struct, enum by enum, define by define."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import cffi
+
+    from nvshare_agent import wire_layout
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    try:
+        import wire_cache
+    finally:
+        sys.path.pop(0)
+    wire_cache.write(tmp_path / "made.py")
+    spec = importlib.util.spec_from_file_location("made", tmp_path / "made.py")
+    made = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(made)
+    text = wire_layout._read_wire_format()
+    assert text == made.WIRE_FORMAT
+    parsed = cffi.FFI()
+    parsed.cdef(text)
+    ours = _layout(made.ffi, text)
+    assert ours == _layout(parsed, text)
+    assert ours["structs"]["nvshare_hello"] and ours["enums"]["nvshare_message_type"]
+    assert ours["defines"]["NVSHARE_MAGIC"]  # not two empty readings
+
+
+def test_a_cache_made_from_another_header_is_not_used(monkeypatch):
+    import sys
+    import types
+
+    from nvshare_agent import wire_layout
+
+    stale = types.SimpleNamespace(WIRE_FORMAT="struct old { int a; };", ffi="not this")
+    monkeypatch.setitem(sys.modules, "nvshare_agent._wire_ffi", stale)
+    parsed = wire_layout._parsed(wire_layout._read_wire_format())
+    assert parsed != "not this"
+    assert parsed.sizeof("struct nvshare_hello") == 296
