@@ -413,11 +413,15 @@ class Policy:
                         self.leases.ask_to_drop(
                             gpu, holder, held, now, actions, DropReason.QUANTUM_OVER
                         )
-                elif self.bursty(gpu, holder, now) or self.bursty(gpu, client, now):
+                elif (
+                    holder in by_busy
+                    or self.bursty(gpu, holder, now)
+                    or self.bursty(gpu, client, now)
+                ):
                     # At its next gap: work in bursts is idle more than busy, and work in
-                    # bursts waits no longer than it must.  Bulk work keeps its turn: a
-                    # handover at each pause would page where memory keeps them apart, and
-                    # costs idle GPU where not (two trainers: 0.989x in steps, H200).
+                    # bursts waits no longer than it must; between two that fit, a handover
+                    # pages nothing.  Bulk work that memory keeps apart keeps its turn: a
+                    # handover at every pause would page (where the GPU cannot hold both).
                     self.leases.ask_to_yield(gpu, holder, held, now, actions)
 
     def _paid_turn_s(self, gpu: GpuState, waiter: int, holder: int) -> float:
