@@ -49,7 +49,7 @@ def _parsed(text: str) -> cffi.FFI:
         cache = importlib.import_module(f"{__package__}._wire_ffi")
         if text == cache.WIRE_FORMAT:
             return cast("cffi.FFI", cache.ffi)
-    except (ImportError, AttributeError):  # none made, or made by another cffi
+    except Exception:  # none made, made by another cffi, or damaged: it is only a cache
         pass
     import cffi
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import pathlib
 import sys
 import tempfile
@@ -42,7 +43,11 @@ def write(output: pathlib.Path) -> None:
             builder.emit_python_code(str(made))
         code = made.read_text()
     code += f"\n# The wire format text this was made from.\nWIRE_FORMAT = {text!r}\n"
-    output.write_text(code)
+    # Whole or not at all: a file cut short (a full disk) would be newer than the
+    # header, and make would keep it.
+    partial = output.with_name(output.name + ".partial")
+    partial.write_text(code)
+    os.replace(partial, output)
 
 
 if __name__ == "__main__":
