@@ -18,7 +18,7 @@ from pathlib import Path
 from . import daemon, eventlog, settings_files, systemd
 from .bus_address import EXAMPLE, bus_address_problem, system_bus_problem
 from .text import excerpt
-from .version import version
+from .version import VersionAction
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,8 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--debug", action="store_true", help="log every request and ignored frame")
     parser.add_argument(
         "--version",
-        action="version",
-        version=f"%(prog)s {version()}",
+        action=VersionAction,
         help="print the version and exit",
     )
     return parser.parse_args(argv)

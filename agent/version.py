@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import re
-from importlib import metadata
+import sys
 from pathlib import Path
 
 DISTRIBUTION = "nvshare"
@@ -12,6 +13,10 @@ DISTRIBUTION = "nvshare"
 def version() -> str:
     """The installed package's version (the .deb, or the checkout's editable install);
     run from a checkout without an install, pyproject.toml's own line."""
+    # Here, not at the top: importlib.metadata costs ~10 ms, and the agent starts often
+    # (socket activation, restarts) while --version is asked for rarely.
+    from importlib import metadata
+
     try:
         return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
@@ -23,3 +28,15 @@ def version() -> str:
     except OSError:
         found = None
     return found.group(1) if found else "unknown"
+
+
+class VersionAction(argparse.Action):
+    """`--version` for argparse, looked up only when asked for (argparse's own takes
+    the text when the parser is made)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"{parser.prog} {version()}", file=sys.stdout)
+        parser.exit()

@@ -23,7 +23,7 @@ from nvshare_agent import eventlog
 from nvshare_agent.bus_address import EXAMPLE, bus_address_problem
 from nvshare_agent.one_line_parser import OneLineParser
 from nvshare_agent.text import excerpt
-from nvshare_agent.version import version
+from nvshare_agent.version import VersionAction
 from nvshare_cli import render
 from nvshare_cli.client import CliError, connect
 
@@ -65,8 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--version",
-        action="version",
-        version=f"%(prog)s {version()}",
+        action=VersionAction,
         help="print the version and exit",
     )
     args = parser.parse_args(argv)

@@ -40,5 +40,5 @@ def test_without_installed_metadata_the_checkouts_pyproject_says(monkeypatch):
     def not_installed(name):
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(version_module.metadata, "version", not_installed)
+    monkeypatch.setattr(metadata, "version", not_installed)
     assert version_module.version() == VERSION
