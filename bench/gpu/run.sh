@@ -14,7 +14,7 @@
 #   bench/gpu/run.sh --mix [RESULTS_DIR] [--window S]                  (mix.py)
 #   bench/gpu/run.sh --shares [RESULTS_DIR] [--window S]               (shares.py, as root)
 #   bench/gpu/run.sh --duty [RESULTS_DIR] [--window S] [--only PARTS]  (duty.py)
-#   bench/gpu/run.sh --busy-turns [RESULTS_DIR] [--seconds S]          (busy_turns.py)
+#   bench/gpu/run.sh --busy-turns [RESULTS_DIR] [--seconds S] [--pairs N] (busy_turns.py)
 #   bench/gpu/run.sh --meter-check [RESULTS_DIR] [--seconds S]         (meter_check.py)
 #   bench/gpu/run.sh --hold-ceiling [RESULTS_DIR] [--window S]         (hold_ceiling.py)
 set -euo pipefail

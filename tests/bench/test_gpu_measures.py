@@ -1,5 +1,6 @@
 """The GPU benchmark's measures, on made-up step times and log lines (no GPU needed)."""
 
+import datetime
 import os
 import pathlib
 import shutil
@@ -10,6 +11,7 @@ import tempfile
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu"))
+import busy_turns
 import gpu_measures
 import gpu_state
 import harness
@@ -286,3 +288,21 @@ def test_an_agent_that_cannot_start_says_so_with_its_log(tmp_path):
     (broken / "__main__.py").write_text("raise SystemExit('broken agent')\n")
     with pytest.raises(RuntimeError, match="agent did not start:\nbroken agent"):
         harness.Agent(tmp_path, base_env=dict(os.environ, PYTHONPATH=str(tmp_path / "path")))
+
+
+def test_busy_turns_judges_a_pair_from_the_agents_first_turn_on():
+    """The first turn's grant in the agent's log (its local clock, as the trainers'
+    time.time()) starts the window a long run is judged by."""
+    log = "\n".join(
+        [
+            "2026-11-29 21:30:10.000 INFO grant gpu=G pid=1 lease=1 mode=shared role=beside use=0",
+            "2026-11-29 21:30:24.539 INFO grant gpu=G pid=2 lease=3 mode=shared role=turn use=0.9",
+        ]
+    )
+    start = busy_turns.first_turn(log)
+    assert start == pytest.approx(datetime.datetime(2026, 11, 29, 21, 30, 24, 539000).timestamp())
+    assert busy_turns.first_turn(log.splitlines()[0]) is None
+    steps = [[start + 0.1 * i for i in range(-50, 51)], [start + 0.2 * i for i in range(-25, 26)]]
+    judged = busy_turns.window(steps, start)
+    assert judged["rates"] == pytest.approx([10.0, 5.0])
+    assert judged["window_s"] == pytest.approx(5.0)
