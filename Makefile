@@ -20,19 +20,23 @@ all: shim
 # other build tools it brought: say so in one line rather than `cc: No such file`.
 NEED_CC = @command -v $(firstword $(CC)) >/dev/null 2>&1 || { echo "nvshare: make $@ needs a C compiler ($(firstword $(CC)) is missing; make install removed the build tools it brought): sudo apt-get install gcc make" >&2; exit 1; }
 
+# The C builds spread over the cores unless make was given -j itself (check-fast starts
+# with two: 6.8 s one file at a time on 2 cores, 3.4 s spread).
+BUILD_JOBS = $(if $(findstring -j,$(MAKEFLAGS)),,-j$(shell nproc))
+
 shim:
 	$(NEED_CC)
-	$(MAKE) -C shim
+	$(MAKE) $(BUILD_JOBS) -C shim
 
 # libnvshare.so built with AddressSanitizer (shim/build/address/), for tests/shim.
 shim-asan:
 	$(NEED_CC)
-	$(MAKE) -C shim SANITIZE=address
+	$(MAKE) $(BUILD_JOBS) -C shim SANITIZE=address
 
 # The stand-in libcuda.so.1 and the small C clients: test fixtures only.
 standin:
 	$(NEED_CC)
-	$(MAKE) -C tests/standin
+	$(MAKE) $(BUILD_JOBS) -C tests/standin
 
 # System packages the build and the tests need (Debian 12); a no-op when present.
 # What it installs is recorded outside the checkout (make clean keeps it, and
