@@ -133,9 +133,12 @@ def test_trainers_that_no_longer_fit_together_take_turns_with_light_work_beside_
     # holds it: granted at once.
     # From the end of the last trainer lease that was not a turn (granted before the light
     # client came, too: it may still be held, and drain for the light client's grant).
+    # Only leases granted while the light client was there: one granted beside after it
+    # left (a loaded root, a trainer read as work in bursts) says nothing of its stay.
     trainer_pids = rf"pid=({t1.pid}|{t2.pid}) "
+    stay = whole_log[: re.search(rf"disconnect pid={light.pid}\b", whole_log).start()]
     ends = [0]
-    for grant in re.finditer(rf"grant gpu=\S+ {trainer_pids}lease=(\d+) .*", whole_log):
+    for grant in re.finditer(rf"grant gpu=\S+ {trainer_pids}lease=(\d+) .*", stay):
         if "role=turn" not in grant[0]:
             ended = re.search(rf"(release|revoke) gpu=\S+ pid=\d+ lease={grant[2]} .*", whole_log)
             ends.append(ended.end() if ended else len(whole_log))
@@ -154,7 +157,9 @@ def test_trainers_that_no_longer_fit_together_take_turns_with_light_work_beside_
     light_gone = re.search(rf"(release gpu=\S+|disconnect) pid={light.pid} ", since)
     during = since[: light_gone.start()] if light_gone else since
     assert not re.search(rf"(drop|yield) gpu=\S+ pid={light.pid} ", during), during
-    assert "reason=owed_work_waits" not in during, "light work needed a window"
+    # And it never waited: a window (a drop for owed work) is only ever for a waiter; one
+    # between the trainers, read as work in bursts, may open meanwhile.
+    assert not re.search(rf"request gpu=\S+ pid={light.pid}\b", during), "light work waited"
     # (Their role may read "beside": a trainer whose host work between 150 ms kernels
     # leaves its leases idle half the time counts as work in bursts, docs/scheduling.md.)
     assert re.search(rf"grant gpu=\S+ {trainer_pids}", during), (
