@@ -20,13 +20,13 @@ the GPU's free memory first.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import pathlib
 import statistics
 import sys
 import tempfile
 
+from gpu_measures import log_time
 from gpu_state import check_memory
 from harness import Agent, finish_json, start_json, trainer
 
@@ -57,8 +57,7 @@ def first_turn(log: str) -> float | None:
     """When the agent granted the first turn (its log's clock is the trainers')."""
     for line in log.splitlines():
         if " grant gpu=" in line and "role=turn" in line:
-            stamp = " ".join(line.split()[:2])
-            return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S.%f").timestamp()
+            return log_time(line)
     return None
 
 

@@ -1,14 +1,23 @@
 """The GPU benchmark's arithmetic, pure: percentiles, step rates, turns and shares of two
-trainers, drop-to-release figures, the launch and hook figures.  No GPU, no processes."""
+trainers, drop-to-release figures, the launch and hook figures, the agent log's clock.
+No GPU, no processes."""
 
 from __future__ import annotations
 
 import random
 import statistics
+from datetime import datetime
 
 # Ten consecutive rounds of 10,000 launches: the 100,000-launch round the bench used until
 # 2026-11-25 (phases/overhead.py), still reported for comparison.
 ROUNDS_PER_OLD_ROUND = 10
+
+
+def log_time(line: str) -> float:
+    """A line of the agent's log ("2026-11-25 16:02:03.456 INFO ...") as seconds, on the
+    clock of time.time() (both local time)."""
+    stamp = " ".join(line.split()[:2])
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S.%f").timestamp()
 
 
 def percentile(values, fraction):

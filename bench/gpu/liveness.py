@@ -24,19 +24,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 
-from gpu_measures import percentile
+from gpu_measures import log_time, percentile
 from harness import Agent, build_cuda_program, run_json, start_json, trainer
 
 STOPPED_S = 30
 PROCESSES, ROUNDS = 6, 5
-
-
-def log_time(line: str) -> float:
-    """A line of the agent's log ("2026-11-25 16:02:03.456 INFO ...") as seconds."""
-    stamp = " ".join(line.split()[:2])
-    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S.%f").timestamp()
 
 
 def stopped_agent(workdir: pathlib.Path) -> dict:
