@@ -28,7 +28,8 @@ END_MARKER = "/* END NVSHARE WIRE FORMAT */"
 _HEADER_TEXT = importlib.resources.files(__package__).joinpath("nvshare_protocol.h").read_text()
 
 
-def _read_wire_format() -> str:
+def wire_format_text() -> str:
+    """The header's text between its markers: what cffi parses (tools/wire_cache.py too)."""
     start = _HEADER_TEXT.index(BEGIN_MARKER) + len(BEGIN_MARKER)
     return _HEADER_TEXT[start : _HEADER_TEXT.index(END_MARKER)]
 
@@ -58,7 +59,7 @@ def _parsed(text: str) -> cffi.FFI:
     return parsed
 
 
-ffi = _parsed(_read_wire_format())
+ffi = _parsed(wire_format_text())
 _lib = ffi.dlopen(None)  # only to read the #define constants; no symbols are used
 
 MAGIC: int = _lib.NVSHARE_MAGIC

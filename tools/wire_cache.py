@@ -22,18 +22,13 @@ import tempfile
 
 import cffi
 
+from nvshare_agent.wire_layout import wire_format_text
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def wire_format_text() -> str:
-    """The text between the markers, read as wire_layout reads it."""
-    header = (REPO / "shim" / "nvshare_protocol.h").read_text()
-    begin, end = "/* BEGIN NVSHARE WIRE FORMAT */", "/* END NVSHARE WIRE FORMAT */"
-    return header[header.index(begin) + len(begin) : header.index(end)]
-
-
 def write(output: pathlib.Path) -> None:
-    text = wire_format_text()
+    text = wire_format_text()  # as the agent reads it: the one reading of the header
     builder = cffi.FFI()
     builder.cdef(text)
     builder.set_source("nvshare_agent._wire_ffi", None)

@@ -144,7 +144,7 @@ def test_the_made_cache_is_the_headers_own_parse(tmp_path):
     spec = importlib.util.spec_from_file_location("made", tmp_path / "made.py")
     made = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(made)
-    text = wire_layout._read_wire_format()
+    text = wire_layout.wire_format_text()
     assert text == made.WIRE_FORMAT
     parsed = cffi.FFI()
     parsed.cdef(text)
@@ -162,6 +162,6 @@ def test_a_cache_made_from_another_header_is_not_used(monkeypatch):
 
     stale = types.SimpleNamespace(WIRE_FORMAT="struct old { int a; };", ffi="not this")
     monkeypatch.setitem(sys.modules, "nvshare_agent._wire_ffi", stale)
-    parsed = wire_layout._parsed(wire_layout._read_wire_format())
+    parsed = wire_layout._parsed(wire_layout.wire_format_text())
     assert parsed != "not this"
     assert parsed.sizeof("struct nvshare_hello") == 296
