@@ -89,7 +89,7 @@ class Leases:
         GPU, the sign of work in bursts (policy.bursty).  The shim reports its GPU time
         as it lets go, so the figure is whole; a lease under MIN_MEASURED_S tells too little
         and leaves the last one."""
-        meter = meter_of(state, uuid)
+        meter = meter_of(state, uuid, now)
         meter.stop(now, idle_s)
         held_s = now - held.granted_at
         if held_s >= MIN_MEASURED_S:
@@ -133,7 +133,7 @@ class Leases:
             alone=not gpu.holders,
         )
         state = self.clients[client]
-        meter = meter_of(state, gpu.uuid)
+        meter = meter_of(state, gpu.uuid, now)
         meter.thaw(now, at_next_report=state.measures)
         if not state.measures:
             meter.start(now)  # an older shim: the hold stands for use

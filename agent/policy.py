@@ -207,7 +207,7 @@ class Policy:
         for client, waiter in gpu.waiters.items():
             since = waiter.requested_at + light_wait_s
             if at.reached(since):
-                meter_of(self.clients[client], gpu.uuid).freeze(since)
+                meter_of(self.clients[client], gpu.uuid, now).freeze(since)
         # The figures do not change while the rules look (a grant's thaw keeps the frozen
         # figure): read them once ("pays" again once holders are asked to go).
         self._uses = {}

@@ -185,6 +185,7 @@ class Scheduler:
             self.node.refit(gpu, now, actions, "new client")
         gpu.waiters[client] = Waiter(now)
         state.asked_at[uuid] = now
+        meter_of(state, uuid, now)  # its stay there counts from its first request
         self._update(gpu, now, actions)
         if self.decide_later:  # queued or granted: decide_pending says
             self._asked.append((client, uuid))
@@ -222,7 +223,7 @@ class Scheduler:
             return actions
         if gpu and lease == 0 and client in gpu.waiters:
             self.policy.note_wait(gpu, client, gpu.waiters.pop(client), "", now)
-            meter_of(state, uuid).thaw(now)  # no longer waiting: its use decays again
+            meter_of(state, uuid, now).thaw(now)  # no longer waiting: its use decays again
             actions = [Withdrawn(client, state.pid, uuid)]
             self._update(gpu, now, actions)  # the best waiter may have changed
             return actions
@@ -259,7 +260,7 @@ class Scheduler:
             return [Refuse(client, "GPU_USAGE before HELLO")]
         if uuid not in state.gpus:
             return [Ignored(client, state.pid, uuid, "usage of a GPU it never named")]
-        meter_of(state, uuid).report(now, busy_us / 1e6)
+        meter_of(state, uuid, now).report(now, busy_us / 1e6)
         return []
 
     def gpu_memory(self, client: int, uuid: bytes, total_bytes: int, now: float) -> list[Action]:

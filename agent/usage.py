@@ -17,9 +17,10 @@ For an older shim, which reports nothing, the hold stands in for it: busy from
 the grant (start) until the release (stop), less the idle tail the release
 reports (RELEASED.idle_ms).
 
-A newcomer's figure is its GPU time over the time it has been here, not over a
-window it was mostly absent from: the sum so far divided by the weight the window
-has given its stay (1 - e^(-age/W)), its age counted as at least YOUNG_FLOOR_S.
+A newcomer's figure is its GPU time over its stay (since its first request there, not
+its HELLO: see meter_of), not over a window it was mostly absent from: the sum so far
+divided by the weight the window has given its stay (1 - e^(-age/W)), its age counted
+as at least YOUNG_FLOOR_S.
 Else a new trainer counts light for seconds (1 - e^(-t/W) of 0.1 takes 1 s of
 work at full tilt, 2 s at half) and cuts the running turn short for its windows;
 the floor keeps a notebook's first 150 ms cell light.
@@ -142,10 +143,13 @@ class UsageMeter:
         self.stamp, self.busy = now, False
 
 
-def meter_of(state: ClientState, uuid: bytes) -> UsageMeter:
-    """A client's meter on a GPU, made at its first use: a measuring shim's totals
-    count from its HELLO."""
+def meter_of(state: ClientState, uuid: bytes, now: float) -> UsageMeter:
+    """A client's meter on a GPU, made at its first request there (`now`), which its stay
+    counts from: not from its HELLO, since the context's making and a framework's start
+    before its first work (a second or more) are no idle of its choosing; counted, two
+    trainers read under SATURATING_USE, side by side, for their first 12-15 s (H200).
+    A measuring shim's totals count from its HELLO: none before the first request."""
     meter = state.usage.get(uuid)
     if meter is None:
-        meter = state.usage[uuid] = UsageMeter(stamp=state.connected_at, since=state.connected_at)
+        meter = state.usage[uuid] = UsageMeter(stamp=now, since=now)
     return meter

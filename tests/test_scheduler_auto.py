@@ -23,7 +23,7 @@ from nvshare_agent.actions import (
 from nvshare_agent.core_state import FEATURE_USAGE, FEATURE_YIELD
 from nvshare_agent.learned_gpus import MAX_LEARNED_GPUS_PER_UID
 from nvshare_agent.leases import YIELD_IDLE_MS
-from nvshare_agent.policy import DRAIN_MS
+from nvshare_agent.policy import DRAIN_MS, SATURATING_USE
 from nvshare_agent.scheduler import Scheduler
 from nvshare_agent.settings import AntiThrash, GpuOverrides, Settings
 from nvshare_agent.usage import USAGE_WINDOW_S, UsageMeter
@@ -65,7 +65,7 @@ def make(
     hello_at=0.0,
     separate_users=False,
 ):
-    """hello_at: when the clients came (a newcomer's use is read over its stay: usage.py).
+    """hello_at: when the clients came (a newcomer's use is read from its first request).
     Clients are one user's (one share group), or each its own."""
     s = Scheduler(settings)
     if capacity:
@@ -163,6 +163,18 @@ def test_a_lease_too_short_for_a_report_that_tells_still_thaws_at_its_end():
     s.release(2, G0, lease, 1.01, idle_ms=0)
     assert not meter.frozen and meter.thaw_at is None
     assert meter.at(20.0) < meter.at(1.01)  # it decays again
+
+
+def test_a_newcomers_use_is_read_from_its_first_request_not_its_hello():
+    # Between HELLO and the first work come the context's making and a framework's start:
+    # counted as idle, two trainers read under SATURATING_USE side by side for their
+    # first 12-15 s (H200), and took turns only then.
+    s = make(1, features=FEATURE_YIELD | FEATURE_USAGE, hello_at=0.0)
+    one(Grant, s.request(1, G0, 3.0))
+    for step in range(1, 51):  # busy all along from its request, reported every 0.1 s
+        s.gpu_usage(1, G0, step * 100_000, 3.0 + step * 0.1)
+    assert s.policy.usage(1, G0, 8.0) >= SATURATING_USE
+    assert s.policy.saturating(s.gpus[G0], 1, 8.0)
 
 
 def test_the_idle_tail_of_a_hold_is_not_counted_as_use():
