@@ -90,6 +90,7 @@ class Client:
     resident_bytes: int = 0  # of memory_bytes, what is on the GPU now
     touched: bool = False  # has run: what is not resident must be paged back in
     prefetches: bool = False  # its grant said DISPLACED: its shim prefetches
+    prefetching: bool = False  # its page-in now is that prefetch (its gate not yet open)
     last_ran: float = -1.0
     idle_since: float = 0.0
     drop_at: float | None = None
@@ -232,7 +233,7 @@ def simulate(
         if c.touched:
             c.ready_at = now + brought / rate
         c.resident_bytes += brought
-        c.touched, c.prefetches = True, False
+        c.touched, c.prefetching, c.prefetches = True, c.prefetches, False
 
     def join(c: Client, now: float) -> None:
         c.joined = True
@@ -284,9 +285,9 @@ def simulate(
                 page_in(c, now)
         running = [c for c in may_run if now >= c.ready_at]
         for c in may_run:
-            if now < c.ready_at:  # paging in: its kernels (or its prefetch) keep it busy
-                c.busy_s += STEP_S
-                c.idle_since = now
+            if now < c.ready_at:  # paging in: busy by its faulting kernels; its grant's
+                c.busy_s += 0.0 if c.prefetching else STEP_S  # prefetch, before its gate
+                c.idle_since = now  # opens, its shim does not count (usage_meter.c)
         if running:
             efficiency = 1.0 if len(running) == 1 else INTERLEAVED_EFFICIENCY
             for c in running:
