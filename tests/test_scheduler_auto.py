@@ -328,8 +328,14 @@ def exclusive_gpu(n_clients=3, **settings):
 
 
 def test_turns_displace_each_other_only_where_memory_does_not_fit():
-    for limit, displaced in ((0, False), (512 << 20, True)):
-        s = make(2, settings=AUTO.replaced(anti_thrash=AntiThrash.ON, memory_limit_bytes=limit))
+    # Past the GPU's own memory: under memory_limit alone nothing pages, nor is displaced.
+    for capacity, limit, displaced in (
+        (CAPACITY, 0, False),
+        (CAPACITY, 512 << 20, False),
+        (2 * GIB, 0, True),
+    ):
+        settings = AUTO.replaced(anti_thrash=AntiThrash.ON, memory_limit_bytes=limit)
+        s = make(2, settings=settings, capacity=capacity)
         for client in (1, 2):
             s.memory_report(client, G0, GIB, 0, now=0.0)
         first = one(Grant, s.request(1, G0, 0.0))
@@ -340,6 +346,24 @@ def test_turns_displace_each_other_only_where_memory_does_not_fit():
         assert (second.client, third.client) == (2, 1)
         # 2 had its memory on the GPU before 1's first turn, 1 before 2's.
         assert (first.displaced, second.displaced, third.displaced) == (False, *[displaced] * 2)
+
+
+def test_work_in_bursts_that_pushes_a_holder_out_displaces_it_too():
+    # A cell granted where a trainer's memory does not fit beside it pushes the trainer's
+    # pages out: the trainer's next grant says so, and its shim prefetches them back
+    # (49 GB/s) rather than fault them back (8.5 GB/s: a 60 GiB trainer lost 1.7 s a cell).
+    s = make(2, capacity=2 * GIB, features=FEATURE_YIELD | FEATURE_USAGE)
+    for client in (1, 2):
+        s.memory_report(client, G0, GIB, 0, now=0.0)
+    trainer = one(Grant, s.request(1, G0, 0.0))
+    s.gpu_usage(1, G0, 1_000_000, 1.0)  # busy all along
+    now = 1.0  # its turn has lasted its length: the drop is asked at once
+    assert one(AskToDrop, s.request(2, G0, now)).client == 1
+    cell = one(Grant, s.release(1, G0, trainer.lease, now + 0.02))
+    assert cell.client == 2 and cell.role == "beside"
+    s.request(1, G0, now + 0.02)
+    back = one(Grant, s.release(2, G0, cell.lease, now + 0.2, idle_ms=2))
+    assert back.client == 1 and back.displaced
 
 
 def test_waiters_are_served_least_recent_use_first():

@@ -128,10 +128,15 @@ async def test_a_waiting_shim_hears_keepalives(start_inproc_agent):
 async def test_a_grant_after_another_turn_that_did_not_fit_says_displaced(start_inproc_agent):
     # The shim prefetches at such a grant however soon it comes (shim/lock_machine.c):
     # the other's turn may have pushed this one's pages to the host.
-    for limit, displaced in ((0, 0), (GIB, int(GrantFlags.DISPLACED))):
+    # Past the GPU's own memory only: under memory_limit alone nothing moves.
+    for total, limit, displaced in (
+        (80 * GIB, 0, 0),
+        (80 * GIB, GIB, 0),
+        (3 * GIB, 0, int(GrantFlags.DISPLACED)),
+    ):
         settings = AUTO.replaced(anti_thrash=AntiThrash.ON, memory_limit_bytes=limit)
         agent, path = await start_inproc_agent(settings)
-        a, b = await shim(path, "a"), await shim(path, "b")
+        a, b = await shim(path, "a", total), await shim(path, "b", total)
         a.report_memory(GPU0, 2 * GIB)
         b.report_memory(GPU0, 2 * GIB)
         await asyncio.sleep(0.05)  # the reports before the first grant

@@ -167,7 +167,7 @@ def prefetches(world, pid):
     return [c for c in world.calls(pid) if c.function.startswith("cuMemPrefetchAsync")]
 
 
-def loops_over_one_buffer(world, after_ms: int):
+def loops_over_one_buffer(world, after_ms: int, **env):
     """Three bursts over a 1 MiB managed buffer, 400 ms apart (a grant each)."""
     return world.client(
         "linked",
@@ -178,6 +178,7 @@ def loops_over_one_buffer(world, after_ms: int):
         "--ints",
         1 << 18,
         NVSHARE_PREFETCH_AFTER_MS=after_ms,
+        **env,
     )
 
 
@@ -211,19 +212,22 @@ time_quantum = 1
 anti_thrash = on
 idle_release_ms = 100
 drop_grace_ms = 300
-memory_limit = 64M
 """
+# A GPU of 1 GiB: two contexts (counted 512 MiB each without NVML) do not fit in its own
+# memory, so they page (memory_limit alone would keep them apart, but move nothing).
+SMALL_GPU = {"STANDIN_TOTAL_MEM": 1 << 30}
 
 
 def test_a_grant_after_another_turn_that_did_not_fit_prefetches_however_soon(world):
     # The agent says DISPLACED: the other's turn alone on the GPU may have pushed this
     # one's pages to the host, and faults would bring them back at a sixth of the speed.
-    # Turns (anti-thrash on, 1 s) where nothing fits beside anything (contexts alone are
-    # counted 512 MiB without NVML).
+    # Turns (anti-thrash on, 1 s) where nothing fits beside anything.
     agent = world.start_agent(config=TURNS_WHERE_NOTHING_FITS)
-    other = world.client("linked", "--ints", 1 << 18, "--duration-ms", 2500, "--sleep-ms", 20)
+    other = world.client(
+        "linked", "--ints", 1 << 18, "--duration-ms", 2500, "--sleep-ms", 20, **SMALL_GPU
+    )
     agent.wait_for_log(rf"grant gpu={STANDIN_GPU} pid={other.pid}\b")
-    client = loops_over_one_buffer(world, after_ms=60000)  # time alone: never again
+    client = loops_over_one_buffer(world, after_ms=60000, **SMALL_GPU)  # alone: never again
     client.finish_ok()
     other.finish_ok()
     log = world.settled(agent, client, other)
