@@ -117,7 +117,7 @@ class Leases:
         displaced = client in gpu.displaced
         gpu.displaced.discard(client)
         if gpu.settings.anti_thrash is not AntiThrash.OFF:  # off: nobody is kept apart
-            self._displace_by(gpu, client)
+            self._displace_by(gpu, client, role is Role.TURN)
         for beside in gpu.holders.values():
             beside.alone = False
         gpu.holders[client] = Lease(
@@ -156,23 +156,30 @@ class Leases:
             )
         )
 
-    def _displace_by(self, gpu: GpuState, client: int) -> None:
-        """A grant: whoever would page beside `client` (past the GPU's own memory, not
-        memory_limit: under a limit alone nothing moves) may find its pages on the host
-        when it comes back; its next grant says so, and its shim prefetches them.  Work
-        in bursts too: it cuts in only once the turn it cuts short has paid for such a
+    def _displace_by(self, gpu: GpuState, client: int, turn: bool) -> None:
+        """A grant: whoever would page beside `client` and the holders (past the GPU's own
+        memory, not memory_limit: under a limit alone nothing moves) may find its pages on
+        the host when it comes back; its next grant says so, and its shim prefetches them.
+        Work in bursts too: it cuts in only once the turn it cuts short has paid for such a
         page-in, and faults brought a trainer's pages back at 8.5 GB/s, not 49 (a cell
-        beside a 60 GiB trainer cost it 1.7 s; a prefetch of what stayed is ~0.7 ms/GiB)."""
+        beside a 60 GiB trainer cost it 1.7 s; a prefetch of what stayed is ~0.7 ms/GiB).
+        Where the GPU's own memory is unknown, only a turn displaces, whoever does not fit
+        beside it: else every grant would, and each prefetch what never left."""
         if gpu.fits:
             return  # everyone's memory fits at once
         # One walk of the clients, then a sum per other (a hundred clients once made each
         # handoff cost 2 ms).
         demand = memory_fit.Demand(gpu, self.clients)
+        at_work = demand.of((*gpu.holders, client))
+        if demand.pages(at_work) is None and not turn:
+            return
+        alone = demand.of((client,))
         for other in gpu.users:
             state = self.clients[other]
             if other == client or other in gpu.displaced or gpu.uuid not in state.active:
                 continue
-            if demand.paged((client, other)) > 0:  # had they run at once
+            pages = demand.pages(at_work + demand.adds(other))  # had it run beside them
+            if pages or (pages is None and not demand.fits(alone + demand.adds(other), True)):
                 gpu.displaced.add(other)
 
     def _held_elsewhere_since(self, client: int, gpu: GpuState, since: float) -> bool:
@@ -184,9 +191,12 @@ class Leases:
                 continue
             meter = state.usage.get(uuid)
             other = self.gpus.get(uuid)
-            if (meter is not None and (meter.busy or meter.stamp >= since)) or (
-                other is not None and client in other.holders
-            ):
+            # Its meter's stamp is its last activity once it has had GPU time there; a
+            # meter made at a request only waited (it would never be asked to yield here).
+            ran = meter is not None and (meter.busy or meter.total_s(meter.stamp) > 0)
+            if ran and meter is not None and meter.stamp >= since:
+                return True
+            if other is not None and client in other.holders:
                 return True
         return False
 

@@ -148,6 +148,11 @@ class Demand:
         line = self._lines[keeping]
         return line is not None and demand_bytes <= line
 
+    def pages(self, demand_bytes: int) -> bool | None:
+        """Whether a demand this large puts pages past the GPU's own memory (None: its
+        size is unknown)."""
+        return None if self._own_line is None else demand_bytes > self._own_line
+
     def paged(self, running: Iterable[int]) -> int:
         """What running these at once puts past the GPU's own memory (memory_limit
         aside): what one of them brings back after the others ran.  Unknown: all."""

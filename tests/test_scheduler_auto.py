@@ -348,11 +348,14 @@ def test_turns_displace_each_other_only_where_memory_does_not_fit():
         assert (first.displaced, second.displaced, third.displaced) == (False, *[displaced] * 2)
 
 
-def test_work_in_bursts_that_pushes_a_holder_out_displaces_it_too():
+@pytest.mark.parametrize("capacity", [2 * GIB, None])
+def test_work_in_bursts_that_pushes_a_holder_out_displaces_it_too(capacity):
     # A cell granted where a trainer's memory does not fit beside it pushes the trainer's
     # pages out: the trainer's next grant says so, and its shim prefetches them back
     # (49 GB/s) rather than fault them back (8.5 GB/s: a 60 GiB trainer lost 1.7 s a cell).
-    s = make(2, capacity=2 * GIB, features=FEATURE_YIELD | FEATURE_USAGE)
+    # Where the GPU's size is unknown (no NVML, no GPU_MEMORY), only turns displace: else
+    # every grant would, and each prefetch what never left.
+    s = make(2, capacity=capacity, features=FEATURE_YIELD | FEATURE_USAGE)
     for client in (1, 2):
         s.memory_report(client, G0, GIB, 0, now=0.0)
     trainer = one(Grant, s.request(1, G0, 0.0))
@@ -363,7 +366,38 @@ def test_work_in_bursts_that_pushes_a_holder_out_displaces_it_too():
     assert cell.client == 2 and cell.role == "beside"
     s.request(1, G0, now + 0.02)
     back = one(Grant, s.release(2, G0, cell.lease, now + 0.2, idle_ms=2))
-    assert back.client == 1 and back.displaced
+    assert back.client == 1 and back.displaced == (capacity is not None)
+
+
+def test_a_grant_beside_holders_displaces_whom_all_of_them_would_push_out():
+    # 40 and 20 GiB at work on 80 GiB push out part of an idle 19 GiB client, though
+    # neither would alone.
+    s = make(3, features=FEATURE_YIELD | FEATURE_USAGE, separate_users=True)
+    for client, gib in ((1, 40), (2, 20), (3, 19)):
+        s.memory_report(client, G0, gib * GIB, 0, now=0.0)
+    idle = one(Grant, s.request(3, G0, 0.0))
+    s.release(3, G0, idle.lease, 0.1, idle_ms=50)
+    one(Grant, s.request(1, G0, 0.2))
+    one(Grant, s.request(2, G0, 0.3))
+    assert 3 in s.gpus[G0].displaced
+
+
+def test_a_client_only_queued_on_another_gpu_does_not_work_across_gpus():
+    # Its meter there is made at its request: a wait is no GPU time, and a process taken
+    # for a pipeline is never asked to yield.
+    s = Scheduler(AUTO)
+    for uuid in GPUS[:2]:
+        s.add_gpu(uuid, "GPU", 8 * GIB)
+    for client in (1, 2):
+        s.connect(client, pid=100 + client, uid=1000, gid=1000, now=0.0)
+        s.hello(client, tuple(GPUS[:2]), "x", now=0.0, features=FEATURE_YIELD | FEATURE_USAGE)
+    one(Grant, s.request(2, GPUS[1], 0.0), 2)
+    s.gpu_usage(2, GPUS[1], 100_000, 0.1)
+    s.memory_report(1, GPUS[1], 7 * GIB, 0, now=0.2)  # does not fit beside 2: it waits
+    s.request(1, GPUS[1], 0.3)
+    assert 1 in s.gpus[GPUS[1]].waiters
+    one(Grant, s.request(1, GPUS[0], 0.5), 1)
+    assert not s.gpus[GPUS[0]].holders[1].across_gpus
 
 
 def test_waiters_are_served_least_recent_use_first():
@@ -640,7 +674,6 @@ def trainers_that_do_not_fit_together(
     pause_every_s: float | None = None,
     trainers: int = 2,
     separate_users: bool = False,
-    prefetch_s: float = 0.0,
     pause_s: float = 0.0,
 ):
     """Trainers (two by default) on a GPU where they do not fit together, measuring
@@ -648,9 +681,9 @@ def trainers_that_do_not_fit_together(
     keeps the GPU busy while it holds it, except that a trainer's step leaves it idle
     2 ms every `window_work_s`, which ends a window lease (WINDOW_IDLE_MS), and, given
     `pause_every_s`, idle YIELD_IDLE_MS (or `pause_s`, its GPU idle) that often (an
-    evaluation, a slow batch), which ends a lease asked to yield; a turn granted
-    displaced is a prefetch first, `prefetch_s` with no GPU time counted (the shim
-    counts none); each asks again at once; a drop drains in 20 ms.  Returns the grants,
+    evaluation, a slow batch), which ends a lease asked to yield (memory_limit alone
+    keeps them apart: nothing pages); each asks again at once; a drop drains in 20 ms.
+    Returns the grants,
     with their times, and the GPU time each trainer got."""
     s = make(
         trainers,
@@ -686,9 +719,8 @@ def trainers_that_do_not_fit_together(
                 pauses = math.floor((now - since) / pause_every_s)
                 if pauses and client not in draining:
                     draining[client] = since + pauses * pause_every_s + YIELD_IDLE_MS / 1000
-            prefetching = grant.displaced and grant.role == "turn" and now - since <= prefetch_s
             pausing = pause_every_s and (now - since) % pause_every_s >= pause_every_s - pause_s
-            if not (prefetching or pausing):
+            if not pausing:
                 busy_us[client] += int(step * 1e6)
                 s.gpu_usage(client, G0, busy_us[client], now)
             if draining.get(client, now + 1) <= now:
