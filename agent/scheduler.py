@@ -18,12 +18,11 @@ Per GPU, by the anti-thrash setting (docs/scheduling.md has the diagrams):
 - off: every request is granted at once, shared.  Switching it back on asks
   the shared holders to drop and grants exclusively only when the GPU is free
   again (released or revoked), so no one waits on anyone forever.
-- auto (policy.Policy.decide, docs/scheduling.md's one page): what fits
-  together runs together, except that two clients that each keep the GPU busy
-  take turns of at most the quantum; a waiter under its fair share of GPU time
-  goes first and cuts short a turn it does not fit beside; a holder in a
-  waiter's way that does not keep the GPU busy gives it back at its next idle
-  moment.  Use is GPU time, measured by the shim (usage.py).
+- auto (policy.Policy.decide, docs/scheduling.md's one page): what fits together
+  runs together, but two clients that each keep the GPU busy take short turns
+  where turns pay; work owed more GPU time goes first and may cut a turn short;
+  a holder in a waiter's way that does not keep the GPU busy gives it back at its
+  next idle moment.  Use is GPU time, measured by the shim (usage.py).
 
 Each GPU runs by its own settings (GpuState.settings): the node-wide ones with
 what the GPU sets for itself over them, by NVML index and, over that, by UUID.
