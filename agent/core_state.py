@@ -35,6 +35,10 @@ class Lease:
     turn_since: float = 0.0
     turn: bool = True  # auto: granted as a turn (bulk work), not as work in bursts
     gpu_s_at_grant: float = 0.0  # its client's GPU time there when granted (usage.py)
+    # Displaced: the prefetch its shim makes before its gate opens (what was pushed out, at
+    # memory_fit.PAGE_IN_BYTES_PER_S), which it does not count as use: no part of the
+    # lease's length either, or a 40 %-busy trainer kept apart read as work in bursts.
+    prefetch_s: float = 0.0
     alone: bool = True  # nobody held the GPU beside it, so far
 
 
@@ -67,9 +71,10 @@ class GpuState:
     # What it runs by: the node-wide settings with its own over them (the scheduler sets it).
     settings: Settings = DEFAULT_SETTINGS
     deadline: float | None = None  # when tick() must look at this GPU next
-    # Clients whose pages another's turn may have pushed to the host since they last
-    # held this GPU: their next grant says DISPLACED, so the shim prefetches.
-    displaced: set[int] = field(default_factory=set)
+    # Clients whose pages another's grant may have pushed to the host since they last
+    # held this GPU, and how much at most: their next grant says DISPLACED, so the shim
+    # prefetches (0 bytes: unknown, as the GPU's own size is; memory_fit.Demand.overflow).
+    displaced: dict[int, int] = field(default_factory=dict)
     # A memory report changed what a share group's clients hold: their MEMORY_CAP frames
     # are due, at most every scheduler.CAPS_EVERY_S (caps_told_at: the last time).
     caps_due: bool = False

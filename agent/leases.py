@@ -91,7 +91,7 @@ class Leases:
         and leaves the last one."""
         meter = meter_of(state, uuid, now)
         meter.stop(now, idle_s)
-        held_s = now - held.granted_at
+        held_s = max(0.0, now - held.granted_at - held.prefetch_s)
         if held_s >= MIN_MEASURED_S:
             used = meter.total_s(now) - held.gpu_s_at_grant
             state.lease_duty[uuid] = min(1.0, used / held_s)
@@ -115,7 +115,7 @@ class Leases:
         self.last_lease += 1
         auto = gpu.settings.anti_thrash is AntiThrash.AUTO
         displaced = client in gpu.displaced
-        gpu.displaced.discard(client)
+        pushed_out = gpu.displaced.pop(client, 0)
         if gpu.settings.anti_thrash is not AntiThrash.OFF:  # off: nobody is kept apart
             self._displace_by(gpu, client, role is Role.TURN)
         for beside in gpu.holders.values():
@@ -138,6 +138,9 @@ class Leases:
         if not state.measures:
             meter.start(now)  # an older shim: the hold stands for use
         gpu.holders[client].gpu_s_at_grant = meter.total_s(now)
+        if displaced:  # what it brings back, at most its managed memory
+            pushed_out = min(pushed_out, state.managed.get(gpu.uuid, 0))
+            gpu.holders[client].prefetch_s = pushed_out / memory_fit.PAGE_IN_BYTES_PER_S
         actions.append(
             Grant(
                 client,
@@ -171,16 +174,16 @@ class Leases:
         # handoff cost 2 ms).
         demand = memory_fit.Demand(gpu, self.clients)
         at_work = demand.of((*gpu.holders, client))
-        if demand.pages(at_work) is None and not turn:
+        if demand.overflow(at_work) is None and not turn:
             return
         alone = demand.of((client,))
         for other in gpu.users:
             state = self.clients[other]
-            if other == client or other in gpu.displaced or gpu.uuid not in state.active:
+            if other == client or gpu.uuid not in state.active:
                 continue
-            pages = demand.pages(at_work + demand.adds(other))  # had it run beside them
-            if pages or (pages is None and not demand.fits(alone + demand.adds(other), True)):
-                gpu.displaced.add(other)
+            overflow = demand.overflow(at_work + demand.adds(other))  # had it run beside them
+            if overflow or (overflow is None and not demand.fits(alone + demand.adds(other), True)):
+                gpu.displaced[other] = max(gpu.displaced.get(other, 0), overflow or 0)
 
     def _held_elsewhere_since(self, client: int, gpu: GpuState, since: float) -> bool:
         """A process working across GPUs (a pipeline): it held another GPU at some time
@@ -263,7 +266,7 @@ def alone_duty(state: ClientState, held: Lease | None, uuid: bytes) -> float:
     gap is idle in between)."""
     meter = state.usage.get(uuid)
     if held is not None and held.alone and meter is not None:
-        measured_s = meter.stamp - held.granted_at  # up to its shim's latest report
+        measured_s = meter.stamp - held.granted_at - held.prefetch_s  # to its latest report
         if measured_s >= CHECK_S and state.measures:
             return (meter.total_s(meter.stamp) - held.gpu_s_at_grant) / measured_s
     busy_s, held_s, ended_at = state.alone_lease.get(uuid, (0.0, 0.0, 0.0))

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 # What one process's CUDA context takes on the GPU besides its allocations
 # (the context itself, kernels, cuBLAS workspaces): ~500 MiB for PyTorch on an
 # H100 with CUDA 13.  Used where NVML cannot say.
+# Managed memory pushed out comes back by prefetch at about this (an H100's 49 GB/s).
+PAGE_IN_BYTES_PER_S = 49e9
 CONTEXT_ESTIMATE_BYTES = 512 << 20
 # Kept free: the driver and fragmentation need room that no report shows.
 RESERVE_MIN_BYTES = 256 << 20
@@ -148,10 +150,10 @@ class Demand:
         line = self._lines[keeping]
         return line is not None and demand_bytes <= line
 
-    def pages(self, demand_bytes: int) -> bool | None:
-        """Whether a demand this large puts pages past the GPU's own memory (None: its
-        size is unknown)."""
-        return None if self._own_line is None else demand_bytes > self._own_line
+    def overflow(self, demand_bytes: int) -> int | None:
+        """What a demand this large puts past the GPU's own memory (None: its size is
+        unknown)."""
+        return None if self._own_line is None else max(0, demand_bytes - self._own_line)
 
     def paged(self, running: Iterable[int]) -> int:
         """What running these at once puts past the GPU's own memory (memory_limit

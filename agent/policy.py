@@ -35,10 +35,8 @@ SATURATING_USE = 0.95
 # A turn's length where nothing pages (they fit, or only memory_limit keeps them apart):
 # short turns keep each one's share over seconds, not minutes of TQ.
 BUSY_TURN_S = 0.5
-# Where memory keeps two apart, each handover brings back what the other pushed out (by
-# prefetch: 49 GB/s on an H100): a turn lasts this many times that (at most TQ), so
-# prefetched paging costs about a tenth of the GPU's time.
-PAGE_IN_BYTES_PER_S = 49e9
+# Where memory keeps two apart, each handover brings back what the other pushed out: a
+# turn lasts this many times that (at most TQ): paging costs ~a tenth of the GPU's time.
 TURN_PER_PAGE_IN = 10
 # Work in bursts may cut in: its use under LIGHT_USE (an inference server answering 20
 # requests of ~1 ms a second uses ~0.03, a notebook's cells ~0.05, a loader's batches
@@ -394,9 +392,10 @@ class Policy:
                     # Its paging not paid for yet: no drop, and no yield but from light
                     # work (a server, a notebook) to bulk work, which fills its long gaps;
                     # else the holder's turn is cut to a burst, and its share with it.
-                    if self.usage(holder, gpu.uuid, now) < LIGHT_USE and not self.bursty(
-                        gpu, client, now
-                    ):
+                    # Light by its stretch alone, not its use: kept apart, a loader-bound
+                    # trainer read light by use, starved, and yielded after each batch.
+                    stretch = alone_duty(self.clients[holder], held, gpu.uuid)
+                    if stretch < LIGHT_USE and not self.bursty(gpu, client, now):
                         self.leases.ask_to_yield(gpu, holder, held, now, actions)
                 elif (cuts_in := self._cuts_in(gpu, look, client, holder, now)) and at.reached(
                     max(held.granted_at + min_slice_s, waiter.requested_at + cut_in_after_s)
@@ -429,7 +428,8 @@ class Policy:
         waiter apart and their running together would page: TURN_PER_PAGE_IN times
         bringing back the smaller one's memory (not just what the GPU lacks), at most TQ."""
         smaller = min(self.clients[c].managed.get(gpu.uuid, 0) for c in (holder, waiter))
-        return min(gpu.settings.time_quantum_s, TURN_PER_PAGE_IN * smaller / PAGE_IN_BYTES_PER_S)
+        page_in_s = smaller / memory_fit.PAGE_IN_BYTES_PER_S
+        return min(gpu.settings.time_quantum_s, TURN_PER_PAGE_IN * page_in_s)
 
     def _wait_cause(self, gpu: GpuState, turn: bool, blockers: list[int], now: float) -> WaitCause:
         if not blockers:

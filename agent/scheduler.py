@@ -299,7 +299,7 @@ class Scheduler:
                 self.shares.client_left(gpu, client, state, now)  # its wait under way too
                 gpu.waiters.pop(client, None)
                 gpu.users.discard(client)
-                gpu.displaced.discard(client)
+                gpu.displaced.pop(client, None)
                 gpu.reported_totals.pop(client, None)
                 held = gpu.holders.pop(client, None)
                 if held is not None:

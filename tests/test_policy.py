@@ -13,7 +13,8 @@ from nvshare_agent import memory_fit
 from nvshare_agent.actions import AskToDrop, Gone, Grant, Queued, SendMemoryCap
 from nvshare_agent.core_state import FEATURE_MEMORY_CAP, FEATURE_USAGE, FEATURE_YIELD
 from nvshare_agent.leases import YIELD_IDLE_MS
-from nvshare_agent.policy import BUSY_TURN_S, PAGE_IN_BYTES_PER_S, TURN_PER_PAGE_IN
+from nvshare_agent.memory_fit import PAGE_IN_BYTES_PER_S
+from nvshare_agent.policy import BUSY_TURN_S, TURN_PER_PAGE_IN
 from nvshare_agent.scheduler import Scheduler
 from nvshare_agent.settings import AntiThrash, Settings, Share, ShareBy
 

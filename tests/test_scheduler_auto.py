@@ -382,6 +382,26 @@ def test_a_grant_beside_holders_displaces_whom_all_of_them_would_push_out():
     assert 3 in s.gpus[G0].displaced
 
 
+def test_a_displaced_grants_prefetch_is_no_part_of_its_lease():
+    # Its shim prefetches what was pushed out before its gate opens and counts no use
+    # for it: the lease's length, and how busy it kept the GPU, start after it.
+    s = make(2, capacity=8 * GIB, features=FEATURE_YIELD | FEATURE_USAGE, separate_users=True)
+    for client in (1, 2):
+        s.memory_report(client, G0, 5 * GIB, 0, now=0.0)
+    first = one(Grant, s.request(2, G0, 0.0))
+    s.release(2, G0, first.lease, 0.1, idle_ms=50)
+    trainer = one(Grant, s.request(1, G0, 0.2))  # pushes out what 2 would bring back
+    pushed_out = s.gpus[G0].displaced[2]
+    assert 0 < pushed_out <= 5 * GIB
+    s.release(1, G0, trainer.lease, 1.0, idle_ms=0)
+    back = one(Grant, s.request(2, G0, 1.0))
+    prefetch_s = pushed_out / memory_fit.PAGE_IN_BYTES_PER_S
+    assert back.displaced and s.gpus[G0].holders[2].prefetch_s == pytest.approx(prefetch_s)
+    s.gpu_usage(2, G0, 60_000, 1.0 + prefetch_s + 0.06)  # one 60 ms batch after it
+    s.release(2, G0, back.lease, 1.0 + prefetch_s + 0.062, idle_ms=2)
+    assert s.clients[2].lease_duty[G0] == pytest.approx(0.06 / 0.062, rel=0.01)
+
+
 def test_a_client_only_queued_on_another_gpu_does_not_work_across_gpus():
     # Its meter there is made at its request: a wait is no GPU time, and a process taken
     # for a pipeline is never asked to yield.

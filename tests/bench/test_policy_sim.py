@@ -121,6 +121,15 @@ def test_work_in_bursts_that_does_not_fit_beside_a_trainer_leaves_it_to_prefetch
     assert notebook["turns"] == 0 and notebook["done"] >= 15
 
 
+def test_a_loader_bound_trainer_kept_apart_from_a_busy_one_takes_turns_not_one_batch():
+    """40 % busy in 60 ms batches, its memory not fitting beside a busy trainer's: with its
+    grant's prefetch counted as idle lease time it read as work in bursts and yielded after
+    each batch (0.03 of its ideal); judged by its stretch alone, it keeps a paid turn."""
+    figures = run("trainer@60", "duty:0.06:0.4@30", seconds=120.0, tq=30, gpu_gib=80.0)
+    trainer, loader = figures["1 trainer"], figures["2 duty"]
+    assert min(trainer["of_ideal"], loader["of_ideal"]) >= 0.5
+
+
 def test_the_ideal_splits_a_busy_gpu_by_weight():
     figures = run("trainer*2", "trainer", seconds=20.0, gpu_gib=80.0)
     assert figures["1 trainer"]["ideal"] == pytest.approx(2 / 3, abs=0.01)
