@@ -72,8 +72,9 @@ class GpuState:
     settings: Settings = DEFAULT_SETTINGS
     deadline: float | None = None  # when tick() must look at this GPU next
     # Clients whose pages another's grant may have pushed to the host since they last
-    # held this GPU, and how much at most: their next grant says DISPLACED, so the shim
-    # prefetches (0 bytes: unknown, as the GPU's own size is; memory_fit.Demand.overflow).
+    # held this GPU, and about how much (the most past the GPU's own memory, beside the
+    # holders of the time; 0: unknown): their next grant says DISPLACED, so the shim
+    # prefetches.
     displaced: dict[int, int] = field(default_factory=dict)
     # A memory report changed what a share group's clients hold: their MEMORY_CAP frames
     # are due, at most every scheduler.CAPS_EVERY_S (caps_told_at: the last time).

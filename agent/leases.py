@@ -137,8 +137,8 @@ class Leases:
         meter.thaw(now, at_next_report=state.measures)
         if not state.measures:
             meter.start(now)  # an older shim: the hold stands for use
-        gpu.holders[client].gpu_s_at_grant = meter.total_s(now)
-        if displaced:  # what it brings back, at most its managed memory
+        gpu.holders[client].gpu_s_at_grant = ran_s = meter.total_s(now)
+        if displaced and ran_s > 0:  # what it brings back (never ran there: nothing)
             pushed_out = min(pushed_out, state.managed.get(gpu.uuid, 0))
             gpu.holders[client].prefetch_s = pushed_out / memory_fit.PAGE_IN_BYTES_PER_S
         actions.append(
@@ -262,13 +262,13 @@ class Leases:
 def alone_duty(state: ClientState, held: Lease | None, uuid: bytes) -> float:
     """How busy its latest stretch alone kept the GPU as its shim measured it (policy's
     saturating): the lease it holds alone now (`held`), once CHECK_S is reported; else its
-    last that told (lease_ended), from grant until it asked again (work yielding at each
-    gap is idle in between)."""
+    last that told (lease_ended), from grant (after its prefetch) until it asked again (work
+    yielding at each gap is idle in between); 0 where none told yet."""
     meter = state.usage.get(uuid)
     if held is not None and held.alone and meter is not None:
         measured_s = meter.stamp - held.granted_at - held.prefetch_s  # to its latest report
         if measured_s >= CHECK_S and state.measures:
-            return (meter.total_s(meter.stamp) - held.gpu_s_at_grant) / measured_s
+            return min(1.0, (meter.total_s(meter.stamp) - held.gpu_s_at_grant) / measured_s)
     busy_s, held_s, ended_at = state.alone_lease.get(uuid, (0.0, 0.0, 0.0))
     asked_after_s = state.asked_at.get(uuid, -math.inf) - ended_at
     if held_s <= 0 or asked_after_s < 0:

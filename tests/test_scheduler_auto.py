@@ -389,6 +389,7 @@ def test_a_displaced_grants_prefetch_is_no_part_of_its_lease():
     for client in (1, 2):
         s.memory_report(client, G0, 5 * GIB, 0, now=0.0)
     first = one(Grant, s.request(2, G0, 0.0))
+    s.gpu_usage(2, G0, 50_000, 0.1)  # it ran: its pages are on the GPU (else none to bring back)
     s.release(2, G0, first.lease, 0.1, idle_ms=50)
     trainer = one(Grant, s.request(1, G0, 0.2))  # pushes out what 2 would bring back
     pushed_out = s.gpus[G0].displaced[2]
@@ -397,7 +398,7 @@ def test_a_displaced_grants_prefetch_is_no_part_of_its_lease():
     back = one(Grant, s.request(2, G0, 1.0))
     prefetch_s = pushed_out / memory_fit.PAGE_IN_BYTES_PER_S
     assert back.displaced and s.gpus[G0].holders[2].prefetch_s == pytest.approx(prefetch_s)
-    s.gpu_usage(2, G0, 60_000, 1.0 + prefetch_s + 0.06)  # one 60 ms batch after it
+    s.gpu_usage(2, G0, 110_000, 1.0 + prefetch_s + 0.06)  # one 60 ms batch after it
     s.release(2, G0, back.lease, 1.0 + prefetch_s + 0.062, idle_ms=2)
     assert s.clients[2].lease_duty[G0] == pytest.approx(0.06 / 0.062, rel=0.01)
 
