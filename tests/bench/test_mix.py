@@ -308,6 +308,7 @@ def with_latencies(auto_ms, plain_ms, second_plain_ms=None):
     return results
 
 
+@pytest.mark.slow  # intervals from 2,000 resamples: ~1-2 s of CPU; make check runs it
 def test_a_tail_ratio_comes_with_its_interval_which_narrows_with_more_requests():
     def interval(shown):
         low, high = shown.split("95 %: ")[1].rstrip(")").split("-")
@@ -349,6 +350,7 @@ def test_figures_without_latencies_have_no_interval():
     )
 
 
+@pytest.mark.slow  # intervals from 2,000 resamples: ~1-2 s of CPU; make check runs it
 def test_the_noise_floor_divides_the_second_run_without_nvshare_by_the_first():
     plain = [1.0 + i / 600 for i in range(600)]
     lines = measures.table(with_latencies(plain, plain, [1.1 * ms for ms in plain]))
@@ -379,6 +381,7 @@ def test_pooled_runs_join_latencies_and_average_trainers():
     assert pooled["mix_off_vs_plain"]["plain"]["clients"] == {}
 
 
+@pytest.mark.slow  # intervals from 2,000 resamples: ~1-2 s of CPU; make check runs it
 def test_report_prints_the_table_again_from_stored_runs_pooled(tmp_path, capsys):
     paths = []
     for index, scale in enumerate((1.0, 1.2)):
