@@ -114,8 +114,8 @@ class Leases:
         self._note_wait(gpu, client, waiter, "", now)
         self.last_lease += 1
         auto = gpu.settings.anti_thrash is AntiThrash.AUTO
-        displaced = client in gpu.displaced
-        pushed_out = gpu.displaced.pop(client, 0)
+        pushed_out = gpu.displaced.pop(client, None)
+        displaced = pushed_out is not None
         if gpu.settings.anti_thrash is not AntiThrash.OFF:  # off: nobody is kept apart
             self._displace_by(gpu, client, role is Role.TURN)
         for beside in gpu.holders.values():
@@ -138,7 +138,7 @@ class Leases:
         if not state.measures:
             meter.start(now)  # an older shim: the hold stands for use
         gpu.holders[client].gpu_s_at_grant = ran_s = meter.total_s(now)
-        if displaced and ran_s > 0:  # what it brings back (never ran there: nothing)
+        if pushed_out is not None and ran_s > 0:  # what it brings back (never ran: nothing)
             pushed_out = min(pushed_out, state.managed.get(gpu.uuid, 0))
             gpu.holders[client].prefetch_s = pushed_out / memory_fit.PAGE_IN_BYTES_PER_S
         actions.append(
@@ -192,14 +192,15 @@ class Leases:
         for uuid in state.gpus:
             if uuid == gpu.uuid:
                 continue
-            meter = state.usage.get(uuid)
             other = self.gpus.get(uuid)
+            if other is not None and client in other.holders:
+                return True
+            meter = state.usage.get(uuid)
+            if meter is None or meter.stamp < since:
+                continue
             # Its meter's stamp is its last activity once it has had GPU time there; a
             # meter made at a request only waited (it would never be asked to yield here).
-            ran = meter is not None and (meter.busy or meter.total_s(meter.stamp) > 0)
-            if ran and meter is not None and meter.stamp >= since:
-                return True
-            if other is not None and client in other.holders:
+            if meter.busy or meter.total_s(meter.stamp) > 0:
                 return True
         return False
 

@@ -32,9 +32,9 @@ if TYPE_CHECKING:
 # What one process's CUDA context takes on the GPU besides its allocations
 # (the context itself, kernels, cuBLAS workspaces): ~500 MiB for PyTorch on an
 # H100 with CUDA 13.  Used where NVML cannot say.
+CONTEXT_ESTIMATE_BYTES = 512 << 20
 # Managed memory pushed out comes back by prefetch at about this (an H100's 49 GB/s).
 PAGE_IN_BYTES_PER_S = 49e9
-CONTEXT_ESTIMATE_BYTES = 512 << 20
 # Kept free: the driver and fragmentation need room that no report shows.
 RESERVE_MIN_BYTES = 256 << 20
 RESERVE_FRACTION = 1 / 32
@@ -158,6 +158,6 @@ class Demand:
     def paged(self, running: Iterable[int]) -> int:
         """What running these at once puts past the GPU's own memory (memory_limit
         aside): what one of them brings back after the others ran.  Unknown: all."""
-        if self._own_line is None:
-            return self.of(running)
-        return max(0, self.of(running) - self._own_line)
+        demand = self.of(running)
+        past = self.overflow(demand)
+        return demand if past is None else past
