@@ -260,11 +260,11 @@ class Leases:
                 self.ask_to_drop(gpu, client, held, now, actions, reason)
 
 
-def alone_duty(state: ClientState, held: Lease | None, uuid: bytes) -> float:
+def alone_duty(state: ClientState, held: Lease | None, uuid: bytes) -> float | None:
     """How busy its latest stretch alone kept the GPU as its shim measured it (policy's
     saturating): the lease it holds alone now (`held`), once CHECK_S is reported; else its
     last that told (lease_ended), from grant (after its prefetch) until it asked again (work
-    yielding at each gap is idle in between); 0 where none told yet."""
+    yielding at each gap is idle in between); None where none told yet."""
     meter = state.usage.get(uuid)
     if held is not None and held.alone and meter is not None:
         measured_s = meter.stamp - held.granted_at - held.prefetch_s  # to its latest report
@@ -272,6 +272,6 @@ def alone_duty(state: ClientState, held: Lease | None, uuid: bytes) -> float:
             return min(1.0, (meter.total_s(meter.stamp) - held.gpu_s_at_grant) / measured_s)
     busy_s, held_s, ended_at = state.alone_lease.get(uuid, (0.0, 0.0, 0.0))
     asked_after_s = state.asked_at.get(uuid, -math.inf) - ended_at
-    if held_s <= 0 or asked_after_s < 0:
-        return 0.0
-    return busy_s / (held_s + asked_after_s)
+    if held_s <= 0:
+        return None
+    return busy_s / (held_s + asked_after_s) if asked_after_s >= 0 else 0.0

@@ -29,19 +29,20 @@ from .share_groups import GroupAccount, ShareGroups
 from .usage import CHECK_S, meter_of
 
 # A client whose use (GPU time, 0..1) is this or more keeps the GPU busy (a trainer reads
-# 0.95-0.97 alone; work late on every cycle beside others reads it too): two such take
-# turns where turns pay (two trainers: 1.003x in turns, 0.91x interleaved, H100).
+# 0.95-0.97 alone; work late on every cycle beside others reads it too); never seen alone
+# there, from BESIDE_SATURATING_USE (two trainers side by side read 0.90-0.965). Two such
+# take turns where turns pay (two trainers: 1.003x in turns, 0.91x interleaved, H100).
 SATURATING_USE = 0.95
+BESIDE_SATURATING_USE = 0.9
 # A turn's length where nothing pages (they fit, or only memory_limit keeps them apart):
 # short turns keep each one's share over seconds, not minutes of TQ.
 BUSY_TURN_S = 0.5
 # Where memory keeps two apart, each handover brings back what the other pushed out: a
 # turn lasts this many times that (at most TQ): paging costs ~a tenth of the GPU's time.
 TURN_PER_PAGE_IN = 10
-# Work in bursts may cut in: its use under LIGHT_USE (an inference server answering 20
-# requests of ~1 ms a second uses ~0.03, a notebook's cells ~0.05, a loader's batches
-# ~0.04; light, it neither saturates nor stops turns from paying), or its last lease busy
-# under BURST_USE of its length (a trainer's leases 0.8 and more, a server's hundredths).
+# Work in bursts may cut in: its use under LIGHT_USE (a server's 20 requests of ~1 ms a
+# second ~0.03, a notebook's cells ~0.05, a loader's batches ~0.04: light, it never stops
+# turns from paying), or its last lease under BURST_USE busy (a trainer's 0.8 and more).
 LIGHT_USE = 0.1
 BURST_USE = 0.5
 # How long a turn takes to drain once asked to drop (its shim bounds its queue meanwhile):
@@ -100,13 +101,13 @@ class Policy:
 
     def saturating(self, gpu: GpuState, client: int, now: float) -> bool:
         """Keeps the GPU busy by itself: its use is SATURATING_USE or more, or, not light,
-        its latest stretch alone was that busy (a trainer between turns, use dipping; not
-        a cell that gave back a lease at a pause inside it and asked again at once)."""
+        its latest stretch alone was that busy (a trainer between turns, use dipping), or,
+        never alone there (it came beside others), its use is BESIDE_SATURATING_USE."""
         use = self.usage(client, gpu.uuid, now)
         if use >= SATURATING_USE or use < LIGHT_USE:
             return use >= SATURATING_USE
-        state = self.clients[client]
-        return alone_duty(state, gpu.holders.get(client), gpu.uuid) >= SATURATING_USE
+        alone = alone_duty(self.clients[client], gpu.holders.get(client), gpu.uuid)
+        return alone >= SATURATING_USE if alone is not None else use >= BESIDE_SATURATING_USE
 
     def _turns_pay(self, gpu: GpuState, now: float) -> bool:
         """Turns between two that keep the GPU busy pay only where the turn runs alone but for
@@ -200,8 +201,7 @@ class Policy:
         now = at.now
         light_wait_s = gpu.settings.light_wait_ms / 1000.0
         # A client kept waiting is no lighter for it: past the light wait, its use stops
-        # decaying until its grant (usage.py).  (Not from its request when cut off: eight
-        # 30 %-busy processes, reading ~0.95 side by side, then waited up to 12 s, H200.)
+        # decaying until its grant (usage.py; from its request, f8 waited up to 12 s, H200).
         for client, waiter in gpu.waiters.items():
             since = waiter.requested_at + light_wait_s
             if at.reached(since):
@@ -394,7 +394,7 @@ class Policy:
                     # else the holder's turn is cut to a burst, and its share with it.
                     # Light by its stretch alone, not its use: kept apart, a loader-bound
                     # trainer read light by use, starved, and yielded after each batch.
-                    stretch = alone_duty(self.clients[holder], held, gpu.uuid)
+                    stretch = alone_duty(self.clients[holder], held, gpu.uuid) or 0.0
                     if stretch < LIGHT_USE and not self.bursty(gpu, client, now):
                         self.leases.ask_to_yield(gpu, holder, held, now, actions)
                 elif (cuts_in := self._cuts_in(gpu, look, client, holder, now)) and at.reached(
