@@ -116,19 +116,20 @@ check: deps
 
 # The inner loop: no root, no network, no containers, about a minute on 2 cores.
 # Builds the shim and the stand-in (gcc only); the venv must exist (make venv, or
-# make check, once: that needs the network).  Five workers on 2 cores, each taking the
-# next test as it finishes (worksteal): many tests wait on processes or timeouts, and
-# a long one no longer ends a run alone (70 s with -n 4 and the default split; 64 s).
+# make check, once: that needs the network).  Eight workers on 2 cores, each taking the
+# next test as it finishes (worksteal): most tests wait on processes or timeouts (212 s
+# of tests, ~65 s of CPU), and a long one no longer ends a run alone (44 s with 5; 39 s).
 # Bytecode is written (git-ignored __pycache__), even where PYTHONDONTWRITEBYTECODE is
 # set: the run starts ~450 Python processes (175 agents), and each compiled the agent
 # anew.  Not under a PYTHONPYCACHEPREFIX: there the standard library's and the venv's
 # installed bytecode is not found either (a first run took 8 s more than the next; 3 now).
 CHECK_FAST_MARKERS := not slow and not root and not container
+CHECK_FAST_WORKERS := 8
 PYCACHE := PYTHONDONTWRITEBYTECODE=
 check-fast:
 	@test -x $(PY) || { echo "check-fast: no $(VENV); run 'make venv' once (it needs the network)" >&2; exit 1; }
 	@$(MAKE) --no-print-directory BUILD_JOBS="$(SPREAD)" shim shim-asan standin wire-cache
-	$(PYCACHE) $(PY) -m pytest -q -rfE -n 5 --dist worksteal -m "$(CHECK_FAST_MARKERS)" $(PYTEST_ARGS)
+	$(PYCACHE) $(PY) -m pytest -q -rfE -n $(CHECK_FAST_WORKERS) --dist worksteal -m "$(CHECK_FAST_MARKERS)" $(PYTEST_ARGS)
 
 deb:
 	$(MAKE) -C packaging deb
