@@ -100,6 +100,9 @@ class Leases:
             tells = held_s >= CHECK_S or idle_s > 0
             if held.alone and state.measures and tells:  # GPU time, not the hold
                 state.alone_lease[uuid] = (used, held_s, now)
+        told = state.alone_lease.get(uuid)
+        if not held.alone and told is not None and told[2] >= held.granted_at:
+            state.alone_lease[uuid] = (*told[:2], now)  # its stretch alone held on till now
 
     def grant(
         self,
@@ -118,7 +121,10 @@ class Leases:
         displaced = pushed_out is not None
         if gpu.settings.anti_thrash is not AntiThrash.OFF:  # off: nobody is kept apart
             self._displace_by(gpu, client, role is Role.TURN)
-        for beside in gpu.holders.values():
+        for other, beside in gpu.holders.items():
+            told = _held_alone_so_far(self.clients[other], beside, gpu.uuid)
+            if told is not None:  # its stretch alone ends here: what it told stands
+                self.clients[other].alone_lease[gpu.uuid] = (*told, now)
             beside.alone = False
         gpu.holders[client] = Lease(
             self.last_lease,
@@ -260,18 +266,29 @@ class Leases:
                 self.ask_to_drop(gpu, client, held, now, actions, reason)
 
 
+def _held_alone_so_far(state: ClientState, held: Lease, uuid: bytes) -> tuple[float, float] | None:
+    """A lease held alone, once CHECK_S of it is reported: its GPU time and length so far
+    (to its latest report, from after its grant's prefetch)."""
+    meter = state.usage.get(uuid)
+    if not held.alone or meter is None or not state.measures:
+        return None
+    measured_s = meter.stamp - held.granted_at - held.prefetch_s
+    if measured_s < CHECK_S:
+        return None
+    return meter.total_s(meter.stamp) - held.gpu_s_at_grant, measured_s
+
+
 def alone_duty(state: ClientState, held: Lease | None, uuid: bytes) -> float | None:
     """How busy its latest stretch alone kept the GPU as its shim measured it (policy's
     saturating): the lease it holds alone now (`held`), once CHECK_S is reported; else its
-    last that told (lease_ended), from grant (after its prefetch) until it asked again (work
-    yielding at each gap is idle in between); None where none told yet."""
-    meter = state.usage.get(uuid)
-    if held is not None and held.alone and meter is not None:
-        measured_s = meter.stamp - held.granted_at - held.prefetch_s  # to its latest report
-        if measured_s >= CHECK_S and state.measures:
-            return min(1.0, (meter.total_s(meter.stamp) - held.gpu_s_at_grant) / measured_s)
+    last that told (lease_ended, or cut off by another let in beside it), from grant (after
+    its prefetch) until it asked again (work yielding at each gap is idle in between);
+    None where none told yet: it came beside others, or never held long enough."""
+    now_alone = None if held is None else _held_alone_so_far(state, held, uuid)
+    if now_alone is not None:
+        return min(1.0, now_alone[0] / now_alone[1])
     busy_s, held_s, ended_at = state.alone_lease.get(uuid, (0.0, 0.0, 0.0))
-    asked_after_s = state.asked_at.get(uuid, -math.inf) - ended_at
     if held_s <= 0:
         return None
-    return busy_s / (held_s + asked_after_s) if asked_after_s >= 0 else 0.0
+    asked_after_s = max(0.0, state.asked_at.get(uuid, -math.inf) - ended_at)
+    return busy_s / (held_s + asked_after_s)

@@ -29,8 +29,8 @@ from .share_groups import GroupAccount, ShareGroups
 from .usage import CHECK_S, meter_of
 
 # A client whose use (GPU time, 0..1) is this or more keeps the GPU busy (a trainer reads
-# 0.95-0.97 alone; work late on every cycle beside others reads it too); never seen alone
-# there, from BESIDE_SATURATING_USE (two trainers side by side read 0.90-0.965). Two such
+# 0.92-0.97 alone; work late on every cycle beside others reads it too); with no stretch
+# alone there, from BESIDE_SATURATING_USE (two trainers side by side: 0.90-0.93). Two such
 # take turns where turns pay (two trainers: 1.003x in turns, 0.91x interleaved, H100).
 SATURATING_USE = 0.95
 BESIDE_SATURATING_USE = 0.9
@@ -102,7 +102,7 @@ class Policy:
     def saturating(self, gpu: GpuState, client: int, now: float) -> bool:
         """Keeps the GPU busy by itself: its use is SATURATING_USE or more, or, not light,
         its latest stretch alone was that busy (a trainer between turns, use dipping), or,
-        never alone there (it came beside others), its use is BESIDE_SATURATING_USE."""
+        none told there (it came beside others), its use is BESIDE_SATURATING_USE."""
         use = self.usage(client, gpu.uuid, now)
         if use >= SATURATING_USE or use < LIGHT_USE:
             return use >= SATURATING_USE
@@ -201,7 +201,7 @@ class Policy:
         now = at.now
         light_wait_s = gpu.settings.light_wait_ms / 1000.0
         # A client kept waiting is no lighter for it: past the light wait, its use stops
-        # decaying until its grant (usage.py; from its request, f8 waited up to 12 s, H200).
+        # decaying until its grant (usage.py; not from its request: f8 waited to 12 s, H200).
         for client, waiter in gpu.waiters.items():
             since = waiter.requested_at + light_wait_s
             if at.reached(since):

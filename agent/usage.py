@@ -147,7 +147,7 @@ def meter_of(state: ClientState, uuid: bytes, now: float) -> UsageMeter:
     """A client's meter on a GPU, made at its first request there (`now`), which its stay
     counts from: not from its HELLO, since the context's making and a framework's start
     before its first work (a second or more) are no idle of its choosing; counted, two
-    trainers read under SATURATING_USE, side by side, for their first 12-15 s (H200).
+    trainers read under the policy's lines, side by side, for their first 12-15 s (H200).
     A measuring shim's totals count from its HELLO: none before the first request."""
     meter = state.usage.get(uuid)
     if meter is None:
