@@ -122,9 +122,10 @@ class Leases:
         if gpu.settings.anti_thrash is not AntiThrash.OFF:  # off: nobody is kept apart
             self._displace_by(gpu, client, role is Role.TURN)
         for other, beside in gpu.holders.items():
-            told = _held_alone_so_far(self.clients[other], beside, gpu.uuid)
-            if told is not None:  # its stretch alone ends here: what it told stands
-                self.clients[other].alone_lease[gpu.uuid] = (*told, now)
+            if beside.alone:  # at most one: its stretch alone ends here, what it told stands
+                told = _held_alone_so_far(self.clients[other], beside, gpu.uuid)
+                if told is not None:
+                    self.clients[other].alone_lease[gpu.uuid] = (*told, now)
             beside.alone = False
         gpu.holders[client] = Lease(
             self.last_lease,
@@ -269,8 +270,10 @@ class Leases:
 def _held_alone_so_far(state: ClientState, held: Lease, uuid: bytes) -> tuple[float, float] | None:
     """A lease held alone, once CHECK_S of it is reported: its GPU time and length so far
     (to its latest report, from after its grant's prefetch)."""
+    if not held.alone or not state.measures:
+        return None
     meter = state.usage.get(uuid)
-    if not held.alone or meter is None or not state.measures:
+    if meter is None:
         return None
     measured_s = meter.stamp - held.granted_at - held.prefetch_s
     if measured_s < CHECK_S:
