@@ -394,7 +394,9 @@ class Policy:
                     # else the holder's turn is cut to a burst, and its share with it.
                     # Light by its stretch alone, not its use: kept apart, a loader-bound
                     # trainer read light by use, starved, and yielded after each batch.
-                    stretch = alone_duty(self.clients[holder], held, gpu.uuid) or 0.0
+                    stretch = alone_duty(self.clients[holder], held, gpu.uuid)
+                    if stretch is None:  # never alone: beside others, its use is all there is
+                        stretch = self.usage(holder, gpu.uuid, now)
                     if stretch < LIGHT_USE and not self.bursty(gpu, client, now):
                         self.leases.ask_to_yield(gpu, holder, held, now, actions)
                 elif (cuts_in := self._cuts_in(gpu, look, client, holder, now)) and at.reached(

@@ -277,6 +277,27 @@ def test_a_turn_that_pages_is_not_cut_short_before_its_paging_is_paid():
     assert drops[0][0] == pytest.approx(paid, abs=0.01)
 
 
+def test_a_paid_turn_beside_others_is_not_given_to_bulk_work_at_each_gap():
+    """Three that fit in pairs: a 70 %-busy process granted a turn beside a third was never
+    alone there, and it once counted as light for it: it yielded to the bulk waiter at its
+    next gap, and the two handed the GPU (and their pages) back and forth every burst
+    (policy_sim: a third of the GPU time each lost to paging).  Its use says it is not."""
+    node = Node(30, 30, 30)
+    node.grant(1, 0.0)
+    node.grant(3, 0.0)
+    node.run(0.0, 9.0, {1: 0.7, 3: 0.8})
+    node.s.request(2, G0, 9.0)  # new: comes in for 3, the most charged
+    node.s.release(3, G0, 2, 9.05)
+    node.s.request(3, G0, 9.06)  # bulk work back: 1's turn is over
+    grants = of(Grant, node.s.release(1, G0, 1, 9.1))
+    assert [(g.client, g.role) for g in grants] == [(3, "turn")]
+    assert node.s.policy.usage(3, G0, 9.11) >= 0.1
+    # 1, bulk work, waits for 3's turn to pay for its paging: no yield asked.
+    assert of(AskToDrop, node.s.request(1, G0, 9.11)) == []
+    seen = node.run(9.1, 9.1 + paid_turn_s(node, 3, 1) + 0.2, {2: 0.5, 3: 0.8})
+    assert [(a.client, a.when_idle_ms) for _, a in seen if isinstance(a, AskToDrop)] == [(3, 0)]
+
+
 def test_two_that_do_not_fit_take_turns_that_pay_for_their_paging():
     """Else two trainers that do not fit together took the GPU from each other slice by
     slice (on the H200, 63 drops in two minutes)."""
