@@ -281,6 +281,22 @@ def _held_alone_so_far(state: ClientState, held: Lease, uuid: bytes) -> tuple[fl
     return meter.total_s(meter.stamp) - held.gpu_s_at_grant, measured_s
 
 
+def shown_duty(state: ClientState, held: Lease, uuid: bytes) -> float:
+    """How busy a holder has shown itself on a GPU: its latest stretch alone (alone_duty);
+    never alone there, this lease so far (once CHECK_S is reported), else its last; nothing
+    told yet, 1.0: not taken for light on no evidence (a newcomer 50 % busy in 3 ms bursts
+    once yielded at every gap and got no GPU time, policy_sim)."""
+    alone = alone_duty(state, held, uuid)
+    if alone is not None:
+        return alone
+    meter = state.usage.get(uuid)
+    if meter is not None and state.measures:
+        measured_s = meter.stamp - held.granted_at - held.prefetch_s
+        if measured_s >= CHECK_S:
+            return min(1.0, (meter.total_s(meter.stamp) - held.gpu_s_at_grant) / measured_s)
+    return state.lease_duty.get(uuid, 1.0)
+
+
 def alone_duty(state: ClientState, held: Lease | None, uuid: bytes) -> float | None:
     """How busy its latest stretch alone kept the GPU as its shim measured it (policy's
     saturating): the lease it holds alone now (`held`), once CHECK_S is reported; else its

@@ -23,7 +23,7 @@ from . import memory_fit
 from .actions import Action
 from .core_state import EXCLUSIVE, SHARED, ClientState, GpuState, Waiter
 from .deadlines import Moments
-from .leases import DropReason, Leases, Role, alone_duty
+from .leases import DropReason, Leases, Role, alone_duty, shown_duty
 from .settings import AntiThrash
 from .share_groups import GroupAccount, ShareGroups
 from .usage import CHECK_S, meter_of
@@ -392,12 +392,10 @@ class Policy:
                     # Its paging not paid for yet: no drop, and no yield but from light
                     # work (a server, a notebook) to bulk work, which fills its long gaps;
                     # else the holder's turn is cut to a burst, and its share with it.
-                    # Light by its stretch alone, not its use: kept apart, a loader-bound
+                    # Light by what it showed, not its use: kept apart, a loader-bound
                     # trainer read light by use, starved, and yielded after each batch.
-                    stretch = alone_duty(self.clients[holder], held, gpu.uuid)
-                    if stretch is None:  # never alone: beside others, its use is all there is
-                        stretch = self.usage(holder, gpu.uuid, now)
-                    if stretch < LIGHT_USE and not self.bursty(gpu, client, now):
+                    shown = shown_duty(self.clients[holder], held, gpu.uuid)
+                    if shown < LIGHT_USE and not self.bursty(gpu, client, now):
                         self.leases.ask_to_yield(gpu, holder, held, now, actions)
                 elif (cuts_in := self._cuts_in(gpu, look, client, holder, now)) and at.reached(
                     max(held.granted_at + min_slice_s, waiter.requested_at + cut_in_after_s)

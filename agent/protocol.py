@@ -275,6 +275,13 @@ def encode_gpu_memory(gpu: bytes, total_bytes: int) -> bytes:
     return _frame(MessageType.GPU_MEMORY, p)
 
 
+def encode_gpu_usage(gpu: bytes, busy_us: int) -> bytes:
+    p = ffi.new("struct nvshare_gpu_usage *")
+    p.gpu.bytes = gpu
+    p.busy_us = busy_us
+    return _frame(MessageType.GPU_USAGE, p)
+
+
 def encode_memory_cap(gpu: bytes, cap_bytes: int, others_bytes: int) -> bytes:
     p = ffi.new("struct nvshare_memory_cap *")
     p.gpu.bytes = gpu

@@ -353,6 +353,9 @@ class AsyncShimClient:
     def report_gpu_memory(self, gpu: bytes, total_bytes: int) -> None:
         self._writer.write(protocol.encode_gpu_memory(gpu, total_bytes))
 
+    def report_usage(self, gpu: bytes, busy_us: int) -> None:
+        self._writer.write(protocol.encode_gpu_usage(gpu, busy_us))
+
     async def recv(self, timeout: float = TIMEOUT_S):
         while True:
             while not self.inbox:
