@@ -96,8 +96,9 @@ class ClientState:
     unmanaged: dict[bytes, int] = field(default_factory=dict)
     active: set[bytes] = field(default_factory=set)  # GPUs it has a context on (asked or allocated)
     usage: dict[bytes, UsageMeter] = field(default_factory=dict)
-    # Per GPU: how busy it kept the GPU over its last lease there (GPU time over the
-    # lease's length): under policy.BURST_USE it works in bursts.  A newcomer has none.
+    # Per GPU: how busy it kept the GPU over its last lease there (GPU time, or the hold
+    # for a shim that does not measure, over the lease's length): under policy.BURST_USE
+    # it works in bursts.  A newcomer has none (bursty reads 0, shown_duty 1: no evidence).
     lease_duty: dict[bytes, float] = field(default_factory=dict)
     # Per GPU, its last lease that nobody held beside and that tells (leases.py; its shim
     # measuring): GPU time, length, end.  With the gap until it asked again, whether it

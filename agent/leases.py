@@ -281,20 +281,21 @@ def _held_alone_so_far(state: ClientState, held: Lease, uuid: bytes) -> tuple[fl
     return meter.total_s(meter.stamp) - held.gpu_s_at_grant, measured_s
 
 
-def shown_duty(state: ClientState, held: Lease, uuid: bytes) -> float:
-    """How busy a holder has shown itself on a GPU: its latest stretch alone (alone_duty);
-    never alone there, this lease so far (once CHECK_S is reported), else its last; nothing
-    told yet, 1.0: not taken for light on no evidence (a newcomer 50 % busy in 3 ms bursts
-    once yielded at every gap and got no GPU time, policy_sim)."""
-    alone = alone_duty(state, held, uuid)
-    if alone is not None:
-        return alone
+def shown_duty(state: ClientState, held: Lease, uuid: bytes, now: float) -> float:
+    """How busy a holder has shown itself on a GPU, light only where all it told agrees:
+    the larger of this lease so far, once it ran and CHECK_S has passed after its grant's
+    prefetch (to now: a shim reports only while its GPU time grows), and its latest
+    stretch alone that told (alone_duty); with neither, its last lease; nothing told, 1.0:
+    not taken for light on no evidence (a newcomer 50 % busy in 3 ms bursts once yielded
+    at every gap and got no GPU time, policy_sim).  A shim that does not measure shows
+    its holds."""
+    told = [] if (alone := alone_duty(state, None, uuid)) is None else [alone]
     meter = state.usage.get(uuid)
-    if meter is not None and state.measures:
-        measured_s = meter.stamp - held.granted_at - held.prefetch_s
-        if measured_s >= CHECK_S:
-            return min(1.0, (meter.total_s(meter.stamp) - held.gpu_s_at_grant) / measured_s)
-    return state.lease_duty.get(uuid, 1.0)
+    ran_s = 0.0 if meter is None else meter.total_s(now) - held.gpu_s_at_grant
+    held_s = now - held.granted_at - held.prefetch_s
+    if state.measures and ran_s > 0 and held_s >= CHECK_S:  # none yet: still paging in
+        told.append(min(1.0, ran_s / held_s))
+    return max(told) if told else state.lease_duty.get(uuid, 1.0)
 
 
 def alone_duty(state: ClientState, held: Lease | None, uuid: bytes) -> float | None:

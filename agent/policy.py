@@ -394,7 +394,7 @@ class Policy:
                     # else the holder's turn is cut to a burst, and its share with it.
                     # Light by what it showed, not its use: kept apart, a loader-bound
                     # trainer read light by use, starved, and yielded after each batch.
-                    shown = shown_duty(self.clients[holder], held, gpu.uuid)
+                    shown = shown_duty(self.clients[holder], held, gpu.uuid, now)
                     if shown < LIGHT_USE and not self.bursty(gpu, client, now):
                         self.leases.ask_to_yield(gpu, holder, held, now, actions)
                 elif (cuts_in := self._cuts_in(gpu, look, client, holder, now)) and at.reached(

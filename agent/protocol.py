@@ -276,6 +276,7 @@ def encode_gpu_memory(gpu: bytes, total_bytes: int) -> bytes:
 
 
 def encode_gpu_usage(gpu: bytes, busy_us: int) -> bytes:
+    """What a shim sends; here for fake shims in tests and benches."""
     p = ffi.new("struct nvshare_gpu_usage *")
     p.gpu.bytes = gpu
     p.busy_us = busy_us

@@ -354,6 +354,7 @@ class AsyncShimClient:
         self._writer.write(protocol.encode_gpu_memory(gpu, total_bytes))
 
     def report_usage(self, gpu: bytes, busy_us: int) -> None:
+        """GPU time on gpu since HELLO, a running total (a measuring shim's GPU_USAGE)."""
         self._writer.write(protocol.encode_gpu_usage(gpu, busy_us))
 
     async def recv(self, timeout: float = TIMEOUT_S):
