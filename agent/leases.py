@@ -82,6 +82,17 @@ class Leases:
                     Revoke(client, state.pid, gpu.uuid, held.number, at.now - held.granted_at)
                 )
 
+    def note_usage(self, client: int, uuid: bytes, busy_s: float, now: float) -> None:
+        """A measuring shim's running total of GPU time on a GPU (usage.py); where it grew
+        for the first time in a lease, the lease ran from then on (ran_since)."""
+        meter = meter_of(self.clients[client], uuid, now)
+        meter.report(now, busy_s)
+        held = self.gpus[uuid].holders.get(client) if uuid in self.gpus else None
+        if held is not None and held.ran_since is None:
+            ran_s = meter.total_s(now) - held.gpu_s_at_grant
+            if ran_s > 0:  # the shim reports as its first work after a quiet spell begins
+                held.ran_since = max(held.granted_at, now - ran_s)
+
     def lease_ended(
         self, state: ClientState, uuid: bytes, held: Lease, now: float, idle_s: float = 0.0
     ) -> None:
@@ -282,20 +293,17 @@ def _held_alone_so_far(state: ClientState, held: Lease, uuid: bytes) -> tuple[fl
 
 
 def shown_duty(state: ClientState, held: Lease, uuid: bytes, now: float) -> float:
-    """How busy a holder has shown itself on a GPU, light only where all it told agrees:
-    the larger of this lease so far, once it ran and CHECK_S has passed after its grant's
-    prefetch (to now: a shim reports only while its GPU time grows), and its latest
-    stretch alone that told (alone_duty); with neither, its last lease; nothing told, 1.0:
-    not taken for light on no evidence (a newcomer 50 % busy in 3 ms bursts once yielded
-    at every gap and got no GPU time, policy_sim).  A shim that does not measure shows
-    its holds."""
-    told = [] if (alone := alone_duty(state, None, uuid)) is None else [alone]
+    """How busy a holder has shown itself on a GPU: this lease since it first ran, once
+    that is CHECK_S ago (to now: a shim reports only while its GPU time grows); before,
+    its latest stretch alone that told (alone_duty), else its last lease; nothing told,
+    1.0: not taken for light on no evidence (a newcomer 50 % busy in 3 ms bursts once
+    yielded at every gap and got no GPU time, policy_sim).  A shim that does not measure
+    shows its holds."""
     meter = state.usage.get(uuid)
-    ran_s = 0.0 if meter is None else meter.total_s(now) - held.gpu_s_at_grant
-    held_s = now - held.granted_at - held.prefetch_s
-    if state.measures and ran_s > 0 and held_s >= CHECK_S:  # none yet: still paging in
-        told.append(min(1.0, ran_s / held_s))
-    return max(told) if told else state.lease_duty.get(uuid, 1.0)
+    if meter is not None and held.ran_since is not None and now - held.ran_since >= CHECK_S:
+        return min(1.0, (meter.total_s(now) - held.gpu_s_at_grant) / (now - held.ran_since))
+    alone = alone_duty(state, None, uuid)
+    return alone if alone is not None else state.lease_duty.get(uuid, 1.0)
 
 
 def alone_duty(state: ClientState, held: Lease | None, uuid: bytes) -> float | None:

@@ -259,7 +259,7 @@ class Scheduler:
             return [Refuse(client, "GPU_USAGE before HELLO")]
         if uuid not in state.gpus:
             return [Ignored(client, state.pid, uuid, "usage of a GPU it never named")]
-        meter_of(state, uuid, now).report(now, busy_us / 1e6)
+        self.policy.leases.note_usage(client, uuid, busy_us / 1e6, now)
         return []
 
     def gpu_memory(self, client: int, uuid: bytes, total_bytes: int, now: float) -> list[Action]:

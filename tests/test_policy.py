@@ -42,9 +42,9 @@ class Node:
             self.busy_us[client] = 0
 
     def run(self, start: float, until: float, busy: dict[int, float]) -> list:
-        """Clients report GPU time every 100 ms while it grows (as the shim does), each
-        busy its fraction of the time; the core's deadlines are kept.  Returns the (time,
-        action) pairs."""
+        """Clients report GPU time every 100 ms while it grows (the shim reports nothing
+        while idle), each busy its fraction of the time; the core's deadlines are kept.
+        Returns the (time, action) pairs."""
         seen = []
         now = start
         while now < until - 1e-9:
@@ -325,6 +325,30 @@ def test_a_newcomer_is_not_taken_for_light_in_its_paid_turn():
     seen = node.run(paid + 0.1, 2 * paid + 0.3, {1: 0.5})
     drops = [(t, a.client, a.when_idle_ms) for t, a in seen if isinstance(a, AskToDrop)]
     assert drops == [(pytest.approx(2 * paid + 0.1, abs=0.11), 1, 0)]
+
+
+def test_a_turn_shows_how_busy_it_is_from_when_it_first_ran():
+    """A holder's page-in can outlast its grant's estimate; its lease shows how busy it
+    is from its first GPU time on (a shim's first report after a quiet spell comes as its
+    work begins).  Counted from its grant, a 50 %-busy process that began 0.5 s late read
+    0.09 and yielded to the bulk work waiting (a review of 3513ed5).  Gone idle, the same
+    lease shows it light, and it yields."""
+    node = Node(60, 60)
+    node.grant(2, 0.0)
+    node.run(0.0, 8.0, {2: 0.75})
+    node.s.request(1, G0, 8.0)
+    paid = paid_turn_s(node, 2, 1)
+    node.run(8.0, paid + 0.1, {2: 0.75})
+    assert [g.client for g in of(Grant, node.s.release(2, G0, 1, paid + 0.1))] == [1]
+    node.s.request(2, G0, paid + 0.11)  # bulk work back
+    began = paid + 0.6  # paged in for 0.5 s, then its first work
+    node.busy_us[1] += 1000
+    node.s.gpu_usage(1, G0, node.busy_us[1], began)
+    seen = node.run(began, began + 2.0, {1: 0.5})
+    assert of(AskToDrop, [a for _, a in seen]) == []
+    seen = node.run(began + 2.0, began + 11.0, {})  # idle: 1.05 s of work in 2 s, then none
+    yields = [(t, a.client, a.when_idle_ms) for t, a in seen if isinstance(a, AskToDrop)]
+    assert yields == [(pytest.approx(began + 10.5, abs=0.3), 1, YIELD_IDLE_MS)]
 
 
 def test_two_that_do_not_fit_take_turns_that_pay_for_their_paging():
