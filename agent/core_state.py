@@ -40,7 +40,7 @@ class Lease:
     # lease's length either, or a 40 %-busy trainer kept apart read as work in bursts.
     prefetch_s: float = 0.0
     alone: bool = True  # nobody held the GPU beside it, so far
-    # When it first ran in this lease, by its shim's reports (scheduler.gpu_usage): the
+    # When it first ran in this lease, by its shim's reports (Leases.note_usage): the
     # page-in before it, however long, is no part of how busy the lease shows it.
     ran_since: float | None = None
 
