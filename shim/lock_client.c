@@ -43,6 +43,7 @@
 #include "log.h"
 #include "memory_accounting.h"
 #include "nvshare_protocol.h"
+#include "queue_bound.h"
 #include "shim_threads.h"
 #include "usage_meter.h"
 
@@ -273,13 +274,18 @@ static int release_idle_gpus(void)
     struct nvshare_lock_event look = {.kind = NVSHARE_EVENT_IDLE_LOOK};
     if (nvshare_lock_settings(&settings))
         look.idle_release_ms = settings.idle_release_ms;
-    struct nvshare_lock_jobs jobs[NVSHARE_MAX_GPUS];
-    int count = nvshare_gpu_count(), timeout = -1;
-    nvshare_lock_step_each(count, &look, jobs);
-    for (int gpu = 0; gpu < count; gpu++) {
-        carry_out(gpu, &jobs[gpu]);
-        if (jobs[gpu].look_in_ms >= 0 && (timeout < 0 || jobs[gpu].look_in_ms < timeout))
-            timeout = jobs[gpu].look_in_ms;
+    int timeout = -1;
+    for (int gpu = 0; gpu < nvshare_gpu_count(); gpu++) {
+        /* A thread inside a gated call (waiting in the queue bound, a synchronous
+         * copy) passed the gate once, when it came in. */
+        struct nvshare_queue_look queued; /* without waiting for the contexts' mutex */
+        nvshare_queue_look(gpu, nvshare_now_ms(), &queued);
+        look.work_pending = queued.pending || atomic_load(&nvshare_gates[gpu].inflight) != 0;
+        struct nvshare_lock_jobs jobs;
+        nvshare_lock_step(gpu, &look, &jobs, NULL);
+        carry_out(gpu, &jobs);
+        if (jobs.look_in_ms >= 0 && (timeout < 0 || jobs.look_in_ms < timeout))
+            timeout = jobs.look_in_ms;
     }
     return timeout;
 }

@@ -229,7 +229,11 @@ static void on_idle_look(struct nvshare_lock_machine *lock, const struct nvshare
      * count the passages made since the decision, not since this look. */
     if (lock->work != NVSHARE_WORK_NONE)
         return;
-    if (event->activity != lock->seen_activity) {
+    /* Queued work still running counts as a passage: a thread waiting in the
+     * queue bound passes no gate, and its idle time counts from when that work
+     * is done, not from its last launch (the worker's own check comes too late
+     * where the work ended a moment before and the thread is not back yet). */
+    if (event->activity != lock->seen_activity || event->work_pending) {
         lock->seen_activity = event->activity;
         lock->activity_changed_at_ms = event->now_ms;
     } else if (event->now_ms - lock->activity_changed_at_ms >= idle_ms) {

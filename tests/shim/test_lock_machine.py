@@ -229,6 +229,18 @@ def test_an_idle_exclusive_lock_is_released_after_idle_release_ms_without_a_pass
     assert lock.phase == "IDLE" and not lock.gate_open
 
 
+def test_queued_work_still_running_counts_as_a_passage(lock):
+    # A thread waiting in the queue bound for its own long kernels passes no gate; the
+    # idle time counts from when that work was last seen running, not from its launch.
+    lock.granted(now=0.0)
+    lock.step("IDLE_LOOK", now=10.0, idle_release_ms=100)  # the last launch, seen at 10 ms
+    for now in (100.0, 200.0, 400.0, 800.0):
+        assert lock.step("IDLE_LOOK", now=now, idle_release_ms=100, work_pending=1) == []
+    assert lock.step("IDLE_LOOK", now=899.0, idle_release_ms=100) == [], "done at 800-899 ms"
+    jobs = lock.step("IDLE_LOOK", now=900.0, idle_release_ms=100)
+    assert [j[:2] for j in jobs] == [("POST_WORK", "RELEASE_IDLE")]
+
+
 def test_a_shared_lock_never_releases_when_idle(lock):
     lock.granted(flags=SHARED, now=0.0)
     assert lock.step("IDLE_LOOK", now=10_000.0, idle_release_ms=100) == []
