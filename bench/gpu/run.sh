@@ -17,6 +17,7 @@
 #   bench/gpu/run.sh --busy-turns [RESULTS_DIR] [--seconds S] [--pairs N] (busy_turns.py)
 #   bench/gpu/run.sh --meter-check [RESULTS_DIR] [--seconds S]         (meter_check.py)
 #   bench/gpu/run.sh --hold-ceiling [RESULTS_DIR] [--window S]         (hold_ceiling.py)
+#   bench/gpu/run.sh --idle-probe [RESULTS_DIR]                        (idle_probe.py)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -44,5 +45,6 @@ case "${1:-}" in
     --busy-turns) script=busy_turns.py; shift ;;
     --meter-check) script=meter_check.py; shift ;;
     --hold-ceiling) script=hold_ceiling.py; shift ;;
+    --idle-probe) script=idle_probe.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"
