@@ -276,11 +276,12 @@ static int release_idle_gpus(void)
         look.idle_release_ms = settings.idle_release_ms;
     int timeout = -1;
     for (int gpu = 0; gpu < nvshare_gpu_count(); gpu++) {
-        /* A thread inside a gated call (waiting in the queue bound, a synchronous
-         * copy) passed the gate once, when it came in. */
-        struct nvshare_queue_look queued; /* without waiting for the contexts' mutex */
-        nvshare_queue_look(gpu, nvshare_now_ms(), &queued);
-        look.work_pending = queued.pending || atomic_load(&nvshare_gates[gpu].inflight) != 0;
+        /* Work still runs: a mark not done (a thread waiting in the queue bound, outside
+         * the gate, shows only so), or a thread inside a gated call (a synchronous copy),
+         * which passed the gate once, when it came in.  Closed gates are not looked at. */
+        struct nvshare_gate *gate = &nvshare_gates[gpu];
+        look.work_pending = atomic_load(&gate->open) && (atomic_load(&gate->inflight) != 0 ||
+                                                         nvshare_queue_newest_pending(gpu));
         struct nvshare_lock_jobs jobs;
         nvshare_lock_step(gpu, &look, &jobs, NULL);
         carry_out(gpu, &jobs);

@@ -209,9 +209,9 @@ static int idle_limit(const struct nvshare_lock_machine *lock, uint32_t idle_rel
     return limited || lock->idle_drop;
 }
 
-/* Early release: a held lock whose gate saw no passage for its idle limit
- * (its worker then checks that no work this process queued is still
- * running). */
+/* Early release: a held lock whose gate saw no passage, and whose queued work
+ * was not seen running, for its idle limit (its worker then checks again that
+ * none of the work this process queued still runs). */
 static void on_idle_look(struct nvshare_lock_machine *lock, const struct nvshare_lock_event *event,
                          struct nvshare_lock_jobs *jobs)
 {

@@ -91,7 +91,7 @@ struct nvshare_lock_event {
     uint32_t ticket;            /* the worker's events: the work they are about */
     int gate_closed;            /* BUSY_AFTER_ALL: the worker had closed the gate */
     uint32_t idle_release_ms;   /* IDLE_LOOK: the agent's setting; 0: no idle release */
-    int work_pending;           /* IDLE_LOOK: work this process queued still runs */
+    int work_pending; /* IDLE_LOOK: its newest mark runs, or a thread is inside a gated call */
 };
 
 enum nvshare_lock_job_kind {

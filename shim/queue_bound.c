@@ -470,6 +470,24 @@ static int marks_recorded(void)
 
 /* Under the contexts' mutex, so no context (and none of its events) is freed
  * while its marks are queried. */
+static void note_newest_pending(int gpu, int slot, void *pending)
+{
+    CUevent newest = atomic_load_explicit(&queues[gpu][slot].newest, memory_order_acquire);
+    if (newest != NULL && nvshare_driver.event_query(newest) == CUDA_ERROR_NOT_READY)
+        *(int *)pending = 1;
+}
+
+/* Marks only: the queue look's estimate of the launches after the newest mark (up to an
+ * eighth of the bound) would hold a yield, idle 2 ms, past a trainer's short pauses. */
+int nvshare_queue_newest_pending(int gpu)
+{
+    if (!marks_recorded())
+        return 0;
+    pthread_once(&queues_once, init_queues);
+    int pending = 0;
+    return !nvshare_try_in_each_context(gpu, note_newest_pending, &pending) || pending;
+}
+
 int nvshare_queue_work_pending(int gpu)
 {
     if (!marks_recorded())

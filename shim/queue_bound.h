@@ -20,6 +20,10 @@ void nvshare_queue_note_launch(int gpu, int slot, CUstream stream, int per_threa
  * this process queued there still runs, or a thread waits in the bound for
  * it.  The idle release asks before it counts the GPU idle (gpu_worker.c). */
 int nvshare_queue_work_pending(int gpu);
+/* 1 while the newest mark on gpu, in any context, has not completed, or a worker
+ * holds the contexts (it prefetches or drains); without waiting, and without the
+ * usage meter's bookkeeping: the client thread's idle look asks (lock_client.c). */
+int nvshare_queue_newest_pending(int gpu);
 /* What the usage meter (on the client thread) sees of gpu's queues now, without
  * waiting. */
 struct nvshare_queue_look {

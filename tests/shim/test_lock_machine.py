@@ -233,12 +233,26 @@ def test_queued_work_still_running_counts_as_a_passage(lock):
     # A thread waiting in the queue bound for its own long kernels passes no gate; the
     # idle time counts from when that work was last seen running, not from its launch.
     lock.granted(now=0.0)
-    lock.step("IDLE_LOOK", now=10.0, idle_release_ms=100)  # the last launch, seen at 10 ms
+    lock.activity = 1  # the last launch
+    lock.step("IDLE_LOOK", now=10.0, idle_release_ms=100)
     for now in (100.0, 200.0, 400.0, 800.0):
         assert lock.step("IDLE_LOOK", now=now, idle_release_ms=100, work_pending=1) == []
     assert lock.step("IDLE_LOOK", now=899.0, idle_release_ms=100) == [], "done at 800-899 ms"
     jobs = lock.step("IDLE_LOOK", now=900.0, idle_release_ms=100)
     assert [j[:2] for j in jobs] == [("POST_WORK", "RELEASE_IDLE")]
+    assert lock.release(lock.ticket(jobs)) == [("SEND_RELEASED", 7, 100)], "idle since 800 ms"
+
+
+def test_queued_work_still_running_holds_a_when_idle_drop_too(lock):
+    # A yield (release once idle 2 ms) waits for the end of the work, not its last launch.
+    lock.granted(now=0.0)
+    lock.step("DROP", now=10.0, lease=7, flags=WHEN_IDLE, idle_ms=2)
+    lock.activity = 1  # its last launch
+    assert lock.step("IDLE_LOOK", now=10.0, idle_release_ms=1000) == []
+    assert lock.step("IDLE_LOOK", now=50.0, idle_release_ms=1000, work_pending=1) == []
+    assert lock.step("IDLE_LOOK", now=51.0, idle_release_ms=1000) == []
+    jobs = lock.step("IDLE_LOOK", now=52.0, idle_release_ms=1000)
+    assert lock.release(lock.ticket(jobs)) == [("SEND_RELEASED", 7, 2)]
 
 
 def test_a_shared_lock_never_releases_when_idle(lock):
