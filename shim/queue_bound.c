@@ -346,6 +346,21 @@ void nvshare_queue_note_launch(int gpu, int slot, CUstream stream, int per_threa
     nvshare_capture_restore(capture_mode);
 }
 
+static int mark_runs(CUevent mark)
+{
+    return mark != NULL && nvshare_driver.event_query(mark) == CUDA_ERROR_NOT_READY;
+}
+
+/* Whether any mark of the queue still runs, on any stream: under the mutex, so once a
+ * burst (settle), not at every look. */
+static int any_mark_pending(struct launch_queue *queue)
+{
+    for (unsigned mark = queue->tail; mark != queue->head;)
+        if (mark_runs(queue->ring[--mark % RING_SLOTS].event))
+            return 1;
+    return 0;
+}
+
 static void note_pending_mark(int gpu, int slot, void *pending)
 {
     pthread_mutex_t *mutex = &queue_mutexes[gpu][slot];
@@ -353,27 +368,9 @@ static void note_pending_mark(int gpu, int slot, void *pending)
         *(int *)pending = 1; /* a launching thread is taking a mark right now */
         return;
     }
-    struct launch_queue *queue = &queues[gpu][slot];
-    for (unsigned mark = queue->tail; mark != queue->head && !*(int *)pending;) {
-        mark--;
-        if (nvshare_driver.event_query(queue->ring[mark % RING_SLOTS].event) ==
-            CUDA_ERROR_NOT_READY)
-            *(int *)pending = 1;
-    }
+    if (!*(int *)pending && any_mark_pending(&queues[gpu][slot]))
+        *(int *)pending = 1;
     pthread_mutex_unlock(mutex);
-}
-
-/* Whether any mark of the queue still runs, on any stream: under the mutex, so once a
- * burst (settle), not at every look. */
-static int any_mark_pending(struct launch_queue *queue)
-{
-    for (unsigned mark = queue->tail; mark != queue->head;) {
-        mark--;
-        if (nvshare_driver.event_query(queue->ring[mark % RING_SLOTS].event) ==
-            CUDA_ERROR_NOT_READY)
-            return 1;
-    }
-    return 0;
 }
 
 /* The burst's GPU time by timestamps, once its newest mark is done: from its start to
@@ -436,7 +433,7 @@ static void note_newest_mark(int gpu, int slot, void *arg)
     look->contexts++;
     look->burst = atomic_load_explicit(&queue->burst, memory_order_acquire);
     CUevent newest = atomic_load_explicit(&queue->newest, memory_order_acquire);
-    if (newest != NULL && nvshare_driver.event_query(newest) == CUDA_ERROR_NOT_READY) {
+    if (mark_runs(newest)) {
         look->pending = 1;
         return;
     }
@@ -468,12 +465,9 @@ static int marks_recorded(void)
     return nvshare_config()->max_queued_ms != 0 && nvshare_driver.event_query != NULL;
 }
 
-/* Under the contexts' mutex, so no context (and none of its events) is freed
- * while its marks are queried. */
 static void note_newest_pending(int gpu, int slot, void *pending)
 {
-    CUevent newest = atomic_load_explicit(&queues[gpu][slot].newest, memory_order_acquire);
-    if (newest != NULL && nvshare_driver.event_query(newest) == CUDA_ERROR_NOT_READY)
+    if (mark_runs(atomic_load_explicit(&queues[gpu][slot].newest, memory_order_acquire)))
         *(int *)pending = 1;
 }
 
@@ -488,6 +482,8 @@ int nvshare_queue_newest_pending(int gpu)
     return !nvshare_try_in_each_context(gpu, note_newest_pending, &pending) || pending;
 }
 
+/* Under the contexts' mutex, so no context (and none of its events) is freed
+ * while its marks are queried. */
 int nvshare_queue_work_pending(int gpu)
 {
     if (!marks_recorded())
