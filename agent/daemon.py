@@ -19,6 +19,7 @@ from pathlib import Path
 from . import nvml, systemd
 from .engine import Engine
 from .eventlog import events as log
+from .fair_pages import FairPages
 from .listener import Listener
 from .settings import Settings
 from .settings_changes import describe_settings
@@ -94,7 +95,14 @@ def open_listening_socket(socket_path: Path | None) -> tuple[socket.socket, Path
 
 async def run(options: Options, listening: socket.socket, bound_path: Path | None) -> None:
     loop = asyncio.get_running_loop()
-    engine = Engine(options.settings, options.store, options.overrides, loop, options.origin)
+    engine = Engine(
+        options.settings,
+        options.store,
+        options.overrides,
+        loop,
+        options.origin,
+        FairPages(_socket_directory(listening)),
+    )
     connections = ShimConnections(engine)
     listener = Listener(listening, connections)
     listener.start()
@@ -146,6 +154,7 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
     listener.close()
     engine.cancel_timers()
     connections.close_all()
+    engine.fair_pages.close()
     await _cancel_and_wait(tasks)
     if bound_path is not None:
         try:
@@ -153,6 +162,14 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
         except FileNotFoundError:
             pass
     log.flush()
+
+
+def _socket_directory(listening: socket.socket) -> Path | None:
+    """Where the fair pages go: beside the socket, where the shims find them."""
+    name = listening.getsockname()
+    if not isinstance(name, str) or not name or name.startswith("\0"):
+        return None  # abstract or unnamed: no directory to share
+    return Path(name).parent
 
 
 async def _first_of(*waits: Coroutine, timeout_s: float) -> None:

@@ -22,7 +22,9 @@ from collections.abc import Callable
 
 from . import protocol
 from .action_runner import ActionRunner, ClientLink, gpu_name
+from .actions import Grant
 from .eventlog import events as log
+from .fair_pages import FairPages
 from .identity import ClientIdentity, identify
 from .nvml import GpuInfo
 from .protocol import ErrorCode, Features, MessageType
@@ -44,6 +46,7 @@ AGENT_FEATURES = (
     | int(Features.MEMORY_CAP)
 )
 
+_FAIR = int(Features.FAIR)
 _LOCK_REQUEST = int(MessageType.LOCK_REQUEST)
 _RELEASED = int(MessageType.RELEASED)
 
@@ -56,6 +59,7 @@ class Engine:
         overrides: dict | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
         origin: SettingsOrigin | None = None,
+        fair_pages: FairPages | None = None,
     ):
         self.loop = loop or asyncio.get_running_loop()
         self.core = Scheduler(settings, max_gpus_per_client=protocol.MAX_GPUS, format_gpu=gpu_name)
@@ -77,6 +81,7 @@ class Engine:
         self._settings_changes = SettingsChanges(store, overrides, self.loop)
         # What the config gave at start: each value's source, and what a reset goes back to.
         self.settings_origin = origin or SettingsOrigin()
+        self.fair_pages = fair_pages or FairPages(None)
 
     # ------------------------------------------------------------ from the socket adapter
 
@@ -148,6 +153,7 @@ class Engine:
         grants to it are not sent (_gone_before_grant)."""
         if self.links.pop(client, None) is None:
             return
+        self.fair_pages.client_gone(client)
         self.identities.pop(client, None)
         if not self._gone:
             self.loop.call_soon(self._flush_gone)
@@ -268,8 +274,24 @@ class Engine:
     # ------------------------------------------------------------ the parts it owns
 
     def execute(self, actions: list) -> None:
-        """Carry out the core's actions, in order (action_runner.py)."""
+        """Carry out the core's actions, in order (action_runner.py); a client's first
+        grant on a GPU is followed by its slot in the GPU's fair page, if its shim takes one."""
         self._actions.run(actions)
+        for action in actions:
+            if type(action) is Grant:
+                link = self.links.get(action.client)
+                if link is not None and link.features & _FAIR:
+                    gpu, state = self.core.gpus[action.gpu], self.core.clients[action.client]
+                    weight = self.core.shares.client_weight(gpu, state)
+                    frame = self.fair_pages.frames_for(action.client, action.gpu, weight)
+                    if frame is not None:
+                        link.send(frame)
+                        log.info(
+                            "fair slot gpu=%s pid=%d weight=%d",
+                            gpu_name(action.gpu),
+                            action.pid,
+                            weight,
+                        )
 
     def _tick(self, now: float) -> None:
         self.execute(self.core.tick(now))
