@@ -72,10 +72,11 @@ int nvshare_link_hello(void)
 {
     /* The additions this shim honours: WHEN_IDLE drops and RELEASE_WHEN_IDLE
      * grants (lock_machine.c), KEEPALIVE frames while it waits (lock_client.c), its GPU
-     * time (usage_meter.c) and memory caps (memory.c). */
+     * time (usage_meter.c), memory caps (memory.c) and fair pages (fair_share.c). */
     struct nvshare_hello hello = {.gpu_count = (uint32_t)nvshare_gpu_count(),
                                   .features = NVSHARE_FEATURE_YIELD | NVSHARE_FEATURE_KEEPALIVE |
-                                              NVSHARE_FEATURE_USAGE | NVSHARE_FEATURE_MEMORY_CAP};
+                                              NVSHARE_FEATURE_USAGE | NVSHARE_FEATURE_MEMORY_CAP |
+                                              NVSHARE_FEATURE_FAIR};
     for (int gpu = 0; gpu < nvshare_gpu_count(); gpu++)
         hello.gpus[gpu] = *nvshare_gpu_uuid(gpu);
     /* The program's name (argv[0]'s base name), not this thread's. */

@@ -1,0 +1,182 @@
+/*
+ * Side by side by weight (docs/scheduling.md, "Side by side").  Processes whose memory
+ * fits run together, and the driver gives each context with work an equal slice of the
+ * GPU: a weight of 4 got what a weight of 1 got.  So the holders of a GPU share a page
+ * (the agent's file beside its socket, one slot each, agent/fair_pages.py) and run a
+ * start-time fair queue in it: each slot says whether its process is backlogged (has work
+ * on the GPU or a thread waiting to launch) and its virtual time, the GPU time it got over
+ * its weight.  A process whose virtual time is ahead of another backlogged one's holds its
+ * next launches until that one has caught up or has no work: the GPU is never left idle
+ * for a hold (work-conserving), and over time each backlogged process gets GPU time in
+ * proportion to its weight.  A process coming back from idle starts at the least
+ * virtual time of those backlogged, not its own older one: time it did not want is not
+ * owed to it later (as in a fluid share of the GPU, where idle time is not banked).
+ *
+ * The client thread looks every ~1 ms while the gate is open (the usage meter's sample):
+ * it publishes this process's state and sets or lifts the gate's hold.  Application
+ * threads pay one relaxed load at the gate (gate.h); a held one waits on a futex, at most
+ * HOLD_MS, so that a slot left stale (its process stopped) slows others, never stops them;
+ * and a slot not looked at for STALE_MS is not waited for at all.  Work this process
+ * queued before the hold still runs: while others have work, the queue bound keeps it
+ * to ~5 ms (queue_bound.c), else a whole burst is queued at once, before any look.
+ */
+#define _GNU_SOURCE
+#include "fair_share.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "devices.h"
+#include "lock_state.h"
+#include "log.h"
+
+#define HOLD_MS  50
+#define STALE_MS 20
+
+struct fair_gpu {
+    struct nvshare_fair_page *page; /* NULL: none (interleaved as the driver does) */
+    unsigned slot;
+    unsigned weight;
+    int backlogged;
+};
+
+/* The client thread's; application threads read only the gates. */
+static struct fair_gpu fair[NVSHARE_MAX_GPUS];
+
+/* The slots are written by other processes: every access to them is atomic. */
+#define SLOT_LOAD(field)         __atomic_load_n(&(field), __ATOMIC_RELAXED)
+#define SLOT_STORE(field, value) __atomic_store_n(&(field), (value), __ATOMIC_RELAXED)
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+/* The page's path: beside the socket, fair-<UUID in hex>. */
+static int page_path(int gpu, char *path, size_t size)
+{
+    const char *socket_path = nvshare_config()->socket_path;
+    const char *slash = strrchr(socket_path, '/');
+    if (slash == NULL)
+        return -1;
+    int at = snprintf(path, size, "%.*s/fair-", (int)(slash - socket_path), socket_path);
+    const struct nvshare_gpu_uuid *uuid = nvshare_gpu_uuid(gpu);
+    for (int i = 0; i < NVSHARE_UUID_BYTES && at > 0 && (size_t)at + 3 < size; i++)
+        at += snprintf(path + at, size - (size_t)at, "%02x", uuid->bytes[i]);
+    return at > 0 && (size_t)at < size ? 0 : -1;
+}
+
+static void lift_hold(int gpu)
+{
+    struct nvshare_gate *gate = &nvshare_gates[gpu];
+    if (atomic_exchange(&gate->held, 0) != 0 && atomic_load(&gate->held_waiting) != 0)
+        syscall(SYS_futex, &gate->held, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+}
+
+static void detach(int gpu)
+{
+    struct fair_gpu *mine = &fair[gpu];
+    if (mine->page != NULL) {
+        SLOT_STORE(mine->page->slots[mine->slot].backlogged, 0);
+        munmap(mine->page, NVSHARE_FAIR_PAGE_BYTES);
+    }
+    *mine = (struct fair_gpu){0};
+    atomic_store(&nvshare_gates[gpu].others_backlogged, 0);
+    lift_hold(gpu);
+}
+
+void nvshare_fair_attach(int gpu, const struct nvshare_fair_slot *slot)
+{
+    char path[sizeof nvshare_config()->socket_path + 48];
+    if (gpu < 0 || gpu >= NVSHARE_MAX_GPUS || slot->slot >= NVSHARE_FAIR_SLOTS ||
+        page_path(gpu, path, sizeof path) != 0)
+        return;
+    detach(gpu);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        nvshare_debug("no fair page for gpu=%d at %s: %s", gpu, path, strerror(errno));
+        return;
+    }
+    void *page = MAP_FAILED;
+    /* Its size by lseek: fstat is a GLIBC_2.33 symbol, and the shim needs only 2.17. */
+    if (lseek(fd, 0, SEEK_END) >= NVSHARE_FAIR_PAGE_BYTES)
+        page = mmap(NULL, NVSHARE_FAIR_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (page == MAP_FAILED || ((struct nvshare_fair_page *)page)->magic != NVSHARE_MAGIC) {
+        if (page != MAP_FAILED)
+            munmap(page, NVSHARE_FAIR_PAGE_BYTES);
+        nvshare_debug("fair page for gpu=%d at %s not usable", gpu, path);
+        return;
+    }
+    fair[gpu] = (struct fair_gpu){
+        .page = page, .slot = slot->slot, .weight = slot->weight ? slot->weight : 1};
+    nvshare_debug("fair page gpu=%d slot=%u weight=%u", gpu, slot->slot, fair[gpu].weight);
+}
+
+void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
+{
+    struct fair_gpu *mine = &fair[gpu];
+    if (mine->page == NULL)
+        return;
+    struct nvshare_gate *gate = &nvshare_gates[gpu];
+    struct nvshare_fair_state *slots = mine->page->slots, *own = &slots[mine->slot];
+    int backlogged = open && (busy || atomic_load(&gate->held_waiting) != 0);
+    uint64_t now = monotonic_ns(), stale_before = now - (uint64_t)STALE_MS * 1000000u;
+    /* The least virtual time of the others backlogged (fresh ones only). */
+    uint64_t least = UINT64_MAX;
+    for (unsigned i = 0; i < NVSHARE_FAIR_SLOTS; i++) {
+        if (i == mine->slot || !SLOT_LOAD(slots[i].in_use) || !SLOT_LOAD(slots[i].backlogged) ||
+            SLOT_LOAD(slots[i].seen_ns) < stale_before)
+            continue;
+        uint64_t vtime = SLOT_LOAD(slots[i].vtime_ns);
+        least = vtime < least ? vtime : least;
+    }
+    uint64_t vtime = SLOT_LOAD(own->vtime_ns);
+    if (backlogged && !mine->backlogged && least != UINT64_MAX && least > vtime)
+        vtime = least; /* back from idle: no credit for the time it did not want */
+    vtime += (uint64_t)(busy_ms * 1e6 / mine->weight);
+    SLOT_STORE(own->vtime_ns, vtime);
+    SLOT_STORE(own->seen_ns, now);
+    SLOT_STORE(own->backlogged, (uint32_t)backlogged);
+    mine->backlogged = backlogged;
+    atomic_store_explicit(&gate->others_backlogged, open && least != UINT64_MAX,
+                          memory_order_relaxed);
+    if (backlogged && least < vtime)
+        atomic_store(&gate->held, 1);
+    else
+        lift_hold(gpu);
+}
+
+void nvshare_fair_wait(int gpu)
+{
+    struct nvshare_gate *gate = &nvshare_gates[gpu];
+    atomic_fetch_add(&gate->held_waiting, 1);
+    struct timespec timeout = {.tv_nsec = HOLD_MS * 1000000L};
+    /* One wait: woken when the hold lifts, or after HOLD_MS; then the launch goes on. */
+    if (atomic_load(&gate->held))
+        syscall(SYS_futex, &gate->held, FUTEX_WAIT_PRIVATE, 1, &timeout, NULL, 0);
+    atomic_fetch_sub(&gate->held_waiting, 1);
+}
+
+void nvshare_fair_detach_all(void)
+{
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
+        detach(gpu);
+}
+
+void nvshare_fair_forget_after_fork(void)
+{
+    /* The parent's slots are the parent's: the child's agent gives it its own. */
+    memset(fair, 0, sizeof fair);
+}
