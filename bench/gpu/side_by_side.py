@@ -68,6 +68,8 @@ def run_pair(workdir, shapes, window_s, weights=None, options=None) -> list[dict
             ready = shared / f"ready-{number}"
             if agent is not None:
                 env = user_env(agent, uid)
+                if os.environ.get("NVSHARE_BENCH_DEBUG"):
+                    env["NVSHARE_DEBUG"] = "1"  # the shims' fair lines, a second each
             else:
                 env = dict(os.environ, HOME="/tmp")
                 env.pop("LD_PRELOAD", None)
@@ -103,6 +105,7 @@ def run_pair(workdir, shapes, window_s, weights=None, options=None) -> list[dict
                     "per_s": len(units) / window_s,
                     "products": result.get("products"),
                     "gpu_ms": sorted(result["gpu_ms"])[len(result["gpu_ms"]) // 2],
+                    "fair_lines": [x for x in err.splitlines() if " fair gpu=" in x][-30:],
                 }
             )
         return results
@@ -121,6 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("results", nargs="?", default="/tmp/side-by-side")
     parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument("--only", default="weights,light", help="weights, light or both")
     args = parser.parse_args()
     out = pathlib.Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
@@ -134,11 +138,16 @@ def main() -> None:
     # alone, at 90 %, is 0.9 / its burst's time).
     for name, shape in (("busy", BUSY), ("light", LIGHT), ("trainer", TRAINER)):
         figures[f"alone_{name}"] = run_pair(work, [(USER_A, shape)], w / 2)[0]
+    only = args.only.split(",")
     for name, weights in (("none", None), ("nvshare", {USER_A: 3, USER_B: 1})):
+        if "weights" not in only:
+            break
         sized = {"products": figures["alone_busy"]["products"]}
         a, b = run_pair(work, [(USER_A, BUSY), (USER_B, BUSY)], w, weights, sized)
         figures[f"weights_{name}"] = {"a_w3": a, "b_w1": b}
     for name, weights in (("none", None), ("nvshare", {USER_A: 1, USER_B: 1})):
+        if "light" not in only:
+            break
         sized = {"products": figures["alone_light"]["products"]}
         a, b = run_pair(work, [(USER_A, LIGHT), (USER_B, TRAINER)], w, weights, sized)
         figures[f"light_{name}"] = {"light": a, "trainer": b}
@@ -149,13 +158,13 @@ def main() -> None:
     busy_alone = 1 / burst_s
     print("| run | A | B | A's part of the GPU |")
     print("|---|---|---|---|")
-    for name in ("none", "nvshare"):
+    for name in ("none", "nvshare") if "weights" in only else ():
         a, b = figures[f"weights_{name}"]["a_w3"], figures[f"weights_{name}"]["b_w1"]
         print(
             f"| weights 3:1, both 90 % busy, {name} | {a['per_s']:.1f}/s | {b['per_s']:.1f}/s"
             f" | {a['per_s'] / busy_alone:.2f} (B {b['per_s'] / busy_alone:.2f}) |"
         )
-    for name in ("none", "nvshare"):
+    for name in ("none", "nvshare") if "light" in only else ():
         light, trainer = figures[f"light_{name}"]["light"], figures[f"light_{name}"]["trainer"]
         print(
             f"| 30 % busy beside a trainer, {name} | {light['per_s']:.1f}/s "
