@@ -1,0 +1,67 @@
+"""The fair page with real shims on the stand-in driver (shim/fair_share.c,
+agent/fair_pages.py): processes of two users whose memory fits run side by side
+(anti-thrash off: every request is granted at once), and the page splits their GPU time
+by their groups' weights.  The stand-in gives each process a GPU of its own, so a process
+does fewer loops here only because the page held its launches: what is judged is the
+ratio of the two processes' loops.
+
+Runs its clients as two uids (setpriv, as test_shares.py): needs root."""
+
+from __future__ import annotations
+
+import pytest
+import test_shares
+from test_shares import USER_A, USER_B, as_user, needs_root
+
+open_world = test_shares.open_world  # the socket folder, shim and stand-in other uids reach
+
+SIDE_BY_SIDE = """\
+[scheduler]
+anti_thrash = off
+share_by = user
+{shares}"""
+SECONDS = 4
+
+
+def loops_of_two_users(world, shares: str, b_sleep_ms: int = 0) -> tuple[int, int]:
+    """A busy process of user A, one of user B (sleeping b_sleep_ms after every 4
+    kernels of 2 ms), for SECONDS: each one's loops."""
+    agent = world.start_agent(config=SIDE_BY_SIDE.format(shares=shares))
+    busy = ("--launches", "4", "--duration-ms", str(SECONDS * 1000))
+    a = world.client("linked", *busy, prefix=as_user(USER_A), kernel_us=2000)
+    b_args = (*busy, "--sleep-ms", str(b_sleep_ms)) if b_sleep_ms else busy
+    b = world.client("linked", *b_args, prefix=as_user(USER_B), kernel_us=2000)
+    loops = [int(c.finish_ok(timeout=60)["loops"]) for c in (a, b)]
+    log = world.settled(agent, a, b)
+    assert log.count("fair slot gpu=") == 2, log[-3000:]
+    print(f"shares={shares!r} loops A {loops[0]} B {loops[1]}")  # for the record (-rP)
+    return loops[0], loops[1]
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.slow  # 4 s
+def test_weights_three_to_one_side_by_side_split_the_gpu_three_to_one(open_world):
+    a, b = loops_of_two_users(open_world, f"[share:user:{USER_A}]\nweight = 3\n")
+    assert 0.2 <= b / a <= 0.55, (a, b)  # 1/3 by the weights; 1 without the page
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.slow  # 4 s
+def test_equal_weights_side_by_side_are_not_held(open_world):
+    """Level within the lead (5 ms of virtual time): both run as the driver interleaves
+    them, each at its own pace here."""
+    a, b = loops_of_two_users(open_world, "")
+    assert 0.8 <= b / a <= 1.25, (a, b)
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.slow  # 4 s
+def test_a_process_owed_more_holds_nobody_while_it_has_no_work(open_world):
+    """Work-conserving: B (weight 3) works 8 ms then sleeps 40 ms; A (weight 1) is held
+    only while B has work, and does most of what it does alone."""
+    a, b = loops_of_two_users(open_world, f"[share:user:{USER_B}]\nweight = 3\n", b_sleep_ms=40)
+    alone = SECONDS * 1000 / 8  # A's loops with a GPU of its own: 4 kernels of 2 ms
+    assert a >= 0.6 * alone, (a, b, alone)
