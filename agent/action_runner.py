@@ -41,6 +41,9 @@ class ClientLink(Protocol):
 
     def send(self, frame: bytes) -> None: ...
 
+    def send_with_fd(self, frame: bytes, fd: int) -> bool:
+        """frame with a descriptor (the fair page); False: not now."""
+
     def hung_up(self) -> bool:
         """The peer closed its end (cheap to ask: no read)."""
 

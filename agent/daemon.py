@@ -101,7 +101,7 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
         options.overrides,
         loop,
         options.origin,
-        FairPages(_socket_directory(listening)),
+        FairPages(),
     )
     connections = ShimConnections(engine)
     listener = Listener(listening, connections)
@@ -162,14 +162,6 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
         except FileNotFoundError:
             pass
     log.flush()
-
-
-def _socket_directory(listening: socket.socket) -> Path | None:
-    """Where the fair pages go: beside the socket, where the shims find them."""
-    name = listening.getsockname()
-    if not isinstance(name, str) or not name or name.startswith("\0"):
-        return None  # abstract or unnamed: no directory to share
-    return Path(name).parent
 
 
 async def _first_of(*waits: Coroutine, timeout_s: float) -> None:

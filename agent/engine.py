@@ -81,7 +81,7 @@ class Engine:
         self._settings_changes = SettingsChanges(store, overrides, self.loop)
         # What the config gave at start: each value's source, and what a reset goes back to.
         self.settings_origin = origin or SettingsOrigin()
-        self.fair_pages = fair_pages or FairPages(None)
+        self.fair_pages = fair_pages or FairPages()
 
     # ------------------------------------------------------------ from the socket adapter
 
@@ -279,19 +279,24 @@ class Engine:
         self._actions.run(actions)
         for action in actions:
             if type(action) is Grant:
-                link = self.links.get(action.client)
-                if link is not None and link.features & _FAIR:
-                    gpu, state = self.core.gpus[action.gpu], self.core.clients[action.client]
-                    weight = self.core.shares.client_weight(gpu, state)
-                    frame = self.fair_pages.frames_for(action.client, action.gpu, weight)
-                    if frame is not None:
-                        link.send(frame)
-                        log.info(
-                            "fair slot gpu=%s pid=%d weight=%d",
-                            gpu_name(action.gpu),
-                            action.pid,
-                            weight,
-                        )
+                self._tell_fair_slot(action)
+
+    def _tell_fair_slot(self, grant: Grant) -> None:
+        """A shim that takes one gets its slot in the GPU's fair page at its first grant
+        there; where the frame cannot go now (frames queued before it), at a later one."""
+        link = self.links.get(grant.client)
+        if link is None or not link.features & _FAIR:
+            return
+        gpu, state = self.core.gpus[grant.gpu], self.core.clients[grant.client]
+        weight = self.core.shares.client_weight(gpu, state)
+        given = self.fair_pages.slot_for(grant.client, grant.gpu, weight)
+        if given is None:
+            return
+        slot, page_fd = given
+        if not link.send_with_fd(protocol.encode_fair_slot(grant.gpu, slot, weight), page_fd):
+            self.fair_pages.give_back(grant.client, grant.gpu)
+            return
+        log.info("fair slot gpu=%s pid=%d weight=%d", gpu_name(grant.gpu), grant.pid, weight)
 
     def _tick(self, now: float) -> None:
         self.execute(self.core.tick(now))

@@ -1,19 +1,20 @@
-"""Each GPU's fair page (struct nvshare_fair_page, shim/nvshare_protocol.h): a file beside
-the socket that the shims holding that GPU map shared, each writing its own slot: whether
-it has work, and its GPU time over its weight.  A shim holds its launches while another
-with work is owed more (shim/fair_share.c); docs/scheduling.md, "Side by side".
+"""Each GPU's fair page (struct nvshare_fair_page, shim/nvshare_protocol.h): shared memory
+that the shims holding that GPU map, each writing its own slot: whether it has work, and
+its GPU time over its weight.  A shim holds its launches while another with work is owed
+more (shim/fair_share.c); docs/scheduling.md, "Side by side".
 
-Here the slots are handed out (a FAIR_SLOT frame, at a client's first grant on a GPU) and
-taken back when the client leaves.  The agent writes only a slot's weight and in_use; the
-files go when the agent stops.  No page (no socket path, a directory not writable): the
-shims run side by side as the driver interleaves them, as before the page."""
+The page is a memfd with its size sealed, handed to each shim with its FAIR_SLOT frame
+(SCM_RIGHTS), at its first grant on the GPU: no file that others could open or cut short
+(a mapping cut short kills its readers with SIGBUS), and nothing to mount into a container
+beside the socket.  The agent writes only a slot's weight and in_use, and zeroes a slot
+when its client leaves."""
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import sys
-from pathlib import Path
 
 from . import protocol
 from .eventlog import events as log
@@ -24,84 +25,72 @@ _STATE = protocol.derived_struct("struct nvshare_fair_state")
 _SLOTS_AT = protocol.ffi.offsetof("struct nvshare_fair_page", "slots")
 _WEIGHT_AT = protocol.ffi.offsetof("struct nvshare_fair_state", "weight")
 _IN_USE_AT = protocol.ffi.offsetof("struct nvshare_fair_state", "in_use")
-
-
-def page_name(gpu: bytes) -> str:
-    """The page's file name beside the socket (the shim builds the same)."""
-    return "fair-" + gpu.hex()
+# Its size fixed for good: a shim's mapping can never be cut short.
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 class FairPages:
-    def __init__(self, directory: Path | None):
-        self._directory = directory
-        self._pages: dict[bytes, mmap.mmap | None] = {}  # None: could not be made
+    def __init__(self) -> None:
+        self._pages: dict[bytes, tuple[int, mmap.mmap] | None] = {}  # None: could not be made
         self._slots: dict[tuple[int, bytes], int] = {}  # (client, GPU) -> slot
 
-    def slot_for(self, client: int, gpu: bytes, weight: int) -> int | None:
-        """client's slot on gpu, a new one at its first grant there (then to be told to
-        its shim: returned once); None when told already, or no page or slot is free."""
+    def slot_for(self, client: int, gpu: bytes, weight: int) -> tuple[int, int] | None:
+        """A new slot for client on gpu, its weight written: (slot, the page's descriptor
+        to send with FAIR_SLOT); None when it has one, or no page or slot is free."""
         if (client, gpu) in self._slots:
             return None
-        page = self._page(gpu)
-        if page is None:
+        made = self._page(gpu)
+        if made is None:
             return None
+        fd, page = made
         taken = set(slot for (_, g), slot in self._slots.items() if g == gpu)
         free = next((s for s in range(_SLOTS) if s not in taken), None)
         if free is None:
             return None  # that many processes on one GPU: the rest interleave
         at = _SLOTS_AT + free * _STATE.size
-        page[at : at + _STATE.size] = bytes(_STATE.size)  # a new vtime, nothing backlogged
+        page[at : at + _STATE.size] = bytes(_STATE.size)  # nothing backlogged
         page[at + _WEIGHT_AT : at + _WEIGHT_AT + 4] = max(1, weight).to_bytes(4, sys.byteorder)
         page[at + _IN_USE_AT : at + _IN_USE_AT + 4] = (1).to_bytes(4, sys.byteorder)
         self._slots[(client, gpu)] = free
-        return free
+        return free, fd
 
-    def frames_for(self, client: int, gpu: bytes, weight: int) -> bytes | None:
-        """The FAIR_SLOT frame to send client at a grant on gpu, or None."""
-        slot = self.slot_for(client, gpu, weight)
-        return None if slot is None else protocol.encode_fair_slot(gpu, slot, max(1, weight))
+    def give_back(self, client: int, gpu: bytes) -> None:
+        """client's slot on gpu was not told (its frame could not go): free again."""
+        slot = self._slots.pop((client, gpu), None)
+        made = self._pages.get(gpu)
+        if slot is not None and made is not None:
+            at = _SLOTS_AT + slot * _STATE.size
+            made[1][at : at + _STATE.size] = bytes(_STATE.size)
 
     def client_gone(self, client: int) -> None:
         """Its slots are zeroed: not backlogged, free for the next."""
-        for (owner, gpu), slot in [item for item in self._slots.items() if item[0][0] == client]:
-            del self._slots[(owner, gpu)]
-            page = self._pages.get(gpu)
-            if page is not None:
-                at = _SLOTS_AT + slot * _STATE.size
-                page[at : at + _STATE.size] = bytes(_STATE.size)
+        for owner, gpu in [key for key in self._slots if key[0] == client]:
+            self.give_back(owner, gpu)
 
     def close(self) -> None:
-        for gpu, page in self._pages.items():
-            if page is None:
-                continue
-            page.close()
-            try:
-                os.unlink(self._directory / page_name(gpu))  # type: ignore[operator]
-            except OSError:
-                pass
+        for made in self._pages.values():
+            if made is not None:
+                made[1].close()
+                os.close(made[0])
         self._pages.clear()
         self._slots.clear()
 
-    def _page(self, gpu: bytes) -> mmap.mmap | None:
+    def _page(self, gpu: bytes) -> tuple[int, mmap.mmap] | None:
         if gpu in self._pages:
             return self._pages[gpu]
-        page = None
-        if self._directory is not None:
-            path = self._directory / page_name(gpu)
+        made = None
+        try:
+            fd = os.memfd_create(f"nvshare-fair-{gpu.hex()}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
             try:
-                # Made afresh (an old agent's slots mean nothing now), readable and
-                # writable by every shim that may reach the socket beside it.
-                fd = os.open(path.with_suffix(".new"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
-                try:
-                    os.fchmod(fd, 0o666)
-                    os.ftruncate(fd, _PAGE_BYTES)
-                    page = mmap.mmap(fd, _PAGE_BYTES)
-                finally:
-                    os.close(fd)
-                page[0:4] = protocol.MAGIC.to_bytes(4, sys.byteorder)
-                os.replace(path.with_suffix(".new"), path)
-            except OSError as error:
-                log.warning("fair page for gpu=%s not made: %s", gpu.hex(), error)
-                page = None
-        self._pages[gpu] = page
-        return page
+                os.ftruncate(fd, _PAGE_BYTES)
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+                page = mmap.mmap(fd, _PAGE_BYTES)
+            except OSError:
+                os.close(fd)
+                raise
+            page[0:4] = protocol.MAGIC.to_bytes(4, sys.byteorder)
+            made = (fd, page)
+        except OSError as error:
+            log.warning("fair page for gpu=%s not made: %s", gpu.hex(), error)
+        self._pages[gpu] = made
+        return made

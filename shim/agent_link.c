@@ -64,7 +64,7 @@ int nvshare_link_connect(void)
     struct timeval send_timeout = {.tv_sec = SEND_TIMEOUT_S};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
     socket_fd = fd;
-    inbox.used = 0;
+    nvshare_wire_clear(&inbox);
     return 0;
 }
 
@@ -99,7 +99,7 @@ void nvshare_link_close(void)
     if (socket_fd >= 0)
         close(socket_fd);
     socket_fd = -1;
-    inbox.used = 0;
+    nvshare_wire_clear(&inbox);
 }
 
 int nvshare_link_send(uint16_t type, const void *payload, uint32_t bytes)
@@ -117,6 +117,11 @@ int nvshare_link_send_lock(uint16_t type, int gpu, uint64_t lease, uint32_t idle
 int nvshare_link_receive(void)
 {
     return nvshare_wire_receive(socket_fd, &inbox);
+}
+
+int nvshare_link_take_fd(void)
+{
+    return nvshare_wire_take_fd(&inbox);
 }
 
 int nvshare_link_next_frame(struct nvshare_header *header,

@@ -1,31 +1,31 @@
 /*
  * Side by side by weight (docs/scheduling.md, "Side by side").  Processes whose memory
  * fits run together, and the driver gives each context with work an equal slice of the
- * GPU: a weight of 4 got what a weight of 1 got.  So the holders of a GPU share a page
- * (the agent's file beside its socket, one slot each, agent/fair_pages.py) and run a
+ * GPU: a weight of 3 got what a weight of 1 got.  So the holders of a GPU share a page
+ * (shared memory the agent hands each with its slot, agent/fair_pages.py) and run a
  * start-time fair queue in it: each slot says whether its process is backlogged (has work
  * on the GPU or a thread waiting to launch) and its virtual time, the GPU time it got over
- * its weight.  A process whose virtual time is ahead of another backlogged one's holds its
- * next launches until that one has caught up or has no work: the GPU is never left idle
- * for a hold (work-conserving), and over time each backlogged process gets GPU time in
- * proportion to its weight.  A process coming back from idle starts at the least
- * virtual time of those backlogged, not its own older one: time it did not want is not
- * owed to it later (as in a fluid share of the GPU, where idle time is not banked).
+ * its weight.  A process more than LEAD_MS of virtual time ahead of another backlogged one
+ * holds its next launches until that one has caught up or has no work: nobody is held
+ * for a process without work, and over time each backlogged process gets GPU time in
+ * proportion to its weight.  Back after IDLE_MS idle or more, a process starts at the
+ * least virtual time of those backlogged, not its own older one: time it did not want is
+ * not owed to it later (as in a fluid share of the GPU, where idle time is not banked).
  *
  * The client thread looks every ~1 ms while the gate is open (the usage meter's sample):
  * it publishes this process's state and sets or lifts the gate's hold.  Application
  * threads pay one relaxed load at the gate (gate.h); a held one waits on a futex, at most
- * HOLD_MS, so that a slot left stale (its process stopped) slows others, never stops them;
- * and a slot not looked at for STALE_MS is not waited for at all.  Work this process
- * queued before the hold still runs: while others have work, the queue bound keeps it
- * to ~5 ms (queue_bound.c), else a whole burst is queued at once, before any look.
+ * HOLD_MS, so that a slot left stale (its process stopped) or forged slows others, never
+ * stops them; and a slot not looked at for STALE_MS is not waited for at all.  Work this
+ * process queued before the hold still runs: near a hold, and SHORT_QUEUE_MS after, the
+ * queue bound keeps it to ~5 ms (queue_bound.c), else a whole burst is queued at once.
+ * The page is for processes that cooperate: one that writes a slot not its own can slow
+ * the others by up to HOLD_MS a launch, as a process outside nvshare slows them by
+ * interleaving.
  */
 #define _GNU_SOURCE
 #include "fair_share.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -34,7 +34,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "devices.h"
 #include "lock_state.h"
 #include "log.h"
@@ -45,20 +44,24 @@
  * steps, a burst's sync, is not time it did not want (else each step began level with
  * the others, and a weight of 3 got 0.54 of the GPU beside a weight of 1, not 0.75). */
 #define IDLE_MS 10
-/* And where its last gap between two bursts was shorter than this, it still shows
- * backlogged for this long after its work ends: others ahead of it stay held through its
- * sync and host step.  Lifted there, one queued ~6 ms at each gap, and a weight of 1 kept
- * 0.36 of the GPU beside a weight of 3.  Not after long gaps: a trainer beside a 30 %-busy
- * process lost 3 ms of each of its 15 bursts a second to an idle GPU. */
-#define LINGER_MS 3
+/* The queue stays short (~5 ms, queue_bound.c) this long after this process was last
+ * near a hold.  Let go in the gap between another's bursts (its sync, ~1-2 ms), it queued
+ * the rest of its burst under the long bound, ~6 ms a gap, and a weight of 1 kept 0.36 of
+ * the GPU beside a weight of 3 (H200).  Showing the other backlogged through its gaps
+ * instead (e4dc184: 0.75 / 0.16) idled the GPU in every gap: 5 % in policy_sim, where
+ * this gives 0.70 / 0.23 and 3.4 % (fair_page_model.py). */
+#define SHORT_QUEUE_MS 10
 /* Holds only past this lead of virtual time: two level ones (equal weights, both busy)
  * run side by side as the driver interleaves them, not held by turns every look. */
 #define LEAD_MS 5
+/* And never held for more than this of another's virtual time (below). */
+#define MAX_AHEAD_MS 20
 
 struct fair_gpu {
     struct nvshare_fair_page *page; /* NULL: none (interleaved as the driver does) */
     uint64_t idle_since_ns;         /* when it last stopped being backlogged */
-    uint64_t last_gap_ns;           /* how long it was idle then */
+    uint64_t near_hold_ns;          /* when it was last near a hold: its queue short */
+    uint64_t vtime_ns;              /* what it writes to its slot (never read back) */
     /* For the debug log, a line a second: busy ms, looks, looks backlogged, held. */
     double busy_ms, reported_at_ms;
     unsigned slot;
@@ -81,20 +84,6 @@ static uint64_t monotonic_ns(void)
     return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
 
-/* The page's path: beside the socket, fair-<UUID in hex>. */
-static int page_path(int gpu, char *path, size_t size)
-{
-    const char *socket_path = nvshare_config()->socket_path;
-    const char *slash = strrchr(socket_path, '/');
-    if (slash == NULL)
-        return -1;
-    int at = snprintf(path, size, "%.*s/fair-", (int)(slash - socket_path), socket_path);
-    const struct nvshare_gpu_uuid *uuid = nvshare_gpu_uuid(gpu);
-    for (int i = 0; i < NVSHARE_UUID_BYTES && at > 0 && (size_t)at + 3 < size; i++)
-        at += snprintf(path + at, size - (size_t)at, "%02x", uuid->bytes[i]);
-    return at > 0 && (size_t)at < size ? 0 : -1;
-}
-
 static void lift_hold(int gpu)
 {
     struct nvshare_gate *gate = &nvshare_gates[gpu];
@@ -114,27 +103,25 @@ static void detach(int gpu)
     lift_hold(gpu);
 }
 
-void nvshare_fair_attach(int gpu, const struct nvshare_fair_slot *slot)
+void nvshare_fair_attach(int gpu, const struct nvshare_fair_slot *slot, int fd)
 {
-    char path[sizeof nvshare_config()->socket_path + 48];
-    if (gpu < 0 || gpu >= NVSHARE_MAX_GPUS || slot->slot >= NVSHARE_FAIR_SLOTS ||
-        page_path(gpu, path, sizeof path) != 0)
-        return;
-    detach(gpu);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-        nvshare_debug("no fair page for gpu=%d at %s: %s", gpu, path, strerror(errno));
+    if (fd < 0)
+        return; /* an agent that sent no page */
+    if (gpu < 0 || gpu >= NVSHARE_MAX_GPUS || slot->slot >= NVSHARE_FAIR_SLOTS) {
+        close(fd);
         return;
     }
+    detach(gpu);
     void *page = MAP_FAILED;
-    /* Its size by lseek: fstat is a GLIBC_2.33 symbol, and the shim needs only 2.17. */
+    /* Its size by lseek: fstat is a GLIBC_2.33 symbol, and the shim needs only 2.17.  The
+     * agent seals the size (F_SEAL_SHRINK): nobody can cut the mapping short under us. */
     if (lseek(fd, 0, SEEK_END) >= NVSHARE_FAIR_PAGE_BYTES)
         page = mmap(NULL, NVSHARE_FAIR_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (page == MAP_FAILED || ((struct nvshare_fair_page *)page)->magic != NVSHARE_MAGIC) {
         if (page != MAP_FAILED)
             munmap(page, NVSHARE_FAIR_PAGE_BYTES);
-        nvshare_debug("fair page for gpu=%d at %s not usable", gpu, path);
+        nvshare_debug("fair page for gpu=%d not usable", gpu);
         return;
     }
     fair[gpu] = (struct fair_gpu){
@@ -151,30 +138,36 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     struct nvshare_fair_state *slots = mine->page->slots, *own = &slots[mine->slot];
     int backlogged = open && (busy || atomic_load(&gate->held_waiting) != 0);
     uint64_t now = monotonic_ns(), stale_before = now - (uint64_t)STALE_MS * 1000000u;
-    /* The least virtual time of the others backlogged (fresh ones only). */
+    uint64_t lead_ns = (uint64_t)LEAD_MS * 1000000u;
+    /* The least virtual time of the others backlogged: fresh ones only (a stamp from the
+     * future is no fresher), and none so large that adding the lead would wrap. */
     uint64_t least = UINT64_MAX;
     for (unsigned i = 0; i < NVSHARE_FAIR_SLOTS; i++) {
+        uint64_t seen = SLOT_LOAD(slots[i].seen_ns);
         if (i == mine->slot || !SLOT_LOAD(slots[i].in_use) || !SLOT_LOAD(slots[i].backlogged) ||
-            SLOT_LOAD(slots[i].seen_ns) < stale_before)
+            seen < stale_before || seen > now)
             continue;
         uint64_t vtime = SLOT_LOAD(slots[i].vtime_ns);
         least = vtime < least ? vtime : least;
     }
-    uint64_t vtime = SLOT_LOAD(own->vtime_ns);
+    if (least > UINT64_MAX - (uint64_t)MAX_AHEAD_MS * 1000000u)
+        least = UINT64_MAX;
+    /* Its own, kept here: a slot's last owner may write it a little longer. */
+    uint64_t vtime = mine->vtime_ns;
     if (backlogged && !mine->backlogged && least != UINT64_MAX && least > vtime &&
         now - mine->idle_since_ns >= (uint64_t)IDLE_MS * 1000000u)
         vtime = least; /* back from idle: no credit for the time it did not want */
-    if (backlogged && !mine->backlogged)
-        mine->last_gap_ns = now - mine->idle_since_ns;
     if (!backlogged && mine->backlogged)
         mine->idle_since_ns = now;
     vtime += (uint64_t)(busy_ms * 1e6 / mine->weight);
+    /* Never more than MAX_AHEAD_MS ahead of another with work: one that came while this
+     * one was idle (started at 0) would else hold it for as long as its whole past here. */
+    if (least != UINT64_MAX && vtime > least + (uint64_t)MAX_AHEAD_MS * 1000000u)
+        vtime = least + (uint64_t)MAX_AHEAD_MS * 1000000u;
+    mine->vtime_ns = vtime;
     SLOT_STORE(own->vtime_ns, vtime);
     SLOT_STORE(own->seen_ns, now);
-    uint64_t linger_ns = (uint64_t)LINGER_MS * 1000000u, lead_ns = (uint64_t)LEAD_MS * 1000000u;
-    int lingers =
-        !backlogged && mine->last_gap_ns < linger_ns && now - mine->idle_since_ns < linger_ns;
-    SLOT_STORE(own->backlogged, (uint32_t)(backlogged || (open && lingers)));
+    SLOT_STORE(own->backlogged, (uint32_t)backlogged);
     mine->backlogged = backlogged;
     mine->looks++;
     mine->looks_backlogged += (unsigned)backlogged;
@@ -190,8 +183,10 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
         mine->busy_ms = 0;
         mine->reported_at_ms = now_ms;
     }
+    if (least != UINT64_MAX && least + lead_ns / 2 < vtime)
+        mine->near_hold_ns = now;
     atomic_store_explicit(&gate->others_backlogged,
-                          open && least != UINT64_MAX && least + lead_ns / 2 < vtime,
+                          open && now - mine->near_hold_ns < (uint64_t)SHORT_QUEUE_MS * 1000000u,
                           memory_order_relaxed);
     if (backlogged && least != UINT64_MAX && least + lead_ns < vtime)
         atomic_store(&gate->held, 1);
@@ -218,6 +213,12 @@ void nvshare_fair_detach_all(void)
 
 void nvshare_fair_forget_after_fork(void)
 {
-    /* The parent's slots are the parent's: the child's agent gives it its own. */
+    /* The parent's slots are the parent's: the child's agent gives it its own.  Nor is a
+     * hold of the parent's the child's (a thread waiting in it did not come along). */
     memset(fair, 0, sizeof fair);
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
+        atomic_store(&nvshare_gates[gpu].held, 0);
+        atomic_store(&nvshare_gates[gpu].held_waiting, 0);
+        atomic_store(&nvshare_gates[gpu].others_backlogged, 0);
+    }
 }

@@ -6,8 +6,9 @@
 
 #include "nvshare_protocol.h"
 
-/* A FAIR_SLOT frame (client thread): maps the GPU's page and takes the slot. */
-void nvshare_fair_attach(int gpu, const struct nvshare_fair_slot *slot);
+/* A FAIR_SLOT frame (client thread) and the page's descriptor that came with it (-1:
+ * none): maps the page, takes the slot, closes the descriptor. */
+void nvshare_fair_attach(int gpu, const struct nvshare_fair_slot *slot, int fd);
 
 /* The usage meter's look at gpu (client thread, every ~1 ms while its gate is open):
  * open, whether it had work, and the interval counted busy.  Publishes this process's

@@ -405,9 +405,7 @@ static void on_frame(const struct nvshare_header *header, const unsigned char *p
         if (header->payload_bytes != sizeof slot)
             break;
         memcpy(&slot, payload, sizeof slot);
-        int gpu = nvshare_gpu_of_uuid(&slot.gpu);
-        if (gpu >= 0)
-            nvshare_fair_attach(gpu, &slot);
+        nvshare_fair_attach(nvshare_gpu_of_uuid(&slot.gpu), &slot, nvshare_link_take_fd());
         return;
     }
     case NVSHARE_MSG_LOCK_GRANT:

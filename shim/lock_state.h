@@ -39,8 +39,8 @@ struct nvshare_gate {
      * (fair_share.c sets it; held_waiting counts the threads waiting). */
     atomic_int held;
     atomic_int held_waiting;
-    /* Another holder has work: the queue bound keeps this one's queue shortest, so
-     * that a hold takes effect within milliseconds (queue_bound.c). */
+    /* This process is, or was within 10 ms, near a hold (fair_share.c): the queue bound
+     * keeps its queue shortest, so that a hold takes effect within milliseconds. */
     atomic_int others_backlogged;
 } __attribute__((aligned(64)));
 

@@ -217,21 +217,21 @@ struct nvshare_memory_cap {
     uint64_t others_bytes; /* what the group's other processes hold on gpu, as they reported */
 };
 
-/* NVSHARE_MSG_FAIR_SLOT: sent once per GPU, at this process's first grant there.  The
- * GPU's fair page is the file fair-<the GPU's UUID in 32 hex digits> beside the agent's
- * socket; slot is this process's in it, weight its share group's weight. */
+/* NVSHARE_MSG_FAIR_SLOT: sent once per GPU, at this process's first grant there, with the
+ * GPU's fair page: a descriptor of shared memory (SCM_RIGHTS, on the frame's first byte;
+ * its size sealed).  slot is this process's in it, weight its share group's weight. */
 struct nvshare_fair_slot {
     struct nvshare_gpu_uuid gpu;
     uint32_t slot;
     uint32_t weight;
 };
 
-/* The fair page: one per GPU, a file the agent creates (NVSHARE_FAIR_PAGE_BYTES, zeroed)
- * and every shim on that GPU maps shared.  Each slot is written by its own shim but for
+/* The fair page: one per GPU, shared memory the agent makes (NVSHARE_FAIR_PAGE_BYTES,
+ * zeroed) and every shim holding that GPU maps.  Each slot is written by its own shim but for
  * weight and in_use, the agent's (a slot is zeroed when its process leaves).  A shim
  * whose lease is open and that has work queued or waiting is backlogged; its vtime grows
  * by its GPU time over its weight.  A shim holds its next launches while another
- * backlogged slot's vtime is lower (docs/scheduling.md, "Side by side"). */
+ * backlogged slot's vtime is more than a lead lower (docs/scheduling.md, "Side by side"). */
 #define NVSHARE_FAIR_SLOTS      63
 #define NVSHARE_FAIR_PAGE_BYTES 4096
 struct nvshare_fair_state {

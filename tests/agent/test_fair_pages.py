@@ -1,41 +1,55 @@
-"""The fair pages' slots (agent/fair_pages.py): a real file beside the socket, as the shim
-maps it (struct nvshare_fair_page)."""
+"""The fair pages' slots (agent/fair_pages.py): a sealed memfd per GPU, as the shim maps it
+(struct nvshare_fair_page)."""
 
+import fcntl
 import mmap
+import os
+
+import pytest
 
 from nvshare_agent import protocol
-from nvshare_agent.fair_pages import FairPages, page_name
+from nvshare_agent.fair_pages import FairPages
 
 GPU = bytes(range(16))
 STATE = protocol.derived_struct("struct nvshare_fair_state")
 SLOTS_AT = protocol.ffi.offsetof("struct nvshare_fair_page", "slots")
+NAMES = [name for name, _ in protocol.ffi.typeof("struct nvshare_fair_state").fields]
 
 
-def slot_fields(path, slot):
-    with open(path, "rb") as f:
-        page = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        names = [name for name, _ in protocol.ffi.typeof("struct nvshare_fair_state").fields]
-        values = STATE.unpack_from(page, SLOTS_AT + slot * STATE.size)
-        return dict(zip(names, values))
+def slot_fields(fd: int, slot: int) -> dict:
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as page:
+        return dict(zip(NAMES, STATE.unpack_from(page, SLOTS_AT + slot * STATE.size)))
 
 
-def test_a_first_grant_takes_a_slot_with_its_weight_once_and_leaving_frees_it(tmp_path):
-    pages = FairPages(tmp_path)
-    frame = pages.frames_for(1, GPU, 3)
-    assert protocol.FrameReader().feed(frame) == [protocol.FairSlot(GPU, 0, 3)]
-    assert pages.frames_for(1, GPU, 3) is None  # told once
-    path = tmp_path / page_name(GPU)
-    assert path.stat().st_mode & 0o777 == 0o666  # every shim that reaches the socket
-    assert slot_fields(path, 0)["weight"] == 3 and slot_fields(path, 0)["in_use"] == 1
-    assert protocol.FrameReader().feed(pages.frames_for(2, GPU, 1))[0].slot == 1
+def test_a_first_grant_takes_a_slot_with_its_weight_once_and_leaving_frees_it():
+    pages = FairPages()
+    slot, fd = pages.slot_for(1, GPU, 3)
+    assert slot == 0 and slot_fields(fd, 0)["weight"] == 3 and slot_fields(fd, 0)["in_use"] == 1
+    assert pages.slot_for(1, GPU, 3) is None  # told once
+    assert pages.slot_for(2, GPU, 1)[0] == 1
     pages.client_gone(1)
-    assert slot_fields(path, 0)["in_use"] == 0
-    assert protocol.FrameReader().feed(pages.frames_for(3, GPU, 0))[0] == protocol.FairSlot(
-        GPU, 0, 1
-    )
+    assert slot_fields(fd, 0)["in_use"] == 0
+    assert pages.slot_for(3, GPU, 0) == (0, fd)  # weight 0 is 1
+    assert slot_fields(fd, 0)["weight"] == 1
     pages.close()
-    assert not path.exists()
 
 
-def test_without_a_directory_there_is_no_page_and_no_frame():
-    assert FairPages(None).frames_for(1, GPU, 1) is None
+def test_a_slot_whose_frame_could_not_go_is_free_again():
+    pages = FairPages()
+    slot, fd = pages.slot_for(1, GPU, 2)
+    pages.give_back(1, GPU)
+    assert slot_fields(fd, slot)["in_use"] == 0
+    assert pages.slot_for(1, GPU, 2) == (slot, fd)  # asked again at its next grant
+    pages.close()
+
+
+def test_nobody_can_cut_the_page_short():
+    """A mapping cut short kills its readers (SIGBUS): the size is sealed."""
+    pages = FairPages()
+    _, fd = pages.slot_for(1, GPU, 1)
+    size = os.fstat(fd).st_size
+    assert size == protocol.ffi.sizeof("struct nvshare_fair_page")
+    with pytest.raises(PermissionError):
+        os.ftruncate(fd, 0)
+    assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
+    pages.close()
