@@ -1,0 +1,80 @@
+"""The fair page as policy_sim plays it (shim/fair_share.c; docs/scheduling.md, "Side by
+side"): among the holders of a GPU, one more than LEAD_S of virtual time (GPU time over
+weight) ahead of another with work holds its launches, and only its queued work, at most
+QUEUE_S of it, still runs.  Looked at every step (the shim's look is ~1 ms, a step's
+length; each reads the others' state of the look before).  Back after IDLE_S idle or
+more a client starts level with the least of those with work.  Its queue is short
+(QUEUE_S) while it is, or was within STICKY_S, near a hold (half the lead ahead), else
+long: what it has queued when a hold begins still runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The shim's constants (shim/fair_share.c, shim/queue_bound.c), in seconds.
+LEAD_S = 0.005
+QUEUE_S = 0.005  # the queue bound while others have work (SHORT_MAX_QUEUED_MS)
+LONG_QUEUE_S = 0.050  # else (NVSHARE_MAX_QUEUED_MS's default)
+STICKY_S = 0.010  # the short bound stays this long after it was last near a hold
+IDLE_S = 0.010
+MAX_AHEAD_S = 0.020  # never further ahead of another with work
+
+
+@dataclass
+class Slot:
+    weight: int
+    vtime: float = 0.0
+    backlogged: bool = False
+    idle_since: float = -1e9
+    held: bool = False
+    queued_s: float = 0.0  # held: what of its queued work may still run
+    others_seen: float = -1e9  # when it was last near a hold (its queue short)
+
+
+class FairPage:
+    def __init__(self) -> None:
+        self.slots: dict[int, Slot] = {}
+
+    def look(self, with_work: dict[int, bool], weights: dict[int, int], now: float) -> None:
+        """with_work: each holder, whether it has work; the others' slots are let go."""
+        for number in [n for n in self.slots if n not in with_work]:
+            del self.slots[number]
+        for number in with_work:
+            self.slots.setdefault(number, Slot(weights[number]))
+        # What each showed at its last look: the others read it a look late.
+        shown = {n: s.backlogged for n, s in self.slots.items()}
+        for number, slot in self.slots.items():
+            backlogged = with_work[number]
+            others = [o.vtime for n, o in self.slots.items() if n != number and shown[n]]
+            least = min(others) if others else None
+            back = backlogged and not slot.backlogged and now - slot.idle_since >= IDLE_S
+            if back and least is not None and least > slot.vtime:
+                slot.vtime = least  # back from idle: not banked
+            if not backlogged and slot.backlogged:
+                slot.idle_since = now
+            slot.backlogged = backlogged
+            # The bound its launches since the last look were under: short while it saw
+            # another with work, and STICKY_S after.
+            short = now - slot.others_seen <= STICKY_S + 0.0015
+            if least is not None and least + LEAD_S / 2 < slot.vtime:
+                slot.others_seen = now
+            held = backlogged and least is not None and least + LEAD_S < slot.vtime
+            if held and not slot.held:
+                slot.queued_s = QUEUE_S if short else LONG_QUEUE_S
+            slot.held = held
+
+    def may_run(self, number: int) -> bool:
+        slot = self.slots.get(number)
+        return slot is None or not slot.held or slot.queued_s > 0
+
+    def ran(self, number: int, gpu_s: float, busy_s: float) -> None:
+        """number had work on the GPU for busy_s and got gpu_s of it."""
+        slot = self.slots.get(number)
+        if slot is None:
+            return
+        slot.vtime += busy_s / slot.weight
+        others = [o.vtime for n, o in self.slots.items() if n != number and o.backlogged]
+        if others:
+            slot.vtime = min(slot.vtime, min(others) + MAX_AHEAD_S)
+        if slot.held:
+            slot.queued_s -= gpu_s
