@@ -28,7 +28,7 @@ class Slot:
     idle_since: float = -1e9
     held: bool = False
     queued_s: float = 0.0  # held: what of its queued work may still run
-    others_seen: float = -1e9  # when it was last near a hold (its queue short)
+    near_hold_at: float = -1e9  # when it was last near a hold (its queue short)
 
 
 class FairPage:
@@ -55,9 +55,9 @@ class FairPage:
             slot.backlogged = backlogged
             # The bound its launches since the last look were under: short while it saw
             # another with work, and STICKY_S after.
-            short = now - slot.others_seen <= STICKY_S + 0.0015
+            short = now - slot.near_hold_at <= STICKY_S + 0.0015
             if least is not None and least + LEAD_S / 2 < slot.vtime:
-                slot.others_seen = now
+                slot.near_hold_at = now
             held = backlogged and least is not None and least + LEAD_S < slot.vtime
             if held and not slot.held:
                 slot.queued_s = QUEUE_S if short else LONG_QUEUE_S

@@ -99,7 +99,7 @@ static void detach(int gpu)
         munmap(mine->page, NVSHARE_FAIR_PAGE_BYTES);
     }
     *mine = (struct fair_gpu){0};
-    atomic_store(&nvshare_gates[gpu].others_backlogged, 0);
+    atomic_store(&nvshare_gates[gpu].near_hold, 0);
     lift_hold(gpu);
 }
 
@@ -169,9 +169,10 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     SLOT_STORE(own->seen_ns, now);
     SLOT_STORE(own->backlogged, (uint32_t)backlogged);
     mine->backlogged = backlogged;
+    int held = backlogged && least != UINT64_MAX && least + lead_ns < vtime;
     mine->looks++;
     mine->looks_backlogged += (unsigned)backlogged;
-    mine->looks_held += (unsigned)(backlogged && least != UINT64_MAX && least + lead_ns < vtime);
+    mine->looks_held += (unsigned)held;
     mine->busy_ms += busy_ms;
     double now_ms = (double)now / 1e6;
     if (now_ms - mine->reported_at_ms >= 1000) {
@@ -185,10 +186,10 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     }
     if (least != UINT64_MAX && least + lead_ns / 2 < vtime)
         mine->near_hold_ns = now;
-    atomic_store_explicit(&gate->others_backlogged,
+    atomic_store_explicit(&gate->near_hold,
                           open && now - mine->near_hold_ns < (uint64_t)SHORT_QUEUE_MS * 1000000u,
                           memory_order_relaxed);
-    if (backlogged && least != UINT64_MAX && least + lead_ns < vtime)
+    if (held)
         atomic_store(&gate->held, 1);
     else
         lift_hold(gpu);
@@ -219,6 +220,6 @@ void nvshare_fair_forget_after_fork(void)
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
         atomic_store(&nvshare_gates[gpu].held, 0);
         atomic_store(&nvshare_gates[gpu].held_waiting, 0);
-        atomic_store(&nvshare_gates[gpu].others_backlogged, 0);
+        atomic_store(&nvshare_gates[gpu].near_hold, 0);
     }
 }

@@ -41,7 +41,7 @@ struct nvshare_gate {
     atomic_int held_waiting;
     /* This process is, or was within 10 ms, near a hold (fair_share.c): the queue bound
      * keeps its queue shortest, so that a hold takes effect within milliseconds. */
-    atomic_int others_backlogged;
+    atomic_int near_hold;
 } __attribute__((aligned(64)));
 
 extern struct nvshare_gate nvshare_gates[NVSHARE_MAX_GPUS];
