@@ -19,7 +19,6 @@ from pathlib import Path
 from . import nvml, systemd
 from .engine import Engine
 from .eventlog import events as log
-from .fair_pages import FairPages
 from .listener import Listener
 from .settings import Settings
 from .settings_changes import describe_settings
@@ -95,14 +94,7 @@ def open_listening_socket(socket_path: Path | None) -> tuple[socket.socket, Path
 
 async def run(options: Options, listening: socket.socket, bound_path: Path | None) -> None:
     loop = asyncio.get_running_loop()
-    engine = Engine(
-        options.settings,
-        options.store,
-        options.overrides,
-        loop,
-        options.origin,
-        FairPages(),
-    )
+    engine = Engine(options.settings, options.store, options.overrides, loop, options.origin)
     connections = ShimConnections(engine)
     listener = Listener(listening, connections)
     listener.start()

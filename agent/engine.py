@@ -59,7 +59,6 @@ class Engine:
         overrides: dict | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
         origin: SettingsOrigin | None = None,
-        fair_pages: FairPages | None = None,
     ):
         self.loop = loop or asyncio.get_running_loop()
         self.core = Scheduler(settings, max_gpus_per_client=protocol.MAX_GPUS, format_gpu=gpu_name)
@@ -81,7 +80,7 @@ class Engine:
         self._settings_changes = SettingsChanges(store, overrides, self.loop)
         # What the config gave at start: each value's source, and what a reset goes back to.
         self.settings_origin = origin or SettingsOrigin()
-        self.fair_pages = fair_pages or FairPages()
+        self.fair_pages = FairPages()  # each GPU's, made at its first fair slot
 
     # ------------------------------------------------------------ from the socket adapter
 
