@@ -134,6 +134,11 @@ def start_json(command, env=None):
 
 def finish_json(process, timeout=300) -> dict:
     out, err = process.communicate(timeout=timeout)
+    keep = os.environ.get("NVSHARE_BENCH_STDERR_DIR")
+    if keep:  # the shims' debug lines (NVSHARE_DEBUG=1), one file a client
+        name = pathlib.Path(str(process.args[1] if len(process.args) > 1 else process.args[0]))
+        pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
+        (pathlib.Path(keep) / f"{name.stem}-{process.pid}.err").write_text(err)
     if process.returncode != 0:
         raise RuntimeError(f"{process.args} failed:\n{err[-3000:]}")
     return json.loads(out.strip().splitlines()[-1])
