@@ -23,13 +23,17 @@ share_by = user
 SECONDS = 4
 
 
-def loops_of_two_users(world, shares: str, b_sleep_ms: int = 0) -> tuple[int, int]:
-    """A busy process of user A, one of user B (sleeping b_sleep_ms after every 4
-    kernels of 2 ms), for SECONDS: each one's loops."""
+def loops_of_two_users(
+    world, shares: str, b_sleep_ms: int = 0, b_launches: int = 4
+) -> tuple[int, int]:
+    """A busy process of user A (4 kernels of 2 ms a loop), one of user B (b_launches
+    kernels, then sleeping b_sleep_ms), for SECONDS: each one's loops."""
     agent = world.start_agent(config=SIDE_BY_SIDE.format(shares=shares))
-    busy = ("--launches", "4", "--duration-ms", str(SECONDS * 1000))
+    seconds = ("--duration-ms", str(SECONDS * 1000))
+    busy = ("--launches", "4", *seconds)
     a = world.client("linked", *busy, prefix=as_user(USER_A), kernel_us=2000)
-    b_args = (*busy, "--sleep-ms", str(b_sleep_ms)) if b_sleep_ms else busy
+    b_args = ("--launches", str(b_launches), *seconds)
+    b_args = (*b_args, "--sleep-ms", str(b_sleep_ms)) if b_sleep_ms else b_args
     b = world.client("linked", *b_args, prefix=as_user(USER_B), kernel_us=2000)
     loops = [int(c.finish_ok(timeout=60)["loops"]) for c in (a, b)]
     log = world.settled(agent, a, b)
@@ -65,3 +69,18 @@ def test_a_process_owed_more_holds_nobody_while_it_has_no_work(open_world):
     a, b = loops_of_two_users(open_world, f"[share:user:{USER_B}]\nweight = 3\n", b_sleep_ms=40)
     alone = SECONDS * 1000 / 8  # A's loops with a GPU of its own: 4 kernels of 2 ms
     assert a >= 0.6 * alone, (a, b, alone)
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.slow  # 4 s
+def test_a_burst_back_from_idle_is_not_held(open_world):
+    """Latency work first: B (weight 1) works 20 ms, then sleeps 30 ms, beside A (weight
+    4) always busy.  B's virtual time runs ahead of A's every burst (20 ms to A's 12.5 a
+    cycle), but a burst begun after idle is not held in its first BURST_MS (200 ms): B
+    does what it does alone; held at the lead, it waited HOLD_MS at its launches."""
+    a, b = loops_of_two_users(
+        open_world, f"[share:user:{USER_A}]\nweight = 4\n", b_sleep_ms=30, b_launches=10
+    )
+    alone = SECONDS * 1000 / 50  # 10 kernels of 2 ms, then 30 ms asleep
+    assert b >= 0.85 * alone, (a, b, alone)
