@@ -1,12 +1,12 @@
 """The fair page as policy_sim plays it (shim/fair_share.c; docs/scheduling.md, "Side by
-side"): among the holders of a GPU, one more than LEAD_S of virtual time (GPU time over
-weight) ahead of another with work holds its launches, and only its queued work, at most
-QUEUE_S of it, still runs.  Looked at every step (the shim's look is ~1 ms, a step's
-length; each reads the others' state of the look before).  Back after IDLE_S idle or
-more a client starts level with the least of those with work, and for BURST_S it is
-neither held nor its queue short (a request, a cell: latency work first).  Its queue is short
-(QUEUE_S) while it is, or was within STICKY_S, near a hold (half the lead ahead), else
-long: what it has queued when a hold begins still runs."""
+side"): among the holders of a GPU, one more than LEAD_S of virtual time (time with work
+on the GPU, over the number then on it, over weight) ahead of another with work holds its
+launches, and only its queued work, at most QUEUE_S of it, still runs. Looked at every
+step (the shim's look is ~1 ms, a step's length; each reads the others' state of the look
+before). Back after IDLE_S idle or more a client starts level with the least of those with
+work, and for BURST_S it is neither held nor its queue short (a request, a cell: latency
+work first). Its queue is short (QUEUE_S) while it is, or was within STICKY_S, near a hold
+(half the lead ahead), else long: what it has queued when a hold begins still runs."""
 
 from __future__ import annotations
 
@@ -32,11 +32,13 @@ class Slot:
     held: bool = False
     queued_s: float = 0.0  # held: what of its queued work may still run
     near_hold_at: float = -1e9  # when it was last near a hold (its queue short)
+    sharing: int = 1  # itself and the others it saw on the GPU at its last look
 
 
 class FairPage:
     def __init__(self) -> None:
         self.slots: dict[int, Slot] = {}
+        self.on_gpu: set[int] = set()  # those that ran since the last look
 
     def look(self, with_work: dict[int, bool], weights: dict[int, int], now: float) -> None:
         """with_work: each holder, whether it has work; the others' slots are let go."""
@@ -46,6 +48,7 @@ class FairPage:
             self.slots.setdefault(number, Slot(weights[number]))
         # What each showed at its last look: the others read it a look late.
         shown = {n: s.backlogged for n, s in self.slots.items()}
+        shown_on_gpu, self.on_gpu = self.on_gpu, set()
         for number, slot in self.slots.items():
             backlogged = with_work[number]
             others = [o.vtime for n, o in self.slots.items() if n != number and shown[n]]
@@ -59,6 +62,7 @@ class FairPage:
             if not backlogged and slot.backlogged:
                 slot.idle_since = now
             slot.backlogged = backlogged
+            slot.sharing = 1 + len(shown_on_gpu - {number})
             # The bound its launches since the last look were under: short while it saw
             # another with work, and STICKY_S after.
             short = now - slot.near_hold_at <= STICKY_S + 0.0015
@@ -78,7 +82,8 @@ class FairPage:
         slot = self.slots.get(number)
         if slot is None:
             return
-        slot.vtime += busy_s / slot.weight
+        slot.vtime += busy_s / slot.sharing / slot.weight
+        self.on_gpu.add(number)
         others = [o.vtime for n, o in self.slots.items() if n != number and o.backlogged]
         if others:
             slot.vtime = min(slot.vtime, min(others) + MAX_AHEAD_S)

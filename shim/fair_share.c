@@ -106,6 +106,7 @@ static void detach(int gpu)
     struct fair_gpu *mine = &fair[gpu];
     if (mine->page != NULL) {
         SLOT_STORE(mine->page->slots[mine->slot].backlogged, 0);
+        SLOT_STORE(mine->page->slots[mine->slot].on_gpu, 0);
         munmap(mine->page, NVSHARE_FAIR_PAGE_BYTES);
     }
     *mine = (struct fair_gpu){0};
@@ -150,8 +151,10 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     uint64_t now = monotonic_ns(), stale_before = now - (uint64_t)STALE_MS * 1000000u;
     uint64_t lead_ns = (uint64_t)LEAD_MS * 1000000u;
     /* The least virtual time of the others backlogged: fresh ones only (a stamp from the
-     * future is no fresher), and none so large that adding the lead would wrap. */
+     * future is no fresher), and none so large that adding the lead would wrap.  And how
+     * many have work on the GPU beside this one's. */
     uint64_t least = UINT64_MAX;
+    unsigned sharing = 1;
     for (unsigned i = 0; i < NVSHARE_FAIR_SLOTS; i++) {
         uint64_t seen = SLOT_LOAD(slots[i].seen_ns);
         if (i == mine->slot || !SLOT_LOAD(slots[i].in_use) || !SLOT_LOAD(slots[i].backlogged) ||
@@ -159,6 +162,7 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
             continue;
         uint64_t vtime = SLOT_LOAD(slots[i].vtime_ns);
         least = vtime < least ? vtime : least;
+        sharing += SLOT_LOAD(slots[i].on_gpu) != 0;
     }
     if (least > UINT64_MAX - (uint64_t)MAX_AHEAD_MS * 1000000u)
         least = UINT64_MAX;
@@ -172,7 +176,10 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     }
     if (!backlogged && mine->backlogged)
         mine->idle_since_ns = now;
-    vtime += (uint64_t)(busy_ms * 1e6 / mine->weight);
+    /* Its GPU time: the driver gives each context with work an equal slice, so time with
+     * work on the GPU beside others is theirs too.  Counted whole, a request waiting
+     * behind a trainer's queue was charged for the trainer's work. */
+    vtime += (uint64_t)(busy_ms * 1e6 / mine->weight / sharing);
     /* Never more than MAX_AHEAD_MS ahead of another with work: one that came while this
      * one was idle (started at 0) would else hold it for as long as its whole past here. */
     if (least != UINT64_MAX && vtime > least + (uint64_t)MAX_AHEAD_MS * 1000000u)
@@ -181,6 +188,7 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     SLOT_STORE(own->vtime_ns, vtime);
     SLOT_STORE(own->seen_ns, now);
     SLOT_STORE(own->backlogged, (uint32_t)backlogged);
+    SLOT_STORE(own->on_gpu, (uint32_t)(open && busy));
     mine->backlogged = backlogged;
     int in_burst = now - mine->burst_since_ns < (uint64_t)BURST_MS * 1000000u;
     int held = backlogged && !in_burst && least != UINT64_MAX && least + lead_ns < vtime;

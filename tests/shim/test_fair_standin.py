@@ -46,8 +46,13 @@ def loops_of_two_users(
 @pytest.mark.root
 @pytest.mark.slow  # 4 s
 def test_weights_three_to_one_side_by_side_split_the_gpu_three_to_one(open_world):
+    """A process's virtual time counts its time with work on the GPU over the number of
+    processes then on it (on a GPU, the driver's equal slices).  Here each has a GPU of its
+    own and runs at full pace while both have work, so 3 : 1 of GPU time by the weights
+    is 2 : 1 of loops (A: half of the time both work, and all of the time B is held; ~0.6
+    with B's queued work); 1 : 1 without the page."""
     a, b = loops_of_two_users(open_world, f"[share:user:{USER_A}]\nweight = 3\n")
-    assert 0.2 <= b / a <= 0.55, (a, b)  # 1/3 by the weights; 1 without the page
+    assert 0.35 <= b / a <= 0.75, (a, b)
 
 
 @needs_root
