@@ -4,9 +4,10 @@ on the GPU, over the number then on it, over weight) ahead of another with work 
 launches, and only its queued work, at most QUEUE_S of it, still runs. Looked at every
 step (the shim's look is ~1 ms, a step's length; each reads the others' state of the look
 before). Back after IDLE_S idle or more a client starts level with the least of those with
-work, and for BURST_S it is neither held nor its queue short (a request, a cell: latency
-work first). Its queue is short (QUEUE_S) while it is, or was within STICKY_S, near a hold
-(half the lead ahead), else long: what it has queued when a hold begins still runs."""
+work, and for its first BURST_CREDIT_S of virtual time it is neither held nor its queue
+short (a request, a cell: latency work first). Its queue is short (QUEUE_S) while it is,
+or was within STICKY_S, near a hold (half the lead ahead), else long: what it has queued
+when a hold begins still runs."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ LONG_QUEUE_S = 0.050  # else (NVSHARE_MAX_QUEUED_MS's default)
 STICKY_S = 0.010  # the short bound stays this long after it was last near a hold
 IDLE_S = 0.010
 MAX_AHEAD_S = 0.020  # never further ahead of another with work
-BURST_S = 0.200  # back from idle, not held nor short this long
+BURST_CREDIT_S = 0.030  # back from idle, not held nor short for this much virtual time
 
 
 @dataclass
@@ -28,7 +29,7 @@ class Slot:
     vtime: float = 0.0
     backlogged: bool = False
     idle_since: float = -1e9
-    burst_since: float = -1e9  # when it came back from IDLE_S idle or more
+    burst_used: float = 0.0  # virtual time used since it came back from IDLE_S idle
     held: bool = False
     queued_s: float = 0.0  # held: what of its queued work may still run
     near_hold_at: float = -1e9  # when it was last near a hold (its queue short)
@@ -55,18 +56,19 @@ class FairPage:
             least = min(others) if others else None
             back = backlogged and not slot.backlogged and now - slot.idle_since >= IDLE_S
             if back:
-                slot.burst_since = now
+                slot.burst_used = 0.0
                 if least is not None and least > slot.vtime:
                     slot.vtime = least  # back from idle: not banked
-            in_burst = now - slot.burst_since < BURST_S
+            in_burst = slot.burst_used < BURST_CREDIT_S
+            queue_free = slot.burst_used < BURST_CREDIT_S / 2  # its queue long
             if not backlogged and slot.backlogged:
                 slot.idle_since = now
             slot.backlogged = backlogged
             slot.sharing = 1 + len(shown_on_gpu - {number})
             # The bound its launches since the last look were under: short while it saw
             # another with work, and STICKY_S after.
-            short = now - slot.near_hold_at <= STICKY_S + 0.0015
-            if not in_burst and least is not None and least + LEAD_S / 2 < slot.vtime:
+            short = not queue_free and now - slot.near_hold_at <= STICKY_S + 0.0015
+            if not queue_free and least is not None and least + LEAD_S / 2 < slot.vtime:
                 slot.near_hold_at = now
             held = backlogged and not in_burst and least is not None and least + LEAD_S < slot.vtime
             if held and not slot.held:
@@ -82,7 +84,9 @@ class FairPage:
         slot = self.slots.get(number)
         if slot is None:
             return
-        slot.vtime += busy_s / slot.sharing / slot.weight
+        charge = busy_s / slot.sharing / slot.weight
+        slot.vtime += charge
+        slot.burst_used += charge
         self.on_gpu.add(number)
         others = [o.vtime for n, o in self.slots.items() if n != number and o.backlogged]
         if others:

@@ -5,14 +5,16 @@
  * (shared memory the agent hands each with its slot, agent/fair_pages.py) and run a
  * start-time fair queue in it: each slot says whether its process is backlogged (has work
  * on the GPU or a thread waiting to launch) and its virtual time, the GPU time it got over
- * its weight.  A process more than LEAD_MS of virtual time ahead of another backlogged one
+ * its weight (its time with work on the GPU over the number of processes then on it: the
+ * driver's equal slices).  A process more than LEAD_MS of virtual time ahead of another backlogged one
  * holds its next launches until that one has caught up or has no work: nobody is held
  * for a process without work, and over time each backlogged process gets GPU time in
  * proportion to its weight.  Back after IDLE_MS idle or more, a process starts at the
  * least virtual time of those backlogged, not its own older one: time it did not want is
  * not owed to it later (as in a fluid share of the GPU, where idle time is not banked).
- * Latency work goes first: back from idle, a process is not held for its first BURST_MS
- * (a request, a cell, a batch), and it holds those ahead of it as ever.
+ * Latency work goes first: back from idle, a process is not held for its first
+ * BURST_CREDIT_MS of virtual time (a request, a cell, a batch), nor its queue kept short
+ * for the first half of it, and it holds those ahead of it as ever.
  *
  * The client thread looks every ~1 ms while the gate is open (the usage meter's sample):
  * it publishes this process's state and sets or lifts the gate's hold.  Application
@@ -58,18 +60,23 @@
 #define LEAD_MS 5
 /* And never held for more than this of another's virtual time (below). */
 #define MAX_AHEAD_MS 20
-/* Neither held nor its queue kept short this long into work begun after IDLE_MS idle:
- * a request, a cell, a batch.  Held or short, the node mix's inference server (0.8 ms of
- * GPU work a request, a few dozen launches) answered in p50 24 / p99 147 ms beside the
- * trainer, not 2.7 / 6.5 as without nvshare, its notebook's cells in p95 1.4 s, not
- * 0.34 (H200): the short queue waits on each few launches, and behind another's work
- * each wait is a turn of the driver's time slices. */
-#define BURST_MS 200
+/* Not held for this much virtual time into work begun after IDLE_MS idle, nor its queue
+ * kept short for half of it: a request, a cell, a batch.  Held or short, the node mix's inference
+ * server (0.8 ms of GPU work a request, a few dozen launches) answered in p50 24 / p99
+ * 147 ms beside the trainer, not 2.7 / 6.5 as without nvshare (H200): the short queue
+ * waits on each few launches, and behind another's work each wait is a turn of the
+ * driver's time slices.  Virtual time, not wall time: bursts of any length with gaps of
+ * IDLE_MS would else never be held, whatever their weight.  At 20, four 30 %-busy
+ * processes in 30 ms bursts got 0.93 of their share each in policy_sim, at 30 0.99. */
+#define BURST_CREDIT_MS 30
+/* Another counts as on the GPU beside this one only if it looked this recently: a slot
+ * whose process stopped would else halve everyone's charge until it goes stale. */
+#define ON_GPU_FRESH_MS 3
 
 struct fair_gpu {
     struct nvshare_fair_page *page; /* NULL: none (interleaved as the driver does) */
     uint64_t idle_since_ns;         /* when it last stopped being backlogged */
-    uint64_t burst_since_ns;        /* when it came back from IDLE_MS idle or more */
+    uint64_t burst_used_ns;         /* virtual time used since it came back from idle */
     uint64_t near_hold_ns;          /* when it was last near a hold: its queue short */
     uint64_t vtime_ns;              /* what it writes to its slot (never read back) */
     /* For the debug log, a line a second: busy ms, looks, looks backlogged, held, short. */
@@ -150,6 +157,7 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     int backlogged = open && (busy || atomic_load(&gate->held_waiting) != 0);
     uint64_t now = monotonic_ns(), stale_before = now - (uint64_t)STALE_MS * 1000000u;
     uint64_t lead_ns = (uint64_t)LEAD_MS * 1000000u;
+    uint64_t on_gpu_fresh_ns = (uint64_t)ON_GPU_FRESH_MS * 1000000u;
     /* The least virtual time of the others backlogged: fresh ones only (a stamp from the
      * future is no fresher), and none so large that adding the lead would wrap.  And how
      * many have work on the GPU beside this one's. */
@@ -162,7 +170,7 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
             continue;
         uint64_t vtime = SLOT_LOAD(slots[i].vtime_ns);
         least = vtime < least ? vtime : least;
-        sharing += SLOT_LOAD(slots[i].on_gpu) != 0;
+        sharing += SLOT_LOAD(slots[i].on_gpu) != 0 && now - seen < on_gpu_fresh_ns;
     }
     if (least > UINT64_MAX - (uint64_t)MAX_AHEAD_MS * 1000000u)
         least = UINT64_MAX;
@@ -170,16 +178,18 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     uint64_t vtime = mine->vtime_ns;
     if (backlogged && !mine->backlogged &&
         now - mine->idle_since_ns >= (uint64_t)IDLE_MS * 1000000u) {
-        mine->burst_since_ns = now;
         if (least != UINT64_MAX && least > vtime)
             vtime = least; /* back from idle: no credit for the time it did not want */
+        mine->burst_used_ns = 0;
     }
     if (!backlogged && mine->backlogged)
         mine->idle_since_ns = now;
     /* Its GPU time: the driver gives each context with work an equal slice, so time with
      * work on the GPU beside others is theirs too.  Counted whole, a request waiting
      * behind a trainer's queue was charged for the trainer's work. */
-    vtime += (uint64_t)(busy_ms * 1e6 / mine->weight / sharing);
+    uint64_t charge = (uint64_t)(busy_ms * 1e6 / mine->weight / sharing);
+    vtime += charge;
+    mine->burst_used_ns += charge;
     /* Never more than MAX_AHEAD_MS ahead of another with work: one that came while this
      * one was idle (started at 0) would else hold it for as long as its whole past here. */
     if (least != UINT64_MAX && vtime > least + (uint64_t)MAX_AHEAD_MS * 1000000u)
@@ -190,11 +200,17 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     SLOT_STORE(own->backlogged, (uint32_t)backlogged);
     SLOT_STORE(own->on_gpu, (uint32_t)(open && busy));
     mine->backlogged = backlogged;
-    int in_burst = now - mine->burst_since_ns < (uint64_t)BURST_MS * 1000000u;
+    /* In a burst: not held while it has credit left, and its queue free for the first half
+     * of it, so that what it queues when the credit runs out is short (else the rest of a
+     * 60 ms burst was queued by then, and the hold came too late to bind it). */
+    uint64_t credit_ns = (uint64_t)BURST_CREDIT_MS * 1000000u;
+    int in_burst = mine->burst_used_ns < credit_ns;
+    int queue_free = mine->burst_used_ns < credit_ns / 2;
     int held = backlogged && !in_burst && least != UINT64_MAX && least + lead_ns < vtime;
-    if (!in_burst && least != UINT64_MAX && least + lead_ns / 2 < vtime)
+    if (!queue_free && least != UINT64_MAX && least + lead_ns / 2 < vtime)
         mine->near_hold_ns = now;
-    int short_queue = open && now - mine->near_hold_ns < (uint64_t)SHORT_QUEUE_MS * 1000000u;
+    int short_queue =
+        open && !queue_free && now - mine->near_hold_ns < (uint64_t)SHORT_QUEUE_MS * 1000000u;
     atomic_store_explicit(&gate->near_hold, short_queue, memory_order_relaxed);
     mine->looks++;
     mine->looks_backlogged += (unsigned)backlogged;

@@ -230,9 +230,10 @@ struct nvshare_fair_slot {
  * zeroed) and every shim holding that GPU maps.  Each slot is written by its own shim but for
  * weight and in_use, the agent's (a slot is zeroed when its process leaves).  A shim
  * whose lease is open and that has work queued or waiting is backlogged; its vtime grows
- * by its GPU time over its weight, its time with work on the GPU over the number of
- * slots then on_gpu (the driver's equal slices).  A shim holds its next launches while another
- * backlogged slot's vtime is more than a lead lower (docs/scheduling.md, "Side by side"). */
+ * by its GPU time over its weight: its time with work on the GPU over one plus the number
+ * of fresh backlogged others with on_gpu set (the driver's equal slices; a shim from
+ * before on_gpu leaves it 0).  A shim holds its next launches while another backlogged
+ * slot's vtime is more than a lead lower (docs/scheduling.md, "Side by side"). */
 #define NVSHARE_FAIR_SLOTS      63
 #define NVSHARE_FAIR_PAGE_BYTES 4096
 struct nvshare_fair_state {
@@ -241,7 +242,7 @@ struct nvshare_fair_state {
     uint32_t backlogged; /* 1: has work on the GPU or waiting to be launched */
     uint32_t weight;     /* the agent's */
     uint32_t in_use;     /* the agent's: 1 while the slot is a process's */
-    uint32_t on_gpu;     /* 1: has work on the GPU now (not only launches held back) */
+    uint32_t on_gpu;     /* 1: a launch or copy passed, or work was queued, at its last look */
     uint32_t reserved[8];
 };
 struct nvshare_fair_page {

@@ -50,9 +50,9 @@ def test_weights_three_to_one_side_by_side_split_the_gpu_three_to_one(open_world
     processes then on it (on a GPU, the driver's equal slices).  Here each has a GPU of its
     own and runs at full pace while both have work, so 3 : 1 of GPU time by the weights
     is 2 : 1 of loops (A: half of the time both work, and all of the time B is held; ~0.6
-    with B's queued work); 1 : 1 without the page."""
+    with B's queued work); 1 : 1 without the page, ~0.43 if time shared were charged whole."""
     a, b = loops_of_two_users(open_world, f"[share:user:{USER_A}]\nweight = 3\n")
-    assert 0.35 <= b / a <= 0.75, (a, b)
+    assert 0.5 <= b / a <= 0.75, (a, b)
 
 
 @needs_root
@@ -81,11 +81,27 @@ def test_a_process_owed_more_holds_nobody_while_it_has_no_work(open_world):
 @pytest.mark.slow  # 4 s
 def test_a_burst_back_from_idle_is_not_held(open_world):
     """Latency work first: B (weight 1) works 20 ms, then sleeps 30 ms, beside A (weight
-    4) always busy.  B's virtual time runs ahead of A's every burst (20 ms to A's 12.5 a
-    cycle), but a burst begun after idle is not held in its first BURST_MS (200 ms): B
-    does what it does alone; held at the lead, it waited HOLD_MS at its launches."""
+    4) always busy.  B's virtual time runs ahead of A's every burst, but a burst begun
+    after idle is not held for its first BURST_CREDIT_MS (30 ms) of virtual time, and
+    B's 20 ms beside A are 10: B does what it does alone; held at the lead, it waited
+    HOLD_MS at its launches (0.51x)."""
     a, b = loops_of_two_users(
         open_world, f"[share:user:{USER_A}]\nweight = 4\n", b_sleep_ms=30, b_launches=10
     )
     alone = SECONDS * 1000 / 50  # 10 kernels of 2 ms, then 30 ms asleep
     assert b >= 0.85 * alone, (a, b, alone)
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.slow  # 4 s
+def test_bursts_past_their_credit_are_held_by_weight(open_world):
+    """The burst credit is virtual time, not wall time: B (weight 1) works 80 ms, then
+    sleeps 12 ms, beside A (weight 3) always busy.  Each burst is back from idle, but its
+    credit is spent 60 ms in (30 ms of virtual time), and B is held by the weights for the
+    rest; with a credit of 200 ms of wall time it kept 0.97x its pace alone."""
+    a, b = loops_of_two_users(
+        open_world, f"[share:user:{USER_A}]\nweight = 3\n", b_sleep_ms=12, b_launches=40
+    )
+    alone = SECONDS * 1000 / 92  # 40 kernels of 2 ms, then 12 ms asleep
+    assert b <= 0.8 * alone, (a, b, alone)
