@@ -75,7 +75,11 @@ class Engine:
         self.keepalives = Keepalives(self.loop, self.core, self.links)
         self._notifier = ChangeNotifier(self.loop)
         self._actions = ActionRunner(
-            self.links, self.keepalives, lambda: self.core.settings, self._look_up_identity
+            self.links,
+            self.keepalives,
+            lambda: self.core.settings,
+            self._look_up_identity,
+            self._tell_fair_slot,
         )
         self._settings_changes = SettingsChanges(store, overrides, self.loop)
         # What the config gave at start: each value's source, and what a reset goes back to.
@@ -273,16 +277,13 @@ class Engine:
     # ------------------------------------------------------------ the parts it owns
 
     def execute(self, actions: list) -> None:
-        """Carry out the core's actions, in order (action_runner.py); a client's first
-        grant on a GPU is followed by its slot in the GPU's fair page, if its shim takes one."""
+        """Carry out the core's actions, in order (action_runner.py)."""
         self._actions.run(actions)
-        for action in actions:
-            if type(action) is Grant:
-                self._tell_fair_slot(action)
 
     def _tell_fair_slot(self, grant: Grant) -> None:
-        """A shim that takes one gets its slot in the GPU's fair page at its first grant
-        there; where the frame cannot go now (frames queued before it), at a later one."""
+        """Right after a grant's frame (the action runner calls it): a shim that takes one
+        gets its slot in the GPU's fair page at its first grant there; where the frame
+        cannot go now (frames queued before it), at a later one."""
         link = self.links.get(grant.client)
         if link is None or not link.features & _FAIR:
             return

@@ -1,14 +1,18 @@
 """The fair pages' slots (agent/fair_pages.py): a sealed memfd per GPU, as the shim maps it
-(struct nvshare_fair_page)."""
+(struct nvshare_fair_page); and the engine handing them out at grants (engine.py)."""
 
+import asyncio
 import fcntl
 import mmap
 import os
 
 import pytest
+from agent_harness import GPU0, FairShimClient, ShimClient
 
 from nvshare_agent import protocol
 from nvshare_agent.fair_pages import FairPages
+from nvshare_agent.protocol import MessageType
+from nvshare_agent.settings import AntiThrash, Settings, Share
 
 GPU = bytes(range(16))
 STATE = protocol.derived_struct("struct nvshare_fair_state")
@@ -53,3 +57,53 @@ def test_nobody_can_cut_the_page_short():
         os.ftruncate(fd, 0)
     assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
     pages.close()
+
+
+# ---------------------------------------------------------------- over a real socket
+# The engine in the test's loop (start_inproc_agent: settings change at run time as D-Bus
+# changes them), fake shims that map their pages (FairShimClient) in threads beside it.
+
+SIDE_BY_SIDE = Settings(anti_thrash=AntiThrash.OFF)  # every request granted at once
+MINE = f"user:{os.getuid()}"  # share_by = user: the test's processes are one group
+
+
+async def fair_shim(path) -> FairShimClient:
+    return await asyncio.to_thread(FairShimClient, path)
+
+
+async def granted(client: ShimClient) -> protocol.LockMessage:
+    client.request(GPU0)
+    return await asyncio.to_thread(client.wait_grant, GPU0)
+
+
+async def test_a_fair_shim_hears_its_slot_right_after_its_first_grant_and_only_then(
+    start_inproc_agent,
+):
+    settings = SIDE_BY_SIDE.replaced(shares=((MINE, Share(weight=3)),))
+    _, path = await start_inproc_agent(settings)
+    first = await fair_shim(path)
+    grant = await granted(first)
+    told = await asyncio.to_thread(first.expect, MessageType.FAIR_SLOT)  # the next frame
+    assert (told.gpu, told.slot, told.weight) == (GPU0, 0, 3)
+    assert first.slot_state()["in_use"] == 1 and first.slot_state()["weight"] == 3
+    first.release(grant)
+    await granted(first)
+    assert await asyncio.to_thread(first.nothing_within, 0.3)  # once per GPU
+    second = await fair_shim(path)
+    await granted(second)
+    assert (await asyncio.to_thread(second.expect, MessageType.FAIR_SLOT)).slot == 1
+    assert first.slot_state(slot=1)["in_use"] == 1  # second's slot, seen in first's mapping
+    for client in (first, second):
+        client.close()
+
+
+async def test_a_shim_that_does_not_take_the_page_is_given_no_slot(start_inproc_agent):
+    _, path = await start_inproc_agent(SIDE_BY_SIDE)
+    plain = await asyncio.to_thread(ShimClient, path)
+    await granted(plain)
+    assert await asyncio.to_thread(plain.nothing_within, 0.3)
+    fair = await fair_shim(path)
+    await granted(fair)
+    assert (await asyncio.to_thread(fair.expect, MessageType.FAIR_SLOT)).slot == 0
+    for client in (plain, fair):
+        client.close()
