@@ -29,7 +29,7 @@ from .identity import ClientIdentity, identify
 from .nvml import GpuInfo
 from .protocol import ErrorCode, Features, MessageType
 from .scheduler import Scheduler
-from .settings import Settings, SettingsError, SettingsNotSaved
+from .settings import FairPage, Settings, SettingsError, SettingsNotSaved
 from .settings_changes import SettingsChanges, describe_settings
 from .settings_files import SettingsStore
 from .settings_sources import SettingsOrigin, ValueSource, value_sources
@@ -259,9 +259,12 @@ class Engine:
             return self._apply(await self._settings_changes.reset(config, kind, entry, name))
 
     def _apply(self, new: Settings) -> Settings:
-        if new != self.settings:
+        before = self.settings
+        if new != before:
             self.execute(self.core.change_settings(new, self.loop.time()))
             log.info("settings %s", describe_settings(new))
+            if new.fair_page is not before.fair_page:
+                self.fair_pages.mark_in_use(new.fair_page is FairPage.ON)
         self.batch_done()
         return new
 
@@ -285,7 +288,7 @@ class Engine:
         gets its slot in the GPU's fair page at its first grant there; where the frame
         cannot go now (frames queued before it), at a later one."""
         link = self.links.get(grant.client)
-        if link is None or not link.features & _FAIR:
+        if link is None or not link.features & _FAIR or self.settings.fair_page is FairPage.OFF:
             return
         gpu, state = self.core.gpus[grant.gpu], self.core.clients[grant.client]
         weight = self.core.shares.client_weight(gpu, state)

@@ -7,7 +7,8 @@ The page is a memfd with its size sealed, handed to each shim with its FAIR_SLOT
 (SCM_RIGHTS), at its first grant on the GPU: no file that others could open or cut short
 (a mapping cut short kills its readers with SIGBUS), and nothing to mount into a container
 beside the socket.  The agent writes only a slot's weight and in_use, and zeroes a slot
-when its client leaves."""
+when its client leaves.  Switched off (the setting fair_page), it marks every slot not in
+use, and hands out no more."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ class FairPages:
             return None  # that many processes on one GPU: the rest interleave
         at = _SLOTS_AT + free * _STATE.size
         page[at : at + _STATE.size] = bytes(_STATE.size)  # nothing backlogged
-        page[at + _WEIGHT_AT : at + _WEIGHT_AT + 4] = max(1, weight).to_bytes(4, sys.byteorder)
-        page[at + _IN_USE_AT : at + _IN_USE_AT + 4] = (1).to_bytes(4, sys.byteorder)
+        self._write(gpu, free, _WEIGHT_AT, max(1, weight))
+        self._write(gpu, free, _IN_USE_AT, 1)
         self._slots[(client, gpu)] = free
         return free, fd
 
@@ -61,6 +62,14 @@ class FairPages:
         if slot is not None and made is not None:
             at = _SLOTS_AT + slot * _STATE.size
             made[1][at : at + _STATE.size] = bytes(_STATE.size)
+
+    def mark_in_use(self, in_use: bool) -> None:
+        """Every slot given out marked in use, or not (the setting fair_page).  A shim
+        waits only for slots in use: marked not, nobody is held any more.  The slots stay
+        given all the same (their shims still write them), so that none is handed to a
+        second shim, and are marked in use again when the page is switched back on."""
+        for (_, gpu), slot in self._slots.items():
+            self._write(gpu, slot, _IN_USE_AT, int(in_use))
 
     def client_gone(self, client: int) -> None:
         """Its slots are zeroed: not backlogged, free for the next."""
@@ -74,6 +83,13 @@ class FairPages:
                 os.close(made[0])
         self._pages.clear()
         self._slots.clear()
+
+    def _write(self, gpu: bytes, slot: int, field_at: int, value: int) -> None:
+        """One of the agent's u32 fields of a slot (weight, in_use)."""
+        made = self._pages.get(gpu)
+        if made is not None:
+            at = _SLOTS_AT + slot * _STATE.size + field_at
+            made[1][at : at + 4] = value.to_bytes(4, sys.byteorder)
 
     def _page(self, gpu: bytes) -> tuple[int, mmap.mmap] | None:
         if gpu in self._pages:

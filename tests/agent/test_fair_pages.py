@@ -12,7 +12,7 @@ from agent_harness import GPU0, FairShimClient, ShimClient
 from nvshare_agent import protocol
 from nvshare_agent.fair_pages import FairPages
 from nvshare_agent.protocol import MessageType
-from nvshare_agent.settings import AntiThrash, Settings, Share
+from nvshare_agent.settings import AntiThrash, FairPage, Settings, SettingsError, Share
 
 GPU = bytes(range(16))
 STATE = protocol.derived_struct("struct nvshare_fair_state")
@@ -73,7 +73,17 @@ async def fair_shim(path) -> FairShimClient:
 
 async def granted(client: ShimClient) -> protocol.LockMessage:
     client.request(GPU0)
-    return await asyncio.to_thread(client.wait_grant, GPU0)
+    return await asyncio.to_thread(grant_past_settings, client)
+
+
+def grant_past_settings(client: ShimClient) -> protocol.LockMessage:
+    """The next frame, a grant on GPU0; SETTINGS on the way skipped (a settings change may
+    tell every shim the node-wide ones again)."""
+    while isinstance(message := client.recv(), protocol.WireSettings):
+        pass
+    assert isinstance(message, protocol.LockMessage), message
+    assert (message.type, message.gpu) == (MessageType.LOCK_GRANT, GPU0), message
+    return message
 
 
 async def test_a_fair_shim_hears_its_slot_right_after_its_first_grant_and_only_then(
@@ -107,3 +117,41 @@ async def test_a_shim_that_does_not_take_the_page_is_given_no_slot(start_inproc_
     assert (await asyncio.to_thread(fair.expect, MessageType.FAIR_SLOT)).slot == 0
     for client in (plain, fair):
         client.close()
+
+
+async def test_switched_off_the_page_holds_nobody_and_on_again_it_is_handed_out_again(
+    start_inproc_agent,
+):
+    """Off: every slot given out is marked free in the page (a shim waits only for slots in
+    use, shim/fair_share.c), and no slot is handed out; the slots stay their shims', who
+    still write them.  On again: theirs in use again, and the others' at their next grant."""
+    agent, path = await start_inproc_agent(SIDE_BY_SIDE)
+    first, second = await fair_shim(path), await fair_shim(path)
+    for client in (first, second):
+        await granted(client)
+        await asyncio.to_thread(client.expect, MessageType.FAIR_SLOT)
+    await agent.change_settings(fair_page=FairPage.OFF)
+    assert [first.slot_state(slot=s)["in_use"] for s in (0, 1)] == [0, 0]
+    assert [first.slot_state(slot=s)["weight"] for s in (0, 1)] == [1, 1]
+    late = await fair_shim(path)
+    late_grant = await granted(late)
+    assert await asyncio.to_thread(late.nothing_within, 0.3)  # no slot while off
+    await agent.change_settings(fair_page=FairPage.ON)
+    assert [first.slot_state(slot=s)["in_use"] for s in (0, 1, 2)] == [1, 1, 0]
+    late.release(late_grant)
+    await granted(late)
+    assert (await asyncio.to_thread(late.expect, MessageType.FAIR_SLOT)).slot == 2
+    assert first.slot_state(slot=2)["in_use"] == 1
+    for client in (first, second, late):
+        client.close()
+
+
+async def test_a_bad_fair_page_changes_nothing(start_inproc_agent):
+    agent, path = await start_inproc_agent(SIDE_BY_SIDE)
+    fair = await fair_shim(path)
+    await granted(fair)
+    await asyncio.to_thread(fair.expect, MessageType.FAIR_SLOT)
+    with pytest.raises(SettingsError, match="^fair_page must be on or off, got 'off'$"):
+        await agent.change_settings(fair_page="off")  # the word, not the value
+    assert agent.settings.fair_page is FairPage.ON and fair.slot_state()["in_use"] == 1
+    fair.close()
