@@ -265,6 +265,7 @@ class Engine:
             log.info("settings %s", describe_settings(new))
             if new.fair_page is not before.fair_page:
                 self.fair_pages.mark_in_use(new.fair_page is FairPage.ON)
+            self._reweigh_fair_slots()  # shares or share_by may have changed
         self.batch_done()
         return new
 
@@ -301,6 +302,20 @@ class Engine:
             return
         log.info("fair slot gpu=%s pid=%d weight=%d", gpu_name(grant.gpu), grant.pid, weight)
 
+    def _reweigh_fair_slots(self) -> None:
+        """The weights in the fair pages follow the share groups': a shim reads its own
+        from its slot, so a group's new weight reaches shims already holding a slot."""
+        core = self.core
+
+        def weight_of(client: int, uuid: bytes) -> int | None:
+            gpu, state = core.gpus.get(uuid), core.clients.get(client)
+            return None if gpu is None or state is None else core.shares.client_weight(gpu, state)
+
+        for client, uuid, weight in self.fair_pages.reweigh(weight_of):
+            link = self.links.get(client)
+            pid = link.pid if link is not None else 0
+            log.info("fair weight gpu=%s pid=%d weight=%d", gpu_name(uuid), pid, weight)
+
     def _tick(self, now: float) -> None:
         self.execute(self.core.tick(now))
         self.execute(self.core.decide_pending(now))  # at the deadline's time, not later
@@ -323,6 +338,7 @@ class Engine:
                 self.execute(
                     self.core.identified(client, who.unit, who.container, self.loop.time())
                 )
+                self._reweigh_fair_slots()  # share_by = unit: its group may be another now
                 self._notifier.changed()
 
         try:

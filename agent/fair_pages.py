@@ -6,9 +6,10 @@ more (shim/fair_share.c); docs/scheduling.md, "Side by side".
 The page is a memfd with its size sealed, handed to each shim with its FAIR_SLOT frame
 (SCM_RIGHTS), at its first grant on the GPU: no file that others could open or cut short
 (a mapping cut short kills its readers with SIGBUS), and nothing to mount into a container
-beside the socket.  The agent writes only a slot's weight and in_use, and zeroes a slot
-when its client leaves.  Switched off (the setting fair_page), it marks every slot not in
-use, and hands out no more."""
+beside the socket.  The agent writes only a slot's weight (again whenever its client's
+weight changes: the shim reads it at each look) and in_use, and zeroes a slot when its
+client leaves.  Switched off (the setting fair_page), it marks every slot not in use, and
+hands out no more."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import fcntl
 import mmap
 import os
 import sys
+from collections.abc import Callable
 
 from . import protocol
 from .eventlog import events as log
@@ -71,6 +73,24 @@ class FairPages:
         for (_, gpu), slot in self._slots.items():
             self._write(gpu, slot, _IN_USE_AT, int(in_use))
 
+    def reweigh(
+        self, weight_of: Callable[[int, bytes], int | None]
+    ) -> list[tuple[int, bytes, int]]:
+        """Each slot given out with its client's weight now, weight_of(client, GPU) (None:
+        leave it), written where it changed: a share group's weight, share_by or the
+        client's group changed.  The shim reads its weight from its slot at each look.
+        Returns (client, GPU, weight) for each slot rewritten."""
+        rewritten = []
+        for (client, gpu), slot in self._slots.items():
+            weight = weight_of(client, gpu)
+            if weight is None:
+                continue
+            weight = max(1, weight)
+            if self._read(gpu, slot, _WEIGHT_AT) != weight:
+                self._write(gpu, slot, _WEIGHT_AT, weight)
+                rewritten.append((client, gpu, weight))
+        return rewritten
+
     def client_gone(self, client: int) -> None:
         """Its slots are zeroed: not backlogged, free for the next."""
         for owner, gpu in [key for key in self._slots if key[0] == client]:
@@ -83,6 +103,13 @@ class FairPages:
                 os.close(made[0])
         self._pages.clear()
         self._slots.clear()
+
+    def _read(self, gpu: bytes, slot: int, field_at: int) -> int | None:
+        made = self._pages.get(gpu)
+        if made is None:
+            return None
+        at = _SLOTS_AT + slot * _STATE.size + field_at
+        return int.from_bytes(made[1][at : at + 4], sys.byteorder)
 
     def _write(self, gpu: bytes, slot: int, field_at: int, value: int) -> None:
         """One of the agent's u32 fields of a slot (weight, in_use)."""

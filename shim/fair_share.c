@@ -17,7 +17,8 @@
  * for the first half of it, and it holds those ahead of it as ever.
  *
  * The client thread looks every ~1 ms while the gate is open (the usage meter's sample):
- * it publishes this process's state and sets or lifts the gate's hold.  Application
+ * it reads its weight from its slot (the agent rewrites it when its group's changes),
+ * publishes this process's state and sets or lifts the gate's hold.  Application
  * threads pay one relaxed load at the gate (gate.h); a held one waits on a futex, at most
  * HOLD_MS, so that a slot left stale (its process stopped) or forged slows others, never
  * stops them; and a slot not looked at for STALE_MS is not waited for at all.  Work this
@@ -82,7 +83,7 @@ struct fair_gpu {
     /* For the debug log, a line a second: busy ms, looks, looks backlogged, held, short. */
     double busy_ms, reported_at_ms;
     unsigned slot;
-    unsigned weight;
+    unsigned weight; /* its slot's, read at each look: the agent rewrites it when it changes */
     int backlogged;
     unsigned looks, looks_backlogged, looks_held, looks_short;
 };
@@ -155,6 +156,8 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     struct nvshare_gate *gate = &nvshare_gates[gpu];
     struct nvshare_fair_state *slots = mine->page->slots, *own = &slots[mine->slot];
     int backlogged = open && (busy || atomic_load(&gate->held_waiting) != 0);
+    uint32_t weight = SLOT_LOAD(own->weight); /* its group's, as the agent has it now */
+    mine->weight = weight ? weight : 1;
     uint64_t now = monotonic_ns(), stale_before = now - (uint64_t)STALE_MS * 1000000u;
     uint64_t lead_ns = (uint64_t)LEAD_MS * 1000000u;
     uint64_t on_gpu_fresh_ns = (uint64_t)ON_GPU_FRESH_MS * 1000000u;
@@ -219,10 +222,10 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     mine->busy_ms += busy_ms;
     double now_ms = (double)now / 1e6;
     if (now_ms - mine->reported_at_ms >= 1000) {
-        nvshare_debug("fair gpu=%d looks=%u backlogged=%u held=%u short=%u busy_ms=%.0f "
-                      "vtime_ms=%.1f least_ms=%.1f",
-                      gpu, mine->looks, mine->looks_backlogged, mine->looks_held, mine->looks_short,
-                      mine->busy_ms, (double)vtime / 1e6,
+        nvshare_debug("fair gpu=%d weight=%u looks=%u backlogged=%u held=%u short=%u "
+                      "busy_ms=%.0f vtime_ms=%.1f least_ms=%.1f",
+                      gpu, mine->weight, mine->looks, mine->looks_backlogged, mine->looks_held,
+                      mine->looks_short, mine->busy_ms, (double)vtime / 1e6,
                       least == UINT64_MAX ? -1.0 : (double)least / 1e6);
         mine->looks = mine->looks_backlogged = mine->looks_held = mine->looks_short = 0;
         mine->busy_ms = 0;

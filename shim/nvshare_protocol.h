@@ -219,7 +219,8 @@ struct nvshare_memory_cap {
 
 /* NVSHARE_MSG_FAIR_SLOT: sent once per GPU, at this process's first grant there, with the
  * GPU's fair page: a descriptor of shared memory (SCM_RIGHTS, on the frame's first byte;
- * its size sealed).  slot is this process's in it, weight its share group's weight. */
+ * its size sealed).  slot is this process's in it, weight its share group's weight then
+ * (a later one the agent writes in the slot). */
 struct nvshare_fair_slot {
     struct nvshare_gpu_uuid gpu;
     uint32_t slot;
@@ -240,8 +241,8 @@ struct nvshare_fair_state {
     uint64_t vtime_ns;   /* GPU time over weight, nanoseconds */
     uint64_t seen_ns;    /* CLOCK_MONOTONIC of its shim's last look: an older one is stale */
     uint32_t backlogged; /* 1: has work on the GPU or waiting to be launched */
-    uint32_t weight;     /* the agent's */
-    uint32_t in_use;     /* the agent's: 1 while the slot is a process's */
+    uint32_t weight;     /* the agent's: its group's weight now (the shim reads it each look) */
+    uint32_t in_use;     /* the agent's: 1 while the slot is a process's and fair_page is on */
     uint32_t on_gpu;     /* 1: a launch or copy passed, or work was queued, at its last look */
     uint32_t reserved[8];
 };

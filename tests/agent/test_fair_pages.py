@@ -12,7 +12,7 @@ from agent_harness import GPU0, FairShimClient, ShimClient
 from nvshare_agent import protocol
 from nvshare_agent.fair_pages import FairPages
 from nvshare_agent.protocol import MessageType
-from nvshare_agent.settings import AntiThrash, FairPage, Settings, SettingsError, Share
+from nvshare_agent.settings import AntiThrash, FairPage, Settings, SettingsError, Share, ShareBy
 
 GPU = bytes(range(16))
 STATE = protocol.derived_struct("struct nvshare_fair_state")
@@ -56,6 +56,18 @@ def test_nobody_can_cut_the_page_short():
     with pytest.raises(PermissionError):
         os.ftruncate(fd, 0)
     assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
+    pages.close()
+
+
+def test_reweighing_writes_only_the_weights_that_changed_and_leaves_unknown_clients_be():
+    pages = FairPages()
+    _, fd = pages.slot_for(1, GPU, 2)
+    pages.slot_for(2, GPU, 2)
+    weights = {1: 3, 2: 2}
+    assert pages.reweigh(lambda client, gpu: weights[client]) == [(1, GPU, 3)]
+    assert [slot_fields(fd, s)["weight"] for s in (0, 1)] == [3, 2]
+    assert pages.reweigh(lambda client, gpu: None) == []  # the core no longer knows them
+    assert pages.reweigh(lambda client, gpu: 0) == [(1, GPU, 1), (2, GPU, 1)]  # never 0
     pages.close()
 
 
@@ -155,3 +167,22 @@ async def test_a_bad_fair_page_changes_nothing(start_inproc_agent):
         await agent.change_settings(fair_page="off")  # the word, not the value
     assert agent.settings.fair_page is FairPage.ON and fair.slot_state()["in_use"] == 1
     fair.close()
+
+
+async def test_a_weight_changed_at_run_time_is_written_in_the_slots_of_its_group(
+    start_inproc_agent,
+):
+    """A shim reads its weight from its slot at each look (shim/fair_share.c): a group's new
+    weight, or a client's new group, reaches shims that hold a slot already."""
+    settings = SIDE_BY_SIDE.replaced(shares=((MINE, Share(weight=2)),))
+    agent, path = await start_inproc_agent(settings)
+    first, second = await fair_shim(path), await fair_shim(path)
+    for client in (first, second):
+        await granted(client)
+        assert (await asyncio.to_thread(client.expect, MessageType.FAIR_SLOT)).weight == 2
+    await agent.change_settings(shares=((MINE, Share(weight=5)),))
+    assert [first.slot_state(slot=s)["weight"] for s in (0, 1)] == [5, 5]
+    await agent.change_settings(share_by=ShareBy.PROCESS)  # each its own group, of weight 1
+    assert [first.slot_state(slot=s)["weight"] for s in (0, 1)] == [1, 1]
+    for client in (first, second):
+        client.close()

@@ -9,9 +9,20 @@ Runs its clients as two uids (setpriv, as test_shares.py): needs root."""
 
 from __future__ import annotations
 
+import re
+import sys
+import tempfile
+from pathlib import Path
+
 import pytest
 import test_shares
+from agent_harness import wait_until
 from test_shares import USER_A, USER_B, as_user, needs_root
+
+from nvshare_agent import dbus_names as names
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dbus"))
+from dbus_harness import DbusDaemon, busctl, busctl_on_agent
 
 open_world = test_shares.open_world  # the socket folder, shim and stand-in other uids reach
 
@@ -105,3 +116,49 @@ def test_bursts_past_their_credit_are_held_by_weight(open_world):
     )
     alone = SECONDS * 1000 / 92  # 40 kernels of 2 ms, then 12 ms asleep
     assert b <= 0.8 * alone, (a, b, alone)
+
+
+def fair_lines(client) -> list[tuple[int, int]]:
+    """(weight, looks held) of each of the shim's once-a-second fair lines (NVSHARE_DEBUG)."""
+    return [
+        (int(weight), int(held))
+        for weight, held in re.findall(r"fair gpu=\d+ weight=(\d+) .*? held=(\d+)", client.stderr)
+    ]
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.slow  # 7 s
+def test_a_weight_and_the_switch_set_over_dbus_reach_shims_holding_a_slot(open_world):
+    """Two busy processes of weight 1, side by side; then user A's weight 3 over D-Bus:
+    A's shim reads it from its slot, and B, owed less now, is held.  Then the page off:
+    the agent marks the slots not in use, and B is held no more."""
+    bus = DbusDaemon(Path(tempfile.mkdtemp(prefix="nvs-bus-", dir="/tmp")))
+    bus.start()
+    try:
+        agent = open_world.start_agent(config=SIDE_BY_SIDE.format(shares=""), bus=bus.address)
+        busy = ("--launches", "4", "--duration-ms", "7000")
+        a, b = (
+            open_world.client(
+                "linked", *busy, prefix=as_user(uid), kernel_us=2000, NVSHARE_DEBUG="1"
+            )
+            for uid in (USER_A, USER_B)
+        )
+        agent.wait_for_log("fair slot gpu=", count=2)
+        wait_until(lambda: fair_lines(a), what=f"a fair line of A's\n{a.describe()}")
+        assert fair_lines(a)[-1][0] == 1
+        busctl(
+            bus.address, "call", names.BUS_NAME, names.OBJECT_PATH, names.SHARES_INTERFACE,
+            "SetShare", "sa{sv}", f"user:{USER_A}", "1", "weight", "u", "3",
+        )  # fmt: skip
+        agent.wait_for_log(rf"fair weight gpu=\S+ pid={a.pid} weight=3")
+        wait_until(lambda: fair_lines(a)[-1][0] == 3, what=f"A's weight 3\n{a.describe()}")
+        wait_until(lambda: any(held for _, held in fair_lines(b)), what="B held")
+        busctl_on_agent(bus.address, "set-property", "FairPage", "s", "off")
+        after = len(fair_lines(b)) + 1  # the next line may count looks from before
+        wait_until(lambda: len(fair_lines(b)) > after, what=f"B's lines\n{b.describe()}")
+        assert [held for _, held in fair_lines(b)[after:]] == [0] * (len(fair_lines(b)) - after)
+        for client in (a, b):
+            client.finish_ok(timeout=60)
+    finally:
+        bus.stop()
