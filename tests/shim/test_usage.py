@@ -148,8 +148,10 @@ def test_requests_shorter_than_a_look_count_their_bursts_not_the_looks(world):
     )  # fmt: skip
     assert bursts >= 50, bursts
     # By whole looks: 2.3x the spans.  By timestamps 1.07-1.15x, idle or loaded: the start
-    # event and the marks are the worker's operations too (0.2 ms a burst idle, 0.5 loaded).
-    assert spans * 0.9 <= measured <= spans * 1.3, (measured, spans, bursts)
+    # event and the marks are the worker's operations too (0.2 ms a burst idle, 0.5 loaded);
+    # 1.32x once, in CI's container stage beside the others on 2 cores.  1.6 still tells
+    # the two apart.
+    assert spans * 0.9 <= measured <= spans * 1.6, (measured, spans, bursts)
 
 
 def test_bursts_on_several_streams_at_once_count_while_any_stream_runs(world):
