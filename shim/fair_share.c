@@ -83,7 +83,6 @@ struct fair_gpu {
     /* For the debug log, a line a second: busy ms, looks, looks backlogged, held, short. */
     double busy_ms, reported_at_ms;
     unsigned slot;
-    unsigned weight; /* its slot's, read at each look: the agent rewrites it when it changes */
     int backlogged;
     unsigned looks, looks_backlogged, looks_held, looks_short;
 };
@@ -143,9 +142,8 @@ void nvshare_fair_attach(int gpu, const struct nvshare_fair_slot *slot, int fd)
         nvshare_debug("fair page for gpu=%d not usable", gpu);
         return;
     }
-    fair[gpu] = (struct fair_gpu){
-        .page = page, .slot = slot->slot, .weight = slot->weight ? slot->weight : 1};
-    nvshare_debug("fair page gpu=%d slot=%u weight=%u", gpu, slot->slot, fair[gpu].weight);
+    fair[gpu] = (struct fair_gpu){.page = page, .slot = slot->slot};
+    nvshare_debug("fair page gpu=%d slot=%u weight=%u", gpu, slot->slot, slot->weight);
 }
 
 void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
@@ -156,8 +154,9 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     struct nvshare_gate *gate = &nvshare_gates[gpu];
     struct nvshare_fair_state *slots = mine->page->slots, *own = &slots[mine->slot];
     int backlogged = open && (busy || atomic_load(&gate->held_waiting) != 0);
-    uint32_t weight = SLOT_LOAD(own->weight); /* its group's, as the agent has it now */
-    mine->weight = weight ? weight : 1;
+    /* Its group's weight as the agent has it now: rewritten there when it changes. */
+    uint32_t weight = SLOT_LOAD(own->weight);
+    weight = weight ? weight : 1;
     uint64_t now = monotonic_ns(), stale_before = now - (uint64_t)STALE_MS * 1000000u;
     uint64_t lead_ns = (uint64_t)LEAD_MS * 1000000u;
     uint64_t on_gpu_fresh_ns = (uint64_t)ON_GPU_FRESH_MS * 1000000u;
@@ -190,7 +189,7 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     /* Its GPU time: the driver gives each context with work an equal slice, so time with
      * work on the GPU beside others is theirs too.  Counted whole, a request waiting
      * behind a trainer's queue was charged for the trainer's work. */
-    uint64_t charge = (uint64_t)(busy_ms * 1e6 / mine->weight / sharing);
+    uint64_t charge = (uint64_t)(busy_ms * 1e6 / weight / sharing);
     vtime += charge;
     mine->burst_used_ns += charge;
     /* Never more than MAX_AHEAD_MS ahead of another with work: one that came while this
@@ -224,7 +223,7 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     if (now_ms - mine->reported_at_ms >= 1000) {
         nvshare_debug("fair gpu=%d weight=%u looks=%u backlogged=%u held=%u short=%u "
                       "busy_ms=%.0f vtime_ms=%.1f least_ms=%.1f",
-                      gpu, mine->weight, mine->looks, mine->looks_backlogged, mine->looks_held,
+                      gpu, weight, mine->looks, mine->looks_backlogged, mine->looks_held,
                       mine->looks_short, mine->busy_ms, (double)vtime / 1e6,
                       least == UINT64_MAX ? -1.0 : (double)least / 1e6);
         mine->looks = mine->looks_backlogged = mine->looks_held = mine->looks_short = 0;
