@@ -45,13 +45,12 @@ class FairPages:
         made = self._page(gpu)
         if made is None:
             return None
-        fd, page = made
+        fd, _ = made
         taken = set(slot for (_, g), slot in self._slots.items() if g == gpu)
         free = next((s for s in range(_SLOTS) if s not in taken), None)
         if free is None:
             return None  # that many processes on one GPU: the rest interleave
-        at = _SLOTS_AT + free * _STATE.size
-        page[at : at + _STATE.size] = bytes(_STATE.size)  # nothing backlogged
+        self._clear(gpu, free)  # nothing backlogged
         self._write(gpu, free, _WEIGHT_AT, max(1, weight))
         self._write(gpu, free, _IN_USE_AT, 1)
         self._slots[(client, gpu)] = free
@@ -60,10 +59,8 @@ class FairPages:
     def give_back(self, client: int, gpu: bytes) -> None:
         """client's slot on gpu was not told (its frame could not go): free again."""
         slot = self._slots.pop((client, gpu), None)
-        made = self._pages.get(gpu)
-        if slot is not None and made is not None:
-            at = _SLOTS_AT + slot * _STATE.size
-            made[1][at : at + _STATE.size] = bytes(_STATE.size)
+        if slot is not None:
+            self._clear(gpu, slot)
 
     def mark_in_use(self, in_use: bool) -> None:
         """Every slot given out marked in use, or not (the setting fair_page).  A shim
@@ -108,15 +105,22 @@ class FairPages:
         made = self._pages.get(gpu)
         if made is None:
             return None
-        at = _SLOTS_AT + slot * _STATE.size + field_at
+        at = _slot_at(slot) + field_at
         return int.from_bytes(made[1][at : at + 4], sys.byteorder)
 
     def _write(self, gpu: bytes, slot: int, field_at: int, value: int) -> None:
         """One of the agent's u32 fields of a slot (weight, in_use)."""
         made = self._pages.get(gpu)
         if made is not None:
-            at = _SLOTS_AT + slot * _STATE.size + field_at
+            at = _slot_at(slot) + field_at
             made[1][at : at + 4] = value.to_bytes(4, sys.byteorder)
+
+    def _clear(self, gpu: bytes, slot: int) -> None:
+        """A slot zeroed: not in use, nothing backlogged."""
+        made = self._pages.get(gpu)
+        if made is not None:
+            at = _slot_at(slot)
+            made[1][at : at + _STATE.size] = bytes(_STATE.size)
 
     def _page(self, gpu: bytes) -> tuple[int, mmap.mmap] | None:
         if gpu in self._pages:
@@ -137,3 +141,8 @@ class FairPages:
             log.warning("fair page for gpu=%s not made: %s", gpu.hex(), error)
         self._pages[gpu] = made
         return made
+
+
+def _slot_at(slot: int) -> int:
+    """Where a slot starts in its page."""
+    return _SLOTS_AT + slot * _STATE.size
