@@ -3,8 +3,10 @@ side"): among the holders of a GPU, one more than LEAD_S of virtual time (time w
 on the GPU, over the number then on it, over weight) ahead of another with work holds its
 launches, and only its queued work, at most QUEUE_S of it, still runs. Looked at every
 step (the shim's look is ~1 ms, a step's length; each reads the others' state of the look
-before). Back after IDLE_S idle or more a client starts level with the least of those with
-work, and for its first BURST_CREDIT_S of virtual time it is neither held nor its queue
+before). Back from a gap shorter than IDLE_S a client keeps its place, but at most LEAD_S
+behind the least of those with work; back after IDLE_S or more it starts level with that
+least, and for its first BURST_CREDIT_S of virtual time, or as much as that least ran on
+while it was away (up to MAX_CREDIT_S), it is neither held nor, for half of it, its queue
 short (a request, a cell: latency work first). Its queue is short (QUEUE_S) while it is,
 or was within STICKY_S, near a hold (half the lead ahead), else long: what it has queued
 when a hold begins still runs."""
@@ -21,6 +23,7 @@ STICKY_S = 0.010  # the short bound stays this long after it was last near a hol
 IDLE_S = 0.010
 MAX_AHEAD_S = 0.020  # never further ahead of another with work
 BURST_CREDIT_S = 0.030  # back from idle, not held nor short for this much virtual time
+MAX_CREDIT_S = 0.250  # or for what the others ran on meanwhile, up to this
 
 
 @dataclass
@@ -30,6 +33,7 @@ class Slot:
     backlogged: bool = False
     idle_since: float = -1e9
     burst_used: float = 0.0  # virtual time used since it came back from IDLE_S idle
+    credit: float = BURST_CREDIT_S  # not held while burst_used is under this
     held: bool = False
     queued_s: float = 0.0  # held: what of its queued work may still run
     near_hold_at: float = -1e9  # when it was last near a hold (its queue short)
@@ -54,13 +58,19 @@ class FairPage:
             backlogged = with_work[number]
             others = [o.vtime for n, o in self.slots.items() if n != number and shown[n]]
             least = min(others) if others else None
-            back = backlogged and not slot.backlogged and now - slot.idle_since >= IDLE_S
+            resumed = backlogged and not slot.backlogged
+            back = resumed and now - slot.idle_since >= IDLE_S
+            if resumed and not back and least is not None:
+                slot.vtime = max(slot.vtime, least - LEAD_S)  # a short gap: not owed more
             if back:
                 slot.burst_used = 0.0
+                # Its credit: what the others ran on while it was away, within bounds.
+                lag = least - slot.vtime if least is not None else 0.0
+                slot.credit = min(max(lag, BURST_CREDIT_S), MAX_CREDIT_S)
                 if least is not None and least > slot.vtime:
-                    slot.vtime = least  # back from idle: not banked
-            in_burst = slot.burst_used < BURST_CREDIT_S
-            queue_free = slot.burst_used < BURST_CREDIT_S / 2  # its queue long
+                    slot.vtime = least  # back from idle: level
+            in_burst = slot.burst_used < slot.credit
+            queue_free = slot.burst_used < slot.credit / 2  # its queue long
             if not backlogged and slot.backlogged:
                 slot.idle_since = now
             slot.backlogged = backlogged

@@ -11,10 +11,12 @@
  * for a process without work, and over time each backlogged process gets GPU time in
  * proportion to its weight.  Back after IDLE_MS idle or more, a process starts at the
  * least virtual time of those backlogged, not its own older one: time it did not want is
- * not owed to it later (as in a fluid share of the GPU, where idle time is not banked).
+ * not owed to it later (as in a fluid share of the GPU, where idle time is not banked);
+ * back from a shorter gap it keeps its place, but never more than LEAD_MS behind.
  * Latency work goes first: back from idle, a process is not held for its first
- * BURST_CREDIT_MS of virtual time (a request, a cell, a batch), nor its queue kept short
- * for the first half of it, and it holds those ahead of it as ever.
+ * BURST_CREDIT_MS of virtual time (a request, a cell, a batch), or for as much as the
+ * others ran on while it was away (up to MAX_CREDIT_MS), nor its queue kept short for
+ * the first half of it, and it holds those ahead of it as ever.
  *
  * The client thread looks every ~1 ms while the gate is open (the usage meter's sample):
  * it reads its weight from its slot (the agent rewrites it when its group's changes),
@@ -70,6 +72,12 @@
  * IDLE_MS would else never be held, whatever their weight.  At 20, four 30 %-busy
  * processes in 30 ms bursts got 0.93 of their share each in policy_sim, at 30 0.99. */
 #define BURST_CREDIT_MS 30
+/* Or, back from longer away, for as much virtual time as the least of those with work ran
+ * on meanwhile, up to this: what it did not use while away, given as a credit, not as a
+ * lower virtual time, so that it is not paid back later.  A notebook's 150 ms cell beside
+ * a trainer runs unheld (H200: 0 looks held a cell, 286-321 ms; 343 without nvshare);
+ * bursts every 10-20 ms earn little, and busy ones are still split by weight. */
+#define MAX_CREDIT_MS 250
 /* Another counts as on the GPU beside this one only if it looked this recently: a slot
  * whose process stopped would else halve everyone's charge until it goes stale. */
 #define ON_GPU_FRESH_MS 3
@@ -78,6 +86,7 @@ struct fair_gpu {
     struct nvshare_fair_page *page; /* NULL: none (interleaved as the driver does) */
     uint64_t idle_since_ns;         /* when it last stopped being backlogged */
     uint64_t burst_used_ns;         /* virtual time used since it came back from idle */
+    uint64_t credit_ns;             /* not held while burst_used_ns is under this */
     uint64_t near_hold_ns;          /* when it was last near a hold: its queue short */
     uint64_t vtime_ns;              /* what it writes to its slot (never read back) */
     /* For the debug log, a line a second: busy ms, looks, looks backlogged, held, short. */
@@ -178,10 +187,22 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
         least = UINT64_MAX;
     /* Its own, kept here: a slot's last owner may write it a little longer. */
     uint64_t vtime = mine->vtime_ns;
-    if (backlogged && !mine->backlogged &&
-        now - mine->idle_since_ns >= (uint64_t)IDLE_MS * 1000000u) {
-        if (least != UINT64_MAX && least > vtime)
-            vtime = least; /* back from idle: no credit for the time it did not want */
+    int resumed = backlogged && !mine->backlogged;
+    if (resumed && now - mine->idle_since_ns < (uint64_t)IDLE_MS * 1000000u) {
+        /* Back from a short gap: its place, but never more than the lead behind.  A loader's
+         * 2 ms batch every 10 ms kept its place through each gap, fell behind by the gap's
+         * worth, and held every other holder (each at most MAX_AHEAD_MS past it) at each
+         * batch: a notebook's 150 ms cell beside it and a trainer took 0.3-1.1 s, with the
+         * credit below too (H200; 343 ms without nvshare). */
+        if (least != UINT64_MAX && least > vtime + lead_ns)
+            vtime = least - lead_ns;
+    } else if (resumed) {
+        uint64_t lag = least != UINT64_MAX && least > vtime ? least - vtime : 0;
+        uint64_t floor_ns = (uint64_t)BURST_CREDIT_MS * 1000000u;
+        uint64_t most_ns = (uint64_t)MAX_CREDIT_MS * 1000000u;
+        mine->credit_ns = lag < floor_ns ? floor_ns : lag > most_ns ? most_ns : lag;
+        if (lag > 0)
+            vtime = least; /* back from idle: level, what it ran on a credit (above) */
         mine->burst_used_ns = 0;
     }
     if (!backlogged && mine->backlogged)
@@ -205,9 +226,8 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     /* In a burst: not held while it has credit left, and its queue free for the first half
      * of it, so that what it queues when the credit runs out is short (else the rest of a
      * 60 ms burst was queued by then, and the hold came too late to bind it). */
-    uint64_t credit_ns = (uint64_t)BURST_CREDIT_MS * 1000000u;
-    int in_burst = mine->burst_used_ns < credit_ns;
-    int queue_free = mine->burst_used_ns < credit_ns / 2;
+    int in_burst = mine->burst_used_ns < mine->credit_ns;
+    int queue_free = mine->burst_used_ns < mine->credit_ns / 2;
     int held = backlogged && !in_burst && least != UINT64_MAX && least + lead_ns < vtime;
     if (!queue_free && least != UINT64_MAX && least + lead_ns / 2 < vtime)
         mine->near_hold_ns = now;

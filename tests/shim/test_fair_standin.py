@@ -34,23 +34,30 @@ share_by = user
 SECONDS = 4
 
 
-def loops_of_two_users(
-    world, shares: str, b_sleep_ms: int = 0, b_launches: int = 4
-) -> tuple[int, int]:
+def two_users(world, shares: str, b_sleep_ms: int = 0, b_launches: int = 4):
     """A busy process of user A (4 kernels of 2 ms a loop), one of user B (b_launches
-    kernels, then sleeping b_sleep_ms), for SECONDS: each one's loops."""
+    kernels, then sleeping b_sleep_ms), for SECONDS: the two clients, finished."""
     agent = world.start_agent(config=SIDE_BY_SIDE.format(shares=shares))
     seconds = ("--duration-ms", str(SECONDS * 1000))
     busy = ("--launches", "4", *seconds)
-    a = world.client("linked", *busy, prefix=as_user(USER_A), kernel_us=2000)
+    debug = {"NVSHARE_DEBUG": "1"}  # the fair lines
+    a = world.client("linked", *busy, prefix=as_user(USER_A), kernel_us=2000, **debug)
     b_args = ("--launches", str(b_launches), *seconds)
     b_args = (*b_args, "--sleep-ms", str(b_sleep_ms)) if b_sleep_ms else b_args
-    b = world.client("linked", *b_args, prefix=as_user(USER_B), kernel_us=2000)
+    b = world.client("linked", *b_args, prefix=as_user(USER_B), kernel_us=2000, **debug)
     loops = [int(c.finish_ok(timeout=60)["loops"]) for c in (a, b)]
     log = world.settled(agent, a, b)
     assert log.count("fair slot gpu=") == 2, log[-3000:]
     print(f"shares={shares!r} loops A {loops[0]} B {loops[1]}")  # for the record (-rP)
-    return loops[0], loops[1]
+    return a, b
+
+
+def loops_of_two_users(
+    world, shares: str, b_sleep_ms: int = 0, b_launches: int = 4
+) -> tuple[int, int]:
+    """two_users: each one's loops."""
+    a, b = two_users(world, shares, b_sleep_ms, b_launches)
+    return int(a.finish_ok(timeout=60)["loops"]), int(b.finish_ok(timeout=60)["loops"])
 
 
 @needs_root
@@ -116,6 +123,34 @@ def test_bursts_past_their_credit_are_held_by_weight(open_world):
     )
     alone = SECONDS * 1000 / 92  # 40 kernels of 2 ms, then 12 ms asleep
     assert b <= 0.8 * alone, (a, b, alone)
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.slow  # 4 s
+def test_a_cell_back_from_idle_runs_on_what_the_others_ran_meanwhile(open_world):
+    """Latency first: B (weight 1) works 60 ms (a notebook's cell), then sleeps 400 ms,
+    beside A (weight 4) always busy.  While B sleeps A's virtual time runs on 100 ms; back,
+    B may run that much (up to MAX_CREDIT_MS) before it is held, and its cell, charged
+    60 ms, is not.  With a credit of BURST_CREDIT_MS (30 ms) alone, B was held in 40-55 %
+    of its busy looks.  Its first second is its first cell, back from nowhere; in its last
+    A ends."""
+    _, b = two_users(open_world, f"[share:user:{USER_A}]\nweight = 4\n", 400, 30)
+    seconds = fair_states(b)[1:-1]
+    backlogged = sum(looks for looks, _ in seconds)
+    held = sum(held for _, held in seconds)
+    assert len(seconds) >= 2 and held <= 0.1 * backlogged, fair_states(b)
+
+
+def fair_states(client) -> list[tuple[int, int]]:
+    """(looks backlogged, looks held) of each of the shim's once-a-second fair lines, but
+    its first (no second yet)."""
+    return [
+        (int(backlogged), int(held))
+        for backlogged, held in re.findall(
+            r"fair gpu=\d+ .*? backlogged=(\d+) held=(\d+)", client.stderr
+        )
+    ][1:]
 
 
 def fair_lines(client) -> list[tuple[int, int]]:
