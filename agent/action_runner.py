@@ -41,6 +41,9 @@ class ClientLink(Protocol):
 
     def send(self, frame: bytes) -> None: ...
 
+    def send_with_fd(self, frame: bytes, fd: int) -> bool:
+        """frame with a descriptor (the fair page); False: not now."""
+
     def hung_up(self) -> bool:
         """The peer closed its end (cheap to ask: no read)."""
 
@@ -59,11 +62,15 @@ class ActionRunner:
         keepalives: Keepalives,
         settings: Callable[[], Settings],
         greeted: Callable[[int, int, int], None],
+        granted: Callable[[act.Grant], None],
     ):
         self._links = links  # the engine's: a client leaves it the moment it is gone
         self._keepalives = keepalives
         self._settings = settings  # the node's now (the revoke line names its grace)
         self._greeted = greeted  # (client, pid, uid): the engine looks up who it is
+        # A grant whose frame went to a live client: the engine tells its fair slot, so
+        # that a client gone before its grant is never given one.
+        self._granted = granted
         self.statistics: dict[bytes, GpuStatistics] = {}
         self._run: dict[type, Callable] = {
             act.Grant: self._grant,
@@ -147,6 +154,7 @@ class ActionRunner:
                 f" use={a.use:.3f}" if a.use >= 0 else "",
                 " displaced=1" if a.displaced else "",
             )
+        self._granted(a)
 
     def _ask_to_drop(self, a: act.AskToDrop) -> None:
         flags = int(protocol.DropFlags.WHEN_IDLE) if a.when_idle_ms else 0

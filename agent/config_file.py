@@ -22,6 +22,7 @@ from typing import Any
 from .identity import uid_of
 from .settings import (
     AntiThrash,
+    FairPage,
     GpuOverrides,
     NoSuchUser,
     Settings,
@@ -30,6 +31,7 @@ from .settings import (
     ShareBy,
     check_setting,
     parse_anti_thrash,
+    parse_fair_page,
     parse_gpu_id,
     parse_share_by,
     parse_share_group,
@@ -50,6 +52,7 @@ CONFIG_KEYS = {
     "min_slice_ms": "min_slice_ms",
     "memory_limit": "memory_limit_bytes",
     "share_by": "share_by",
+    "fair_page": "fair_page",
 }
 GPU_CONFIG_KEYS = {
     "time_quantum": "time_quantum_s",
@@ -236,14 +239,18 @@ def _share_section(
     return group, Share(**own), skipped
 
 
-def _parse_value(where: str, key: str, field: str, text: str) -> int | AntiThrash | ShareBy:
+def _parse_value(
+    where: str, key: str, field: str, text: str
+) -> int | AntiThrash | ShareBy | FairPage:
     """One value, parsed and range-checked here, where its line is known."""
-    value: int | AntiThrash | ShareBy
+    value: int | AntiThrash | ShareBy | FairPage
     try:
         if field == "anti_thrash":
             value = parse_anti_thrash(text)
         elif field == "share_by":
             value = parse_share_by(text)
+        elif field == "fair_page":
+            value = parse_fair_page(text)
         elif field in ("memory_limit_bytes", "memory_cap_bytes"):
             value = parse_size(text)
         else:

@@ -146,6 +146,7 @@ async def run(options: Options, listening: socket.socket, bound_path: Path | Non
     listener.close()
     engine.cancel_timers()
     connections.close_all()
+    engine.fair_pages.close()
     await _cancel_and_wait(tasks)
     if bound_path is not None:
         try:

@@ -21,6 +21,7 @@ PROP_ANTI_THRASH = "AntiThrash"  # b, read-write: false only when off (clients f
 PROP_ANTI_THRASH_MODE = "AntiThrashMode"  # s, read-write: on, off or auto
 PROP_MEMORY_LIMIT = "MemoryLimit"  # t, bytes, read-write: 0 none
 PROP_GPU_SETTINGS = "GpuSettings"  # a{sa{sv}}, read-write: GPU id -> GPU_SETTINGS_FIELDS
+PROP_FAIR_PAGE = "FairPage"  # s, read-write: on or off
 PROP_GPUS = "Gpus"  # GPUS_SIGNATURE, read-only
 PROP_CLIENTS = "Clients"  # CLIENTS_SIGNATURE, read-only
 PROP_GPU_DETAILS = "GpuDetails"  # a{sa{sv}}, read-only: uuid -> GPU_DETAIL_FIELDS
@@ -86,6 +87,7 @@ SETTING_TYPES = {
     "min_slice_ms": "u",
     "memory_limit": "t",
     "share_by": "s",
+    "fair_page": "s",
     "weight": "u",
     "memory_cap": "t",
 }

@@ -28,6 +28,7 @@ from .settings import (
     GpuOverrides,
     Settings,
     parse_anti_thrash,
+    parse_fair_page,
 )
 from .settings_sources import ValueSource
 from .snapshot import AgentSnapshot
@@ -322,6 +323,16 @@ PROPERTIES = (
             "GPU settings map GPU ids to their settings (D-Bus type '{type}'), "
             "got type '{got_quoted}'",
             parse=_gpu_overrides_of,
+        ),
+    ),
+    Property(
+        names.PROP_FAIR_PAGE,
+        lambda now: now.settings.fair_page.value,
+        Setting(
+            "fair_page",
+            "fair page must be on or off (D-Bus type '{type}'), got type '{got}'",
+            parse=parse_fair_page,
+            bad_value="fair_page must be on or off, got {value}",
         ),
     ),
     Property(names.PROP_GPUS, lambda now: [gpu_to_dbus(gpu) for gpu in now.snapshot.gpus]),

@@ -22,12 +22,14 @@ from collections.abc import Callable
 
 from . import protocol
 from .action_runner import ActionRunner, ClientLink, gpu_name
+from .actions import Grant
 from .eventlog import events as log
+from .fair_pages import FairPages
 from .identity import ClientIdentity, identify
 from .nvml import GpuInfo
 from .protocol import ErrorCode, Features, MessageType
 from .scheduler import Scheduler
-from .settings import Settings, SettingsError, SettingsNotSaved
+from .settings import FairPage, Settings, SettingsError, SettingsNotSaved
 from .settings_changes import SettingsChanges, describe_settings
 from .settings_files import SettingsStore
 from .settings_sources import SettingsOrigin, ValueSource, value_sources
@@ -44,6 +46,7 @@ AGENT_FEATURES = (
     | int(Features.MEMORY_CAP)
 )
 
+_FAIR = int(Features.FAIR)
 _LOCK_REQUEST = int(MessageType.LOCK_REQUEST)
 _RELEASED = int(MessageType.RELEASED)
 
@@ -72,11 +75,16 @@ class Engine:
         self.keepalives = Keepalives(self.loop, self.core, self.links)
         self._notifier = ChangeNotifier(self.loop)
         self._actions = ActionRunner(
-            self.links, self.keepalives, lambda: self.core.settings, self._look_up_identity
+            self.links,
+            self.keepalives,
+            lambda: self.core.settings,
+            self._look_up_identity,
+            self._tell_fair_slot,
         )
         self._settings_changes = SettingsChanges(store, overrides, self.loop)
         # What the config gave at start: each value's source, and what a reset goes back to.
         self.settings_origin = origin or SettingsOrigin()
+        self.fair_pages = FairPages()  # each GPU's, made at its first fair slot
 
     # ------------------------------------------------------------ from the socket adapter
 
@@ -148,6 +156,7 @@ class Engine:
         grants to it are not sent (_gone_before_grant)."""
         if self.links.pop(client, None) is None:
             return
+        self.fair_pages.client_gone(client)
         self.identities.pop(client, None)
         if not self._gone:
             self.loop.call_soon(self._flush_gone)
@@ -250,9 +259,13 @@ class Engine:
             return self._apply(await self._settings_changes.reset(config, kind, entry, name))
 
     def _apply(self, new: Settings) -> Settings:
-        if new != self.settings:
+        before = self.settings
+        if new != before:
             self.execute(self.core.change_settings(new, self.loop.time()))
             log.info("settings %s", describe_settings(new))
+            if new.fair_page is not before.fair_page:
+                self.fair_pages.mark_in_use(new.fair_page is FairPage.ON)
+            self._reweigh_fair_slots()  # shares or share_by may have changed
         self.batch_done()
         return new
 
@@ -270,6 +283,38 @@ class Engine:
     def execute(self, actions: list) -> None:
         """Carry out the core's actions, in order (action_runner.py)."""
         self._actions.run(actions)
+
+    def _tell_fair_slot(self, grant: Grant) -> None:
+        """Right after a grant's frame (the action runner calls it): a shim that takes one
+        gets its slot in the GPU's fair page at its first grant there; where the frame
+        cannot go now (frames queued before it), at a later one."""
+        link = self.links.get(grant.client)
+        if link is None or not link.features & _FAIR or self.settings.fair_page is FairPage.OFF:
+            return
+        gpu, state = self.core.gpus[grant.gpu], self.core.clients[grant.client]
+        weight = self.core.shares.client_weight(gpu, state)
+        given = self.fair_pages.slot_for(grant.client, grant.gpu, weight)
+        if given is None:
+            return
+        slot, page_fd = given
+        if not link.send_with_fd(protocol.encode_fair_slot(grant.gpu, slot, weight), page_fd):
+            self.fair_pages.give_back(grant.client, grant.gpu)
+            return
+        log.info("fair slot gpu=%s pid=%d weight=%d", gpu_name(grant.gpu), grant.pid, weight)
+
+    def _reweigh_fair_slots(self) -> None:
+        """The weights in the fair pages follow the share groups': a shim reads its own
+        from its slot, so a group's new weight reaches shims already holding a slot."""
+        core = self.core
+
+        def weight_of(client: int, uuid: bytes) -> int | None:
+            gpu, state = core.gpus.get(uuid), core.clients.get(client)
+            return None if gpu is None or state is None else core.shares.client_weight(gpu, state)
+
+        for client, uuid, weight in self.fair_pages.reweigh(weight_of):
+            link = self.links.get(client)
+            pid = link.pid if link is not None else 0
+            log.info("fair weight gpu=%s pid=%d weight=%d", gpu_name(uuid), pid, weight)
 
     def _tick(self, now: float) -> None:
         self.execute(self.core.tick(now))
@@ -293,6 +338,7 @@ class Engine:
                 self.execute(
                     self.core.identified(client, who.unit, who.container, self.loop.time())
                 )
+                self._reweigh_fair_slots()  # share_by = unit: its group may be another now
                 self._notifier.changed()
 
         try:

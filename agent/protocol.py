@@ -180,6 +180,13 @@ class MemoryCap:
     others_bytes: int  # what the share group's other processes hold on gpu
 
 
+@dataclass(frozen=True, slots=True)
+class FairSlot:
+    gpu: bytes
+    slot: int  # this process's in the GPU's fair page
+    weight: int
+
+
 #: Every decoded frame is one of these.
 Message = (
     Hello
@@ -192,6 +199,7 @@ Message = (
     | Keepalive
     | GpuUsage
     | MemoryCap
+    | FairSlot
 )
 
 
@@ -290,6 +298,13 @@ def encode_memory_cap(gpu: bytes, cap_bytes: int, others_bytes: int) -> bytes:
     return _frame(MessageType.MEMORY_CAP, p)
 
 
+def encode_fair_slot(gpu: bytes, slot: int, weight: int) -> bytes:
+    p = ffi.new("struct nvshare_fair_slot *")
+    p.gpu.bytes = gpu
+    p.slot, p.weight = slot, weight
+    return _frame(MessageType.FAIR_SLOT, p)
+
+
 def encode_keepalive(waiting_gpus: int) -> bytes:
     p = ffi.new("struct nvshare_keepalive *")
     p.waiting_gpus = waiting_gpus
@@ -352,6 +367,9 @@ def decode_payload(msg_type: int, payload: bytes, offset: int = 0) -> Message:
     if msg_type == MessageType.MEMORY_CAP:
         m = ffi.cast("struct nvshare_memory_cap *", start)
         return MemoryCap(ffi.buffer(m.gpu.bytes)[:], m.cap_bytes, m.others_bytes)
+    if msg_type == MessageType.FAIR_SLOT:
+        m = ffi.cast("struct nvshare_fair_slot *", start)
+        return FairSlot(ffi.buffer(m.gpu.bytes)[:], m.slot, m.weight)
     raise ProtocolError(ErrorCode.BAD_FRAME, f"unknown message type {msg_type}")
 
 

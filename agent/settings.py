@@ -78,6 +78,18 @@ class ShareBy(str, enum.Enum):
         return self.value
 
 
+class FairPage(str, enum.Enum):
+    """on: holders of a GPU whose shims take it share the GPU by weight through its fair
+    page (docs/scheduling.md, "Side by side: the fair page"); off: no slots are handed
+    out and none held, the driver interleaves the holders as it will."""
+
+    ON = "on"
+    OFF = "off"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class SettingsError(ValueError):
     """A setting out of range or a config file we cannot read; str() is one human sentence."""
 
@@ -158,6 +170,7 @@ class Settings:
     # What a share group is, and the groups' weights and memory caps.
     share_by: ShareBy = ShareBy.USER
     shares: ShareEntries = ()
+    fair_page: FairPage = FairPage.ON
 
     def validated(self) -> Settings:
         for name in _NODE_FIELDS:
@@ -194,6 +207,7 @@ _NODE_FIELDS = (
     "min_slice_ms",
     "memory_limit_bytes",
     "share_by",
+    "fair_page",
 )
 _MILLIS_FIELDS = {
     "idle_release_ms": MILLIS_RANGE,
@@ -221,6 +235,9 @@ def check_setting(name: str, value: object) -> None:
     elif name == "share_by":
         if not isinstance(value, ShareBy):
             raise SettingsError(f"share_by must be user, unit or process, got {value!r}")
+    elif name == "fair_page":
+        if not isinstance(value, FairPage):
+            raise SettingsError(f"fair_page must be on or off, got {value!r}")
     elif name == "weight":
         lo, hi = SHARE_WEIGHT_RANGE
         if not _whole_in(value, SHARE_WEIGHT_RANGE):
@@ -350,6 +367,13 @@ def parse_share_by(text: str) -> ShareBy:
         return ShareBy(text.strip().lower())
     except ValueError:
         raise SettingsError(f"share_by must be user, unit or process, got {text!r}") from None
+
+
+def parse_fair_page(text: str) -> FairPage:
+    try:
+        return FairPage(text.strip().lower())
+    except ValueError:
+        raise SettingsError(f"fair_page must be on or off, got {text!r}") from None
 
 
 # ---------------------------------------------------------------- naming a GPU

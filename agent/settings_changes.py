@@ -80,7 +80,8 @@ def describe_settings(s: Settings) -> str:
         f"idle_release_ms={s.idle_release_ms} drop_grace_ms={s.drop_grace_ms} "
         f"light_wait_ms={s.light_wait_ms} min_slice_ms={s.min_slice_ms} "
         f"memory_limit_bytes={s.memory_limit_bytes} "
-        f"gpu_settings={own or '-'} share_by={s.share_by} shares={_shares_text(s) or '-'}"
+        f"gpu_settings={own or '-'} share_by={s.share_by} shares={_shares_text(s) or '-'} "
+        f"fair_page={s.fair_page}"
     )
 
 

@@ -31,6 +31,7 @@ from .settings import (
     ShareEntries,
     check_setting,
     gpu_sort_key,
+    parse_fair_page,
     parse_gpu_id,
     parse_share_by,
     parse_share_group,
@@ -96,7 +97,13 @@ class SettingsStore:
     """The run-time overrides, one JSON object in <state_dir>/settings.json:
     node-wide fields, and under "gpus" each GPU's changed fields (GpuPins)."""
 
-    PERSISTED_FIELDS = ("time_quantum_s", "anti_thrash", "memory_limit_bytes", "share_by")
+    PERSISTED_FIELDS = (
+        "time_quantum_s",
+        "anti_thrash",
+        "memory_limit_bytes",
+        "share_by",
+        "fair_page",
+    )
 
     def __init__(self, state_dir: Path):
         self.path = Path(state_dir) / STATE_FILE_NAME
@@ -122,11 +129,13 @@ class SettingsStore:
             overrides["anti_thrash"] = AntiThrash.ON if saved else AntiThrash.OFF
         elif isinstance(saved, str):
             overrides["anti_thrash"] = ANTI_THRASH_WORDS.get(saved, saved)
-        if isinstance(overrides.get("share_by"), str):
-            try:
+        try:
+            if isinstance(overrides.get("share_by"), str):
                 overrides["share_by"] = parse_share_by(overrides["share_by"])
-            except SettingsError as e:
-                return {}, f"ignoring saved settings {self.path}: {one_line(e)[:200]}"
+            if isinstance(overrides.get("fair_page"), str):
+                overrides["fair_page"] = parse_fair_page(overrides["fair_page"])
+        except SettingsError as e:
+            return {}, f"ignoring saved settings {self.path}: {one_line(e)[:200]}"
         try:
             Settings().replaced(**overrides)
         except (SettingsError, RecursionError) as e:

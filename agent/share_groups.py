@@ -121,6 +121,10 @@ class ShareGroups:
     def weight(self, settings: Settings, group: str) -> int:
         return self.share(settings, group).weight or 1
 
+    def client_weight(self, gpu: GpuState, state: ClientState) -> int:
+        """A client's group's weight on gpu (its slot in the GPU's fair page)."""
+        return self.weight(gpu.settings, group_of(state, gpu.settings.share_by))
+
     # ------------------------------------------------------------ accounting
 
     def sync(

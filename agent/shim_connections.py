@@ -13,6 +13,7 @@ many clients exiting at once cannot kill us.
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
 import select
 import socket
@@ -144,6 +145,22 @@ class ShimConnection(asyncio.BufferedProtocol):
             self.closing = True
             transport.abort()
             self.connections.detach(self)
+
+    def send_with_fd(self, frame: bytes, fd: int) -> bool:
+        """frame with a descriptor (SCM_RIGHTS), where nothing is queued before it: the
+        descriptor rides on the frame's first byte, so the frames before must be out.
+        False: not sent (try again later)."""
+        if self.closing or self._fd < 0 or self.transport.get_write_buffer_size():
+            return False
+        # A socket object of our own (a dup, closed at once): asyncio's is not for sending.
+        with socket.socket(fileno=os.dup(self._fd)) as sock:
+            try:
+                sent = socket.send_fds(sock, [frame], [fd])
+            except OSError:  # full (try later) or gone (connection_lost follows)
+                return False
+        if sent < len(frame):
+            self.transport.write(frame[sent:])  # in order: nothing else was queued
+        return True
 
     def hung_up(self) -> bool:
         """Whether the peer has closed its end, though asyncio may not have told us

@@ -111,6 +111,7 @@ class MessageType(enum.IntEnum):
     KEEPALIVE = _c(_MSG, "NVSHARE_MSG_KEEPALIVE")
     GPU_USAGE = _c(_MSG, "NVSHARE_MSG_GPU_USAGE")
     MEMORY_CAP = _c(_MSG, "NVSHARE_MSG_MEMORY_CAP")
+    FAIR_SLOT = _c(_MSG, "NVSHARE_MSG_FAIR_SLOT")
 
 
 class GrantFlags(enum.IntEnum):
@@ -131,6 +132,7 @@ class Features(enum.IntEnum):
     KEEPALIVE = _c("enum nvshare_features", "NVSHARE_FEATURE_KEEPALIVE")
     USAGE = _c("enum nvshare_features", "NVSHARE_FEATURE_USAGE")
     MEMORY_CAP = _c("enum nvshare_features", "NVSHARE_FEATURE_MEMORY_CAP")
+    FAIR = _c("enum nvshare_features", "NVSHARE_FEATURE_FAIR")
 
 
 class AntiThrashWire(enum.IntEnum):
@@ -177,6 +179,7 @@ PAYLOAD_STRUCT: dict[int, str] = {
     MessageType.KEEPALIVE: "struct nvshare_keepalive",
     MessageType.GPU_USAGE: "struct nvshare_gpu_usage",
     MessageType.MEMORY_CAP: "struct nvshare_memory_cap",
+    MessageType.FAIR_SLOT: "struct nvshare_fair_slot",
     **{t: "struct nvshare_lock_message" for t in LOCK_TYPES},
 }
 #: Payload size in bytes for each message type; any other size is a bad frame.

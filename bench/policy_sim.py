@@ -43,6 +43,8 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 
+from fair_page_model import FairPage
+
 from nvshare_agent import memory_fit
 from nvshare_agent.actions import AskToDrop, Grant
 from nvshare_agent.core_state import FEATURE_USAGE, FEATURE_YIELD
@@ -191,6 +193,7 @@ def simulate(
     gpu_gib: float,
     same_user: bool = False,
     prefetch_bytes_per_s: float = PREFETCH_BYTES_PER_S,
+    fair_page: bool = True,
     fault_bytes_per_s: float = FAULT_BYTES_PER_S,
 ) -> dict:
     clients = [parse_client(n + 1, spec) for n, spec in enumerate(specs)]
@@ -268,6 +271,7 @@ def simulate(
         lease, c.lease = c.lease, None
         carry_out(core.release(c.number, GPU, lease.lease, now, idle_ms), now)
 
+    fair = FairPage() if fair_page else None
     steps = round(seconds / STEP_S)
     for step in range(1, steps + 1):
         now = step * STEP_S
@@ -284,6 +288,14 @@ def simulate(
             if now >= c.ready_at and c.resident_bytes < holdable(c):
                 page_in(c, now)
         running = [c for c in may_run if now >= c.ready_at]
+        if fair is not None:  # the shims' fair page: held launches wait (fair_page_model)
+            holding = [c for c in clients if c.lease is not None]
+            fair.look(
+                {c.number: c in running for c in holding},
+                {c.number: c.weight for c in holding},
+                now,
+            )
+            running = [c for c in running if fair.may_run(c.number)]
         for c in may_run:
             if now < c.ready_at:  # paging in: busy by its faulting kernels; its grant's
                 c.busy_s += 0.0 if c.prefetching else STEP_S  # prefetch, before its gate
@@ -294,13 +306,15 @@ def simulate(
                 c.last_ran = now
                 c.busy_s += STEP_S  # its shim counts all the time it has work on the GPU
                 c.work(now, STEP_S * efficiency / len(running))
-        elif any(
+                if fair is not None:
+                    fair.ran(c.number, STEP_S * efficiency / len(running), STEP_S)
+        elif any(now >= c.ready_at for c in may_run) or any(
             c.pending
             and c.joined
             and c.lease is None
             and core.policy.fits(gpu, [*gpu.holders, c.number], keeping=False)
             for c in clients
-        ):
+        ):  # a holder with work held by the fair page, or a waiter that fits
             idle_while_one_could_run += STEP_S
         for c in clients:
             if c.lease is None:
@@ -397,6 +411,9 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--fault-gbps", type=float, default=FAULT_BYTES_PER_S / 1e9, help="GB/s")
     parser.add_argument("--same-user", action="store_true", help="one share group for all")
+    parser.add_argument(
+        "--no-fair-page", action="store_true", help="holders interleave as the driver does"
+    )
     parser.add_argument("--sweep", type=int, default=0, help="N random mixes against the ideal")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
@@ -417,7 +434,13 @@ def main(argv=None) -> None:
         return
     try:
         result = simulate(
-            args.clients, args.seconds, settings, args.gpu_gib, args.same_user, **paging
+            args.clients,
+            args.seconds,
+            settings,
+            args.gpu_gib,
+            args.same_user,
+            **paging,
+            fair_page=not args.no_fair_page,
         )
     except ValueError as error:
         sys.exit(f"policy_sim: {error}")

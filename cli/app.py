@@ -42,6 +42,11 @@ class Switch(str, enum.Enum):
     auto = "auto"
 
 
+class OnOff(str, enum.Enum):
+    on = "on"
+    off = "off"
+
+
 class GpuSetting(str, enum.Enum):
     """What `reset` takes away, by the name of its command."""
 
@@ -369,6 +374,25 @@ def memory_limit_command(
     outside nvshare.  With --gpu, that GPU's own (nvsharectl reset --gpu ID memory-limit
     takes it away; 'none' with --gpu means no limit on that GPU, whatever the node's)."""
     _run(_memory_limit(_options(ctx, json_output, bus), limit, gpu))
+
+
+@app.command("fair-page")
+def fair_page_command(
+    ctx: typer.Context,
+    switch: OnOff = typer.Argument(..., metavar="on|off"),
+    json_output: Optional[bool] = JSON_OPTION,
+    bus: Optional[str] = BUS_OPTION,
+):
+    """Holders side by side share each GPU by weight through its fair page (on, the
+    default), or as the driver interleaves them (off: shims held now are let go)."""
+    _run(_fair_page(_options(ctx, json_output, bus), switch.value))
+
+
+async def _fair_page(options: Options, switch: str) -> None:
+    async with connect(options.bus) as client:
+        await client.set_fair_page(switch)
+        now = render.status_as_dict(await client.properties())["fair_page"]
+    typer.echo(json.dumps({"fair_page": now}) if options.json_output else f"fair page: {now}")
 
 
 @app.command("reset")

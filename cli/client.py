@@ -186,6 +186,10 @@ class AgentClient:
         """mode: on, off or auto."""
         await self._set(names.PROP_ANTI_THRASH_MODE, Variant("s", mode))
 
+    async def set_fair_page(self, switch: str) -> None:
+        """switch: on or off."""
+        await self._set(names.PROP_FAIR_PAGE, Variant("s", switch))
+
     async def set_memory_limit(self, num_bytes: int) -> None:
         """0: none."""
         await self._set(names.PROP_MEMORY_LIMIT, Variant("t", _u64(num_bytes)))

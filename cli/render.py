@@ -103,6 +103,8 @@ def status_as_dict(properties: dict) -> dict:
             names.PROP_ANTI_THRASH_MODE, "on" if anti_thrash else "off"
         ),
         "memory_limit_bytes": properties.get(names.PROP_MEMORY_LIMIT, 0),
+        # on or off; "" from an agent before the setting.
+        "fair_page": properties.get(names.PROP_FAIR_PAGE, ""),
         # "" while the agent runs by its config file (and from agents before it said).
         "config_problem": properties.get(names.PROP_CONFIG_PROBLEM, ""),
         # What the config file said that the agent does not apply (a section skipped).

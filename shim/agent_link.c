@@ -64,7 +64,7 @@ int nvshare_link_connect(void)
     struct timeval send_timeout = {.tv_sec = SEND_TIMEOUT_S};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
     socket_fd = fd;
-    inbox.used = 0;
+    nvshare_wire_clear(&inbox);
     return 0;
 }
 
@@ -72,10 +72,11 @@ int nvshare_link_hello(void)
 {
     /* The additions this shim honours: WHEN_IDLE drops and RELEASE_WHEN_IDLE
      * grants (lock_machine.c), KEEPALIVE frames while it waits (lock_client.c), its GPU
-     * time (usage_meter.c) and memory caps (memory.c). */
+     * time (usage_meter.c), memory caps (memory.c) and fair pages (fair_share.c). */
     struct nvshare_hello hello = {.gpu_count = (uint32_t)nvshare_gpu_count(),
                                   .features = NVSHARE_FEATURE_YIELD | NVSHARE_FEATURE_KEEPALIVE |
-                                              NVSHARE_FEATURE_USAGE | NVSHARE_FEATURE_MEMORY_CAP};
+                                              NVSHARE_FEATURE_USAGE | NVSHARE_FEATURE_MEMORY_CAP |
+                                              NVSHARE_FEATURE_FAIR};
     for (int gpu = 0; gpu < nvshare_gpu_count(); gpu++)
         hello.gpus[gpu] = *nvshare_gpu_uuid(gpu);
     /* The program's name (argv[0]'s base name), not this thread's. */
@@ -98,7 +99,7 @@ void nvshare_link_close(void)
     if (socket_fd >= 0)
         close(socket_fd);
     socket_fd = -1;
-    inbox.used = 0;
+    nvshare_wire_clear(&inbox);
 }
 
 int nvshare_link_send(uint16_t type, const void *payload, uint32_t bytes)
@@ -116,6 +117,11 @@ int nvshare_link_send_lock(uint16_t type, int gpu, uint64_t lease, uint32_t idle
 int nvshare_link_receive(void)
 {
     return nvshare_wire_receive(socket_fd, &inbox);
+}
+
+int nvshare_link_take_fd(void)
+{
+    return nvshare_wire_take_fd(&inbox);
 }
 
 int nvshare_link_next_frame(struct nvshare_header *header,

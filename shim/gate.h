@@ -12,6 +12,7 @@
 #include "capture.h"
 #include "contexts.h"
 #include "cuda_abi.h"
+#include "fair_share.h"
 #include "lifecycle.h"
 #include "lock_state.h"
 
@@ -31,10 +32,18 @@ static inline struct nvshare_gate *nvshare_gate_enter(CUstream stream, int per_t
     if (gpu < 0)
         return 0; /* no context: the driver reports the error itself */
     struct nvshare_gate *gate = &nvshare_gates[gpu];
+    int waited_in_hold = 0;
     for (;;) {
         atomic_fetch_add(&gate->inflight, 1);
-        if (atomic_load(&gate->open))
-            break;
+        if (atomic_load(&gate->open)) {
+            /* Held (fair_share.c): wait once, outside the gate, then go on. */
+            if (waited_in_hold || !atomic_load_explicit(&gate->held, memory_order_relaxed))
+                break;
+            atomic_fetch_sub(&gate->inflight, 1);
+            nvshare_fair_wait(gpu);
+            waited_in_hold = 1;
+            continue;
+        }
         atomic_fetch_sub(&gate->inflight, 1);
         nvshare_lock_wait_for_gate(gpu);
     }

@@ -17,6 +17,7 @@
 #include "config.h"
 #include "contexts.h"
 #include "devices.h"
+#include "fair_share.h"
 #include "driver.h"
 #include "gpu_worker.h"
 #include "hooks.h"
@@ -45,6 +46,7 @@ static void forget_after_fork(void)
     nvshare_client_forget_after_fork();
     nvshare_doorbell_forget_after_fork();
     nvshare_lock_forget_after_fork();
+    nvshare_fair_forget_after_fork();
     nvshare_workers_forget_after_fork();
     nvshare_devices_forget_after_fork();
     nvshare_contexts_forget_after_fork();

@@ -37,6 +37,7 @@
 #include "capture.h"
 #include "config.h"
 #include "devices.h"
+#include "fair_share.h"
 #include "gpu_worker.h"
 #include "lock_machine.h"
 #include "lock_state.h"
@@ -71,6 +72,7 @@ static void run_unscheduled(const char *why)
     nvshare_link_close();
     answered = 0;
     welcome_due_ms = 0;
+    nvshare_fair_detach_all();    /* the next agent hands out its own slots */
     nvshare_memory_caps_untold(); /* allocations waiting for them go on */
     nvshare_lock_run_unscheduled();
     nvshare_link_retry_later();
@@ -278,9 +280,11 @@ static int release_idle_gpus(void)
     for (int gpu = 0; gpu < nvshare_gpu_count(); gpu++) {
         /* Work still runs: a mark not done (a thread waiting in the queue bound, outside
          * the gate, shows only so), or a thread inside a gated call (a synchronous copy),
-         * which passed the gate once, when it came in.  Closed gates are not looked at. */
+         * which passed the gate once, when it came in; or work waits in a fair hold
+         * (fair_share.c).  Closed gates are not looked at. */
         struct nvshare_gate *gate = &nvshare_gates[gpu];
         look.work_pending = atomic_load(&gate->open) && (atomic_load(&gate->inflight) != 0 ||
+                                                         atomic_load(&gate->held_waiting) != 0 ||
                                                          nvshare_queue_newest_pending(gpu));
         struct nvshare_lock_jobs jobs;
         nvshare_lock_step(gpu, &look, &jobs, NULL);
@@ -394,6 +398,14 @@ static void on_frame(const struct nvshare_header *header, const unsigned char *p
         nvshare_memory_set_cap(gpu, cap.cap_bytes, cap.others_bytes);
         nvshare_debug("memory cap gpu=%d cap_bytes=%llu others_bytes=%llu", gpu,
                       (unsigned long long)cap.cap_bytes, (unsigned long long)cap.others_bytes);
+        return;
+    }
+    case NVSHARE_MSG_FAIR_SLOT: {
+        struct nvshare_fair_slot slot;
+        if (header->payload_bytes != sizeof slot)
+            break;
+        memcpy(&slot, payload, sizeof slot);
+        nvshare_fair_attach(nvshare_gpu_of_uuid(&slot.gpu), &slot, nvshare_link_take_fd());
         return;
     }
     case NVSHARE_MSG_LOCK_GRANT:

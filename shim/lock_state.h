@@ -35,6 +35,13 @@ struct nvshare_gate {
     /* How short the queue bound keeps this process's queue, so that a drop drains
      * fast (queue_bound.c): enum nvshare_queue_length, nvshare_lock_queue_length()'s. */
     atomic_int short_queue;
+    /* Another holder with work is owed more GPU time per weight: launches wait
+     * (fair_share.c sets it; held_waiting counts the threads waiting). */
+    atomic_int held;
+    atomic_int held_waiting;
+    /* This process is, or was within 10 ms, near a hold (fair_share.c): the queue bound
+     * keeps its queue shortest, so that a hold takes effect within milliseconds. */
+    atomic_int near_hold;
 } __attribute__((aligned(64)));
 
 extern struct nvshare_gate nvshare_gates[NVSHARE_MAX_GPUS];

@@ -66,7 +66,10 @@ enum nvshare_message_type {
     NVSHARE_MSG_GPU_USAGE = 13,
     /* agent -> shim: the memory cap of this process's share group on a GPU; only to a shim
      * that announced MEMORY_CAP */
-    NVSHARE_MSG_MEMORY_CAP = 14
+    NVSHARE_MSG_MEMORY_CAP = 14,
+    /* agent -> shim: this process's slot in a GPU's fair page; only to a shim that
+     * announced FAIR */
+    NVSHARE_MSG_FAIR_SLOT = 15
 };
 
 /* Additions a peer announces: the shim in HELLO.features, the agent in
@@ -80,7 +83,9 @@ enum nvshare_features {
     /* shim: measures its GPU time; agent: takes GPU_USAGE frames and schedules by them */
     NVSHARE_FEATURE_USAGE = 8,
     /* shim: takes MEMORY_CAP frames and refuses allocations past the cap */
-    NVSHARE_FEATURE_MEMORY_CAP = 16
+    NVSHARE_FEATURE_MEMORY_CAP = 16,
+    /* shim: takes FAIR_SLOT frames and shares the GPU by them (struct nvshare_fair_page) */
+    NVSHARE_FEATURE_FAIR = 32
 };
 
 enum nvshare_grant_flags {
@@ -212,6 +217,41 @@ struct nvshare_memory_cap {
     uint64_t others_bytes; /* what the group's other processes hold on gpu, as they reported */
 };
 
+/* NVSHARE_MSG_FAIR_SLOT: sent once per GPU, at this process's first grant there, with the
+ * GPU's fair page: a descriptor of shared memory (SCM_RIGHTS, on the frame's first byte;
+ * its size sealed).  slot is this process's in it, weight its share group's weight then
+ * (a later one the agent writes in the slot). */
+struct nvshare_fair_slot {
+    struct nvshare_gpu_uuid gpu;
+    uint32_t slot;
+    uint32_t weight;
+};
+
+/* The fair page: one per GPU, shared memory the agent makes (NVSHARE_FAIR_PAGE_BYTES,
+ * zeroed) and every shim holding that GPU maps.  Each slot is written by its own shim but for
+ * weight and in_use, the agent's (a slot is zeroed when its process leaves).  A shim
+ * whose lease is open and that has work queued or waiting is backlogged; its vtime grows
+ * by its GPU time over its weight: its time with work on the GPU over one plus the number
+ * of fresh backlogged others with on_gpu set (the driver's equal slices; a shim from
+ * before on_gpu leaves it 0).  A shim holds its next launches while another backlogged
+ * slot's vtime is more than a lead lower (docs/scheduling.md, "Side by side"). */
+#define NVSHARE_FAIR_SLOTS      63
+#define NVSHARE_FAIR_PAGE_BYTES 4096
+struct nvshare_fair_state {
+    uint64_t vtime_ns;   /* GPU time over weight, nanoseconds */
+    uint64_t seen_ns;    /* CLOCK_MONOTONIC of its shim's last look: an older one is stale */
+    uint32_t backlogged; /* 1: has work on the GPU or waiting to be launched */
+    uint32_t weight;     /* the agent's: its group's weight now (the shim reads it each look) */
+    uint32_t in_use;     /* the agent's: 1 while the slot is a process's and fair_page is on */
+    uint32_t on_gpu;     /* 1: a launch or copy passed, or work was queued, at its last look */
+    uint32_t reserved[8];
+};
+struct nvshare_fair_page {
+    uint32_t magic; /* NVSHARE_MAGIC once the agent made it */
+    uint32_t reserved[15];
+    struct nvshare_fair_state slots[NVSHARE_FAIR_SLOTS];
+};
+
 /* NVSHARE_MSG_ERROR */
 struct nvshare_error {
     uint32_t code; /* enum nvshare_error_code */
@@ -236,5 +276,9 @@ NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_gpu_memory) == 24, "gpu memory layou
 NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_keepalive) == 8, "keepalive layout");
 NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_gpu_usage) == 24, "gpu usage layout");
 NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_memory_cap) == 32, "memory cap layout");
+NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_fair_slot) == 24, "fair slot layout");
+NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_fair_state) == 64, "fair state layout");
+NVSHARE_STATIC_ASSERT(sizeof(struct nvshare_fair_page) == NVSHARE_FAIR_PAGE_BYTES,
+                      "fair page layout");
 
 #endif /* NVSHARE_PROTOCOL_H */

@@ -273,6 +273,9 @@ void nvshare_queue_note_launch(int gpu, int slot, CUstream stream, int per_threa
     unsigned every = atomic_load_explicit(&queue->launches_per_mark, memory_order_relaxed);
     /* A yield shortens the bound: the window sized for the longer one must not run on. */
     int length = atomic_load_explicit(&nvshare_gates[gpu].short_queue, memory_order_relaxed);
+    /* Near a fair hold (fair_share.c): what is queued cannot be held. */
+    if (atomic_load_explicit(&nvshare_gates[gpu].near_hold, memory_order_relaxed))
+        length = NVSHARE_QUEUE_SHORTEST;
     if (++launches_since_mark < (every ? every : MIN_LAUNCHES_PER_MARK) &&
         !atomic_load_explicit(&queue->ran_dry, memory_order_relaxed) &&
         length == atomic_load_explicit(&queue->length_seen, memory_order_relaxed)) {

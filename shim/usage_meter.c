@@ -34,6 +34,7 @@
 #include <stdatomic.h>
 
 #include "devices.h"
+#include "fair_share.h"
 #include "lock_state.h"
 #include "nvshare_protocol.h"
 #include "queue_bound.h"
@@ -111,10 +112,9 @@ int nvshare_usage_sample(double now_ms)
         struct nvshare_queue_look look;
         nvshare_queue_look(gpu, now_ms, &look);
         int busy = passed || in_call || look.pending;
-        count(meter, &look,
-              !busy                          ? 0
-              : interval < LONGEST_SAMPLE_MS ? interval
-                                             : LONGEST_SAMPLE_MS);
+        double busy_ms = !busy ? 0 : interval < LONGEST_SAMPLE_MS ? interval : LONGEST_SAMPLE_MS;
+        count(meter, &look, busy_ms);
+        nvshare_fair_look(gpu, open, busy, busy_ms);
         meter->sampled_at_ms = open || busy ? now_ms : 0; /* closed and done: stop */
         if (meter->sampled_at_ms != 0)
             next = next < 0 || (int)SAMPLE_MS < next ? (int)SAMPLE_MS : next;

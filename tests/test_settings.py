@@ -1,5 +1,6 @@
 """Settings per GPU: naming a GPU, validation (agent/settings.py), the config file's [gpu:ID]
-sections and the state file's saved changes (agent/settings_files.py).  No agent runs here; the agent's own
+sections and the state file's saved changes (agent/settings_files.py); and the node-wide
+switch of the fair page (fair_page), which goes the same ways.  No agent runs here; the agent's own
 start-up with such files is in tests/agent/test_settings_files.py."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import pytest
 from nvshare_agent.settings import (
     MAX_GPUS_WITH_SETTINGS,
     AntiThrash,
+    FairPage,
     GpuOverrides,
     Settings,
     SettingsError,
@@ -329,3 +331,49 @@ def test_a_bad_light_wait_ms_is_one_line_naming_it(tmp_path, text, line, fragmen
     assert message.startswith(f"config {config} line {line}: ") and "\n" not in message
     for fragment in fragments:
         assert fragment in message, message
+
+
+# ---------------------------------------------------------------- the fair page's switch
+
+
+def test_the_fair_page_is_on_unless_the_config_turns_it_off(tmp_path):
+    config = tmp_path / "nvshare.conf"
+    assert load_config(config).fair_page is FairPage.ON  # no file: the default
+    config.write_text("[scheduler]\nfair_page = OFF\n")
+    assert load_config(config).fair_page is FairPage.OFF
+
+
+@pytest.mark.parametrize("text", ["maybe", "yes", "0", ""])
+def test_a_bad_fair_page_is_one_line_naming_it_and_nothing_else(tmp_path, text):
+    config = tmp_path / "nvshare.conf"
+    config.write_text(f"[scheduler]\ntime_quantum = 5\nfair_page = {text}\n")
+    with pytest.raises(SettingsError) as error:
+        load_config(config)
+    assert str(error.value) == (
+        f"config {config} line 3: fair_page must be on or off, got {text!r}"
+    )
+    with pytest.raises(SettingsError, match="fair_page must be on or off, got 'off'"):
+        Settings().replaced(fair_page="off")  # the words, not the value: a caller's bug
+
+
+def test_the_fair_page_switched_at_run_time_is_saved_and_wins_over_the_file(tmp_path):
+    config = tmp_path / "nvshare.conf"
+    config.write_text("[scheduler]\nfair_page = on\n")
+    store = SettingsStore(tmp_path / "state")
+    before = load_config(config)
+    after = before.replaced(fair_page=FairPage.OFF)
+    store.save_overrides(overrides_after({}, before, after, ["fair_page"]))
+    assert json.loads(store.path.read_text()) == {"fair_page": "off"}
+    settings, overrides, warning = load_settings(config, store)
+    assert warning is None and settings.fair_page is FairPage.OFF
+    assert overrides == {"fair_page": FairPage.OFF}
+
+
+def test_a_saved_fair_page_that_is_not_on_or_off_is_one_warning(tmp_path):
+    store = SettingsStore(tmp_path)
+    store.path.write_text(json.dumps({"time_quantum_s": 20, "fair_page": "sometimes"}))
+    settings, _, warning = load_settings(tmp_path / "absent.conf", store)
+    assert warning == (
+        f"ignoring saved settings {store.path}: fair_page must be on or off, got 'sometimes'"
+    )
+    assert settings.fair_page is FairPage.ON and settings.time_quantum_s == 30

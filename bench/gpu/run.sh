@@ -18,6 +18,7 @@
 #   bench/gpu/run.sh --meter-check [RESULTS_DIR] [--seconds S]         (meter_check.py)
 #   bench/gpu/run.sh --hold-ceiling [RESULTS_DIR] [--window S]         (hold_ceiling.py)
 #   bench/gpu/run.sh --idle-probe [RESULTS_DIR]                        (idle_probe.py)
+#   bench/gpu/run.sh --side-by-side [RESULTS_DIR] [--window S]         (side_by_side.py, as root)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 make -s -C "$repo/shim"
@@ -46,5 +47,6 @@ case "${1:-}" in
     --meter-check) script=meter_check.py; shift ;;
     --hold-ceiling) script=hold_ceiling.py; shift ;;
     --idle-probe) script=idle_probe.py; shift ;;
+    --side-by-side) script=side_by_side.py; shift ;;
 esac
 exec python3 "$repo/bench/gpu/$script" "$@"

@@ -16,6 +16,8 @@ tests tree is not a package:
 - ShimClient(socket_path, gpus=(GPU0,)): a blocking fake shim built on
   nvshare_agent.protocol: .hello(), .request(gpu), .wait_grant(gpu),
   .release(grant), .expect(MessageType.X), .expect_closed(), .send_raw(bytes).
+- FairShimClient: a ShimClient that announces FAIR and maps the fair pages it is sent
+  (.pages, .fair_slots, .slot_state(gpu)).
 - AsyncShimClient: the same over asyncio streams, for agents run in-process.
 - wait_until(predicate, timeout, what): poll a condition (no timing assertions).
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
 import os
 import re
 import resource
@@ -246,7 +249,7 @@ class ShimClient:
             while not self.inbox:
                 self.sock.settimeout(self.timeout if timeout is None else timeout)
                 try:
-                    data = self.sock.recv(65536)
+                    data = self._receive()
                 except TimeoutError:
                     raise TimeoutError("no frame from the agent") from None
                 except ConnectionResetError:
@@ -257,6 +260,9 @@ class ShimClient:
             message = self.inbox.pop(0)
             if not _noted(self, message):
                 return message
+
+    def _receive(self) -> bytes:
+        return self.sock.recv(65536)
 
     def expect(self, msg_type: int, timeout: float | None = None, gpu: bytes | None = None):
         message = self.recv(timeout)
@@ -270,6 +276,8 @@ class ShimClient:
         )
         if isinstance(message, protocol.WireSettings):
             got = MessageType.SETTINGS
+        elif isinstance(message, protocol.FairSlot):
+            got = MessageType.FAIR_SLOT
         assert got == msg_type, f"expected {MessageType(msg_type).name}, got {message}"
         if gpu is not None:
             assert message.gpu == gpu, f"frame for the wrong GPU: {message}"
@@ -305,6 +313,52 @@ class ShimClient:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class FairShimClient(ShimClient):
+    """A fake shim that announces FAIR and maps each fair page that comes with a
+    FAIR_SLOT frame, as shim/fair_share.c does: .pages[gpu] is the page (an mmap),
+    .fair_slots[gpu] the frame.  The FAIR_SLOT frames stay in the inbox, in order."""
+
+    def __init__(self, socket_path, gpus=(GPU0,), **kwargs):
+        self._fds: list[int] = []  # descriptors received, not yet matched to a frame
+        self.pages: dict[bytes, mmap.mmap] = {}
+        self.fair_slots: dict[bytes, protocol.FairSlot] = {}
+        super().__init__(socket_path, gpus, features=int(protocol.Features.FAIR), **kwargs)
+
+    def _receive(self) -> bytes:
+        # Each FAIR_SLOT's descriptor rides on its first byte: in the order of the frames.
+        data, fds, _, _ = socket.recv_fds(self.sock, 65536, 4)
+        self._fds.extend(fds)
+        return data
+
+    def recv(self, timeout: float | None = None):
+        message = super().recv(timeout)
+        if isinstance(message, protocol.FairSlot):
+            fd = self._fds.pop(0)
+            try:
+                self.pages[message.gpu] = mmap.mmap(fd, 0)
+            finally:
+                os.close(fd)
+            self.fair_slots[message.gpu] = message
+        return message
+
+    def slot_state(self, gpu: bytes = GPU0, slot: int | None = None) -> dict:
+        """The fields of a slot of gpu's page (this client's own when slot is None), as
+        the shims read them: vtime_ns, seen_ns, backlogged, weight, in_use, on_gpu."""
+        if slot is None:
+            slot = self.fair_slots[gpu].slot
+        state = protocol.derived_struct("struct nvshare_fair_state")
+        names = [name for name, _ in protocol.ffi.typeof("struct nvshare_fair_state").fields]
+        at = protocol.ffi.offsetof("struct nvshare_fair_page", "slots") + slot * state.size
+        return dict(zip(names, state.unpack_from(self.pages[gpu], at)))
+
+    def close(self) -> None:
+        for page in self.pages.values():
+            page.close()
+        for fd in self._fds:
+            os.close(fd)
+        super().close()
 
 
 def _noted(client, message) -> bool:

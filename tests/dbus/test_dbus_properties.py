@@ -63,6 +63,24 @@ def test_busctl_reads_and_changes_anti_thrash_mode_and_the_boolean_follows(agent
     assert get_property(bus.address, "AntiThrashMode") == 's "on"'
 
 
+def test_the_fair_page_is_switched_off_and_on_and_says_so_where_it_comes_from(agent, bus):
+    assert get_property(bus.address, "FairPage") == 's "on"'
+    busctl_on_agent(bus.address, "set-property", "FairPage", "s", "off")
+    assert get_property(bus.address, "FairPage") == 's "off"'
+    result = nvsharectl(bus.address, "fair-page", "on")
+    assert (result.returncode, result.stdout) == (0, "fair page: on\n"), result.stderr
+    result = nvsharectl(bus.address, "--json", "fair-page", "off")
+    assert json.loads(result.stdout) == {"fair_page": "off"}
+    status = json.loads(nvsharectl(bus.address, "status", "--json").stdout)
+    assert status["fair_page"] == "off"
+    (row,) = [row for row in status["settings"] if row["key"] == "fair_page"]
+    assert (row["section"], row["value"], row["source"]) == ("scheduler", "off", "run time")
+    assert row["reset"] == "nvsharectl reset-setting fair_page"
+    result = nvsharectl(bus.address, "fair-page", "sometimes")
+    assert result.returncode == 2 and get_property(bus.address, "FairPage") == 's "off"'
+    assert "fair_page=off" in agent.log()  # the settings line says what runs
+
+
 def test_busctl_reads_live_state(agent, bus):
     assert get_property(bus.address, "Gpus").startswith("a(sstauau) ")
     assert get_property(bus.address, "Clients") == "a(uuusa(sstd)) 0"
@@ -132,6 +150,8 @@ BAD_VALUES = [
     ("AntiThrash", "uint32:1", "on or off"),
     ("AntiThrashMode", "string:sometimes", "on, off or auto, got 'sometimes'"),
     ("AntiThrashMode", "boolean:true", "on, off or auto"),
+    ("FairPage", "string:sometimes", "fair_page must be on or off, got 'sometimes'"),
+    ("FairPage", "boolean:false", "fair page must be on or off (D-Bus type 's')"),
 ]
 
 

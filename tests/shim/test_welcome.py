@@ -26,7 +26,9 @@ def test_hello_announces_yield_and_keepalive(world):
         client = world.client("linked", "--loops", 1)
         hello = agent.wait_for_connection().wait_for(protocol.Hello)
         client.finish_ok()
-    announced = Features.YIELD | Features.KEEPALIVE | Features.USAGE | Features.MEMORY_CAP
+    announced = (
+        Features.YIELD | Features.KEEPALIVE | Features.USAGE | Features.MEMORY_CAP | Features.FAIR
+    )
     assert hello.message.features == int(announced), hello.message
 
 

@@ -1,0 +1,286 @@
+/*
+ * Side by side by weight (docs/scheduling.md, "Side by side").  Processes whose memory
+ * fits run together, and the driver gives each context with work an equal slice of the
+ * GPU: a weight of 3 got what a weight of 1 got.  So the holders of a GPU share a page
+ * (shared memory the agent hands each with its slot, agent/fair_pages.py) and run a
+ * start-time fair queue in it: each slot says whether its process is backlogged (has work
+ * on the GPU or a thread waiting to launch) and its virtual time, the GPU time it got over
+ * its weight (its time with work on the GPU over the number of processes then on it: the
+ * driver's equal slices).  A process more than LEAD_MS of virtual time ahead of another backlogged one
+ * holds its next launches until that one has caught up or has no work: nobody is held
+ * for a process without work, and over time each backlogged process gets GPU time in
+ * proportion to its weight.  Back after IDLE_MS idle or more, a process starts at the
+ * least virtual time of those backlogged, not its own older one: time it did not want is
+ * not owed to it later (as in a fluid share of the GPU, where idle time is not banked);
+ * back from a shorter gap it keeps its place, but never more than LEAD_MS behind.
+ * Latency work goes first: back from idle, a process is not held for its first
+ * BURST_CREDIT_MS of virtual time (a request, a cell, a batch), or for as much as the
+ * others ran on while it was away (up to MAX_CREDIT_MS), nor its queue kept short for
+ * the first half of it, and it holds those ahead of it as ever.
+ *
+ * The client thread looks every ~1 ms while the gate is open (the usage meter's sample):
+ * it reads its weight from its slot (the agent rewrites it when its group's changes),
+ * publishes this process's state and sets or lifts the gate's hold.  Application
+ * threads pay one relaxed load at the gate (gate.h); a held one waits on a futex, at most
+ * HOLD_MS, so that a slot left stale (its process stopped) or forged slows others, never
+ * stops them; and a slot not looked at for STALE_MS is not waited for at all.  Work this
+ * process queued before the hold still runs: near a hold, and SHORT_QUEUE_MS after, the
+ * queue bound keeps it to ~5 ms (queue_bound.c), else a whole burst is queued at once.
+ * The page is for processes that cooperate: one that writes a slot not its own can slow
+ * the others by up to HOLD_MS a launch, as a process outside nvshare slows them by
+ * interleaving.
+ */
+#define _GNU_SOURCE
+#include "fair_share.h"
+
+#include <linux/futex.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "devices.h"
+#include "lock_state.h"
+#include "log.h"
+
+#define HOLD_MS  50
+#define STALE_MS 20
+/* A process idle for less than this keeps its place: a trainer's host work between two
+ * steps, a burst's sync, is not time it did not want (else each step began level with
+ * the others, and a weight of 3 got 0.54 of the GPU beside a weight of 1, not 0.75). */
+#define IDLE_MS 10
+/* The queue stays short (~5 ms, queue_bound.c) this long after this process was last
+ * near a hold.  Let go in the gap between another's bursts (its sync, ~1-2 ms), it queued
+ * the rest of its burst under the long bound, ~6 ms a gap, and a weight of 1 kept 0.36 of
+ * the GPU beside a weight of 3 (H200).  Showing the other backlogged through its gaps
+ * instead (e4dc184: 0.75 / 0.16) idled the GPU in every gap: 5 % in policy_sim, where
+ * this gives 0.70 / 0.23 and 3.4 % (fair_page_model.py). */
+#define SHORT_QUEUE_MS 10
+/* Holds only past this lead of virtual time: two level ones (equal weights, both busy)
+ * run side by side as the driver interleaves them, not held by turns every look. */
+#define LEAD_MS 5
+/* And never held for more than this of another's virtual time (below). */
+#define MAX_AHEAD_MS 20
+/* Not held for this much virtual time into work begun after IDLE_MS idle, nor its queue
+ * kept short for half of it: a request, a cell, a batch.  Held or short, the node mix's inference
+ * server (0.8 ms of GPU work a request, a few dozen launches) answered in p50 24 / p99
+ * 147 ms beside the trainer, not 2.7 / 6.5 as without nvshare (H200): the short queue
+ * waits on each few launches, and behind another's work each wait is a turn of the
+ * driver's time slices.  Virtual time, not wall time: bursts of any length with gaps of
+ * IDLE_MS would else never be held, whatever their weight.  At 20, four 30 %-busy
+ * processes in 30 ms bursts got 0.93 of their share each in policy_sim, at 30 0.99. */
+#define BURST_CREDIT_MS 30
+/* Or, back from longer away, for as much virtual time as the least of those with work ran
+ * on meanwhile, up to this: what it did not use while away, given as a credit, not as a
+ * lower virtual time, so that it is not paid back later.  A notebook's 150 ms cell beside
+ * a trainer runs unheld (H200: 0 looks held a cell, 286-321 ms; 343 without nvshare);
+ * bursts every 10-20 ms earn little, and busy ones are still split by weight. */
+#define MAX_CREDIT_MS 250
+/* Another counts as on the GPU beside this one only if it looked this recently: a slot
+ * whose process stopped would else halve everyone's charge until it goes stale. */
+#define ON_GPU_FRESH_MS 3
+
+struct fair_gpu {
+    struct nvshare_fair_page *page; /* NULL: none (interleaved as the driver does) */
+    uint64_t idle_since_ns;         /* when it last stopped being backlogged */
+    uint64_t burst_used_ns;         /* virtual time used since it came back from idle */
+    uint64_t credit_ns;             /* not held while burst_used_ns is under this */
+    uint64_t near_hold_ns;          /* when it was last near a hold: its queue short */
+    uint64_t vtime_ns;              /* what it writes to its slot (never read back) */
+    /* For the debug log, a line a second: busy ms, looks, looks backlogged, held, short. */
+    double busy_ms, reported_at_ms;
+    unsigned slot;
+    int backlogged;
+    unsigned looks, looks_backlogged, looks_held, looks_short;
+};
+
+/* The client thread's; application threads read only the gates. */
+static struct fair_gpu fair[NVSHARE_MAX_GPUS];
+
+/* The slots are written by other processes: every access to them is atomic. */
+#define SLOT_LOAD(field)         __atomic_load_n(&(field), __ATOMIC_RELAXED)
+#define SLOT_STORE(field, value) __atomic_store_n(&(field), (value), __ATOMIC_RELAXED)
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+static void lift_hold(int gpu)
+{
+    struct nvshare_gate *gate = &nvshare_gates[gpu];
+    if (atomic_exchange(&gate->held, 0) != 0 && atomic_load(&gate->held_waiting) != 0)
+        syscall(SYS_futex, &gate->held, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+}
+
+static void detach(int gpu)
+{
+    struct fair_gpu *mine = &fair[gpu];
+    if (mine->page != NULL) {
+        SLOT_STORE(mine->page->slots[mine->slot].backlogged, 0);
+        SLOT_STORE(mine->page->slots[mine->slot].on_gpu, 0);
+        munmap(mine->page, NVSHARE_FAIR_PAGE_BYTES);
+    }
+    *mine = (struct fair_gpu){0};
+    atomic_store(&nvshare_gates[gpu].near_hold, 0);
+    lift_hold(gpu);
+}
+
+void nvshare_fair_attach(int gpu, const struct nvshare_fair_slot *slot, int fd)
+{
+    if (fd < 0)
+        return; /* an agent that sent no page */
+    if (gpu < 0 || gpu >= NVSHARE_MAX_GPUS || slot->slot >= NVSHARE_FAIR_SLOTS) {
+        close(fd);
+        return;
+    }
+    detach(gpu);
+    void *page = MAP_FAILED;
+    /* Its size by lseek: fstat is a GLIBC_2.33 symbol, and the shim needs only 2.17.  The
+     * agent seals the size (F_SEAL_SHRINK): nobody can cut the mapping short under us. */
+    if (lseek(fd, 0, SEEK_END) >= NVSHARE_FAIR_PAGE_BYTES)
+        page = mmap(NULL, NVSHARE_FAIR_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (page == MAP_FAILED || ((struct nvshare_fair_page *)page)->magic != NVSHARE_MAGIC) {
+        if (page != MAP_FAILED)
+            munmap(page, NVSHARE_FAIR_PAGE_BYTES);
+        nvshare_debug("fair page for gpu=%d not usable", gpu);
+        return;
+    }
+    fair[gpu] = (struct fair_gpu){.page = page, .slot = slot->slot};
+    nvshare_debug("fair page gpu=%d slot=%u weight=%u", gpu, slot->slot, slot->weight);
+}
+
+void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
+{
+    struct fair_gpu *mine = &fair[gpu];
+    if (mine->page == NULL)
+        return;
+    struct nvshare_gate *gate = &nvshare_gates[gpu];
+    struct nvshare_fair_state *slots = mine->page->slots, *own = &slots[mine->slot];
+    int backlogged = open && (busy || atomic_load(&gate->held_waiting) != 0);
+    /* Its group's weight as the agent has it now: rewritten there when it changes. */
+    uint32_t weight = SLOT_LOAD(own->weight);
+    weight = weight ? weight : 1;
+    uint64_t now = monotonic_ns(), stale_before = now - (uint64_t)STALE_MS * 1000000u;
+    uint64_t lead_ns = (uint64_t)LEAD_MS * 1000000u;
+    uint64_t on_gpu_fresh_ns = (uint64_t)ON_GPU_FRESH_MS * 1000000u;
+    /* The least virtual time of the others backlogged: fresh ones only (a stamp from the
+     * future is no fresher), and none so large that adding the lead would wrap.  And how
+     * many have work on the GPU beside this one's. */
+    uint64_t least = UINT64_MAX;
+    unsigned sharing = 1;
+    for (unsigned i = 0; i < NVSHARE_FAIR_SLOTS; i++) {
+        uint64_t seen = SLOT_LOAD(slots[i].seen_ns);
+        if (i == mine->slot || !SLOT_LOAD(slots[i].in_use) || !SLOT_LOAD(slots[i].backlogged) ||
+            seen < stale_before || seen > now)
+            continue;
+        uint64_t vtime = SLOT_LOAD(slots[i].vtime_ns);
+        least = vtime < least ? vtime : least;
+        sharing += SLOT_LOAD(slots[i].on_gpu) != 0 && now - seen < on_gpu_fresh_ns;
+    }
+    if (least > UINT64_MAX - (uint64_t)MAX_AHEAD_MS * 1000000u)
+        least = UINT64_MAX;
+    /* Its own, kept here: a slot's last owner may write it a little longer. */
+    uint64_t vtime = mine->vtime_ns;
+    int resumed = backlogged && !mine->backlogged;
+    if (resumed && now - mine->idle_since_ns < (uint64_t)IDLE_MS * 1000000u) {
+        /* Back from a short gap: its place, but never more than the lead behind.  A loader's
+         * 2 ms batch every 10 ms kept its place through each gap, fell behind by the gap's
+         * worth, and held every other holder (each at most MAX_AHEAD_MS past it) at each
+         * batch: a notebook's 150 ms cell beside it and a trainer took 0.3-1.1 s, with the
+         * credit below too (H200; 343 ms without nvshare). */
+        if (least != UINT64_MAX && least > vtime + lead_ns)
+            vtime = least - lead_ns;
+    } else if (resumed) {
+        uint64_t lag = least != UINT64_MAX && least > vtime ? least - vtime : 0;
+        uint64_t floor_ns = (uint64_t)BURST_CREDIT_MS * 1000000u;
+        uint64_t most_ns = (uint64_t)MAX_CREDIT_MS * 1000000u;
+        mine->credit_ns = lag < floor_ns ? floor_ns : lag > most_ns ? most_ns : lag;
+        if (lag > 0)
+            vtime = least; /* back from idle: level, what it ran on a credit (above) */
+        mine->burst_used_ns = 0;
+    }
+    if (!backlogged && mine->backlogged)
+        mine->idle_since_ns = now;
+    /* Its GPU time: the driver gives each context with work an equal slice, so time with
+     * work on the GPU beside others is theirs too.  Counted whole, a request waiting
+     * behind a trainer's queue was charged for the trainer's work. */
+    uint64_t charge = (uint64_t)(busy_ms * 1e6 / weight / sharing);
+    vtime += charge;
+    mine->burst_used_ns += charge;
+    /* Never more than MAX_AHEAD_MS ahead of another with work: one that came while this
+     * one was idle (started at 0) would else hold it for as long as its whole past here. */
+    if (least != UINT64_MAX && vtime > least + (uint64_t)MAX_AHEAD_MS * 1000000u)
+        vtime = least + (uint64_t)MAX_AHEAD_MS * 1000000u;
+    mine->vtime_ns = vtime;
+    SLOT_STORE(own->vtime_ns, vtime);
+    SLOT_STORE(own->seen_ns, now);
+    SLOT_STORE(own->backlogged, (uint32_t)backlogged);
+    SLOT_STORE(own->on_gpu, (uint32_t)(open && busy));
+    mine->backlogged = backlogged;
+    /* In a burst: not held while it has credit left, and its queue free for the first half
+     * of it, so that what it queues when the credit runs out is short (else the rest of a
+     * 60 ms burst was queued by then, and the hold came too late to bind it). */
+    int in_burst = mine->burst_used_ns < mine->credit_ns;
+    int queue_free = mine->burst_used_ns < mine->credit_ns / 2;
+    int held = backlogged && !in_burst && least != UINT64_MAX && least + lead_ns < vtime;
+    if (!queue_free && least != UINT64_MAX && least + lead_ns / 2 < vtime)
+        mine->near_hold_ns = now;
+    int short_queue =
+        open && !queue_free && now - mine->near_hold_ns < (uint64_t)SHORT_QUEUE_MS * 1000000u;
+    atomic_store_explicit(&gate->near_hold, short_queue, memory_order_relaxed);
+    mine->looks++;
+    mine->looks_backlogged += (unsigned)backlogged;
+    mine->looks_held += (unsigned)held;
+    mine->looks_short += (unsigned)short_queue;
+    mine->busy_ms += busy_ms;
+    double now_ms = (double)now / 1e6;
+    if (now_ms - mine->reported_at_ms >= 1000) {
+        nvshare_debug("fair gpu=%d weight=%u looks=%u backlogged=%u held=%u short=%u "
+                      "busy_ms=%.0f vtime_ms=%.1f least_ms=%.1f",
+                      gpu, weight, mine->looks, mine->looks_backlogged, mine->looks_held,
+                      mine->looks_short, mine->busy_ms, (double)vtime / 1e6,
+                      least == UINT64_MAX ? -1.0 : (double)least / 1e6);
+        mine->looks = mine->looks_backlogged = mine->looks_held = mine->looks_short = 0;
+        mine->busy_ms = 0;
+        mine->reported_at_ms = now_ms;
+    }
+    if (held)
+        atomic_store(&gate->held, 1);
+    else
+        lift_hold(gpu);
+}
+
+void nvshare_fair_wait(int gpu)
+{
+    struct nvshare_gate *gate = &nvshare_gates[gpu];
+    atomic_fetch_add(&gate->held_waiting, 1);
+    struct timespec timeout = {.tv_nsec = HOLD_MS * 1000000L};
+    /* One wait: woken when the hold lifts, or after HOLD_MS; then the launch goes on. */
+    if (atomic_load(&gate->held))
+        syscall(SYS_futex, &gate->held, FUTEX_WAIT_PRIVATE, 1, &timeout, NULL, 0);
+    atomic_fetch_sub(&gate->held_waiting, 1);
+}
+
+void nvshare_fair_detach_all(void)
+{
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++)
+        detach(gpu);
+}
+
+void nvshare_fair_forget_after_fork(void)
+{
+    /* The parent's slots are the parent's: the child's agent gives it its own.  Nor is a
+     * hold of the parent's the child's (a thread waiting in it did not come along). */
+    memset(fair, 0, sizeof fair);
+    for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
+        atomic_store(&nvshare_gates[gpu].held, 0);
+        atomic_store(&nvshare_gates[gpu].held_waiting, 0);
+        atomic_store(&nvshare_gates[gpu].near_hold, 0);
+    }
+}
