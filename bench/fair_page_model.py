@@ -4,10 +4,12 @@ on the GPU, over the number then on it, over weight) ahead of another with work 
 launches, and only its queued work, at most QUEUE_S of it, still runs. Looked at every
 step (the shim's look is ~1 ms, a step's length; each reads the others' state of the look
 before). Back from a gap shorter than IDLE_S a client keeps its place, but at most LEAD_S
-behind the least of those with work; back after IDLE_S or more it starts level with that
-least, and for its first BURST_CREDIT_S of virtual time, or as much as that least ran on
-while it was away (up to MAX_CREDIT_S), it is neither held nor, for half of it, its queue
-short (a request, a cell: latency work first). Its queue is short (QUEUE_S) while it is,
+behind the least of those with work (or the least it saw within STALE_S); back after
+IDLE_S or more, or new, it starts level with that least, and for its first BURST_CREDIT_S
+of virtual time, or as much as that least ran on while it was away (up to MAX_CREDIT_S; a
+newcomer was not away), it is neither held nor, for half of it, its queue short (a
+request, a cell: latency work first). A client keeps its slot between leases, as its
+shim keeps its state. Its queue is short (QUEUE_S) while it is,
 or was within STICKY_S, near a hold (half the lead ahead), else long: what it has queued
 when a hold begins still runs."""
 
@@ -21,6 +23,7 @@ QUEUE_S = 0.005  # the queue bound while others have work (SHORT_MAX_QUEUED_MS)
 LONG_QUEUE_S = 0.050  # else (NVSHARE_MAX_QUEUED_MS's default)
 STICKY_S = 0.010  # the short bound stays this long after it was last near a hold
 IDLE_S = 0.010
+STALE_S = 0.020  # a least seen this recently still counts (STALE_MS)
 MAX_AHEAD_S = 0.020  # never further ahead of another with work
 BURST_CREDIT_S = 0.030  # back from idle, not held nor short for this much virtual time
 MAX_CREDIT_S = 0.250  # or for what the others ran on meanwhile, up to this
@@ -31,7 +34,10 @@ class Slot:
     weight: int
     vtime: float = 0.0
     backlogged: bool = False
-    idle_since: float = -1e9
+    idle_since: float | None = None  # when it last went idle (None: never had work)
+    least_at_idle: float | None = None  # the others' least then (None: none seen)
+    least_seen: float = 0.0  # the others' least at the last look that saw one
+    least_seen_at: float = -1e9
     burst_used: float = 0.0  # virtual time used since it came back from IDLE_S idle
     credit: float = BURST_CREDIT_S  # not held while burst_used is under this
     held: bool = False
@@ -46,34 +52,43 @@ class FairPage:
         self.on_gpu: set[int] = set()  # those that ran since the last look
 
     def look(self, with_work: dict[int, bool], weights: dict[int, int], now: float) -> None:
-        """with_work: each holder, whether it has work; the others' slots are let go."""
-        for number in [n for n in self.slots if n not in with_work]:
-            del self.slots[number]
+        """with_work: each holder, whether it has work.  Another keeps its slot, as its
+        shim keeps its state between leases, and shows no work."""
         for number in with_work:
-            self.slots.setdefault(number, Slot(weights[number]))
+            self.slots.setdefault(number, Slot(weights[number])).weight = weights[number]
         # What each showed at its last look: the others read it a look late.
         shown = {n: s.backlogged for n, s in self.slots.items()}
         shown_on_gpu, self.on_gpu = self.on_gpu, set()
         for number, slot in self.slots.items():
-            backlogged = with_work[number]
+            backlogged = with_work.get(number, False)
             others = [o.vtime for n, o in self.slots.items() if n != number and shown[n]]
             least = min(others) if others else None
+            least_by = least  # to come back by: else one seen within STALE_S
+            if least is not None:
+                slot.least_seen, slot.least_seen_at = least, now
+            elif now - slot.least_seen_at < STALE_S:
+                least_by = slot.least_seen  # the others between two steps
             resumed = backlogged and not slot.backlogged
-            back = resumed and now - slot.idle_since >= IDLE_S
-            if resumed and not back and least is not None:
-                slot.vtime = max(slot.vtime, least - LEAD_S)  # a short gap: not owed more
+            away = slot.idle_since is not None  # a newcomer was not
+            back = resumed and (not away or now - slot.idle_since >= IDLE_S)
+            if resumed and not back and least_by is not None:
+                slot.vtime = max(slot.vtime, least_by - LEAD_S)  # a short gap: not owed more
             if back:
                 slot.burst_used = 0.0
-                # Its credit: what the others ran on while it was away, within bounds.
-                lag = least - slot.vtime if least is not None else 0.0
-                slot.credit = min(max(lag, BURST_CREDIT_S), MAX_CREDIT_S)
-                if least is not None and least > slot.vtime:
-                    slot.vtime = least  # back from idle: level
+                # Its credit: what the least ran on while it was away, within bounds.
+                since = slot.least_at_idle if slot.least_at_idle is not None else slot.vtime
+                ran = least_by - since if away and least_by is not None else 0.0
+                slot.credit = min(max(ran, BURST_CREDIT_S), MAX_CREDIT_S)
+                if least_by is not None and least_by > slot.vtime:
+                    slot.vtime = least_by  # back from idle: level
             in_burst = slot.burst_used < slot.credit
             queue_free = slot.burst_used < slot.credit / 2  # its queue long
             if not backlogged and slot.backlogged:
-                slot.idle_since = now
+                slot.idle_since, slot.least_at_idle = now, least_by
             slot.backlogged = backlogged
+            if number not in with_work:
+                slot.held = False
+                continue
             slot.sharing = 1 + len(shown_on_gpu - {number})
             # The bound its launches since the last look were under: short while it saw
             # another with work, and STICKY_S after.

@@ -15,8 +15,9 @@
  * back from a shorter gap it keeps its place, but never more than LEAD_MS behind.
  * Latency work goes first: back from idle, a process is not held for its first
  * BURST_CREDIT_MS of virtual time (a request, a cell, a batch), or for as much as the
- * others ran on while it was away (up to MAX_CREDIT_MS), nor its queue kept short for
- * the first half of it, and it holds those ahead of it as ever.
+ * least virtual time of those with work ran on while it was away (up to MAX_CREDIT_MS; a
+ * newcomer was not away), nor its queue kept short for the first half of it, and it
+ * holds those ahead of it as ever.
  *
  * The client thread looks every ~1 ms while the gate is open (the usage meter's sample):
  * it reads its weight from its slot (the agent rewrites it when its group's changes),
@@ -47,9 +48,11 @@
 
 #define HOLD_MS  50
 #define STALE_MS 20
-/* A process idle for less than this keeps its place: a trainer's host work between two
- * steps, a burst's sync, is not time it did not want (else each step began level with
- * the others, and a weight of 3 got 0.54 of the GPU beside a weight of 1, not 0.75). */
+/* A process idle for less than this keeps its place, at most LEAD_MS behind: a trainer's
+ * sync between two steps is not time it did not want (else each step began level with
+ * the others, and a weight of 3 got 0.54 of the GPU beside a weight of 1, not 0.75), but
+ * longer host work is not banked past the lead either (policy_sim, 3 : 1 in steps of 20
+ * ms with 3 ms gaps: 0.66 / 0.32, the fluid share's 0.68 / 0.31). */
 #define IDLE_MS 10
 /* The queue stays short (~5 ms, queue_bound.c) this long after this process was last
  * near a hold.  Let go in the gap between another's bursts (its sync, ~1-2 ms), it queued
@@ -73,8 +76,10 @@
  * processes in 30 ms bursts got 0.93 of their share each in policy_sim, at 30 0.99. */
 #define BURST_CREDIT_MS 30
 /* Or, back from longer away, for as much virtual time as the least of those with work ran
- * on meanwhile, up to this: what it did not use while away, given as a credit, not as a
- * lower virtual time, so that it is not paid back later.  A notebook's 150 ms cell beside
+ * on meanwhile (from the least it saw going idle to the least it sees back), up to this:
+ * what it did not use while away, given as a credit, not as a lower virtual time, so
+ * that it is not paid back later; not to a newcomer, else each new process of a stream
+ * of short jobs escaped its weight (policy_sim: 0.47 of the GPU at weight 1 beside 4).  A notebook's 150 ms cell beside
  * a trainer runs unheld (H200: 0 looks held a cell, 286-321 ms; 343 without nvshare);
  * bursts every 10-20 ms earn little, and busy ones are still split by weight. */
 #define MAX_CREDIT_MS 250
@@ -87,6 +92,9 @@ struct fair_gpu {
     uint64_t idle_since_ns;         /* when it last stopped being backlogged */
     uint64_t burst_used_ns;         /* virtual time used since it came back from idle */
     uint64_t credit_ns;             /* not held while burst_used_ns is under this */
+    uint64_t least_seen_ns;         /* the others' least at the last look that saw one, */
+    uint64_t least_seen_at_ns;      /* then (0: never) */
+    uint64_t least_at_idle_ns;      /* the least to go by when it went idle (UINT64_MAX: none) */
     uint64_t near_hold_ns;          /* when it was last near a hold: its queue short */
     uint64_t vtime_ns;              /* what it writes to its slot (never read back) */
     /* For the debug log, a line a second: busy ms, looks, looks backlogged, held, short. */
@@ -187,26 +195,47 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
         least = UINT64_MAX;
     /* Its own, kept here: a slot's last owner may write it a little longer. */
     uint64_t vtime = mine->vtime_ns;
+    /* The least to go by in coming back: this look's, else one seen within STALE_MS (the
+     * others between two steps); else a look that found them all in a gap gave no credit
+     * and left an old, low virtual time in place. */
+    if (least != UINT64_MAX) {
+        mine->least_seen_ns = least;
+        mine->least_seen_at_ns = now;
+    }
+    uint64_t least_by = least;
+    if (least_by == UINT64_MAX && mine->least_seen_at_ns != 0 && now >= mine->least_seen_at_ns &&
+        now - mine->least_seen_at_ns < (uint64_t)STALE_MS * 1000000u)
+        least_by = mine->least_seen_ns;
     int resumed = backlogged && !mine->backlogged;
-    if (resumed && now - mine->idle_since_ns < (uint64_t)IDLE_MS * 1000000u) {
+    if (resumed && mine->idle_since_ns != 0 &&
+        now - mine->idle_since_ns < (uint64_t)IDLE_MS * 1000000u) {
         /* Back from a short gap: its place, but never more than the lead behind.  A loader's
          * 2 ms batch every 10 ms kept its place through each gap, fell behind by the gap's
          * worth, and held every other holder (each at most MAX_AHEAD_MS past it) at each
          * batch: a notebook's 150 ms cell beside it and a trainer took 0.3-1.1 s, with the
          * credit below too (H200; 343 ms without nvshare). */
-        if (least != UINT64_MAX && least > vtime + lead_ns)
-            vtime = least - lead_ns;
+        if (least_by != UINT64_MAX && least_by > vtime + lead_ns)
+            vtime = least_by - lead_ns;
     } else if (resumed) {
-        uint64_t lag = least != UINT64_MAX && least > vtime ? least - vtime : 0;
+        /* Back from idle, or new: level with the least, and a credit of what that least ran
+         * on while it was away (a newcomer was not away: the floor). */
+        uint64_t ran = 0;
+        if (mine->idle_since_ns != 0 && least_by != UINT64_MAX) {
+            uint64_t from =
+                mine->least_at_idle_ns != UINT64_MAX ? mine->least_at_idle_ns : mine->vtime_ns;
+            ran = least_by > from ? least_by - from : 0;
+        }
         uint64_t floor_ns = (uint64_t)BURST_CREDIT_MS * 1000000u;
         uint64_t most_ns = (uint64_t)MAX_CREDIT_MS * 1000000u;
-        mine->credit_ns = lag < floor_ns ? floor_ns : lag > most_ns ? most_ns : lag;
-        if (lag > 0)
-            vtime = least; /* back from idle: level, what it ran on a credit (above) */
+        mine->credit_ns = ran < floor_ns ? floor_ns : ran > most_ns ? most_ns : ran;
+        if (least_by != UINT64_MAX && least_by > vtime)
+            vtime = least_by;
         mine->burst_used_ns = 0;
     }
-    if (!backlogged && mine->backlogged)
+    if (!backlogged && mine->backlogged) {
         mine->idle_since_ns = now;
+        mine->least_at_idle_ns = least_by;
+    }
     /* Its GPU time: the driver gives each context with work an equal slice, so time with
      * work on the GPU beside others is theirs too.  Counted whole, a request waiting
      * behind a trainer's queue was charged for the trainer's work. */

@@ -129,17 +129,17 @@ def test_bursts_past_their_credit_are_held_by_weight(open_world):
 @pytest.mark.root
 @pytest.mark.slow  # 4 s
 def test_a_cell_back_from_idle_runs_on_what_the_others_ran_meanwhile(open_world):
-    """Latency first: B (weight 1) works 60 ms (a notebook's cell), then sleeps 400 ms,
-    beside A (weight 4) always busy.  While B sleeps A's virtual time runs on 100 ms; back,
-    B may run that much (up to MAX_CREDIT_MS) before it is held, and its cell, charged
-    60 ms, is not.  With a credit of BURST_CREDIT_MS (30 ms) alone, B was held in 40-55 %
-    of its busy looks.  Its first second is its first cell, back from nowhere; in its last
-    A ends."""
-    _, b = two_users(open_world, f"[share:user:{USER_A}]\nweight = 4\n", 400, 30)
+    """Latency first: B (weight 1) works 60 ms (a notebook's cell), then sleeps 600 ms,
+    beside A (weight 4) always busy.  While B sleeps the least virtual time (A's) runs on
+    150 ms; back, B may run that much (up to MAX_CREDIT_MS) before it is held, and its
+    cell, charged at most 60 ms, is not.  With a credit of BURST_CREDIT_MS (30 ms) alone,
+    B was held in 40-55 % of its busy looks.  Its first second is its first cell, and a
+    newcomer was not away; in its last A ends."""
+    _, b = two_users(open_world, f"[share:user:{USER_A}]\nweight = 4\n", 600, 30)
     seconds = fair_states(b)[1:-1]
     backlogged = sum(looks for looks, _ in seconds)
     held = sum(held for _, held in seconds)
-    assert len(seconds) >= 2 and held <= 0.1 * backlogged, fair_states(b)
+    assert len(seconds) >= 2 and held <= 0.15 * backlogged, fair_states(b)
 
 
 def fair_states(client) -> list[tuple[int, int]]:
