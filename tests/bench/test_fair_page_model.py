@@ -1,0 +1,71 @@
+"""bench/fair_page_model.py: the fair page as policy_sim plays it, look by look."""
+
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+import fair_page_model as model
+import policy_sim
+
+from nvshare_agent.settings import Settings
+
+STEP = 0.001
+
+
+def play(page, seconds, start, work_of):
+    """Steps of 1 ms from start: work_of(now) -> {client: has work}; those with work that
+    may run share the step evenly.  Returns the time after."""
+    now = start
+    for _ in range(round(seconds / STEP)):
+        now += STEP
+        with_work = work_of(now)
+        page.look(with_work, {number: 1 for number in with_work}, now)
+        running = [n for n, has in with_work.items() if has and page.may_run(n)]
+        for number in running:
+            page.ran(number, STEP / len(running), STEP)
+    return now
+
+
+def test_a_newcomer_was_not_away_and_gets_only_the_floor():
+    """Else each new process of a stream of short jobs ran unheld for the whole credit."""
+    page = model.FairPage()
+    now = play(page, 2.0, 0.0, lambda now: {1: True})
+    play(page, 0.005, now, lambda now: {1: True, 2: True})
+    assert page.slots[2].credit == model.BURST_CREDIT_S
+    assert page.slots[2].vtime >= page.slots[1].vtime - model.LEAD_S  # level, not 0
+
+
+def test_back_from_idle_a_credit_of_what_the_least_ran_on_meanwhile():
+    page = model.FairPage()
+    now = play(page, 0.5, 0.0, lambda now: {1: True, 2: True})
+    least_then = page.slots[1].vtime
+    now = play(page, 0.1, now, lambda now: {1: True, 2: False})  # 2 away 100 ms
+    ran = page.slots[1].vtime - least_then
+    play(page, 0.002, now, lambda now: {1: True, 2: True})
+    assert page.slots[2].credit == pytest.approx(ran, abs=0.003)
+    assert model.BURST_CREDIT_S < page.slots[2].credit < model.MAX_CREDIT_S
+
+
+def test_a_short_gap_keeps_its_place_but_never_more_than_the_lead_behind():
+    """A loader's batch every ~10 ms fell behind by each gap and held everyone at each."""
+    page = model.FairPage()
+    now = play(page, 0.3, 0.0, lambda now: {1: True, 2: True})
+
+    def loader(now):  # 2 ms of work, then 6 ms idle: gaps under IDLE_S
+        return {1: True, 2: (now * 1000) % 8 < 2}
+
+    play(page, 2.0, now, loader)
+    assert page.slots[1].vtime - page.slots[2].vtime <= model.LEAD_S + 0.003
+
+
+def test_weights_side_by_side_split_the_gpu_by_the_page():
+    """Two 90 %-busy processes at 3 : 1 run side by side (neither saturates, so no turns):
+    the driver's equal slices without the page, ~0.70 / 0.27 with it (H200: 0.70 / 0.22)."""
+    settings = Settings(time_quantum_s=30)
+    clients = ["duty:0.02:0.9*3", "duty:0.02:0.9"]
+    on = policy_sim.simulate(clients, 20.0, settings, 80.0)["clients"]
+    off = policy_sim.simulate(clients, 20.0, settings, 80.0, fair_page=False)["clients"]
+    assert on["1 duty"]["share"] >= 2.3 * on["2 duty"]["share"]
+    assert off["1 duty"]["share"] == pytest.approx(off["2 duty"]["share"], rel=0.1)
