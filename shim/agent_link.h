@@ -27,11 +27,11 @@ int nvshare_link_send_lock(uint16_t type, int gpu, uint64_t lease, uint32_t idle
 int nvshare_link_receive(void);
 /* The next complete frame read: 1 taken, 0 none yet, -1 not a frame of this
  * protocol (header says what came). */
+int nvshare_link_next_frame(struct nvshare_header *header,
+                            unsigned char payload[NVSHARE_MAX_PAYLOAD_BYTES]);
 /* The oldest descriptor the agent sent with its frames and no frame took (FAIR_SLOT's
  * page), or -1; the caller closes it. */
 int nvshare_link_take_fd(void);
-int nvshare_link_next_frame(struct nvshare_header *header,
-                            unsigned char payload[NVSHARE_MAX_PAYLOAD_BYTES]);
 
 /* ---- when to try again ----
  * After a failed try or a lost agent: the next try after the backoff, and the

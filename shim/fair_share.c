@@ -177,6 +177,7 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     uint64_t now = monotonic_ns(), stale_before = now - (uint64_t)STALE_MS * 1000000u;
     uint64_t lead_ns = (uint64_t)LEAD_MS * 1000000u;
     uint64_t on_gpu_fresh_ns = (uint64_t)ON_GPU_FRESH_MS * 1000000u;
+    uint64_t max_ahead_ns = (uint64_t)MAX_AHEAD_MS * 1000000u;
     /* The least virtual time of the others backlogged: fresh ones only (a stamp from the
      * future is no fresher), and none so large that adding the lead would wrap.  And how
      * many have work on the GPU beside this one's. */
@@ -191,7 +192,7 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
         least = vtime < least ? vtime : least;
         sharing += SLOT_LOAD(slots[i].on_gpu) != 0 && now - seen < on_gpu_fresh_ns;
     }
-    if (least > UINT64_MAX - (uint64_t)MAX_AHEAD_MS * 1000000u)
+    if (least > UINT64_MAX - max_ahead_ns)
         least = UINT64_MAX;
     /* Its own, kept here: a slot's last owner may write it a little longer. */
     uint64_t vtime = mine->vtime_ns;
@@ -203,8 +204,7 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
         mine->least_seen_at_ns = now;
     }
     uint64_t least_by = least;
-    if (least_by == UINT64_MAX && mine->least_seen_at_ns != 0 && now >= mine->least_seen_at_ns &&
-        now - mine->least_seen_at_ns < (uint64_t)STALE_MS * 1000000u)
+    if (least_by == UINT64_MAX && mine->least_seen_at_ns > stale_before)
         least_by = mine->least_seen_ns;
     int resumed = backlogged && !mine->backlogged;
     if (resumed && mine->idle_since_ns != 0 &&
@@ -244,8 +244,8 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     mine->burst_used_ns += charge;
     /* Never more than MAX_AHEAD_MS ahead of another with work: one that came while this
      * one was idle (started at 0) would else hold it for as long as its whole past here. */
-    if (least != UINT64_MAX && vtime > least + (uint64_t)MAX_AHEAD_MS * 1000000u)
-        vtime = least + (uint64_t)MAX_AHEAD_MS * 1000000u;
+    if (least != UINT64_MAX && vtime > least + max_ahead_ns)
+        vtime = least + max_ahead_ns;
     mine->vtime_ns = vtime;
     SLOT_STORE(own->vtime_ns, vtime);
     SLOT_STORE(own->seen_ns, now);

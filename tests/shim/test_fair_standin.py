@@ -57,7 +57,7 @@ def loops_of_two_users(
 ) -> tuple[int, int]:
     """two_users: each one's loops."""
     a, b = two_users(world, shares, b_sleep_ms, b_launches)
-    return int(a.finish_ok(timeout=60)["loops"]), int(b.finish_ok(timeout=60)["loops"])
+    return int(a.result()["loops"]), int(b.result()["loops"])
 
 
 @needs_root
