@@ -49,7 +49,9 @@ class Agent:
         """anti_thrash: True/False (on/off, what the phases before auto used), or
         "on", "off", "auto"; memory_limit: the config's memory_limit (e.g. "1G"); socket: a
         path of one's own (a restarted agent on the socket its clients know); extra_config:
-        more of the config file (share_by, [share:GROUP] sections: shares.py)."""
+        more of the config file (share_by, [share:GROUP] sections: shares.py).
+        NVSHARE_BENCH_AGENT_CONFIG, if set, is added to every agent's [scheduler] section
+        (lines split by ";", e.g. "fair_page = off"): a bench again under a setting changed."""
         # Numbered, so a phase's logs are kept in the order its agents started (keep_agent_logs).
         self.dir = pathlib.Path(
             tempfile.mkdtemp(dir=workdir, prefix=f"agent-{next(Agent.started):04d}-")
@@ -63,6 +65,8 @@ class Agent:
             f"anti_thrash = {anti_thrash}\n"
             f"idle_release_ms = {idle_release_ms}\n"
             + (f"memory_limit = {memory_limit}\n" if memory_limit else "")
+            + os.environ.get("NVSHARE_BENCH_AGENT_CONFIG", "").replace(";", "\n")
+            + "\n"
             + extra_config
         )
         self.socket = pathlib.Path(socket) if socket else self.dir / "scheduler.sock"
