@@ -5,13 +5,14 @@ launches, and only its queued work, at most QUEUE_S of it, still runs. Looked at
 step (the shim's look is ~1 ms, a step's length; each reads the others' state of the look
 before). Back from a gap shorter than IDLE_S a client keeps its place, but at most LEAD_S
 behind the least of those with work (or the least it saw within STALE_S); back after
-IDLE_S or more, or new, it starts level with that least, and for its first BURST_CREDIT_S
-of virtual time, or as much as that least ran on while it was away (up to MAX_CREDIT_S; a
+IDLE_S or more, or new, it starts level with that least (else the latest of the others
+holding, all idle), and for its first BURST_CREDIT_S of virtual time, or as much as that
+least ran on while it was away but not waiting for its grant (up to MAX_CREDIT_S; a
 newcomer was not away), it is neither held nor, for half of it, its queue short (a
 request, a cell: latency work first). A client keeps its slot between leases, as its
-shim keeps its state. Its queue is short (QUEUE_S) while it is,
-or was within STICKY_S, near a hold (half the lead ahead), else long: what it has queued
-when a hold begins still runs."""
+shim keeps its state. Its queue is short (QUEUE_S) while it is, or was within STICKY_S,
+near a hold (half the lead ahead), else long: what it has queued when a hold begins still
+runs."""
 
 from __future__ import annotations
 
@@ -51,9 +52,17 @@ class FairPage:
         self.slots: dict[int, Slot] = {}
         self.on_gpu: set[int] = set()  # those that ran since the last look
 
-    def look(self, with_work: dict[int, bool], weights: dict[int, int], now: float) -> None:
-        """with_work: each holder, whether it has work.  Another keeps its slot, as its
-        shim keeps its state between leases, and shows no work."""
+    def look(
+        self,
+        with_work: dict[int, bool],
+        weights: dict[int, int],
+        now: float,
+        waited: dict[int, float] | None = None,
+    ) -> None:
+        """with_work: each holder, whether it has work; waited: how long each one's lease took
+        to be granted.  Another keeps its slot, as its shim keeps its state between leases,
+        and shows no work."""
+        waited = waited or {}
         for number in with_work:
             self.slots.setdefault(number, Slot(weights[number])).weight = weights[number]
         # What each showed at its last look: the others read it a look late.
@@ -64,10 +73,13 @@ class FairPage:
             others = [o.vtime for n, o in self.slots.items() if n != number and shown[n]]
             least = min(others) if others else None
             least_by = least  # to come back by: else one seen within STALE_S
+            idle = [o.vtime for n, o in self.slots.items() if n != number and n in with_work]
             if least is not None:
                 slot.least_seen, slot.least_seen_at = least, now
             elif now - slot.least_seen_at < STALE_S:
                 least_by = slot.least_seen  # the others between two steps
+            elif idle:
+                least_by = max(idle)  # the latest of the others holding, idle now
             resumed = backlogged and not slot.backlogged
             away = slot.idle_since is not None  # a newcomer was not
             back = resumed and (not away or now - slot.idle_since >= IDLE_S)
@@ -78,6 +90,10 @@ class FairPage:
                 # Its credit: what the least ran on while it was away, within bounds.
                 since = slot.least_at_idle if slot.least_at_idle is not None else slot.vtime
                 ran = least_by - since if away and least_by is not None else 0.0
+                # Time it waited for its grant it wanted: no credit for that part.
+                if away and now > slot.idle_since:
+                    gap = now - slot.idle_since
+                    ran *= max(0.0, gap - waited.get(number, 0.0)) / gap
                 slot.credit = min(max(ran, BURST_CREDIT_S), MAX_CREDIT_S)
                 if least_by is not None and least_by > slot.vtime:
                     slot.vtime = least_by  # back from idle: level

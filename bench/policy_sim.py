@@ -87,6 +87,8 @@ class Client:
     pending: list = field(default_factory=list)  # [arrived_at, GPU seconds left]
     lease: Grant | None = None
     waiting: bool = False
+    requested_at: float = 0.0  # when it last asked for the GPU
+    waited_s: float = 0.0  # how long its lease's grant took to come
     joined: bool = False
     ready_at: float = 0.0  # its memory is back (paged in)
     resident_bytes: int = 0  # of memory_bytes, what is on the GPU now
@@ -254,6 +256,7 @@ def simulate(
             client = by_number.get(getattr(action, "client", None))
             if isinstance(action, Grant) and client is not None:
                 client.lease, client.waiting = action, False
+                client.waited_s = now - client.requested_at
                 client.prefetches = action.displaced
                 client.idle_since = now
                 client.drop_at = client.yield_idle_s = None
@@ -294,6 +297,7 @@ def simulate(
                 {c.number: c in running for c in holding},
                 {c.number: c.weight for c in holding},
                 now,
+                {c.number: c.waited_s for c in holding},
             )
             running = [c for c in running if fair.may_run(c.number)]
         for c in may_run:
@@ -331,7 +335,7 @@ def simulate(
                 release(c, now)
         for c in clients:
             if c.lease is None and c.pending and not c.waiting:
-                c.waiting = True
+                c.waiting, c.requested_at = True, now
                 carry_out(core.request(c.number, GPU, now), now)
         deadline = core.next_deadline()
         if deadline is not None and deadline <= now:

@@ -96,6 +96,7 @@ struct fair_gpu {
     uint64_t least_seen_at_ns;      /* then (0: never) */
     uint64_t least_at_idle_ns;      /* the least to go by when it went idle (UINT64_MAX: none) */
     uint64_t near_hold_ns;          /* when it was last near a hold: its queue short */
+    uint64_t waited_ns;             /* its last grant's wait, till the next burst */
     uint64_t vtime_ns;              /* what it writes to its slot (never read back) */
     /* For the debug log, a line a second: busy ms, looks, looks backlogged, held, short. */
     double busy_ms, reported_at_ms;
@@ -181,24 +182,33 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     /* The least virtual time of the others backlogged: fresh ones only (a stamp from the
      * future is no fresher), and none so large that adding the lead would wrap.  And how
      * many have work on the GPU beside this one's. */
-    uint64_t least = UINT64_MAX;
+    uint64_t least = UINT64_MAX, latest_idle = 0;
     unsigned sharing = 1;
     for (unsigned i = 0; i < NVSHARE_FAIR_SLOTS; i++) {
         uint64_t seen = SLOT_LOAD(slots[i].seen_ns);
-        if (i == mine->slot || !SLOT_LOAD(slots[i].in_use) || !SLOT_LOAD(slots[i].backlogged) ||
-            seen < stale_before || seen > now)
+        if (i == mine->slot || !SLOT_LOAD(slots[i].in_use) || seen < stale_before || seen > now)
             continue;
         uint64_t vtime = SLOT_LOAD(slots[i].vtime_ns);
+        if (!SLOT_LOAD(slots[i].backlogged)) {
+            latest_idle = vtime > latest_idle ? vtime : latest_idle;
+            continue;
+        }
         least = vtime < least ? vtime : least;
         sharing += SLOT_LOAD(slots[i].on_gpu) != 0 && now - seen < on_gpu_fresh_ns;
     }
     if (least > UINT64_MAX - max_ahead_ns)
         least = UINT64_MAX;
+    if (latest_idle > UINT64_MAX - max_ahead_ns)
+        latest_idle = 0;
     /* Its own, kept here: a slot's last owner may write it a little longer. */
     uint64_t vtime = mine->vtime_ns;
     /* The least to go by in coming back: this look's, else one seen within STALE_MS (the
-     * others between two steps); else a look that found them all in a gap gave no credit
-     * and left an old, low virtual time in place. */
+     * others between two steps), else the latest of the others holding but idle now; else
+     * a look that found them all in a gap gave no credit and left an old, low virtual
+     * time in place.  Two trainers that do not fit together, back from every other turn
+     * of 0.5 s, kept the virtual time of their last turn and pulled everyone beside them
+     * back to it (at most MAX_AHEAD_MS ahead): a notebook's 15 ms cells took p50 168 ms
+     * (H200; 39 ms with fair_page off). */
     if (least != UINT64_MAX) {
         mine->least_seen_ns = least;
         mine->least_seen_at_ns = now;
@@ -206,6 +216,8 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     uint64_t least_by = least;
     if (least_by == UINT64_MAX && mine->least_seen_at_ns > stale_before)
         least_by = mine->least_seen_ns;
+    if (least_by == UINT64_MAX && latest_idle != 0)
+        least_by = latest_idle;
     int resumed = backlogged && !mine->backlogged;
     if (resumed && mine->idle_since_ns != 0 &&
         now - mine->idle_since_ns < (uint64_t)IDLE_MS * 1000000u) {
@@ -224,6 +236,15 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
             uint64_t from =
                 mine->least_at_idle_ns != UINT64_MAX ? mine->least_at_idle_ns : mine->vtime_ns;
             ran = least_by > from ? least_by - from : 0;
+            /* Less the part of the gap it waited for its grant, as a share of the gap:
+             * it wanted the GPU then.  Two trainers that do not fit together, each back
+             * from every other turn of 0.5 s with a credit of ~250 ms, kept a notebook's
+             * cell beside them short-queued (H200: p50 168 ms for its 15 ms cells). */
+            uint64_t gap = now - mine->idle_since_ns;
+            if (mine->waited_ns >= gap)
+                ran = 0;
+            else if (mine->waited_ns != 0)
+                ran = (uint64_t)((double)ran * (double)(gap - mine->waited_ns) / (double)gap);
         }
         uint64_t floor_ns = (uint64_t)BURST_CREDIT_MS * 1000000u;
         uint64_t most_ns = (uint64_t)MAX_CREDIT_MS * 1000000u;
@@ -232,6 +253,8 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
             vtime = least_by;
         mine->burst_used_ns = 0;
     }
+    if (resumed)
+        mine->waited_ns = 0;
     if (!backlogged && mine->backlogged) {
         mine->idle_since_ns = now;
         mine->least_at_idle_ns = least_by;
@@ -283,6 +306,12 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
         atomic_store(&gate->held, 1);
     else
         lift_hold(gpu);
+}
+
+void nvshare_fair_granted(int gpu, double waited_ms)
+{
+    if (gpu >= 0 && gpu < NVSHARE_MAX_GPUS && waited_ms > 0)
+        fair[gpu].waited_ns = (uint64_t)(waited_ms * 1e6);
 }
 
 void nvshare_fair_wait(int gpu)

@@ -15,6 +15,10 @@ void nvshare_fair_attach(int gpu, const struct nvshare_fair_slot *slot, int fd);
  * state and sets the gate's hold. */
 void nvshare_fair_look(int gpu, int open, int busy, double busy_ms);
 
+/* A grant of gpu came after waiting this long (client thread): time spent waiting for a
+ * turn was wanted, so it earns no credit at the next burst. */
+void nvshare_fair_granted(int gpu, double waited_ms);
+
 /* An application thread at gpu's gate while it is held: waits until the hold ends, at
  * most HOLD_MS, then goes on (a hold never stops a process for good). */
 void nvshare_fair_wait(int gpu);

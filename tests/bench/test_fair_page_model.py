@@ -14,14 +14,15 @@ from nvshare_agent.settings import Settings
 STEP = 0.001
 
 
-def play(page, seconds, start, work_of):
+def play(page, seconds, start, work_of, waited=None):
     """Steps of 1 ms from start: work_of(now) -> {client: has work}; those with work that
-    may run share the step evenly.  Returns the time after."""
+    may run share the step evenly; waited: how long each one's grant took.  Returns the
+    time after."""
     now = start
     for _ in range(round(seconds / STEP)):
         now += STEP
         with_work = work_of(now)
-        page.look(with_work, {number: 1 for number in with_work}, now)
+        page.look(with_work, {number: 1 for number in with_work}, now, waited)
         running = [n for n, has in with_work.items() if has and page.may_run(n)]
         for number in running:
             page.ran(number, STEP / len(running), STEP)
@@ -46,6 +47,21 @@ def test_back_from_idle_a_credit_of_what_the_least_ran_on_meanwhile():
     play(page, 0.002, now, lambda now: {1: True, 2: True})
     assert page.slots[2].credit == pytest.approx(ran, abs=0.003)
     assert model.BURST_CREDIT_S < page.slots[2].credit < model.MAX_CREDIT_S
+
+
+@pytest.mark.parametrize("waited_share", [1.0, 0.5])
+def test_time_waited_for_a_grant_earns_no_credit(waited_share):
+    """Two trainers that do not fit together, each back from every other 0.5 s turn with a
+    credit of ~250 ms, kept a notebook's cell beside them short-queued (H200)."""
+    page = model.FairPage()
+    now = play(page, 0.5, 0.0, lambda now: {1: True, 2: True})
+    least_then = page.slots[1].vtime
+    now = play(page, 0.2, now, lambda now: {1: True})  # 2 without a lease: its turn to wait
+    ran = page.slots[1].vtime - least_then
+    both = lambda now: {1: True, 2: True}  # noqa: E731
+    play(page, 0.002, now, both, waited={2: 0.2 * waited_share})
+    want = min(max(ran * (1 - waited_share), model.BURST_CREDIT_S), model.MAX_CREDIT_S)
+    assert page.slots[2].credit == pytest.approx(want, abs=0.005)
 
 
 def test_a_short_gap_keeps_its_place_but_never_more_than_the_lead_behind():
