@@ -6,8 +6,8 @@ step (the shim's look is ~1 ms, a step's length; each reads the others' state of
 before). Back from a gap shorter than IDLE_S a client keeps its place, but at most LEAD_S
 behind the least of those with work (or the least it saw within STALE_S); back after
 IDLE_S or more, or new, it starts level with that least (else the latest of the others
-holding, all idle), and for its first BURST_CREDIT_S of virtual time, or as much as that
-least ran on while it was away but not waiting for its grant (up to MAX_CREDIT_S; a
+looking, all idle), and for its first BURST_CREDIT_S of virtual time, or as much as that
+least ran on while it was away and had not asked again for the GPU (up to MAX_CREDIT_S; a
 newcomer was not away), it is neither held nor, for half of it, its queue short (a
 request, a cell: latency work first). A client keeps its slot between leases, as its
 shim keeps its state. Its queue is short (QUEUE_S) while it is, or was within STICKY_S,
@@ -42,6 +42,7 @@ class Slot:
     burst_used: float = 0.0  # virtual time used since it came back from IDLE_S idle
     credit: float = BURST_CREDIT_S  # not held while burst_used is under this
     held: bool = False
+    seen_at: float = -1e9  # its last look (a shim looks only while it holds the GPU)
     queued_s: float = 0.0  # held: what of its queued work may still run
     near_hold_at: float = -1e9  # when it was last near a hold (its queue short)
     sharing: int = 1  # itself and the others it saw on the GPU at its last look
@@ -51,56 +52,58 @@ class FairPage:
     def __init__(self) -> None:
         self.slots: dict[int, Slot] = {}
         self.on_gpu: set[int] = set()  # those that ran since the last look
+        self.asked_at: dict[int, float] = {}  # when each asked for the grant it holds
 
-    def look(
-        self,
-        with_work: dict[int, bool],
-        weights: dict[int, int],
-        now: float,
-        waited: dict[int, float] | None = None,
-    ) -> None:
-        """with_work: each holder, whether it has work; waited: how long each one's lease took
-        to be granted.  Another keeps its slot, as its shim keeps its state between leases,
-        and shows no work."""
-        waited = waited or {}
+    def asked(self, number: int, at: float) -> None:
+        """number was granted the GPU for a request made at `at`."""
+        self.asked_at[number] = at
+
+    def look(self, with_work: dict[int, bool], weights: dict[int, int], now: float) -> None:
+        """with_work: each holder, whether it has work.  Another keeps its slot, as its
+        shim keeps its state between leases, and looks no more once it has shown no work."""
         for number in with_work:
             self.slots.setdefault(number, Slot(weights[number])).weight = weights[number]
         # What each showed at its last look: the others read it a look late.
         shown = {n: s.backlogged for n, s in self.slots.items()}
         shown_on_gpu, self.on_gpu = self.on_gpu, set()
+        seen_at = {n: s.seen_at for n, s in self.slots.items()}
         for number, slot in self.slots.items():
+            if number not in with_work and not slot.backlogged:
+                continue  # no lease: its shim does not look (one last look once it closes)
+            slot.seen_at = now
             backlogged = with_work.get(number, False)
-            others = [o.vtime for n, o in self.slots.items() if n != number and shown[n]]
+            fresh = [n for n in self.slots if n != number and now - seen_at[n] < STALE_S]
+            others = [self.slots[n].vtime for n in fresh if shown[n]]
             least = min(others) if others else None
-            least_by = least  # to come back by: else one seen within STALE_S
-            idle = [o.vtime for n, o in self.slots.items() if n != number and n in with_work]
+            least_known = least  # to reckon a credit by: else one seen within STALE_S
             if least is not None:
                 slot.least_seen, slot.least_seen_at = least, now
             elif now - slot.least_seen_at < STALE_S:
-                least_by = slot.least_seen  # the others between two steps
-            elif idle:
-                least_by = max(idle)  # the latest of the others holding, idle now
+                least_known = slot.least_seen  # the others between two steps
+            idle = [self.slots[n].vtime for n in fresh if not shown[n]]
+            # To come back level with: else the latest of the others looking, all idle.
+            least_by = least_known if least_known is not None else max(idle, default=None)
             resumed = backlogged and not slot.backlogged
             away = slot.idle_since is not None  # a newcomer was not
             back = resumed and (not away or now - slot.idle_since >= IDLE_S)
-            if resumed and not back and least_by is not None:
-                slot.vtime = max(slot.vtime, least_by - LEAD_S)  # a short gap: not owed more
+            asked = self.asked_at.pop(number, None) if resumed else None
+            if resumed and not back and least_known is not None:
+                slot.vtime = max(slot.vtime, least_known - LEAD_S)  # a short gap: not owed more
             if back:
                 slot.burst_used = 0.0
-                # Its credit: what the least ran on while it was away, within bounds.
+                # Its credit: what the least ran on while it was away, within bounds, and
+                # only till it asked again (then it wanted the GPU: a turn, a prefetch).
                 since = slot.least_at_idle if slot.least_at_idle is not None else slot.vtime
-                ran = least_by - since if away and least_by is not None else 0.0
-                # Time it waited for its grant it wanted: no credit for that part.
-                if away and now > slot.idle_since:
-                    gap = now - slot.idle_since
-                    ran *= max(0.0, gap - waited.get(number, 0.0)) / gap
+                ran = least_known - since if away and least_known is not None else 0.0
+                if away and asked is not None and slot.idle_since <= asked < now:
+                    ran *= (asked - slot.idle_since) / (now - slot.idle_since)
                 slot.credit = min(max(ran, BURST_CREDIT_S), MAX_CREDIT_S)
                 if least_by is not None and least_by > slot.vtime:
                     slot.vtime = least_by  # back from idle: level
             in_burst = slot.burst_used < slot.credit
             queue_free = slot.burst_used < slot.credit / 2  # its queue long
             if not backlogged and slot.backlogged:
-                slot.idle_since, slot.least_at_idle = now, least_by
+                slot.idle_since, slot.least_at_idle = now, least_known
             slot.backlogged = backlogged
             if number not in with_work:
                 slot.held = False

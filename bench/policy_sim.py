@@ -88,7 +88,6 @@ class Client:
     lease: Grant | None = None
     waiting: bool = False
     requested_at: float = 0.0  # when it last asked for the GPU
-    waited_s: float = 0.0  # how long its lease's grant took to come
     joined: bool = False
     ready_at: float = 0.0  # its memory is back (paged in)
     resident_bytes: int = 0  # of memory_bytes, what is on the GPU now
@@ -240,6 +239,8 @@ def simulate(
         c.resident_bytes += brought
         c.touched, c.prefetching, c.prefetches = True, c.prefetches, False
 
+    fair = FairPage() if fair_page else None
+
     def join(c: Client, now: float) -> None:
         c.joined = True
         # A newcomer's report moves the GPU's figures: what the rules do then is carried
@@ -256,7 +257,8 @@ def simulate(
             client = by_number.get(getattr(action, "client", None))
             if isinstance(action, Grant) and client is not None:
                 client.lease, client.waiting = action, False
-                client.waited_s = now - client.requested_at
+                if fair is not None:  # as its shim hears at the grant
+                    fair.asked(client.number, client.requested_at)
                 client.prefetches = action.displaced
                 client.idle_since = now
                 client.drop_at = client.yield_idle_s = None
@@ -274,7 +276,6 @@ def simulate(
         lease, c.lease = c.lease, None
         carry_out(core.release(c.number, GPU, lease.lease, now, idle_ms), now)
 
-    fair = FairPage() if fair_page else None
     steps = round(seconds / STEP_S)
     for step in range(1, steps + 1):
         now = step * STEP_S
@@ -297,7 +298,6 @@ def simulate(
                 {c.number: c in running for c in holding},
                 {c.number: c.weight for c in holding},
                 now,
-                {c.number: c.waited_s for c in holding},
             )
             running = [c for c in running if fair.may_run(c.number)]
         for c in may_run:

@@ -10,14 +10,14 @@
  * holds its next launches until that one has caught up or has no work: nobody is held
  * for a process without work, and over time each backlogged process gets GPU time in
  * proportion to its weight.  Back after IDLE_MS idle or more, a process starts at the
- * least virtual time of those backlogged, not its own older one: time it did not want is
- * not owed to it later (as in a fluid share of the GPU, where idle time is not banked);
- * back from a shorter gap it keeps its place, but never more than LEAD_MS behind.
- * Latency work goes first: back from idle, a process is not held for its first
- * BURST_CREDIT_MS of virtual time (a request, a cell, a batch), or for as much as the
- * least virtual time of those with work ran on while it was away (up to MAX_CREDIT_MS; a
- * newcomer was not away), nor its queue kept short for the first half of it, and it
- * holds those ahead of it as ever.
+ * least virtual time of those backlogged (none: the latest of the others looking), not its
+ * own older one: time it did not want is not owed to it later (as in a fluid share of the
+ * GPU, where idle time is not banked); back from a shorter gap it keeps its place, but
+ * never more than LEAD_MS behind.  Latency work goes first: back from idle, a process is
+ * not held for its first BURST_CREDIT_MS of virtual time (a request, a cell, a batch), or
+ * for as much as the least virtual time of those with work ran on while it was away and
+ * had not yet asked again for the GPU (up to MAX_CREDIT_MS; a newcomer was not away), nor
+ * its queue kept short for the first half of it, and it holds those ahead of it as ever.
  *
  * The client thread looks every ~1 ms while the gate is open (the usage meter's sample):
  * it reads its weight from its slot (the agent rewrites it when its group's changes),
@@ -96,7 +96,7 @@ struct fair_gpu {
     uint64_t least_seen_at_ns;      /* then (0: never) */
     uint64_t least_at_idle_ns;      /* the least to go by when it went idle (UINT64_MAX: none) */
     uint64_t near_hold_ns;          /* when it was last near a hold: its queue short */
-    uint64_t waited_ns;             /* its last grant's wait, till the next burst */
+    uint64_t asked_at_ns;           /* when it asked for its last grant, till the next burst */
     uint64_t vtime_ns;              /* what it writes to its slot (never read back) */
     /* For the debug log, a line a second: busy ms, looks, looks backlogged, held, short. */
     double busy_ms, reported_at_ms;
@@ -182,42 +182,37 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     /* The least virtual time of the others backlogged: fresh ones only (a stamp from the
      * future is no fresher), and none so large that adding the lead would wrap.  And how
      * many have work on the GPU beside this one's. */
-    uint64_t least = UINT64_MAX, latest_idle = 0;
+    uint64_t least = UINT64_MAX, latest_idle = UINT64_MAX;
     unsigned sharing = 1;
     for (unsigned i = 0; i < NVSHARE_FAIR_SLOTS; i++) {
-        uint64_t seen = SLOT_LOAD(slots[i].seen_ns);
-        if (i == mine->slot || !SLOT_LOAD(slots[i].in_use) || seen < stale_before || seen > now)
+        uint64_t seen = SLOT_LOAD(slots[i].seen_ns), vtime = SLOT_LOAD(slots[i].vtime_ns);
+        if (i == mine->slot || !SLOT_LOAD(slots[i].in_use) || seen < stale_before || seen > now ||
+            vtime > UINT64_MAX - max_ahead_ns)
             continue;
-        uint64_t vtime = SLOT_LOAD(slots[i].vtime_ns);
         if (!SLOT_LOAD(slots[i].backlogged)) {
-            latest_idle = vtime > latest_idle ? vtime : latest_idle;
+            latest_idle = latest_idle == UINT64_MAX || vtime > latest_idle ? vtime : latest_idle;
             continue;
         }
         least = vtime < least ? vtime : least;
         sharing += SLOT_LOAD(slots[i].on_gpu) != 0 && now - seen < on_gpu_fresh_ns;
     }
-    if (least > UINT64_MAX - max_ahead_ns)
-        least = UINT64_MAX;
-    if (latest_idle > UINT64_MAX - max_ahead_ns)
-        latest_idle = 0;
     /* Its own, kept here: a slot's last owner may write it a little longer. */
     uint64_t vtime = mine->vtime_ns;
-    /* The least to go by in coming back: this look's, else one seen within STALE_MS (the
-     * others between two steps), else the latest of the others holding but idle now; else
-     * a look that found them all in a gap gave no credit and left an old, low virtual
-     * time in place.  Two trainers that do not fit together, back from every other turn
-     * of 0.5 s, kept the virtual time of their last turn and pulled everyone beside them
-     * back to it (at most MAX_AHEAD_MS ahead): a notebook's 15 ms cells took p50 168 ms
-     * (H200; 39 ms with fair_page off). */
+    /* The least to reckon a credit by: this look's, else one seen within STALE_MS (the
+     * others between two steps); else a look that found them all in a gap gave none. */
     if (least != UINT64_MAX) {
         mine->least_seen_ns = least;
         mine->least_seen_at_ns = now;
     }
-    uint64_t least_by = least;
-    if (least_by == UINT64_MAX && mine->least_seen_at_ns > stale_before)
-        least_by = mine->least_seen_ns;
-    if (least_by == UINT64_MAX && latest_idle != 0)
-        least_by = latest_idle;
+    uint64_t least_known = least;
+    if (least_known == UINT64_MAX && mine->least_seen_at_ns > stale_before)
+        least_known = mine->least_seen_ns;
+    /* To come back level with: that least, else the latest of the others that looked within
+     * STALE_MS, all idle.  Two trainers that do not fit together, back from every other
+     * turn of 0.5 s to find nobody with work, kept the virtual time of their last turn and
+     * pulled everyone beside them back to it (at most MAX_AHEAD_MS ahead): a notebook's
+     * 15 ms cells took p50 168 ms (H200; 39 ms with fair_page off). */
+    uint64_t least_by = least_known != UINT64_MAX ? least_known : latest_idle;
     int resumed = backlogged && !mine->backlogged;
     if (resumed && mine->idle_since_ns != 0 &&
         now - mine->idle_since_ns < (uint64_t)IDLE_MS * 1000000u) {
@@ -226,25 +221,23 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
          * worth, and held every other holder (each at most MAX_AHEAD_MS past it) at each
          * batch: a notebook's 150 ms cell beside it and a trainer took 0.3-1.1 s, with the
          * credit below too (H200; 343 ms without nvshare). */
-        if (least_by != UINT64_MAX && least_by > vtime + lead_ns)
-            vtime = least_by - lead_ns;
+        if (least_known != UINT64_MAX && least_known > vtime + lead_ns)
+            vtime = least_known - lead_ns;
     } else if (resumed) {
         /* Back from idle, or new: level with the least, and a credit of what that least ran
          * on while it was away (a newcomer was not away: the floor). */
         uint64_t ran = 0;
-        if (mine->idle_since_ns != 0 && least_by != UINT64_MAX) {
+        if (mine->idle_since_ns != 0 && least_known != UINT64_MAX) {
             uint64_t from =
                 mine->least_at_idle_ns != UINT64_MAX ? mine->least_at_idle_ns : mine->vtime_ns;
-            ran = least_by > from ? least_by - from : 0;
-            /* Less the part of the gap it waited for its grant, as a share of the gap:
-             * it wanted the GPU then.  Two trainers that do not fit together, each back
-             * from every other turn of 0.5 s with a credit of ~250 ms, kept a notebook's
-             * cell beside them short-queued (H200: p50 168 ms for its 15 ms cells). */
-            uint64_t gap = now - mine->idle_since_ns;
-            if (mine->waited_ns >= gap)
-                ran = 0;
-            else if (mine->waited_ns != 0)
-                ran = (uint64_t)((double)ran * (double)(gap - mine->waited_ns) / (double)gap);
+            ran = least_known > from ? least_known - from : 0;
+            /* Only the part of the gap before it asked again for the GPU: from then on it
+             * wanted it (waiting for a turn, its grant's prefetch).  Two trainers apart, back
+             * from every other 0.5 s turn with ~250 ms of credit each, had it as latency
+             * work and kept a notebook's cell beside them short-queued. */
+            uint64_t gap = now - mine->idle_since_ns, asked = mine->asked_at_ns;
+            if (asked >= mine->idle_since_ns && asked < now)
+                ran = (uint64_t)((double)ran * (double)(asked - mine->idle_since_ns) / (double)gap);
         }
         uint64_t floor_ns = (uint64_t)BURST_CREDIT_MS * 1000000u;
         uint64_t most_ns = (uint64_t)MAX_CREDIT_MS * 1000000u;
@@ -254,16 +247,16 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
         mine->burst_used_ns = 0;
     }
     if (resumed)
-        mine->waited_ns = 0;
+        mine->asked_at_ns = 0;
     if (!backlogged && mine->backlogged) {
         mine->idle_since_ns = now;
-        mine->least_at_idle_ns = least_by;
+        mine->least_at_idle_ns = least_known;
     }
     /* Its GPU time: the driver gives each context with work an equal slice, so time with
      * work on the GPU beside others is theirs too.  Counted whole, a request waiting
      * behind a trainer's queue was charged for the trainer's work. */
     uint64_t charge = (uint64_t)(busy_ms * 1e6 / weight / sharing);
-    vtime += charge;
+    vtime = vtime > UINT64_MAX - charge ? UINT64_MAX : vtime + charge;
     mine->burst_used_ns += charge;
     /* Never more than MAX_AHEAD_MS ahead of another with work: one that came while this
      * one was idle (started at 0) would else hold it for as long as its whole past here. */
@@ -308,10 +301,10 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
         lift_hold(gpu);
 }
 
-void nvshare_fair_granted(int gpu, double waited_ms)
+void nvshare_fair_asked(int gpu, double asked_at_ms)
 {
-    if (gpu >= 0 && gpu < NVSHARE_MAX_GPUS && waited_ms > 0)
-        fair[gpu].waited_ns = (uint64_t)(waited_ms * 1e6);
+    if (gpu >= 0 && gpu < NVSHARE_MAX_GPUS)
+        fair[gpu].asked_at_ns = asked_at_ms > 0 ? (uint64_t)(asked_at_ms * 1e6) : 0;
 }
 
 void nvshare_fair_wait(int gpu)

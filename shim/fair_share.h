@@ -15,9 +15,10 @@ void nvshare_fair_attach(int gpu, const struct nvshare_fair_slot *slot, int fd);
  * state and sets the gate's hold. */
 void nvshare_fair_look(int gpu, int open, int busy, double busy_ms);
 
-/* A grant of gpu came after waiting this long (client thread): time spent waiting for a
- * turn was wanted, so it earns no credit at the next burst. */
-void nvshare_fair_granted(int gpu, double waited_ms);
+/* A grant of gpu came for a request made at asked_at_ms (nvshare_now_ms; client thread):
+ * back from idle at its next burst, its credit counts only what the others ran on before
+ * then, not while it waited for its turn or its grant's prefetch. */
+void nvshare_fair_asked(int gpu, double asked_at_ms);
 
 /* An application thread at gpu's gate while it is held: waits until the hold ends, at
  * most HOLD_MS, then goes on (a hold never stops a process for good). */

@@ -320,11 +320,11 @@ static void on_grant(int gpu, const struct nvshare_lock_message *message)
                       (unsigned long long)message->lease,
                       has_job(&jobs, NVSHARE_JOB_SEND_RELEASED) ? "released" : "ignored");
     else {
-        double waited_ms = grant.now_ms - before.requested_at_ms;
         nvshare_debug("grant gpu=%d lease=%llu mode=%s waited_ms=%.2f", gpu,
                       (unsigned long long)message->lease,
-                      message->flags & NVSHARE_GRANT_SHARED ? "shared" : "exclusive", waited_ms);
-        nvshare_fair_granted(gpu, waited_ms);
+                      message->flags & NVSHARE_GRANT_SHARED ? "shared" : "exclusive",
+                      grant.now_ms - before.requested_at_ms);
+        nvshare_fair_asked(gpu, before.requested_at_ms);
     }
     carry_out(gpu, &jobs);
 }

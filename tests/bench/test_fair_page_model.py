@@ -14,15 +14,14 @@ from nvshare_agent.settings import Settings
 STEP = 0.001
 
 
-def play(page, seconds, start, work_of, waited=None):
+def play(page, seconds, start, work_of):
     """Steps of 1 ms from start: work_of(now) -> {client: has work}; those with work that
-    may run share the step evenly; waited: how long each one's grant took.  Returns the
-    time after."""
+    may run share the step evenly.  Returns the time after."""
     now = start
     for _ in range(round(seconds / STEP)):
         now += STEP
         with_work = work_of(now)
-        page.look(with_work, {number: 1 for number in with_work}, now, waited)
+        page.look(with_work, {number: 1 for number in with_work}, now)
         running = [n for n, has in with_work.items() if has and page.may_run(n)]
         for number in running:
             page.ran(number, STEP / len(running), STEP)
@@ -49,19 +48,31 @@ def test_back_from_idle_a_credit_of_what_the_least_ran_on_meanwhile():
     assert model.BURST_CREDIT_S < page.slots[2].credit < model.MAX_CREDIT_S
 
 
-@pytest.mark.parametrize("waited_share", [1.0, 0.5])
-def test_time_waited_for_a_grant_earns_no_credit(waited_share):
+@pytest.mark.parametrize("asked_after", [0.0, 0.5])
+def test_the_credit_counts_only_what_the_least_ran_on_before_it_asked_again(asked_after):
     """Two trainers that do not fit together, each back from every other 0.5 s turn with a
-    credit of ~250 ms, kept a notebook's cell beside them short-queued (H200)."""
+    credit of ~250 ms, kept a notebook's cell beside them short-queued (H200): time spent
+    waiting for a turn, or for its grant's prefetch, was wanted."""
     page = model.FairPage()
     now = play(page, 0.5, 0.0, lambda now: {1: True, 2: True})
+    went_idle = now + STEP
     least_then = page.slots[1].vtime
-    now = play(page, 0.2, now, lambda now: {1: True})  # 2 without a lease: its turn to wait
+    now = play(page, 0.2, now, lambda now: {1: True})  # 2 without a lease
     ran = page.slots[1].vtime - least_then
-    both = lambda now: {1: True, 2: True}  # noqa: E731
-    play(page, 0.002, now, both, waited={2: 0.2 * waited_share})
-    want = min(max(ran * (1 - waited_share), model.BURST_CREDIT_S), model.MAX_CREDIT_S)
+    page.asked(2, went_idle + 0.2 * asked_after)  # asked at once, or halfway
+    play(page, 0.002, now, lambda now: {1: True, 2: True})
+    want = min(max(ran * asked_after, model.BURST_CREDIT_S), model.MAX_CREDIT_S)
     assert page.slots[2].credit == pytest.approx(want, abs=0.005)
+
+
+def test_back_to_find_nobody_with_work_it_is_level_with_the_latest_looking():
+    """Not at the virtual time of its last turn: everyone beside it was pulled back to it."""
+    page = model.FairPage()
+    now = play(page, 0.3, 0.0, lambda now: {1: True, 2: True})
+    now = play(page, 0.3, now, lambda now: {1: True})  # 2 without a lease, 1 runs on
+    now = play(page, 0.05, now, lambda now: {1: False})  # 1 holds, idle
+    play(page, 0.002, now, lambda now: {1: False, 2: True})
+    assert page.slots[2].vtime >= page.slots[1].vtime
 
 
 def test_a_short_gap_keeps_its_place_but_never_more_than_the_lead_behind():

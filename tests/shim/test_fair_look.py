@@ -1,13 +1,12 @@
 """One shim's look at its GPU's fair page (shim/fair_share.c), driven directly: the file
-built alone with a stub of what it needs (fair_look_stub.c), the page a memfd this test
-writes the other slots of, as the other shims would."""
+built alone with a stub of what it needs and a clock the test sets (fair_look_stub.c), the
+page a memfd whose other slot the test writes, as another shim would.  No sleeps."""
 
 from __future__ import annotations
 
 import mmap
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import cffi
@@ -19,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "shim"
 MS = 1_000_000  # ns
 MINE, OTHER = 0, 1
+LOOK_MS = 5  # the most busy time one look counts (usage_meter.c)
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +27,7 @@ def fair_lib(tmp_path_factory):
     subprocess.run(
         ["gcc", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared"]
         + ["-include", str(SHIM / "glibc_baseline.h"), f"-I{SHIM}"]
+        + ["-Dclock_gettime=stub_clock_gettime"]  # fair_share.c's clock: the test's
         + [str(SHIM / "fair_share.c"), str(Path(__file__).with_name("fair_look_stub.c"))]
         + ["-o", str(library)],
         check=True,
@@ -34,8 +35,9 @@ def fair_lib(tmp_path_factory):
     ffi = cffi.FFI()
     ffi.cdef(
         """void nvshare_fair_look(int gpu, int open, int busy, double busy_ms);
-        void nvshare_fair_granted(int gpu, double waited_ms);
+        void nvshare_fair_asked(int gpu, double asked_at_ms);
         void nvshare_fair_forget_after_fork(void);
+        void stub_set_now_ns(uint64_t ns);
         void stub_attach(int gpu, unsigned slot, int fd);
         int stub_held(int gpu);"""
     )
@@ -43,13 +45,14 @@ def fair_lib(tmp_path_factory):
 
 
 class Page:
-    """A GPU's fair page as the agent makes it, this process in slot MINE."""
+    """A GPU's fair page as the agent makes it, this process in slot MINE, on a clock."""
 
     def __init__(self, lib):
-        self.lib = lib
+        self.lib, self.now_ms = lib, 1_000_000.0
+        size = protocol.ffi.sizeof("struct nvshare_fair_page")
         fd = os.memfd_create("fair-test")
-        os.ftruncate(fd, protocol.ffi.sizeof("struct nvshare_fair_page"))
-        self.map = mmap.mmap(fd, protocol.ffi.sizeof("struct nvshare_fair_page"))
+        os.ftruncate(fd, size)
+        self.map = mmap.mmap(fd, size)
         self.page = protocol.ffi.from_buffer("struct nvshare_fair_page *", self.map)
         self.page.magic = protocol.MAGIC
         for slot in (MINE, OTHER):
@@ -57,12 +60,17 @@ class Page:
             self.page.slots[slot].weight = 1
         lib.nvshare_fair_forget_after_fork()  # a fresh shim's state
         lib.stub_attach(0, MINE, fd)  # it closes the descriptor
+        self.tick(0)
+
+    def tick(self, ms: float) -> None:
+        self.now_ms += ms
+        self.lib.stub_set_now_ns(int(self.now_ms * MS))
 
     def other(self, vtime_ms: float, backlogged: bool) -> None:
-        """The other process's look: fresh now."""
+        """The other process's look, now (not on the GPU: this one's time is its own)."""
         slot = self.page.slots[OTHER]
         slot.vtime_ns, slot.backlogged = int(vtime_ms * MS), int(backlogged)
-        slot.seen_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        slot.seen_ns = int(self.now_ms * MS)
 
     def look(self, busy_ms: float) -> None:
         self.lib.nvshare_fair_look(0, 1, int(busy_ms > 0), busy_ms)
@@ -70,6 +78,17 @@ class Page:
     @property
     def mine_ms(self) -> float:
         return self.page.slots[MINE].vtime_ns / MS
+
+    def charged_till_held(self, least_ms: float) -> float:
+        """Busy looks of LOOK_MS beside the other backlogged at least_ms: how much virtual
+        time this one used before it was held (its credit, give or take a look)."""
+        used = 0.0
+        while not self.lib.stub_held(0) and used < 1000:
+            self.tick(LOOK_MS)
+            self.other(least_ms, backlogged=True)
+            self.look(LOOK_MS)
+            used += LOOK_MS
+        return used
 
 
 def test_a_newcomer_among_holders_all_idle_starts_level_with_the_latest(fair_lib):
@@ -89,27 +108,42 @@ def test_with_others_backlogged_a_newcomer_starts_level_with_the_least(fair_lib)
     assert page.mine_ms == pytest.approx(301, abs=0.01)
 
 
-def back_after(lib, waited_ms):
-    """Busy beside OTHER, idle 15 ms while OTHER runs on 200 ms of virtual time, back
-    (granted after waited_ms), then 40 ms charged: held, or not?"""
-    page = Page(lib)
+def away_and_back(page, asked_after):
+    """Busy beside the other, away 100 ms while the other's virtual time runs on 200 ms,
+    asking again for the GPU asked_after of the way through the gap (None: never), back."""
     page.other(vtime_ms=1000, backlogged=True)
     page.look(busy_ms=1)
-    page.look(busy_ms=0)  # idle, the least then 1000
-    time.sleep(0.015)  # past IDLE_MS: back from idle, not from a short gap
+    page.tick(1)
+    page.look(busy_ms=0)  # idle; the least then 1000
+    went_idle_ms = page.now_ms
+    if asked_after is not None:
+        page.lib.nvshare_fair_asked(0, went_idle_ms + 100 * asked_after)
+    page.tick(100)
     page.other(vtime_ms=1200, backlogged=True)
-    if waited_ms:
-        lib.nvshare_fair_granted(0, waited_ms)
     page.look(busy_ms=0.1)
+
+
+@pytest.mark.parametrize(
+    "asked_after, credit_ms",
+    [(None, 200), (1.0, 200), (0.5, 100), (0.0, 30)],  # 30: BURST_CREDIT_MS, the floor
+)
+def test_the_credit_is_what_the_least_ran_on_before_it_asked_again(
+    fair_lib, asked_after, credit_ms
+):
+    """From then on it wanted the GPU: waiting for a turn, its grant's prefetch."""
+    page = Page(fair_lib)
+    away_and_back(page, asked_after)
+    assert page.charged_till_held(least_ms=1200) == pytest.approx(credit_ms, abs=LOOK_MS + 1)
+
+
+def test_a_request_counts_once_the_next_time_back_from_idle_has_all(fair_lib):
+    page = Page(fair_lib)
+    away_and_back(page, asked_after=0.0)  # the floor, as above
+    page.charged_till_held(least_ms=1200)
+    page.tick(1)
     page.other(vtime_ms=1200, backlogged=True)
-    page.look(busy_ms=80)  # 40 ms charged beside OTHER: past the 30 ms floor
-    return lib.stub_held(0)
-
-
-def test_back_from_idle_a_credit_of_what_the_others_ran_meanwhile(fair_lib):
-    assert back_after(fair_lib, waited_ms=0) == 0
-
-
-def test_time_waited_for_a_grant_earns_no_credit(fair_lib):
-    """It wanted the GPU then: only the floor (BURST_CREDIT_MS), so it is held."""
-    assert back_after(fair_lib, waited_ms=1000) == 1
+    page.look(busy_ms=0)  # idle again, in the same lease; the least then 1200
+    page.tick(100)
+    page.other(vtime_ms=1300, backlogged=True)
+    page.look(busy_ms=0.1)
+    assert page.charged_till_held(least_ms=1300) == pytest.approx(100, abs=LOOK_MS + 1)
