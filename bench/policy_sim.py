@@ -379,6 +379,7 @@ def figures(c: Client, ideal: Client, seconds: float) -> dict:
         "max_s": ordered[-1] if ordered else None,
         "turns": len(c.turns),
         "median_turn_gap_s": statistics.median(turns) if turns else None,
+        "done_by_window": dict(c.done_by_window),  # its GPU work in each WINDOW_S
     }
 
 
@@ -420,6 +421,11 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--sweep", type=int, default=0, help="N random mixes against the ideal")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--reversed",
+        action="store_true",
+        help="with --sweep: each mix again with its clients arriving in the reverse order",
+    )
     args = parser.parse_args(argv)
     rates = (args.prefetch_gbps, args.fault_gbps)
     if not (args.seconds > 0 and args.gpu_gib > 0 and args.tq > 0 and min(rates) > 0):
@@ -434,7 +440,8 @@ def main(argv=None) -> None:
     if args.sweep:
         from policy_sweep import sweep, sweep_lines  # it plays mixes through simulate()
 
-        print("\n".join(sweep_lines(sweep(args.sweep, args.seconds, settings, args.seed, paging))))
+        verdicts = sweep(args.sweep, args.seconds, settings, args.seed, paging, args.reversed)
+        print("\n".join(sweep_lines(verdicts)))
         return
     try:
         result = simulate(

@@ -8,7 +8,7 @@ import random
 import statistics
 
 from policy_ceiling import ceiling, fitting_sets, smallest_push_out
-from policy_sim import GIB, STEP_S, ideal_run, parse_client, simulate
+from policy_sim import GIB, SETTLE_S, STEP_S, WINDOW_S, ideal_run, parse_client, simulate
 
 from nvshare_agent.settings import Settings
 
@@ -70,14 +70,51 @@ def judged(
     }
 
 
-def sweep(count: int, seconds: float, settings: Settings, seed: int, paging: dict) -> list[dict]:
-    """count random mixes, each played for `seconds` (paging: simulate's page-in rates)."""
+def arrivals_reversed(specs: list[str]) -> list[str]:
+    """The same clients arriving in the reverse order: the list reversed (who joins first
+    in one step) and each taking the arrival time of its mirror (the last comes first)."""
+    parts = [spec.partition("+") for spec in specs]
+    starts = [rest.partition("*")[0] for _, _, rest in parts]
+    return [
+        f"{head}+{start}{rest[len(own) :]}"
+        for (head, _, rest), own, start in zip(parts, starts, reversed(starts))
+    ][::-1]
+
+
+def shares_once_all_came(result: dict, specs: list[str]) -> list[float]:
+    """Each client's part of the GPU's work over the whole windows that begin SETTLE_S
+    after the last arrival, in the order of specs."""
+    last = max(parse_client(n + 1, spec).start for n, spec in enumerate(specs))
+    windows = [
+        w
+        for w in range(int(result["seconds"] // WINDOW_S))
+        if w * WINDOW_S >= last + SETTLE_S and (w + 1) * WINDOW_S <= result["seconds"]
+    ]
+    return [
+        sum(f["done_by_window"].get(w, 0.0) for w in windows) / (len(windows) * WINDOW_S)
+        if windows
+        else 0.0
+        for f in result["clients"].values()
+    ]
+
+
+def sweep(
+    count: int, seconds: float, settings: Settings, seed: int, paging: dict, reverse=False
+) -> list[dict]:
+    """count random mixes, each played for `seconds` (paging: simulate's page-in rates);
+    reverse: each again with its arrivals reversed, and how far any client's share moved."""
     rng = random.Random(seed)
     verdicts = []
     for _ in range(count):
         specs, gpu_gib, staging = random_mix(rng)
         result = simulate(specs, seconds, settings, gpu_gib, **paging)
         verdicts.append(judged(specs, staging, result, gpu_gib, paging["prefetch_bytes_per_s"]))
+        if reverse:
+            other = arrivals_reversed(specs)
+            again = simulate(other, seconds, settings, gpu_gib, **paging)
+            before = shares_once_all_came(result, specs)
+            after = shares_once_all_came(again, other)[::-1]
+            verdicts[-1]["order_move"] = max(abs(a - b) for a, b in zip(before, after))
     return verdicts
 
 
@@ -106,6 +143,24 @@ def sweep_lines(verdicts: list[dict]) -> list[str]:
             if mixes
             else f"  memory fitting {staging}: no mixes"
         )
+    moves = [v for v in verdicts if "order_move" in v]
+    if moves:
+        moved = sorted(moves, key=lambda v: -v["order_move"])
+        lines.append(
+            f"arrivals reversed: the largest move of a client's share once all have come, "
+            f"median {100 * statistics.median(v['order_move'] for v in moves):.1f} points; "
+            f"{sum(v['order_move'] > 0.05 for v in moves)} of {len(moves)} mixes over 5; "
+            f"the most {100 * moved[0]['order_move']:.1f} ({moved[0]['staging']}: "
+            + " ".join(moved[0]["specs"])
+            + ")"
+        )
+        for staging in BAR:
+            some = [v["order_move"] for v in moves if v["staging"] == staging]
+            if some:
+                lines.append(
+                    f"  memory fitting {staging}: {sum(m > 0.05 for m in some)} of {len(some)} "
+                    f"over 5 points, median {100 * statistics.median(some):.1f}"
+                )
     lines.append(
         "ten worst (worst client's GPU time / its ideal, the most any policy could give, "
         "worst 10 s window, idle %, mix):"
