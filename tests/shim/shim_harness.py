@@ -45,6 +45,20 @@ TIMEOUT_S = 60.0
 NODE_PRELOAD_FILE = Path("/etc/ld.so.preload")
 
 
+def build_alone(library: Path, *sources: Path, flags: tuple[str, ...] = ()) -> Path:
+    """Some of the shim's files built into a library of their own, as the shim builds
+    them, for tests that drive them directly (test_lock_machine.py, test_fair_look.py)."""
+    source_dir = REPO / "shim"
+    subprocess.run(
+        ["gcc", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared"]
+        + ["-include", str(source_dir / "glibc_baseline.h"), f"-I{source_dir}", *flags]
+        + [str(source) for source in sources]
+        + ["-o", str(library)],
+        check=True,
+    )
+    return library
+
+
 def node_preloads_a_shim() -> bool:
     """Whether /etc/ld.so.preload names a libnvshare (an installed nvshare): then every
     process a test starts loads that copy too, after any LD_PRELOAD (ld.so(8))."""

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import mmap
 import os
-import subprocess
 from pathlib import Path
 
 import cffi
 import pytest
+from shim_harness import build_alone
 
 from nvshare_agent import protocol
 
@@ -24,14 +24,9 @@ LOOK_MS = 5  # the most busy time one look counts (usage_meter.c)
 @pytest.fixture(scope="module")
 def fair_lib(tmp_path_factory):
     library = tmp_path_factory.mktemp("fair_look") / "libfair_look.so"
-    subprocess.run(
-        ["gcc", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared"]
-        + ["-include", str(SHIM / "glibc_baseline.h"), f"-I{SHIM}"]
-        + ["-Dclock_gettime=stub_clock_gettime"]  # fair_share.c's clock: the test's
-        + [str(SHIM / "fair_share.c"), str(Path(__file__).with_name("fair_look_stub.c"))]
-        + ["-o", str(library)],
-        check=True,
-    )
+    stub = Path(__file__).with_name("fair_look_stub.c")
+    # fair_share.c's clock: the test's
+    build_alone(library, SHIM / "fair_share.c", stub, flags=("-Dclock_gettime=stub_clock_gettime",))
     ffi = cffi.FFI()
     ffi.cdef(
         """void nvshare_fair_look(int gpu, int open, int busy, double busy_ms);

@@ -7,11 +7,11 @@ agent reads the wire format."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import cffi
 import pytest
+from shim_harness import build_alone
 
 from nvshare_agent import protocol
 
@@ -29,12 +29,7 @@ DISPLACED = int(protocol.GrantFlags.DISPLACED)
 @pytest.fixture(scope="module")
 def machine_lib(tmp_path_factory):
     library = tmp_path_factory.mktemp("lock_machine") / "liblock_machine.so"
-    subprocess.run(
-        ["gcc", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared"]
-        + ["-include", str(SHIM / "glibc_baseline.h"), f"-I{SHIM}"]
-        + [str(SHIM / "lock_machine.c"), "-o", str(library)],
-        check=True,
-    )
+    build_alone(library, SHIM / "lock_machine.c")
     header = (SHIM / "lock_machine.h").read_text()
     ffi = cffi.FFI()
     ffi.cdef(header[header.index(BEGIN) + len(BEGIN) : header.index(END)])
