@@ -95,8 +95,8 @@ class FairPage:
                 # only till it asked again (then it wanted the GPU: a turn, a prefetch).
                 since = slot.least_at_idle if slot.least_at_idle is not None else slot.vtime
                 ran = least_known - since if away and least_known is not None else 0.0
-                if away and asked is not None and slot.idle_since <= asked < now:
-                    ran *= (asked - slot.idle_since) / (now - slot.idle_since)
+                if away and asked is not None:  # asked before it went idle: wanted it all along
+                    ran *= min(max(asked - slot.idle_since, 0.0) / (now - slot.idle_since), 1.0)
                 slot.credit = min(max(ran, BURST_CREDIT_S), MAX_CREDIT_S)
                 if least_by is not None and least_by > slot.vtime:
                     slot.vtime = least_by  # back from idle: level

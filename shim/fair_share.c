@@ -234,9 +234,13 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
             /* Only the part of the gap before it asked again for the GPU: from then on it
              * wanted it (waiting for a turn, its grant's prefetch).  Two trainers apart, back
              * from every other 0.5 s turn with ~250 ms of credit each, had it as latency
-             * work and kept a notebook's cell beside them short-queued. */
+             * work and kept a notebook's cell beside them short-queued.  One that asked
+             * before this look saw it idle (a trainer asks again as its lease ends) never
+             * stopped wanting it. */
             uint64_t gap = now - mine->idle_since_ns, asked = mine->asked_at_ns;
-            if (asked >= mine->idle_since_ns && asked < now)
+            if (asked != 0 && asked <= mine->idle_since_ns)
+                ran = 0;
+            else if (asked != 0 && asked < now)
                 ran = (uint64_t)((double)ran * (double)(asked - mine->idle_since_ns) / (double)gap);
         }
         uint64_t floor_ns = (uint64_t)BURST_CREDIT_MS * 1000000u;

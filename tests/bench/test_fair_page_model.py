@@ -48,7 +48,7 @@ def test_back_from_idle_a_credit_of_what_the_least_ran_on_meanwhile():
     assert model.BURST_CREDIT_S < page.slots[2].credit < model.MAX_CREDIT_S
 
 
-@pytest.mark.parametrize("asked_after", [0.0, 0.5])
+@pytest.mark.parametrize("asked_after", [-0.05, 0.0, 0.5])
 def test_the_credit_counts_only_what_the_least_ran_on_before_it_asked_again(asked_after):
     """Two trainers that do not fit together, each back from every other 0.5 s turn with a
     credit of ~250 ms, kept a notebook's cell beside them short-queued (H200): time spent
@@ -61,7 +61,7 @@ def test_the_credit_counts_only_what_the_least_ran_on_before_it_asked_again(aske
     ran = page.slots[1].vtime - least_then
     page.asked(2, went_idle + 0.2 * asked_after)  # asked at once, or halfway
     play(page, 0.002, now, lambda now: {1: True, 2: True})
-    want = min(max(ran * asked_after, model.BURST_CREDIT_S), model.MAX_CREDIT_S)
+    want = min(max(ran * max(asked_after, 0.0), model.BURST_CREDIT_S), model.MAX_CREDIT_S)
     assert page.slots[2].credit == pytest.approx(want, abs=0.005)
 
 

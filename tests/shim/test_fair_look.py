@@ -120,7 +120,8 @@ def away_and_back(page, asked_after):
 
 @pytest.mark.parametrize(
     "asked_after, credit_ms",
-    [(None, 200), (1.0, 200), (0.5, 100), (0.0, 30)],  # 30: BURST_CREDIT_MS, the floor
+    # 30: BURST_CREDIT_MS, the floor; -0.01: asked as its lease ended, before it looked idle
+    [(None, 200), (1.0, 200), (0.5, 100), (0.0, 30), (-0.01, 30)],
 )
 def test_the_credit_is_what_the_least_ran_on_before_it_asked_again(
     fair_lib, asked_after, credit_ms
