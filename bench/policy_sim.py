@@ -348,6 +348,16 @@ def simulate(
     }
 
 
+def judged_windows(start: float, seconds: float) -> list[int]:
+    """The whole windows of WINDOW_S in a run of `seconds` that begin SETTLE_S or more
+    after `start`: those a share is judged over."""
+    return [
+        window
+        for window in range(int(seconds // WINDOW_S))
+        if window * WINDOW_S >= start + SETTLE_S and (window + 1) * WINDOW_S <= seconds
+    ]
+
+
 def figures(c: Client, ideal: Client, seconds: float) -> dict:
     """Its figures, and its work against the ideal's (ideal_run): over the run, and over
     every whole window WINDOW_S once it has been there SETTLE_S."""
@@ -361,13 +371,8 @@ def figures(c: Client, ideal: Client, seconds: float) -> dict:
             else None
         )
 
-    ratios = [
-        c.done_by_window.get(window, 0.0) / owed
-        for window, owed in ideal.done_by_window.items()
-        if window * WINDOW_S >= c.start + SETTLE_S
-        and (window + 1) * WINDOW_S <= seconds
-        and owed > 1e-6
-    ]
+    owed = {w: ideal.done_by_window.get(w, 0.0) for w in judged_windows(c.start, seconds)}
+    ratios = [c.done_by_window.get(w, 0.0) / owed[w] for w in owed if owed[w] > 1e-6]
     return {
         "share": c.done_s / seconds,
         "ideal": ideal.done_s / seconds,

@@ -8,7 +8,7 @@ import random
 import statistics
 
 from policy_ceiling import ceiling, fitting_sets, smallest_push_out
-from policy_sim import GIB, SETTLE_S, STEP_S, WINDOW_S, ideal_run, parse_client, simulate
+from policy_sim import GIB, STEP_S, WINDOW_S, ideal_run, judged_windows, parse_client, simulate
 
 from nvshare_agent.settings import Settings
 
@@ -85,11 +85,7 @@ def shares_once_all_came(result: dict, specs: list[str]) -> list[float]:
     """Each client's part of the GPU's work over the whole windows that begin SETTLE_S
     after the last arrival, in the order of specs."""
     last = max(parse_client(n + 1, spec).start for n, spec in enumerate(specs))
-    windows = [
-        w
-        for w in range(int(result["seconds"] // WINDOW_S))
-        if w * WINDOW_S >= last + SETTLE_S and (w + 1) * WINDOW_S <= result["seconds"]
-    ]
+    windows = judged_windows(last, result["seconds"])
     return [
         sum(f["done_by_window"].get(w, 0.0) for w in windows) / (len(windows) * WINDOW_S)
         if windows
@@ -119,8 +115,10 @@ def sweep(
 
 
 # What the sweep holds each mix to: every client's GPU time at least this much of its
-# ideal's where all fit, and where turns are needed (issue 44).
+# ideal's where all fit, and where turns are needed (issue 44); and, arrivals reversed,
+# no client's share moved by more than this (5 points).
 BAR = {"all": 0.9, "pairs": 0.8, "one": 0.8}
+ORDER_MOVE_BAR = 0.05
 
 
 def sweep_lines(verdicts: list[dict]) -> list[str]:
@@ -145,21 +143,21 @@ def sweep_lines(verdicts: list[dict]) -> list[str]:
         )
     moves = [v for v in verdicts if "order_move" in v]
     if moves:
-        moved = sorted(moves, key=lambda v: -v["order_move"])
+        most = max(moves, key=lambda v: v["order_move"])
         lines.append(
             f"arrivals reversed: the largest move of a client's share once all have come, "
             f"median {100 * statistics.median(v['order_move'] for v in moves):.1f} points; "
-            f"{sum(v['order_move'] > 0.05 for v in moves)} of {len(moves)} mixes over 5; "
-            f"the most {100 * moved[0]['order_move']:.1f} ({moved[0]['staging']}: "
-            + " ".join(moved[0]["specs"])
-            + ")"
+            f"{sum(v['order_move'] > ORDER_MOVE_BAR for v in moves)} of {len(moves)} mixes "
+            f"over {100 * ORDER_MOVE_BAR:g}; the most {100 * most['order_move']:.1f} "
+            f"({most['staging']}: " + " ".join(most["specs"]) + ")"
         )
         for staging in BAR:
             some = [v["order_move"] for v in moves if v["staging"] == staging]
             if some:
                 lines.append(
-                    f"  memory fitting {staging}: {sum(m > 0.05 for m in some)} of {len(some)} "
-                    f"over 5 points, median {100 * statistics.median(some):.1f}"
+                    f"  memory fitting {staging}: {sum(m > ORDER_MOVE_BAR for m in some)} of "
+                    f"{len(some)} over {100 * ORDER_MOVE_BAR:g} points, median "
+                    f"{100 * statistics.median(some):.1f}"
                 )
     lines.append(
         "ten worst (worst client's GPU time / its ideal, the most any policy could give, "

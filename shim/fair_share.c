@@ -79,9 +79,10 @@
  * on meanwhile (from the least it saw going idle to the least it sees back), up to this:
  * what it did not use while away, given as a credit, not as a lower virtual time, so
  * that it is not paid back later; not to a newcomer, else each new process of a stream
- * of short jobs escaped its weight (policy_sim: 0.47 of the GPU at weight 1 beside 4).  A notebook's 150 ms cell beside
- * a trainer runs unheld (H200: 0 looks held a cell, 286-321 ms; 343 without nvshare);
- * bursts every 10-20 ms earn little, and busy ones are still split by weight. */
+ * of short jobs escaped its weight (policy_sim: 0.47 of the GPU at weight 1 beside 4).
+ * A notebook's 150 ms cell beside a trainer runs unheld (H200: 0 looks held a cell,
+ * 286-321 ms; 343 without nvshare); bursts every 10-20 ms earn little, and busy ones are
+ * still split by weight. */
 #define MAX_CREDIT_MS 250
 /* Another counts as on the GPU beside this one only if it looked this recently: a slot
  * whose process stopped would else halve everyone's charge until it goes stale. */

@@ -59,7 +59,7 @@ def test_the_credit_counts_only_what_the_least_ran_on_before_it_asked_again(aske
     least_then = page.slots[1].vtime
     now = play(page, 0.2, now, lambda now: {1: True})  # 2 without a lease
     ran = page.slots[1].vtime - least_then
-    page.asked(2, went_idle + 0.2 * asked_after)  # asked at once, or halfway
+    page.asked(2, went_idle + 0.2 * asked_after)  # before it went idle, at once, or halfway
     play(page, 0.002, now, lambda now: {1: True, 2: True})
     want = min(max(ran * max(asked_after, 0.0), model.BURST_CREDIT_S), model.MAX_CREDIT_S)
     assert page.slots[2].credit == pytest.approx(want, abs=0.005)
