@@ -54,13 +54,24 @@ def trainer_figures(runs: list[dict], start: float, end: float) -> dict:
 
 
 def light_figures(name: str, output: dict) -> dict:
-    """A light client's summary, recomputed from its latencies (the tail by its kind)."""
+    """A light client's summary, recomputed from its latencies (the tail by its kind), and a
+    notebook's by the size of its cells: its p50 over 15 and 150 ms cells at once is the
+    slowest short cell or the fastest long one, whichever the draw gives (H200, one code
+    and phase, two runs: 39 and 135 ms)."""
     summary = latency_summary(output["latencies_ms"], TAILS[name])
     kept = {
         key: value
         for key, value in output.items()
-        if key not in ("p50_ms", "p99_ms", "p95_ms", "max_ms", "count")
+        if key not in ("p50_ms", "p99_ms", "p95_ms", "max_ms", "count", "by_cell_ms")
     }
+    sizes = output.get("cell_ms")
+    if sizes and len(sizes) == len(output["latencies_ms"]):
+        summary["by_cell_ms"] = {
+            size: latency_summary(
+                [ms for ms, of in zip(output["latencies_ms"], sizes) if of == size], TAILS[name]
+            )
+            for size in sorted(set(sizes))
+        }
     return {**kept, **summary}
 
 
@@ -283,9 +294,13 @@ def measured(name: str, figures: dict) -> str:
         shares = figures.get("shares")
         return shown + (f"; {' / '.join(f'{100 * s:.1f}' for s in shares)} %" if shares else "")
     tail = headline_latencies(name)[1]
+    by_cell = "".join(
+        f"; {float(size):g} ms cells p50 {_ms(of['p50_ms'])} / {tail[:3]} {_ms(of[tail])}"
+        for size, of in figures.get("by_cell_ms", {}).items()
+    )
     return (
         f"p50 {_ms(figures.get('p50_ms'))} / {tail[:3]} {_ms(figures.get(tail))}"
-        f" / max {_ms(figures.get('max_ms'))} ms (n={figures.get('count', 0)})"
+        f" / max {_ms(figures.get('max_ms'))} ms (n={figures.get('count', 0)}){by_cell}"
     )
 
 

@@ -134,6 +134,16 @@ def test_light_figures_recompute_the_summary_and_keep_the_latencies():
     assert figures["latencies_ms"] == [1.0, 2.0, 30.0] and figures["passes"] == 9
 
 
+def test_a_notebooks_cells_are_summed_up_by_their_size_too():
+    # Half short, half long: the p50 of them all is a long cell's, of neither kind's own.
+    output = {"latencies_ms": [31.0, 300.0, 35.0, 340.0], "cell_ms": [15.0, 150.0, 15.0, 150.0]}
+    figures = measures.light_figures("notebook", output)
+    assert figures["by_cell_ms"][15.0]["p50_ms"] == 31.0
+    assert figures["by_cell_ms"][150.0]["p95_ms"] == 340.0
+    shown = measures.measured("notebook", figures)
+    assert "; 15 ms cells p50 31.0 / p95 35.0; 150 ms cells p50 300 / p95 340" in shown
+
+
 @pytest.mark.parametrize(
     "trainer_gib, light_mib", [(4, [700, 900, 600]), (3.5, [600] * 3), (10, [900] * 3)]
 )
