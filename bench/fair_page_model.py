@@ -3,16 +3,17 @@ side"): among the holders of a GPU, one more than LEAD_S of virtual time (time w
 on the GPU, over the number then on it, over weight) ahead of another with work holds its
 launches, and only its queued work, at most QUEUE_S of it, still runs. Looked at every
 step (the shim's look is ~1 ms, a step's length; each reads the others' state of the look
-before). Back from a gap shorter than IDLE_S a client keeps its place, but at most LEAD_S
-behind the least of those with work (or the least it saw within STALE_S); back after
-IDLE_S or more, or new, it starts level with that least (else the latest of the others
-looking, all idle), and for its first BURST_CREDIT_S of virtual time, or as much as that
-least ran on while it was away and had not asked again for the GPU (up to MAX_CREDIT_S; a
-newcomer was not away), it is neither held nor, for half of it, its queue short (a
-request, a cell: latency work first). A client keeps its slot between leases, as its
-shim keeps its state. Its queue is short (QUEUE_S) while it is, or was within STICKY_S,
-near a hold (half the lead ahead), else long: what it has queued when a hold begins still
-runs."""
+before), but a held one goes on in the step the one it waited for shows no work: that
+shim's look rings the page's bell, and the held thread looks again at once. Back from a
+gap shorter than IDLE_S a client keeps its place, but at most LEAD_S behind the least of
+those with work (or the least it saw within STALE_S); back after IDLE_S or more, or new,
+it starts level with that least (else the latest of the others looking, all idle), and for
+its first BURST_CREDIT_S of virtual time, or as much as that least ran on while it was
+away and had not asked again for the GPU (up to MAX_CREDIT_S; a newcomer was not away), it
+is neither held nor, for half of it, its queue short (a request, a cell: latency work
+first). A client keeps its slot between leases, as its shim keeps its state. Its queue is
+short (QUEUE_S) while it is, or was within STICKY_S, near a hold (half the lead ahead),
+else long: what it has queued when a hold begins still runs."""
 
 from __future__ import annotations
 
@@ -119,9 +120,18 @@ class FairPage:
                 slot.queued_s = QUEUE_S if short else LONG_QUEUE_S
             slot.held = held
 
-    def may_run(self, number: int) -> bool:
+    def may_run(self, number: int, now: float) -> bool:
+        """Held, it waits till its queued work is out, and then only while another with
+        work now, fresh, is behind it: one that went idle at its own look woke it."""
         slot = self.slots.get(number)
-        return slot is None or not slot.held or slot.queued_s > 0
+        if slot is None or not slot.held or slot.queued_s > 0:
+            return True
+        behind = [
+            o.vtime
+            for n, o in self.slots.items()
+            if n != number and o.backlogged and now - o.seen_at < STALE_S
+        ]
+        return not behind or min(behind) + LEAD_S >= slot.vtime
 
     def ran(self, number: int, gpu_s: float, busy_s: float) -> None:
         """number had work on the GPU for busy_s and got gpu_s of it."""

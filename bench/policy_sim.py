@@ -299,7 +299,7 @@ def simulate(
                 {c.number: c.weight for c in holding},
                 now,
             )
-            running = [c for c in running if fair.may_run(c.number)]
+            running = [c for c in running if fair.may_run(c.number, now)]
         for c in may_run:
             if now < c.ready_at:  # paging in: busy by its faulting kernels; its grant's
                 c.busy_s += 0.0 if c.prefetching else STEP_S  # prefetch, before its gate

@@ -34,6 +34,7 @@
 #define _GNU_SOURCE
 #include "fair_share.h"
 
+#include <errno.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -46,7 +47,9 @@
 #include "lock_state.h"
 #include "log.h"
 
-#define HOLD_MS  50
+#ifndef HOLD_MS /* test_fair_look.py makes it long: a wait that ends early was woken */
+#define HOLD_MS 50
+#endif
 #define STALE_MS 20
 /* A process idle for less than this keeps its place, at most LEAD_MS behind: a trainer's
  * sync between two steps is not time it did not want (else each step began level with
@@ -106,8 +109,11 @@ struct fair_gpu {
     unsigned looks, looks_backlogged, looks_held, looks_short;
 };
 
-/* The client thread's; application threads read only the gates. */
+/* The client thread's; application threads read only the gates, and a held one the page
+ * published here (its slot beside it), never after detach() has taken it back. */
 static struct fair_gpu fair[NVSHARE_MAX_GPUS];
+static struct nvshare_fair_page *_Atomic published[NVSHARE_MAX_GPUS];
+static atomic_uint published_slot[NVSHARE_MAX_GPUS];
 
 /* The slots are written by other processes: every access to them is atomic. */
 #define SLOT_LOAD(field)         __atomic_load_n(&(field), __ATOMIC_RELAXED)
@@ -120,24 +126,88 @@ static uint64_t monotonic_ns(void)
     return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
 
+/* Wakes the threads of every shim held on this page: one it may have waited for went
+ * idle, or a hold lifted (the futex is shared: the page is one memfd for all). */
+static void ring(struct nvshare_fair_page *page)
+{
+    __atomic_add_fetch(&page->wake_seq, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&page->wake_waiters, __ATOMIC_SEQ_CST) != 0)
+        syscall(SYS_futex, &page->wake_seq, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
 static void lift_hold(int gpu)
 {
     struct nvshare_gate *gate = &nvshare_gates[gpu];
-    if (atomic_exchange(&gate->held, 0) != 0 && atomic_load(&gate->held_waiting) != 0)
+    if (atomic_exchange(&gate->held, 0) == 0 || atomic_load(&gate->held_waiting) == 0)
+        return;
+    struct nvshare_fair_page *page = atomic_load(&published[gpu]);
+    if (page != NULL)
+        ring(page);
+    else /* waiting on the gate: the page was taken back (detach) */
         syscall(SYS_futex, &gate->held, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
 }
 
 static void detach(int gpu)
 {
     struct fair_gpu *mine = &fair[gpu];
+    struct nvshare_gate *gate = &nvshare_gates[gpu];
     if (mine->page != NULL) {
         SLOT_STORE(mine->page->slots[mine->slot].backlogged, 0);
         SLOT_STORE(mine->page->slots[mine->slot].on_gpu, 0);
-        munmap(mine->page, NVSHARE_FAIR_PAGE_BYTES);
+        atomic_store(&published[gpu], NULL);
+        atomic_store(&gate->held, 0);
+        ring(mine->page); /* its held threads see it gone and go on */
+        /* Unmapped only once no held thread can still read it: they leave at once, woken;
+         * one that does not within 10 ms (descheduled) keeps the 4 KiB mapped for good. */
+        struct timespec pause = {.tv_nsec = 100000};
+        int polls = 0;
+        while (atomic_load(&gate->held_waiting) != 0 && polls++ < 100)
+            nanosleep(&pause, NULL);
+        if (atomic_load(&gate->held_waiting) == 0)
+            munmap(mine->page, NVSHARE_FAIR_PAGE_BYTES);
     }
     *mine = (struct fair_gpu){0};
-    atomic_store(&nvshare_gates[gpu].near_hold, 0);
+    atomic_store(&gate->near_hold, 0);
     lift_hold(gpu);
+}
+
+/* The others on the page as a look at `now` sees them: the least virtual time of those
+ * backlogged (UINT64_MAX: none), the latest of those idle, and how many have work on the
+ * GPU beside this one.  Fresh slots only (a stamp from the future is no fresher), and none
+ * so large that adding the lead would wrap. */
+struct others {
+    uint64_t least, latest_idle;
+    unsigned sharing;
+};
+
+static struct others look_at_others(const struct nvshare_fair_state *slots, unsigned mine,
+                                    uint64_t now)
+{
+    uint64_t stale_before = now - (uint64_t)STALE_MS * 1000000u;
+    uint64_t on_gpu_fresh_ns = (uint64_t)ON_GPU_FRESH_MS * 1000000u;
+    uint64_t max_ahead_ns = (uint64_t)MAX_AHEAD_MS * 1000000u;
+    struct others seen = {.least = UINT64_MAX, .latest_idle = UINT64_MAX, .sharing = 1};
+    for (unsigned i = 0; i < NVSHARE_FAIR_SLOTS; i++) {
+        uint64_t at = SLOT_LOAD(slots[i].seen_ns), vtime = SLOT_LOAD(slots[i].vtime_ns);
+        if (i == mine || !SLOT_LOAD(slots[i].in_use) || at < stale_before || at > now ||
+            vtime > UINT64_MAX - max_ahead_ns)
+            continue;
+        if (!SLOT_LOAD(slots[i].backlogged)) {
+            seen.latest_idle = seen.latest_idle == UINT64_MAX || vtime > seen.latest_idle
+                                   ? vtime
+                                   : seen.latest_idle;
+            continue;
+        }
+        seen.least = vtime < seen.least ? vtime : seen.least;
+        seen.sharing += SLOT_LOAD(slots[i].on_gpu) != 0 && now - at < on_gpu_fresh_ns;
+    }
+    return seen;
+}
+
+/* Held: another backlogged is more than the lead behind this one's virtual time. */
+static int behind_by_a_lead(uint64_t least, uint64_t vtime)
+{
+    return least != UINT64_MAX && least + (uint64_t)LEAD_MS * 1000000u < vtime;
 }
 
 void nvshare_fair_attach(int gpu, const struct nvshare_fair_slot *slot, int fd)
@@ -162,6 +232,8 @@ void nvshare_fair_attach(int gpu, const struct nvshare_fair_slot *slot, int fd)
         return;
     }
     fair[gpu] = (struct fair_gpu){.page = page, .slot = slot->slot};
+    atomic_store(&published_slot[gpu], slot->slot);
+    atomic_store(&published[gpu], (struct nvshare_fair_page *)page);
     nvshare_debug("fair page gpu=%d slot=%u weight=%u", gpu, slot->slot, slot->weight);
 }
 
@@ -178,25 +250,10 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     weight = weight ? weight : 1;
     uint64_t now = monotonic_ns(), stale_before = now - (uint64_t)STALE_MS * 1000000u;
     uint64_t lead_ns = (uint64_t)LEAD_MS * 1000000u;
-    uint64_t on_gpu_fresh_ns = (uint64_t)ON_GPU_FRESH_MS * 1000000u;
     uint64_t max_ahead_ns = (uint64_t)MAX_AHEAD_MS * 1000000u;
-    /* The least virtual time of the others backlogged: fresh ones only (a stamp from the
-     * future is no fresher), and none so large that adding the lead would wrap.  And how
-     * many have work on the GPU beside this one's. */
-    uint64_t least = UINT64_MAX, latest_idle = UINT64_MAX;
-    unsigned sharing = 1;
-    for (unsigned i = 0; i < NVSHARE_FAIR_SLOTS; i++) {
-        uint64_t seen = SLOT_LOAD(slots[i].seen_ns), vtime = SLOT_LOAD(slots[i].vtime_ns);
-        if (i == mine->slot || !SLOT_LOAD(slots[i].in_use) || seen < stale_before || seen > now ||
-            vtime > UINT64_MAX - max_ahead_ns)
-            continue;
-        if (!SLOT_LOAD(slots[i].backlogged)) {
-            latest_idle = latest_idle == UINT64_MAX || vtime > latest_idle ? vtime : latest_idle;
-            continue;
-        }
-        least = vtime < least ? vtime : least;
-        sharing += SLOT_LOAD(slots[i].on_gpu) != 0 && now - seen < on_gpu_fresh_ns;
-    }
+    struct others others = look_at_others(slots, mine->slot, now);
+    uint64_t least = others.least, latest_idle = others.latest_idle;
+    unsigned sharing = others.sharing;
     /* Its own, kept here: a slot's last owner may write it a little longer. */
     uint64_t vtime = mine->vtime_ns;
     /* The least to reckon a credit by: this look's, else one seen within STALE_MS (the
@@ -272,13 +329,15 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     SLOT_STORE(own->seen_ns, now);
     SLOT_STORE(own->backlogged, (uint32_t)backlogged);
     SLOT_STORE(own->on_gpu, (uint32_t)(open && busy));
+    if (!backlogged && mine->backlogged)
+        ring(mine->page); /* one held for this process goes on now, not at its next look */
     mine->backlogged = backlogged;
     /* In a burst: not held while it has credit left, and its queue free for the first half
      * of it, so that what it queues when the credit runs out is short (else the rest of a
      * 60 ms burst was queued by then, and the hold came too late to bind it). */
     int in_burst = mine->burst_used_ns < mine->credit_ns;
     int queue_free = mine->burst_used_ns < mine->credit_ns / 2;
-    int held = backlogged && !in_burst && least != UINT64_MAX && least + lead_ns < vtime;
+    int held = backlogged && !in_burst && behind_by_a_lead(least, vtime);
     if (!queue_free && least != UINT64_MAX && least + lead_ns / 2 < vtime)
         mine->near_hold_ns = now;
     int short_queue =
@@ -315,12 +374,38 @@ void nvshare_fair_asked(int gpu, double asked_at_ms)
 void nvshare_fair_wait(int gpu)
 {
     struct nvshare_gate *gate = &nvshare_gates[gpu];
+    int saved_errno = errno; /* the application's */
     atomic_fetch_add(&gate->held_waiting, 1);
-    struct timespec timeout = {.tv_nsec = HOLD_MS * 1000000L};
-    /* One wait: woken when the hold lifts, or after HOLD_MS; then the launch goes on. */
-    if (atomic_load(&gate->held))
-        syscall(SYS_futex, &gate->held, FUTEX_WAIT_PRIVATE, 1, &timeout, NULL, 0);
+    struct nvshare_fair_page *page = atomic_load(&published[gpu]);
+    uint64_t until = monotonic_ns() + (uint64_t)HOLD_MS * 1000000u;
+    /* Woken when the hold lifts, when another on the page goes idle (then on at once if
+     * nobody backlogged is a lead behind: the GPU is not left idle till the next look), or
+     * after HOLD_MS; then the launch goes on. */
+    while (atomic_load(&gate->held)) {
+        uint64_t now = monotonic_ns();
+        if (now >= until)
+            break;
+        struct timespec timeout = {.tv_sec = (time_t)((until - now) / 1000000000u),
+                                   .tv_nsec = (long)((until - now) % 1000000000u)};
+        if (page == NULL) {
+            syscall(SYS_futex, &gate->held, FUTEX_WAIT_PRIVATE, 1, &timeout, NULL, 0);
+            break;
+        }
+        uint32_t seq = __atomic_load_n(&page->wake_seq, __ATOMIC_SEQ_CST);
+        unsigned slot = atomic_load(&published_slot[gpu]);
+        if (atomic_load(&published[gpu]) != page || !atomic_load(&gate->held) ||
+            !behind_by_a_lead(look_at_others(page->slots, slot, now).least,
+                              SLOT_LOAD(page->slots[slot].vtime_ns)))
+            break;
+        __atomic_add_fetch(&page->wake_waiters, 1, __ATOMIC_SEQ_CST);
+        long waited = syscall(SYS_futex, &page->wake_seq, FUTEX_WAIT, seq, &timeout, NULL, 0);
+        int timed_out = waited == -1 && errno == ETIMEDOUT;
+        __atomic_sub_fetch(&page->wake_waiters, 1, __ATOMIC_SEQ_CST);
+        if (timed_out)
+            break;
+    }
     atomic_fetch_sub(&gate->held_waiting, 1);
+    errno = saved_errno;
 }
 
 void nvshare_fair_detach_all(void)
@@ -335,6 +420,7 @@ void nvshare_fair_forget_after_fork(void)
      * hold of the parent's the child's (a thread waiting in it did not come along). */
     memset(fair, 0, sizeof fair);
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
+        atomic_store(&published[gpu], NULL);
         atomic_store(&nvshare_gates[gpu].held, 0);
         atomic_store(&nvshare_gates[gpu].held_waiting, 0);
         atomic_store(&nvshare_gates[gpu].near_hold, 0);

@@ -248,7 +248,12 @@ struct nvshare_fair_state {
 };
 struct nvshare_fair_page {
     uint32_t magic; /* NVSHARE_MAGIC once the agent made it */
-    uint32_t reserved[15];
+    /* Bumped by a shim whose slot stops being backlogged, or whose hold lifts; a held
+     * thread waits on it (a futex shared by the shims), counted in wake_waiters, so that
+     * it goes on as soon as the one it waited for has no work, not a look later. */
+    uint32_t wake_seq;
+    uint32_t wake_waiters;
+    uint32_t reserved[13];
     struct nvshare_fair_state slots[NVSHARE_FAIR_SLOTS];
 };
 

@@ -22,7 +22,7 @@ def play(page, seconds, start, work_of):
         now += STEP
         with_work = work_of(now)
         page.look(with_work, {number: 1 for number in with_work}, now)
-        running = [n for n, has in with_work.items() if has and page.may_run(n)]
+        running = [n for n, has in with_work.items() if has and page.may_run(n, now)]
         for number in running:
             page.ran(number, STEP / len(running), STEP)
     return now
@@ -89,10 +89,13 @@ def test_a_short_gap_keeps_its_place_but_never_more_than_the_lead_behind():
 
 def test_weights_side_by_side_split_the_gpu_by_the_page():
     """Two 90 %-busy processes at 3 : 1 run side by side (neither saturates, so no turns):
-    the driver's equal slices without the page, ~0.70 / 0.27 with it (H200: 0.70 / 0.22)."""
+    the driver's equal slices without the page, ~0.64 / 0.32 with it (their ideal 0.70 /
+    0.29).  Held, the weight-1 one runs in the other's gaps (its syncs): before its shim
+    was woken there, 0.68 / 0.27 with the GPU idle 1.3 % of the time (H200: 0.70 / 0.22)."""
     settings = Settings(time_quantum_s=30)
     clients = ["duty:0.02:0.9*3", "duty:0.02:0.9"]
     on = policy_sim.simulate(clients, 20.0, settings, 80.0)["clients"]
     off = policy_sim.simulate(clients, 20.0, settings, 80.0, fair_page=False)["clients"]
-    assert on["1 duty"]["share"] >= 2.3 * on["2 duty"]["share"]
+    assert on["1 duty"]["share"] >= 1.8 * on["2 duty"]["share"]
+    assert on["1 duty"]["of_ideal"] >= 0.85 and on["2 duty"]["of_ideal"] >= 0.85
     assert off["1 duty"]["share"] == pytest.approx(off["2 duty"]["share"], rel=0.1)

@@ -4,8 +4,11 @@ page a memfd whose other slot the test writes, as another shim would.  No sleeps
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
+import threading
+import time
 from pathlib import Path
 
 import cffi
@@ -19,6 +22,8 @@ SHIM = REPO / "shim"
 MS = 1_000_000  # ns
 MINE, OTHER = 0, 1
 LOOK_MS = 5  # the most busy time one look counts (usage_meter.c)
+HOLD_S = 10  # a held wait's longest, built so: one that ends sooner was woken
+SYS_FUTEX, FUTEX_WAKE = 202, 1  # x86-64; shared, as another shim's ring is
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +31,15 @@ def fair_lib(tmp_path_factory):
     library = tmp_path_factory.mktemp("fair_look") / "libfair_look.so"
     stub = Path(__file__).with_name("fair_look_stub.c")
     # fair_share.c's clock: the test's
-    build_alone(library, SHIM / "fair_share.c", stub, flags=("-Dclock_gettime=stub_clock_gettime",))
+    flags = ("-Dclock_gettime=stub_clock_gettime", f"-DHOLD_MS={HOLD_S * 1000}")
+    build_alone(library, SHIM / "fair_share.c", stub, flags=flags)
     ffi = cffi.FFI()
     ffi.cdef(
         """void nvshare_fair_look(int gpu, int open, int busy, double busy_ms);
         void nvshare_fair_asked(int gpu, double asked_at_ms);
         void nvshare_fair_forget_after_fork(void);
+        void nvshare_fair_wait(int gpu);
+        void nvshare_fair_detach_all(void);
         void stub_set_now_ns(uint64_t ns);
         void stub_attach(int gpu, unsigned slot, int fd);
         int stub_held(int gpu);"""
@@ -69,6 +77,21 @@ class Page:
 
     def look(self, busy_ms: float) -> None:
         self.lib.nvshare_fair_look(0, 1, int(busy_ms > 0), busy_ms)
+
+    def ring(self) -> None:
+        """The other process's look that found it idle: the page's bell, as its shim rings."""
+        self.page.wake_seq += 1
+        address = int(protocol.ffi.cast("uintptr_t", protocol.ffi.addressof(self.page, "wake_seq")))
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall(SYS_FUTEX, ctypes.c_void_p(address), FUTEX_WAKE, 2**31 - 1, None, None, 0)
+
+    def held_wait(self) -> threading.Thread:
+        """An application thread at the held gate, started; back once it waits on the bell."""
+        waiter = threading.Thread(target=self.lib.nvshare_fair_wait, args=(0,), daemon=True)
+        waiter.start()
+        while waiter.is_alive() and self.page.wake_waiters == 0:
+            time.sleep(0.001)
+        return waiter
 
     @property
     def mine_ms(self) -> float:
@@ -143,3 +166,55 @@ def test_a_request_counts_once_the_next_time_back_from_idle_has_all(fair_lib):
     page.other(vtime_ms=1300, backlogged=True)
     page.look(busy_ms=0.1)
     assert page.charged_till_held(least_ms=1300) == pytest.approx(100, abs=LOOK_MS + 1)
+
+
+def held_behind_the_other(fair_lib) -> Page:
+    page = Page(fair_lib)
+    page.charged_till_held(least_ms=1000)  # past its 30 ms floor beside the other: held
+    assert fair_lib.stub_held(0)
+    return page
+
+
+def test_a_held_thread_goes_on_when_the_one_it_waited_for_goes_idle(fair_lib):
+    """Not at its own next look: the GPU sat idle a look in each gap of the one ahead
+    (policy_sim: up to 4 % of a mix's time while held work waited)."""
+    page = held_behind_the_other(fair_lib)
+    waiter = page.held_wait()
+    page.ring()  # the other ran on, still backlogged and behind: wait again
+    time.sleep(0.05)
+    assert waiter.is_alive()
+    page.other(vtime_ms=1000, backlogged=False)
+    page.ring()
+    waiter.join(HOLD_S / 2)
+    assert not waiter.is_alive() and page.page.wake_waiters == 0
+    assert fair_lib.stub_held(0)  # the gate says held till the client thread looks again
+
+
+def test_a_held_thread_that_finds_the_other_idle_already_does_not_wait(fair_lib):
+    page = held_behind_the_other(fair_lib)
+    page.other(vtime_ms=1000, backlogged=False)
+    started = time.monotonic()
+    fair_lib.nvshare_fair_wait(0)
+    assert time.monotonic() - started < HOLD_S / 2 and page.page.wake_waiters == 0
+
+
+def test_going_idle_rings_the_bell_once(fair_lib):
+    page = Page(fair_lib)
+    page.other(vtime_ms=0, backlogged=True)
+    page.look(busy_ms=1)
+    rung = page.page.wake_seq
+    page.tick(1)
+    page.look(busy_ms=0)
+    page.tick(1)
+    page.look(busy_ms=0)
+    assert page.page.wake_seq == rung + 1
+
+
+def test_letting_the_page_go_wakes_a_held_thread_before_unmapping_it(fair_lib):
+    """A held application thread reads the page: it must be out before the page goes."""
+    page = held_behind_the_other(fair_lib)
+    waiter = page.held_wait()
+    fair_lib.nvshare_fair_detach_all()
+    waiter.join(HOLD_S / 2)
+    assert not waiter.is_alive() and not fair_lib.stub_held(0)
+    fair_lib.nvshare_fair_wait(0)  # no page, no hold: straight through
