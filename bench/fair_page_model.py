@@ -47,6 +47,7 @@ class Slot:
     queued_s: float = 0.0  # held: what of its queued work may still run
     near_hold_at: float = -1e9  # when it was last near a hold (its queue short)
     sharing: int = 1  # itself and the others it saw on the GPU at its last look
+    blockers: tuple[int, ...] = ()  # held: those a lead behind it at its last look
 
 
 class FairPage:
@@ -116,16 +117,22 @@ class FairPage:
             if not queue_free and least is not None and least + LEAD_S / 2 < slot.vtime:
                 slot.near_hold_at = now
             held = backlogged and not in_burst and least is not None and least + LEAD_S < slot.vtime
+            slot.blockers = tuple(
+                n for n in fresh if shown[n] and self.slots[n].vtime + LEAD_S < slot.vtime
+            )
             if held and not slot.held:
                 slot.queued_s = QUEUE_S if short else LONG_QUEUE_S
             slot.held = held
 
     def may_run(self, number: int, now: float) -> bool:
-        """Held, it waits till its queued work is out, and then only while another with
-        work now, fresh, is behind it: one that went idle at its own look woke it."""
+        """Held, it waits till its queued work is out, then till its next look, unless one
+        it was held for went idle at its look this step (that shim rang): then it runs if
+        nobody with work now, fresh, is a lead behind it."""
         slot = self.slots.get(number)
         if slot is None or not slot.held or slot.queued_s > 0:
             return True
+        if all(self.slots[n].backlogged for n in slot.blockers):
+            return False  # nobody rang
         behind = [
             o.vtime
             for n, o in self.slots.items()

@@ -114,6 +114,9 @@ struct fair_gpu {
 static struct fair_gpu fair[NVSHARE_MAX_GPUS];
 static struct nvshare_fair_page *_Atomic published[NVSHARE_MAX_GPUS];
 static atomic_uint published_slot[NVSHARE_MAX_GPUS];
+/* Its virtual time as its last look left it: the slot's copy may still be written by the
+ * slot's last owner for a little while. */
+static _Atomic uint64_t published_vtime[NVSHARE_MAX_GPUS];
 
 /* The slots are written by other processes: every access to them is atomic. */
 #define SLOT_LOAD(field)         __atomic_load_n(&(field), __ATOMIC_RELAXED)
@@ -127,11 +130,13 @@ static uint64_t monotonic_ns(void)
 }
 
 /* Wakes the threads of every shim held on this page: one it may have waited for went
- * idle, or a hold lifted (the futex is shared: the page is one memfd for all). */
-static void ring(struct nvshare_fair_page *page)
+ * idle, or a hold lifted (the futex is shared: the page is one memfd for all).  Woken
+ * whatever wake_waiters says where this process's own threads wait (always): the count is
+ * in a page others write, and one killed while waiting leaves it counted for good. */
+static void ring(struct nvshare_fair_page *page, int always)
 {
     __atomic_add_fetch(&page->wake_seq, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&page->wake_waiters, __ATOMIC_SEQ_CST) != 0)
+    if (always || __atomic_load_n(&page->wake_waiters, __ATOMIC_SEQ_CST) != 0)
         syscall(SYS_futex, &page->wake_seq, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
 }
 
@@ -141,10 +146,8 @@ static void lift_hold(int gpu)
     if (atomic_exchange(&gate->held, 0) == 0 || atomic_load(&gate->held_waiting) == 0)
         return;
     struct nvshare_fair_page *page = atomic_load(&published[gpu]);
-    if (page != NULL)
-        ring(page);
-    else /* waiting on the gate: the page was taken back (detach) */
-        syscall(SYS_futex, &gate->held, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+    if (page != NULL) /* a hold is set only while a page is (none: detach rang already) */
+        ring(page, 1);
 }
 
 static void detach(int gpu)
@@ -156,7 +159,7 @@ static void detach(int gpu)
         SLOT_STORE(mine->page->slots[mine->slot].on_gpu, 0);
         atomic_store(&published[gpu], NULL);
         atomic_store(&gate->held, 0);
-        ring(mine->page); /* its held threads see it gone and go on */
+        ring(mine->page, 1); /* its held threads see it gone and go on */
         /* Unmapped only once no held thread can still read it: they leave at once, woken;
          * one that does not within 10 ms (descheduled) keeps the 4 KiB mapped for good. */
         struct timespec pause = {.tv_nsec = 100000};
@@ -165,6 +168,8 @@ static void detach(int gpu)
             nanosleep(&pause, NULL);
         if (atomic_load(&gate->held_waiting) == 0)
             munmap(mine->page, NVSHARE_FAIR_PAGE_BYTES);
+        else
+            nvshare_debug("fair page gpu=%d left mapped: a held thread did not leave", gpu);
     }
     *mine = (struct fair_gpu){0};
     atomic_store(&gate->near_hold, 0);
@@ -233,7 +238,7 @@ void nvshare_fair_attach(int gpu, const struct nvshare_fair_slot *slot, int fd)
     }
     fair[gpu] = (struct fair_gpu){.page = page, .slot = slot->slot};
     atomic_store(&published_slot[gpu], slot->slot);
-    atomic_store(&published[gpu], (struct nvshare_fair_page *)page);
+    atomic_store(&published[gpu], page);
     nvshare_debug("fair page gpu=%d slot=%u weight=%u", gpu, slot->slot, slot->weight);
 }
 
@@ -325,12 +330,13 @@ void nvshare_fair_look(int gpu, int open, int busy, double busy_ms)
     if (least != UINT64_MAX && vtime > least + max_ahead_ns)
         vtime = least + max_ahead_ns;
     mine->vtime_ns = vtime;
+    atomic_store_explicit(&published_vtime[gpu], vtime, memory_order_relaxed);
     SLOT_STORE(own->vtime_ns, vtime);
     SLOT_STORE(own->seen_ns, now);
     SLOT_STORE(own->backlogged, (uint32_t)backlogged);
     SLOT_STORE(own->on_gpu, (uint32_t)(open && busy));
     if (!backlogged && mine->backlogged)
-        ring(mine->page); /* one held for this process goes on now, not at its next look */
+        ring(mine->page, 0); /* one held for this process goes on now, not at its next look */
     mine->backlogged = backlogged;
     /* In a burst: not held while it has credit left, and its queue free for the first half
      * of it, so that what it queues when the credit runs out is short (else the rest of a
@@ -380,28 +386,28 @@ void nvshare_fair_wait(int gpu)
     uint64_t until = monotonic_ns() + (uint64_t)HOLD_MS * 1000000u;
     /* Woken when the hold lifts, when another on the page goes idle (then on at once if
      * nobody backlogged is a lead behind: the GPU is not left idle till the next look), or
-     * after HOLD_MS; then the launch goes on. */
-    while (atomic_load(&gate->held)) {
+     * after HOLD_MS; then the launch goes on.  No page: detach() took it, and the hold. */
+    while (page != NULL && atomic_load(&gate->held)) {
         uint64_t now = monotonic_ns();
         if (now >= until)
             break;
-        struct timespec timeout = {.tv_sec = (time_t)((until - now) / 1000000000u),
-                                   .tv_nsec = (long)((until - now) % 1000000000u)};
-        if (page == NULL) {
-            syscall(SYS_futex, &gate->held, FUTEX_WAIT_PRIVATE, 1, &timeout, NULL, 0);
-            break;
-        }
         uint32_t seq = __atomic_load_n(&page->wake_seq, __ATOMIC_SEQ_CST);
         unsigned slot = atomic_load(&published_slot[gpu]);
-        if (atomic_load(&published[gpu]) != page || !atomic_load(&gate->held) ||
-            !behind_by_a_lead(look_at_others(page->slots, slot, now).least,
-                              SLOT_LOAD(page->slots[slot].vtime_ns)))
+        if (atomic_load(&published[gpu]) != page || !atomic_load(&gate->held))
             break;
+        uint64_t least = look_at_others(page->slots, slot, now).least;
+        if (!behind_by_a_lead(least, atomic_load(&published_vtime[gpu]))) {
+            atomic_store(&gate->held, 0); /* its next launches need not look: the look will */
+            break;
+        }
+        struct timespec timeout = {.tv_sec = (time_t)((until - now) / 1000000000u),
+                                   .tv_nsec = (long)((until - now) % 1000000000u)};
         __atomic_add_fetch(&page->wake_waiters, 1, __ATOMIC_SEQ_CST);
         long waited = syscall(SYS_futex, &page->wake_seq, FUTEX_WAIT, seq, &timeout, NULL, 0);
-        int timed_out = waited == -1 && errno == ETIMEDOUT;
+        int again = waited == 0 || errno == EAGAIN || errno == EINTR; /* else: timed out, or
+                                                                        no futex: go on */
         __atomic_sub_fetch(&page->wake_waiters, 1, __ATOMIC_SEQ_CST);
-        if (timed_out)
+        if (!again)
             break;
     }
     atomic_fetch_sub(&gate->held_waiting, 1);
@@ -421,6 +427,7 @@ void nvshare_fair_forget_after_fork(void)
     memset(fair, 0, sizeof fair);
     for (int gpu = 0; gpu < NVSHARE_MAX_GPUS; gpu++) {
         atomic_store(&published[gpu], NULL);
+        atomic_store(&published_vtime[gpu], 0);
         atomic_store(&nvshare_gates[gpu].held, 0);
         atomic_store(&nvshare_gates[gpu].held_waiting, 0);
         atomic_store(&nvshare_gates[gpu].near_hold, 0);

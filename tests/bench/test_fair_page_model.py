@@ -87,6 +87,26 @@ def test_a_short_gap_keeps_its_place_but_never_more_than_the_lead_behind():
     assert page.slots[1].vtime - page.slots[2].vtime <= model.LEAD_S + 0.003
 
 
+def test_a_held_one_runs_in_the_step_the_one_ahead_of_it_goes_idle():
+    """Its shim's look rings the page's bell: the GPU is not left idle for a look (up to
+    4 % of a mix's time in policy_sim while held work waited)."""
+    page = model.FairPage()
+    weights = {1: 1, 2: 3}  # 1's weight is less: held beside 2 once past its credit
+    now = 0.0
+    for _ in range(1000):  # till 1 waits: held, its queued work out
+        now += STEP
+        page.look({1: True, 2: True}, weights, now)
+        if now > 0.1 and not page.may_run(1, now):
+            break
+        running = [n for n in (1, 2) if page.may_run(n, now)]
+        for number in running:
+            page.ran(number, STEP / len(running), STEP)
+    assert page.slots[1].held and not page.may_run(1, now)
+    now += STEP
+    page.look({1: True, 2: False}, weights, now)  # 2's gap: its sync between two steps
+    assert page.may_run(1, now)
+
+
 def test_weights_side_by_side_split_the_gpu_by_the_page():
     """Two 90 %-busy processes at 3 : 1 run side by side (neither saturates, so no turns):
     the driver's equal slices without the page, ~0.64 / 0.32 with it (their ideal 0.70 /
