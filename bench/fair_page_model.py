@@ -28,7 +28,7 @@ IDLE_S = 0.010
 STALE_S = 0.020  # a least seen this recently still counts (STALE_MS)
 MAX_AHEAD_S = 0.020  # never further ahead of another with work
 BURST_CREDIT_S = 0.030  # back from idle, not held nor short for this much virtual time
-MAX_CREDIT_S = 0.250  # or for what the others ran on meanwhile, up to this
+MAX_CREDIT_S = 0.400  # or for what the others ran on meanwhile, up to this
 
 
 @dataclass

@@ -85,8 +85,10 @@
  * of short jobs escaped its weight (policy_sim: 0.47 of the GPU at weight 1 beside 4).
  * A notebook's 150 ms cell beside a trainer runs unheld (H200: 0 looks held a cell,
  * 286-321 ms; 343 without nvshare); bursts every 10-20 ms earn little, and busy ones are
- * still split by weight. */
-#define MAX_CREDIT_MS 250
+ * still split by weight.  At 250, beside two trainers apart a 150 ms cell (~150 ms of
+ * virtual time there) had its queue short past half of it: p50 373-383 / p95 459-510 ms
+ * against 342 / 351 with the page off; at 400 322 / 339 (H200), policy_sim unmoved. */
+#define MAX_CREDIT_MS 400
 /* Another counts as on the GPU beside this one only if it looked this recently: a slot
  * whose process stopped would else halve everyone's charge until it goes stale. */
 #define ON_GPU_FRESH_MS 3
