@@ -22,9 +22,11 @@
  * The client thread looks every ~1 ms while the gate is open (the usage meter's sample):
  * it reads its weight from its slot (the agent rewrites it when its group's changes),
  * publishes this process's state and sets or lifts the gate's hold.  Application
- * threads pay one relaxed load at the gate (gate.h); a held one waits on a futex, at most
- * HOLD_MS, so that a slot left stale (its process stopped) or forged slows others, never
- * stops them; and a slot not looked at for STALE_MS is not waited for at all.  Work this
+ * threads pay one relaxed load at the gate (gate.h); a held one waits on the page's bell
+ * (a futex the shims share, rung by one whose look finds its work over, or by its own
+ * look lifting the hold) and looks at the page itself when it rings, at most HOLD_MS, so
+ * that a slot left stale (its process stopped) or forged slows others, never stops them;
+ * and a slot not looked at for STALE_MS is not waited for at all.  Work this
  * process queued before the hold still runs: near a hold, and SHORT_QUEUE_MS after, the
  * queue bound keeps it to ~5 ms (queue_bound.c), else a whole burst is queued at once.
  * The page is for processes that cooperate: one that writes a slot not its own can slow
