@@ -184,6 +184,9 @@ def test_a_held_thread_goes_on_when_the_one_it_waited_for_goes_idle(fair_lib):
     waiter = page.held_wait()
     page.ring()  # the other ran on, still backlogged and behind: wait again
     time.sleep(0.05)
+    deadline = time.monotonic() + HOLD_S / 2  # a loaded box may not have run it yet
+    while page.page.wake_waiters != 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
     assert waiter.is_alive() and page.page.wake_waiters == 1
     page.other(vtime_ms=1000, backlogged=False)
     page.ring()
