@@ -116,10 +116,11 @@ class FairPage:
             short = not queue_free and now - slot.near_hold_at <= STICKY_S + 0.0015
             if not queue_free and least is not None and least + LEAD_S / 2 < slot.vtime:
                 slot.near_hold_at = now
-            held = backlogged and not in_burst and least is not None and least + LEAD_S < slot.vtime
+            # Held for those with work a lead behind it (least + LEAD_S < its vtime).
             slot.blockers = tuple(
                 n for n in fresh if shown[n] and self.slots[n].vtime + LEAD_S < slot.vtime
             )
+            held = backlogged and not in_burst and bool(slot.blockers)
             if held and not slot.held:
                 slot.queued_s = QUEUE_S if short else LONG_QUEUE_S
             slot.held = held

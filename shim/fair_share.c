@@ -162,8 +162,8 @@ static void detach(int gpu)
         SLOT_STORE(mine->page->slots[mine->slot].backlogged, 0);
         SLOT_STORE(mine->page->slots[mine->slot].on_gpu, 0);
         atomic_store(&published[gpu], NULL);
-        atomic_store(&gate->held, 0);
-        ring(mine->page, 1); /* its held threads see it gone and go on */
+        atomic_store(&gate->held, 0); /* set only while a page is */
+        ring(mine->page, 1);          /* its held threads see it gone and go on */
         /* Unmapped only once no held thread can still read it: they leave at once, woken;
          * one that does not within 10 ms (descheduled) keeps the 4 KiB mapped for good. */
         struct timespec pause = {.tv_nsec = 100000};
@@ -177,7 +177,6 @@ static void detach(int gpu)
     }
     *mine = (struct fair_gpu){0};
     atomic_store(&gate->near_hold, 0);
-    lift_hold(gpu);
 }
 
 /* The others on the page as a look at `now` sees them: the least virtual time of those
@@ -391,7 +390,7 @@ void nvshare_fair_wait(int gpu)
     /* Woken when the hold lifts, when another on the page goes idle (then on at once if
      * nobody backlogged is a lead behind: the GPU is not left idle till the next look), or
      * after HOLD_MS; then the launch goes on.  No page: detach() took it, and the hold. */
-    while (page != NULL && atomic_load(&gate->held)) {
+    while (page != NULL) {
         uint64_t now = monotonic_ns();
         if (now >= until)
             break;
